@@ -1,0 +1,60 @@
+"""ctrcal: calibrated click-through-rate prediction that stays trustworthy under data shift.
+
+The public API is importable from the top level; modules load on first use, so that
+``import ctrcal`` (and the CLI's config checks) stay fast and torch-free until needed::
+
+    import ctrcal
+    norm = ctrcal.create_norm("mclayernorm", 400, fraction=0.8)
+    n = ctrcal.replace_norms(my_model, "mclayernorm", fraction=0.8)
+    shifted = ctrcal.GaussianShift(stds, intensity=0.25, seed=0)(numeric)
+    ctrcal.metrics.ece(probs, labels)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    # normalization layers (ctrcal.layers)
+    "MCLayerNorm": "ctrcal.layers.mc_layernorm",
+    "mc_layer_norm": "ctrcal.layers.mc_layernorm",
+    "mc_mode": "ctrcal.layers.mc_layernorm",
+    "mc_predict": "ctrcal.layers.mc_layernorm",
+    "create_norm": "ctrcal.layers.registry",
+    "register_norm": "ctrcal.layers.registry",
+    "available_norms": "ctrcal.layers.registry",
+    "replace_norms": "ctrcal.layers.registry",
+    # models
+    "MaskNet": "ctrcal.models.masknet",
+    "MaskBlock": "ctrcal.layers.mask_block",
+    # data
+    "Batch": "ctrcal.data.loader",
+    "FeaturePipeline": "ctrcal.data.features",
+    "read_criteo": "ctrcal.data.criteo",
+    # evaluation
+    "GaussianShift": "ctrcal.eval.shift",
+    "TemperatureScaling": "ctrcal.eval.calibration",
+    "PlattScaling": "ctrcal.eval.calibration",
+    # config
+    "Config": "ctrcal.config",
+    "load_config": "ctrcal.config",
+}
+_SUBMODULES = {"metrics": "ctrcal.eval.metrics"}
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(_SUBMODULES[name])
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'ctrcal' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

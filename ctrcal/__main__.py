@@ -1,0 +1,5 @@
+import sys
+
+from ctrcal.cli import main
+
+sys.exit(main())

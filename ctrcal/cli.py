@@ -1,0 +1,157 @@
+"""The ``ctrcal`` command line.
+
+Subcommands::
+
+    ctrcal synth OUT --rows N --seed S         synthetic Criteo (dac layout) + true click probs
+    ctrcal prepare INPUT... --out DIR          raw Criteo -> feature_map.json + parquet splits
+    ctrcal train CONFIG [--data DIR] [--out RUN_DIR] [--resume] [k=v ...]
+    ctrcal evaluate RUN_DIR [--split test] [--mc-samples N]
+    ctrcal shift-report CONFIG [--data DIR] [--out DIR] [--seeds N] [k=v ...]
+    ctrcal run CONFIG [--out DIR] [k=v ...]    prepare + train every variant + shift report
+    ctrcal validate CONFIG [k=v ...]           check a config without running anything
+
+User errors print one line on stderr and exit non-zero (2 for configs and usage);
+``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ctrcal.errors import CtrcalError, NotAvailableError
+
+
+def _not_available(what: str) -> NotAvailableError:
+    return NotAvailableError(f"{what} is not available in this version of ctrcal")
+
+
+def _load(args: argparse.Namespace):
+    from ctrcal.config import load_config
+
+    return load_config(args.config, args.overrides)
+
+
+# ---------------------------------------------------------------------------------------------
+# Handlers: each returns the exit status.
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    print(
+        f"{args.config}: OK (model {cfg.model.name}/{cfg.model.variant}, "
+        f"net_norm {cfg.model.net_norm.name}, {len(cfg.report.variants)} report variants)"
+    )
+    return 0
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    raise _not_available("'ctrcal synth' (synthetic Criteo generator)")
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    raise _not_available("'ctrcal prepare' (Criteo feature pipeline)")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    raise _not_available("'ctrcal train' (MaskNet trainer)")
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    raise _not_available("'ctrcal evaluate' (run evaluation)")
+
+
+def cmd_shift_report(args: argparse.Namespace) -> int:
+    raise _not_available("'ctrcal shift-report' (shift-robustness report)")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    raise _not_available("'ctrcal run' (prepare + train + shift report)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Parser
+
+
+def _add_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", type=Path, help="YAML config file")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="overrides, e.g. train.lr=1e-4"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ctrcal",
+        description="Calibrated CTR prediction under data shift: MaskNet with LayerNorm or "
+        "MC-LayerNorm on Criteo, and shift-robustness reports.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, handler: Callable[[argparse.Namespace], int], help_: str):
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+        p.set_defaults(handler=handler)
+        return p
+
+    p = add("synth", cmd_synth, "write synthetic Criteo data (dac layout) with true click probs")
+    p.add_argument("out", type=Path, help="output file (dac train.txt layout)")
+    p.add_argument("--rows", type=int, default=1_000_000, help="number of rows")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+
+    p = add("prepare", cmd_prepare, "raw Criteo file(s) -> feature_map.json + parquet splits")
+    p.add_argument("inputs", nargs="+", type=Path, help="raw Criteo file(s), any layout")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--config", type=Path, default=None, help="YAML config (data/features)")
+    p.add_argument("--on-bad-row", choices=["error", "skip"], default=None)
+
+    p = add("train", cmd_train, "train a model from a config")
+    _add_config(p)
+    p.add_argument("--data", type=Path, default=None, help="prepared data directory")
+    p.add_argument("--out", type=Path, default=None, help="run directory")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run")
+
+    p = add("evaluate", cmd_evaluate, "evaluate a trained run")
+    p.add_argument("run_dir", type=Path, help="run directory written by 'ctrcal train'")
+    p.add_argument("--split", choices=["train", "valid", "test"], default="test")
+    p.add_argument("--mc-samples", type=int, default=0, help="MC-integration passes (0: off)")
+    p.add_argument("--data", type=Path, default=None, help="prepared data directory")
+
+    p = add("shift-report", cmd_shift_report, "LN vs MC-LN under Gaussian numeric shift")
+    _add_config(p)
+    p.add_argument("--data", type=Path, default=None, help="prepared data directory")
+    p.add_argument("--out", type=Path, default=None, help="report directory")
+    p.add_argument("--seeds", type=int, default=None, help="training seeds per variant")
+
+    p = add("run", cmd_run, "prepare + train every variant + shift report from one config")
+    _add_config(p)
+    p.add_argument("--out", type=Path, default=None, help="output directory")
+
+    p = add("validate", cmd_validate, "check a config without running anything")
+    _add_config(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    try:
+        return int(args.handler(args) or 0)
+    except CtrcalError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"ctrcal {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"ctrcal {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,536 @@
+"""Typed, strict YAML configuration.
+
+A config file is YAML (read with ``yaml.safe_load`` only) whose top-level sections map onto
+the dataclasses below. Loading is strict: an unknown key, a value of the wrong type, a missing
+required key or an unknown registry name (a norm, an optimizer, ...) raises
+:class:`~ctrcal.errors.ConfigError` naming the file, the dotted key, what was expected and the
+closest valid key.
+
+Two conveniences:
+
+* ``extends: base.yaml`` (a path relative to the file, or a list of them) loads the base first
+  and deep-merges this file over it: mappings merge key by key, anything else replaces.
+* overrides ``section.key=value`` (from the command line) are applied last; the value is
+  parsed as YAML, so ``train.lr=1e-4`` is a float and ``model.hidden_units=[64,64]`` a list.
+
+Example::
+
+    cfg = load_config("configs/demo.yaml", overrides=["train.epochs=2"])
+    cfg.model.net_norm  # NormSpec(name='layernorm', kwargs={})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from ctrcal.errors import ConfigError
+from ctrcal.utils import closest
+
+# ---------------------------------------------------------------------------------------------
+# Special value types
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    """A normalization layer by registry name plus constructor keyword arguments.
+
+    In YAML either a bare name (``net_norm: layernorm``) or a mapping with ``name`` and the
+    layer's own keyword arguments (``net_norm: {name: mclayernorm, fraction: 0.8}``).
+    ``none`` means no normalization at that position.
+    """
+
+    name: str = "none"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_none(self) -> bool:
+        return self.name in ("none", "identity")
+
+    def to_yaml(self) -> Any:
+        return self.name if not self.kwargs else {"name": self.name, **self.kwargs}
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections
+
+
+@dataclass
+class SyntheticConfig:
+    """The embedded default dataset: Criteo-format rows with a known click probability."""
+
+    rows: int = 200_000
+    seed: int = 0
+
+
+@dataclass
+class DataConfig:
+    """Where the raw data is and how it is split.
+
+    ``inputs`` are raw Criteo files in any supported layout (split ``split`` ways with
+    ``split_seed``); alternatively ``train``/``valid``/``test`` name one file list each.
+    With neither, ``synthetic`` data is generated.
+    """
+
+    inputs: list[str] = field(default_factory=list)
+    train: list[str] = field(default_factory=list)
+    valid: list[str] = field(default_factory=list)
+    test: list[str] = field(default_factory=list)
+    layout: Literal[
+        "auto", "dac", "dac_test", "kaggle_csv", "x4", "x1", "torchrec"
+    ] = "auto"
+    split: list[float] = field(default_factory=lambda: [0.8, 0.1, 0.1])
+    split_seed: int = 2024
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    on_bad_row: Literal["error", "skip"] = "error"
+    prepared_dir: str | None = None
+
+
+@dataclass
+class FeaturesConfig:
+    """The feature pipeline fitted on the train split."""
+
+    min_count: int = 10
+    numeric_transform: Literal["log_standardize", "standardize", "identity", "auto"] = "auto"
+    numeric_buckets: int = 0
+
+
+@dataclass
+class ModelConfig:
+    """MaskNet and its norms. ``variant`` picks serial or parallel."""
+
+    name: Literal["masknet"] = "masknet"
+    variant: Literal["serial", "parallel"] = "serial"
+    embedding_dim: int = 16
+    numeric_embedding: Literal["linear", "scaled", "bucket"] = "linear"
+    hidden_units: list[int] = field(default_factory=lambda: [400, 400, 400])
+    reduction_ratio: float = 1.0
+    num_blocks: int = 2
+    block_dim: int = 500
+    mlp_hidden_units: list[int] = field(default_factory=lambda: [400, 400])
+    emb_norm: NormSpec = field(default_factory=lambda: NormSpec("none"))
+    net_norm: NormSpec = field(default_factory=lambda: NormSpec("layernorm"))
+    dropout: float = 0.0
+
+
+@dataclass
+class TrainConfig:
+    """The training loop (see :mod:`ctrcal.train.trainer`)."""
+
+    seed: int = 0
+    epochs: int = 10
+    batch_size: int = 4096
+    eval_batch_size: int = 16384
+    optimizer: Literal["adam", "adamw"] = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    emb_l2: float = 0.0
+    grad_clip: float = 10.0
+    patience: int = 2
+    lr_factor: float = 0.1
+    min_lr: float = 1e-6
+    device: str = "auto"
+    precision: Literal["fp32", "bf16"] = "fp32"
+    compile: bool = False
+    data_mode: Literal["memory", "device", "stream", "auto"] = "auto"
+    num_threads: int = 0
+    finetune_from: str | None = None
+    progress: bool = True
+
+
+@dataclass
+class VariantConfig:
+    """One arm of a shift report: a norm at the MaskBlock position and how to predict."""
+
+    name: str
+    net_norm: NormSpec = field(default_factory=lambda: NormSpec("layernorm"))
+    emb_norm: NormSpec | None = None
+    mc_samples: int = 0
+    temperature_scaling: bool = False
+    from_variant: str | None = None
+
+
+@dataclass
+class ReportConfig:
+    """The shift-robustness protocol: variants x training seeds x noise seeds x intensities."""
+
+    variants: list[VariantConfig] = field(
+        default_factory=lambda: [
+            VariantConfig("layernorm", NormSpec("layernorm")),
+            VariantConfig("mclayernorm", NormSpec("mclayernorm", {"fraction": 0.8})),
+            VariantConfig(
+                "mclayernorm_mc",
+                NormSpec("mclayernorm", {"fraction": 0.8}),
+                mc_samples=10,
+                from_variant="mclayernorm",
+            ),
+        ]
+    )
+    seeds: int = 3
+    noise_seeds: int = 1
+    intensities: list[float] = field(default_factory=lambda: [0.0, 0.0625, 0.125, 0.25, 0.5])
+    mix_fraction: float = 1.0
+    split: Literal["valid", "test"] = "test"
+    ece_bins: int = 15
+
+
+@dataclass
+class Config:
+    """A whole run: data, features, model, training, report, and where outputs go."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+    out_dir: str = "outputs/run"
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry-name checks: set here so config.py does not import torch at import time.
+
+
+def _known_norms() -> list[str] | None:
+    try:
+        from ctrcal.layers.registry import available_norms
+    except ImportError:  # the layers package is optional for config checking
+        return None
+    return list(available_norms()) + ["none"]
+
+
+def _normalise_norm_name(name: str) -> str:
+    try:
+        from ctrcal.layers.registry import normalize_name
+    except ImportError:
+        return name.lower().replace("-", "").replace("_", "")
+    return normalize_name(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping with ``extends:`` resolved (no validation)."""
+    return _load_with_extends(Path(path), ())
+
+
+def _load_with_extends(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    path = path.resolve()
+    if path in chain:
+        loop = " -> ".join(str(p) for p in (*chain, path))
+        raise ConfigError(f"{path}: 'extends' forms a cycle: {loop}")
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        where = f"{chain[-1]}: extends" if chain else "config"
+        raise ConfigError(f"{where}: cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}:{line}: invalid YAML: {problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
+    bases = raw.pop("extends", None)
+    if bases is None:
+        return _tag(raw, path)
+    if isinstance(bases, str):
+        bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise ConfigError(f"{path}: 'extends' must be a path or a list of paths")
+    merged: dict[str, Any] = {}
+    for base in bases:
+        merged = _deep_merge(merged, _load_with_extends(path.parent / base, (*chain, path)))
+    return _deep_merge(merged, _tag(raw, path))
+
+
+# Each mapping remembers which file its keys came from, so errors name the right file even
+# through `extends`. The tag is a key no user can write in YAML by accident.
+_SOURCE = "\0source"
+
+
+def _tag(obj: Any, path: Path) -> Any:
+    if isinstance(obj, dict):
+        out = {k: _tag(v, path) for k, v in obj.items()}
+        out[_SOURCE] = {k: str(path) for k in obj}
+        return out
+    if isinstance(obj, list):
+        return [_tag(v, path) for v in obj]
+    return obj
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if key == _SOURCE:
+            out[_SOURCE] = {**base.get(_SOURCE, {}), **value}
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a raw config mapping."""
+    raw = dict(raw)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected section.key=value")
+        dotted, _, text = item.partition("=")
+        keys = dotted.strip().split(".")
+        if not all(keys):
+            raise ConfigError(f"override {item!r}: empty key in {dotted!r}")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            raise ConfigError(f"override {item!r}: value is not valid YAML") from None
+        node = raw
+        for key in keys[:-1]:
+            child = node.get(key)
+            child = dict(child) if isinstance(child, dict) else {}
+            node[key] = child
+            node = child
+        node[keys[-1]] = value
+        node[_SOURCE] = {**node.get(_SOURCE, {}), keys[-1]: f"override {item!r}"}
+    return raw
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    *,
+    check_names: bool = True,
+) -> Config:
+    """Load, merge, override and validate a config file into a :class:`Config`.
+
+    Args:
+        path: YAML file; ``None`` starts from the defaults.
+        overrides: ``section.key=value`` strings applied after the file.
+        check_names: also check registry names (norms); needs the layers package.
+
+    Raises:
+        ConfigError: naming the file, the dotted key, what was expected and the closest key.
+    """
+    raw = load_yaml(path) if path is not None else {}
+    raw = apply_overrides(raw, overrides or [])
+    source = str(path) if path is not None else "<defaults>"
+    cfg = _build(Config, raw, "", source)
+    if check_names:
+        validate_names(cfg, source)
+    return cfg
+
+
+def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
+    """Validate a plain mapping (e.g. a saved snapshot) into a :class:`Config`."""
+    cfg = _build(Config, data, "", source)
+    validate_names(cfg, source)
+    return cfg
+
+
+def validate_names(cfg: Config, source: str) -> None:
+    """Check registry names that plain typing cannot (norm names)."""
+    known = _known_norms()
+    if known is None:
+        return
+    norms: list[tuple[str, NormSpec | None]] = [
+        ("model.emb_norm", cfg.model.emb_norm),
+        ("model.net_norm", cfg.model.net_norm),
+    ]
+    for i, variant in enumerate(cfg.report.variants):
+        norms.append((f"report.variants[{i}].net_norm", variant.net_norm))
+        norms.append((f"report.variants[{i}].emb_norm", variant.emb_norm))
+    normalised = {_normalise_norm_name(n): n for n in known}
+    for key, spec in norms:
+        if spec is None or _normalise_norm_name(spec.name) in normalised:
+            continue
+        hint = closest(spec.name, known)
+        did = f"; did you mean {hint!r}?" if hint else ""
+        raise ConfigError(
+            f"{source}: {key}: unknown norm {spec.name!r}{did} (valid: {', '.join(sorted(known))})"
+        )
+    names = [v.name for v in cfg.report.variants]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{source}: report.variants: variant names must be unique, got {names}")
+    for i, variant in enumerate(cfg.report.variants):
+        if variant.from_variant is not None and variant.from_variant not in names:
+            raise ConfigError(
+                f"{source}: report.variants[{i}].from_variant: unknown variant "
+                f"{variant.from_variant!r} (valid: {', '.join(names)})"
+            )
+
+
+def config_to_dict(cfg: Any) -> Any:
+    """A plain, YAML-safe mapping of a config (inverse of :func:`config_from_dict`)."""
+    if isinstance(cfg, NormSpec):
+        return cfg.to_yaml()
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: config_to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, list):
+        return [config_to_dict(v) for v in cfg]
+    if isinstance(cfg, dict):
+        return {k: config_to_dict(v) for k, v in cfg.items()}
+    return cfg
+
+
+def dump_config(cfg: Config) -> str:
+    """The config as YAML text (a snapshot that :func:`load_config` reads back)."""
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed construction
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if tp is NormSpec:
+        return "a norm name or {name: ..., <kwargs>}"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(tp))
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return f"a list of {_describe(item)}"
+    if origin is dict:
+        return "a mapping"
+    if tp is type(None):
+        return "null"
+    return {int: "an integer", float: "a number", bool: "true/false", str: "a string"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
+
+
+def _fail(source: str, key: str, message: str) -> ConfigError:
+    return ConfigError(f"{source}: {key or '<top level>'}: {message}")
+
+
+def _build(tp: Any, value: Any, key: str, source: str) -> Any:
+    origin = typing.get_origin(tp)
+
+    if tp is Any:
+        return _strip(value)
+    if tp is NormSpec:
+        return _build_norm(value, key, source)
+    if dataclasses.is_dataclass(tp):
+        return _build_dataclass(tp, value, key, source)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _build(arg, value, key, source)
+            except ConfigError as exc:
+                errors.append(exc)
+        if len(errors) == 1:
+            raise errors[0]
+        raise _fail(source, key, f"expected {_describe(tp)}, got {value!r}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value in choices:
+            return value
+        hint = closest(str(value), [str(c) for c in choices])
+        did = f"; did you mean {hint!r}?" if hint else ""
+        raise _fail(
+            source, key, f"got {value!r}, expected one of {', '.join(map(repr, choices))}{did}"
+        )
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise _fail(source, key, f"expected {_describe(tp)}, got {type(value).__name__}")
+        return [_build(item, v, f"{key}[{i}]", source) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _fail(source, key, f"expected a mapping, got {type(value).__name__}")
+        return _strip(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:  # pragma: no cover - a field type this module does not know is a programming error
+        raise TypeError(f"unsupported config type {tp!r} at {key}")
+    raise _fail(source, key, f"expected {_describe(tp)}, got {value!r} ({type(value).__name__})")
+
+
+def _strip(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items() if k != _SOURCE}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value
+
+
+def _build_norm(value: Any, key: str, source: str) -> NormSpec:
+    if isinstance(value, NormSpec):
+        return value
+    if value is None or value is False:
+        return NormSpec("none")
+    if isinstance(value, str):
+        return NormSpec(value)
+    if isinstance(value, dict):
+        value = _strip(value)
+        if "name" not in value or not isinstance(value["name"], str):
+            raise _fail(source, key, "a norm mapping needs 'name: <norm>'")
+        kwargs = {k: v for k, v in value.items() if k != "name"}
+        return NormSpec(value["name"], kwargs)
+    raise _fail(source, key, f"expected {_describe(NormSpec)}, got {value!r}")
+
+
+def _build_dataclass(tp: Any, value: Any, key: str, source: str) -> Any:
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise _fail(source, key, f"expected a mapping, got {type(value).__name__} {value!r}")
+    sources = value.get(_SOURCE, {})
+    hints = typing.get_type_hints(tp)
+    fields = {f.name: f for f in dataclasses.fields(tp)}
+    kwargs = {}
+    for name, item in value.items():
+        if name == _SOURCE:
+            continue
+        src = sources.get(name, source)
+        sub = f"{key}.{name}" if key else str(name)
+        if name not in fields:
+            hint = closest(str(name), fields)
+            did = f"; did you mean {hint!r}?" if hint else ""
+            raise _fail(
+                src, sub, f"unknown key{did} (valid keys: {', '.join(sorted(fields))})"
+            )
+        kwargs[name] = _build(hints[name], item, sub, src)
+    for name, f in fields.items():
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if required and name not in kwargs:
+            sub = f"{key}.{name}" if key else name
+            raise _fail(source, sub, f"missing required key ({_describe(hints[name])})")
+    return tp(**kwargs)

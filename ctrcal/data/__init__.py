@@ -1,0 +1,1 @@
+"""Criteo readers, the synthetic generator, the feature pipeline and batch loading."""

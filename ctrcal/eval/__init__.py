@@ -1,0 +1,1 @@
+"""Metrics, shifts, post-hoc calibration and the shift-robustness report."""

@@ -1,0 +1,1 @@
+"""Building blocks other CTR models import: norms (one registry), MC-LayerNorm, MaskBlock."""

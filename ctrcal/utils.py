@@ -1,0 +1,77 @@
+"""Small shared helpers: atomic writes, closest-name suggestions, seeding, devices."""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import json
+import os
+import random
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+
+def closest(name: str, choices: Iterable[str]) -> str | None:
+    """The closest of ``choices`` to ``name`` (for "did you mean ...?"), or None."""
+    matches = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
+    return matches[0] if matches else None
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary sibling of ``path``; rename it onto ``path`` only on success.
+
+    Works for files and directories alike: whatever the body writes at the yielded path
+    replaces ``path`` in one rename, so a crash never leaves a half-written target that a
+    later run could trust.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    os.rmdir(tmp)  # the caller decides whether it becomes a file or a directory
+    try:
+        yield tmp
+        if path.is_dir() and not path.is_symlink():
+            _rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            _rmtree(tmp) if tmp.is_dir() else tmp.unlink()
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically."""
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices)."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % (2**32))  # noqa: NPY002 - legacy global RNG some code still uses
+    torch.manual_seed(seed)
+
+
+def resolve_device(spec: str = "auto"):
+    """``auto`` -> CUDA when available, else CPU; anything else is passed to ``torch.device``."""
+    import torch
+
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(spec)
