@@ -103,7 +103,13 @@ class FeaturesConfig:
 
 @dataclass
 class ModelConfig:
-    """MaskNet and its norms. ``variant`` picks serial or parallel."""
+    """MaskNet and its norms (see :mod:`ctrcal.models.masknet`).
+
+    ``variant`` picks serial (one MaskBlock per ``hidden_units`` entry) or parallel
+    (``num_blocks`` blocks of ``block_dim``, then an MLP of ``mlp_hidden_units``).
+    ``numeric_embedding``: ``linear`` (x*v + b, keeps the value behind a per-field norm),
+    ``scaled`` (x*v, FuxiCTR) or ``bucket`` (needs ``features.numeric_buckets``).
+    """
 
     name: Literal["masknet"] = "masknet"
     variant: Literal["serial", "parallel"] = "serial"
@@ -117,11 +123,21 @@ class ModelConfig:
     emb_norm: NormSpec = field(default_factory=lambda: NormSpec("none"))
     net_norm: NormSpec = field(default_factory=lambda: NormSpec("layernorm"))
     dropout: float = 0.0
+    embedding_init_std: float = 1.0e-4
 
 
 @dataclass
 class TrainConfig:
-    """The training loop (see :mod:`ctrcal.train.trainer`)."""
+    """The training loop (see :mod:`ctrcal.train.trainer`).
+
+    ``emb_l2`` is an L2 penalty (emb_l2/2)*||W||^2 on the whole categorical embedding table
+    (FuxiCTR's ``embedding_regularizer``). After each epoch the validation ``monitor``
+    (``auc``, ``logloss`` or ``auc_logloss`` = AUC - logloss) decides: no improvement
+    multiplies the LR by ``lr_factor`` (not below ``min_lr``), ``patience`` such epochs in a
+    row stop training; the best epoch's weights are restored. ``precision: auto`` is bf16
+    autocast on CUDA and fp32 elsewhere. ``finetune_from`` names a finished run directory
+    whose best weights start this run, with its norms replaced by this config's.
+    """
 
     seed: int = 0
     epochs: int = 10
@@ -135,8 +151,9 @@ class TrainConfig:
     patience: int = 2
     lr_factor: float = 0.1
     min_lr: float = 1e-6
+    monitor: Literal["auc", "logloss", "auc_logloss"] = "auc_logloss"
     device: str = "auto"
-    precision: Literal["fp32", "bf16"] = "fp32"
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     compile: bool = False
     data_mode: Literal["memory", "device", "stream", "auto"] = "auto"
     num_threads: int = 0
