@@ -163,13 +163,20 @@ class TrainConfig:
 
 @dataclass
 class VariantConfig:
-    """One arm of a shift report: a norm at the MaskBlock position and how to predict."""
+    """One arm of a shift report: a norm at the MaskBlock position and how to predict.
+
+    ``from_variant`` reuses that variant's trained runs (its norms) and changes only the
+    prediction: ``mc_samples`` > 0 averages that many MC-sampling passes (MC integration),
+    ``temperature_scaling`` / ``platt_scaling`` fit a post-hoc calibration on clean validation
+    predictions.
+    """
 
     name: str
     net_norm: NormSpec = field(default_factory=lambda: NormSpec("layernorm"))
     emb_norm: NormSpec | None = None
     mc_samples: int = 0
     temperature_scaling: bool = False
+    platt_scaling: bool = False
     from_variant: str | None = None
 
 
@@ -195,6 +202,11 @@ class ReportConfig:
     mix_fraction: float = 1.0
     split: Literal["valid", "test"] = "test"
     ece_bins: int = 15
+    # the variant every other one is compared with (paired by training seed); None = the first
+    baseline: str | None = None
+    # a paired difference counts as significant when the two-sided paired t-test p < alpha
+    alpha: float = 0.05
+    figures: bool = True
 
 
 @dataclass
