@@ -1,0 +1,417 @@
+"""MC-LayerNorm: exact subset size, uniform independent subsets, moments, modes, gradients."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctrcal.errors import ConfigError
+from ctrcal.layers.mc_layernorm import (
+    MCLayerNorm,
+    mc_layer_norm,
+    mc_mode,
+    mc_predict,
+    mc_subset_size,
+    sample_subset_mask,
+)
+
+# ---------------------------------------------------------------------------------------------
+# subset size
+
+
+@pytest.mark.parametrize(
+    ("n", "f", "k"),
+    [
+        (10, 0.3, 3),
+        (100, 0.29, 29),
+        (100, 0.57, 57),
+        (400, 0.8, 320),
+        (624, 0.8, 499),
+        (10, 1.0, 10),
+        (10, 0.2, 2),
+        (7, 0.5, 3),
+        (3, 2 / 3, 2),
+        (30, 1 / 3, 10),
+        (10, Fraction(3, 10), 3),
+    ],
+)
+def test_subset_size_exact(n, f, k):
+    assert mc_subset_size(n, f) == k
+
+
+def test_subset_size_matches_float_pitfall_cases():
+    # the naive float product loses one here
+    assert int(0.29 * 100) == 28 and mc_subset_size(100, 0.29) == 29
+    assert all(
+        mc_subset_size(n, p / 100) == n * p // 100 for n in (100, 200) for p in range(2, 101)
+    )
+
+
+@pytest.mark.parametrize("f", [0.0, -0.1, 1.5, float("nan"), float("inf"), "0.5", True])
+def test_subset_size_rejects_bad_fraction(f):
+    with pytest.raises(ConfigError):
+        mc_subset_size(10, f)
+
+
+def test_subset_size_too_small_names_n_and_f():
+    with pytest.raises(ValueError, match=r"fraction=0.1 with N=10"):
+        mc_subset_size(10, 0.1)
+    with pytest.raises(ValueError, match="N=10"):
+        MCLayerNorm(10, fraction=0.15)
+
+
+# ---------------------------------------------------------------------------------------------
+# sampler: exact k, uniform, independent
+
+
+@pytest.mark.parametrize(("n", "k"), [(5, 2), (10, 3), (400, 320), (400, 200), (624, 499), (9, 9)])
+def test_sampler_exact_k_per_row(n, k):
+    torch.manual_seed(0)
+    mask = sample_subset_mask(3000, n, k)
+    assert mask.shape == (3000, n)
+    assert set(mask.unique().tolist()) <= {0.0, 1.0}
+    assert (mask.sum(1) == k).all()
+
+
+def _chi2_threshold(df: int, z: float = 5.0) -> float:
+    # Wilson-Hilferty: the chi-square quantile at standard-normal z (z=5: p ~ 3e-7)
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def test_sampler_uniform_over_all_subsets():
+    torch.manual_seed(1)
+    n, k, rows = 6, 3, 40_000
+    mask = sample_subset_mask(rows, n, k)
+    code = (mask * (2 ** torch.arange(n))).sum(1).long()
+    counts = torch.bincount(code, minlength=2**n).double()
+    counts = counts[counts > 0]
+    assert counts.numel() == math.comb(n, k)
+    expected = rows / math.comb(n, k)
+    chi2 = ((counts - expected) ** 2 / expected).sum().item()
+    assert chi2 < _chi2_threshold(math.comb(n, k) - 1)
+
+
+def test_sampler_rows_independent():
+    # joint distribution of the subsets of two rows of the same draw: uniform on all pairs
+    torch.manual_seed(2)
+    n, k, rows = 5, 2, 60_000
+    mask = sample_subset_mask(rows, n, k)
+    code = (mask * (2 ** torch.arange(n))).sum(1).long()
+    ids = torch.unique(code, return_inverse=True)[1]
+    c = math.comb(n, k)
+    pairs = ids[0::2] * c + ids[1::2]
+    counts = torch.bincount(pairs, minlength=c * c).double()
+    expected = (rows // 2) / (c * c)
+    chi2 = ((counts - expected) ** 2 / expected).sum().item()
+    assert chi2 < _chi2_threshold(c * c - 1)
+    # wide rows: overlap of neighbouring rows is hypergeometric (mean k^2/n), no duplicates
+    n, k, rows = 400, 320, 4000
+    mask = sample_subset_mask(rows, n, k, dtype=torch.float64)
+    overlap = (mask[0::2] * mask[1::2]).sum(1)
+    mean = k * k / n
+    var = k * (k / n) * ((n - k) / n) * ((n - k) / (n - 1))
+    se = math.sqrt(var / overlap.numel())
+    assert abs(overlap.mean().item() - mean) < 5 * se
+    assert abs(overlap.var().item() / var - 1) < 5 * math.sqrt(2 / overlap.numel()) * 1.5
+    assert (overlap < k).all()
+
+
+def test_sampler_generator_reproducible():
+    g1 = torch.Generator().manual_seed(123)
+    g2 = torch.Generator().manual_seed(123)
+    a = sample_subset_mask(64, 50, 20, generator=g1)
+    b = sample_subset_mask(64, 50, 20, generator=g2)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, sample_subset_mask(64, 50, 20, generator=g1))
+
+
+# ---------------------------------------------------------------------------------------------
+# the layer in training mode
+
+
+def test_layer_uses_exactly_k_per_row():
+    # A single spike at position j: if j is in the row's subset S, every other output equals
+    # -1/sqrt(k-1) (subset mean 1/k, subset variance (k-1)/k^2); otherwise they are 0. So the
+    # outputs reveal k for each row, and the share of rows with j in S estimates k/N.
+    torch.manual_seed(3)
+    n, f, rows = 50, 0.3, 4000
+    # a tiny eps keeps rows without j (zero subset variance) finite: their outputs are 0
+    layer = MCLayerNorm(n, eps=1e-200, elementwise_affine=False, fraction=f).double().train()
+    k = layer.subset_size
+    assert k == 15
+    x = torch.zeros(rows, n, dtype=torch.float64)
+    x[:, 7] = 1.0
+    with torch.no_grad():
+        y = layer(x)
+    others = y[:, 0]
+    hit = others != 0
+    k_rows = 1 + 1 / others[hit] ** 2
+    torch.testing.assert_close(k_rows, torch.full_like(k_rows, float(k)))
+    share = hit.double().mean().item()
+    se = math.sqrt(k / n * (1 - k / n) / rows)
+    assert abs(share - k / n) < 5 * se
+
+
+def test_subset_mean_variance_matches_theory():
+    # Var(subset mean) = sigma^2 (N-k) / (k (N-1)) for a uniform k-subset without replacement.
+    torch.manual_seed(4)
+    n, f, rows = 40, 0.25, 20_000
+    base = torch.randn(n, dtype=torch.float64) * 2 + 1
+    layer = MCLayerNorm(n, eps=0.0, elementwise_affine=False, fraction=f).double().train()
+    k = layer.subset_size
+    with torch.no_grad():
+        y = layer(base.expand(rows, n))
+    # y = (x - mu) / s for every element: two elements give s and mu
+    s = (base[0] - base[1]) / (y[:, 0] - y[:, 1])
+    mu = base[0] - y[:, 0] * s
+    sigma2 = base.var(unbiased=False).item()
+    theory = sigma2 * (n - k) / (k * (n - 1))
+    centred = mu - base.mean()
+    assert abs(centred.mean().item()) < 5 * math.sqrt(theory / rows)
+    var_hat = centred.pow(2).mean().item()
+    # standard error of a variance estimate from the sample's own fourth moment
+    se = math.sqrt((centred.pow(4).mean().item() - var_hat**2) / rows)
+    assert abs(var_hat - theory) < 5 * se, (var_hat, theory, se)
+    # the subset variance is biased (divisor k) and averages sigma^2 (N/(N-1)) (k-1)/k
+    v = s.pow(2)
+    expected_v = sigma2 * n / (n - 1) * (k - 1) / k
+    assert abs(v.mean().item() - expected_v) < 5 * v.std().item() / math.sqrt(rows)
+
+
+def test_fraction_one_equals_layer_norm():
+    torch.manual_seed(5)
+    x = torch.randn(32, 3, 20)
+    layer = MCLayerNorm(20, fraction=1.0).train()
+    with torch.no_grad():
+        layer.weight.uniform_(0.5, 2)
+        layer.bias.uniform_(-1, 1)
+    ref = F.layer_norm(x, (20,), layer.weight, layer.bias, layer.eps)
+    torch.testing.assert_close(layer(x), ref)
+    # the masked computation itself, with an all-ones mask, is LayerNorm too
+    ones = torch.ones(96, 20)
+    out = mc_layer_norm(x, 20, layer.weight, layer.bias, layer.eps, mask=ones)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_masked_matches_reference_on_subset():
+    torch.manual_seed(6)
+    x = torch.randn(16, 12, dtype=torch.float64)
+    mask = sample_subset_mask(16, 12, 5, dtype=torch.float64)
+    w = torch.randn(12, dtype=torch.float64)
+    b = torch.randn(12, dtype=torch.float64)
+    out = mc_layer_norm(x, 12, w, b, 1e-5, mask=mask)
+    sel = x[mask.bool()].reshape(16, 5)
+    mu = sel.mean(1, keepdim=True)
+    var = sel.var(1, unbiased=False, keepdim=True)
+    torch.testing.assert_close(out, (x - mu) / torch.sqrt(var + 1e-5) * w + b)
+
+
+def test_training_is_stochastic_and_per_row():
+    torch.manual_seed(7)
+    layer = MCLayerNorm(30, fraction=0.5).train()
+    x = torch.randn(1, 30).expand(64, 30)
+    y = layer(x)
+    # identical input rows get different subsets
+    assert torch.unique(y.detach(), dim=0).shape[0] > 60
+    assert not torch.allclose(layer(x), y)
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluation modes
+
+
+def test_eval_one_shot_is_layer_norm_and_deterministic():
+    torch.manual_seed(8)
+    layer = MCLayerNorm((3, 8), fraction=0.5)
+    with torch.no_grad():
+        layer.weight.uniform_(0.5, 2)
+        layer.bias.uniform_(-1, 1)
+    layer.eval()
+    x = torch.randn(10, 3, 8)
+    ref = F.layer_norm(x, (3, 8), layer.weight, layer.bias, layer.eps)
+    assert torch.equal(layer(x), ref)
+    assert torch.equal(layer(x), layer(x))
+
+
+def test_mc_mode_samples_at_eval_and_restores():
+    torch.manual_seed(9)
+    model = nn.Sequential(
+        nn.Linear(6, 16), MCLayerNorm(16, fraction=0.5), nn.ReLU(), nn.Linear(16, 1)
+    )
+    model.eval()
+    x = torch.randn(8, 6)
+    with torch.no_grad():
+        ref = model(x)
+        with mc_mode(model) as mode:
+            assert mode.count == 1 and model[1].mc_sampling
+            assert not torch.allclose(model(x), model(x))
+        assert not model[1].mc_sampling
+        assert torch.equal(model(x), ref)
+        # also usable as a plain call, like torch.set_grad_enabled
+        mc_mode(model)
+        assert model[1].mc_sampling
+        mc_mode(model, enabled=False)
+        assert torch.equal(model(x), ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# gradients, shapes, dtypes, state dict, reproducibility
+
+
+def test_gradcheck_float64():
+    torch.manual_seed(10)
+    x = torch.randn(6, 9, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(9, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(9, dtype=torch.float64, requires_grad=True)
+    mask = sample_subset_mask(6, 9, 4, dtype=torch.float64)
+    assert torch.autograd.gradcheck(
+        lambda x, w, b: mc_layer_norm(x, 9, w, b, 1e-5, mask=mask), (x, w, b)
+    )
+
+    def seeded(x, w, b):
+        g = torch.Generator().manual_seed(0)
+        return mc_layer_norm(x, 9, w, b, 1e-5, fraction=0.5, generator=g)
+
+    assert torch.autograd.gradcheck(seeded, (x, w, b))
+
+
+@pytest.mark.parametrize(
+    ("shape", "normalized"),
+    [((4, 20), 20), ((4, 5, 8), 8), ((4, 5, 8), (5, 8)), ((2, 3, 4, 6), (4, 6))],
+)
+def test_shapes(shape, normalized):
+    layer = MCLayerNorm(normalized, fraction=0.5).train()
+    x = torch.randn(shape, requires_grad=True)
+    y = layer(x)
+    assert y.shape == x.shape
+    y.square().sum().backward()
+    assert x.grad.shape == x.shape and layer.weight.grad.shape == layer.weight.shape
+    with pytest.raises(ValueError, match="trailing shape"):
+        layer(torch.randn(4, 7))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_under_autocast(dtype):
+    torch.manual_seed(11)
+    model = nn.Sequential(nn.Linear(12, 24), MCLayerNorm(24, fraction=1.0)).train()
+    x = torch.randn(8, 12)
+    with torch.autocast("cpu", dtype=dtype):
+        ref_lin = model[0](x)
+        y = model(x)
+        ref = F.layer_norm(ref_lin, (24,), model[1].weight, model[1].bias, model[1].eps)
+    assert y.dtype == ref.dtype
+    torch.testing.assert_close(y.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    model[1] = MCLayerNorm(24, fraction=0.5).train()
+    with torch.autocast("cpu", dtype=dtype):
+        y = model(x)
+    assert torch.isfinite(y.float()).all()
+    y.float().sum().backward()
+    assert torch.isfinite(model[0].weight.grad).all()
+    # half input without autocast keeps its dtype
+    out = MCLayerNorm(24, fraction=0.5).train()(torch.randn(4, 24).to(dtype))
+    assert out.dtype == dtype and torch.isfinite(out.float()).all()
+
+
+def test_state_dict_round_trip_with_layernorm():
+    ln = nn.LayerNorm((3, 4))
+    with torch.no_grad():
+        ln.weight.uniform_()
+        ln.bias.uniform_()
+    mc = MCLayerNorm((3, 4), fraction=0.5)
+    mc.load_state_dict(ln.state_dict())
+    back = nn.LayerNorm((3, 4))
+    back.load_state_dict(mc.state_dict())
+    assert mc.state_dict().keys() == ln.state_dict().keys()
+    for key, value in ln.state_dict().items():
+        assert torch.equal(back.state_dict()[key], value)
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(mc.eval()(x), ln(x))
+    # no bias / no affine variants line up too
+    for kwargs in ({"bias": False}, {"elementwise_affine": False}):
+        MCLayerNorm(5, fraction=0.6, **kwargs).load_state_dict(
+            nn.LayerNorm(5, **kwargs).state_dict()
+        )
+
+
+def test_manual_seed_and_generator_reproducible():
+    layer = MCLayerNorm(40, fraction=0.5).train()
+    x = torch.randn(16, 40)
+    torch.manual_seed(12)
+    a = layer(x)
+    torch.manual_seed(12)
+    b = layer(x)
+    assert torch.equal(a, b)
+    g = torch.Generator().manual_seed(5)
+    layer_g = MCLayerNorm(40, fraction=0.5, generator=g).train()
+    c = layer_g(x)
+    g.manual_seed(5)
+    assert torch.equal(layer_g(x), c)
+
+
+def test_repr_mentions_fraction_and_k():
+    assert "fraction=0.8, k=320" in repr(MCLayerNorm(400))
+
+
+# ---------------------------------------------------------------------------------------------
+# mc_predict
+
+
+class _TwoInput(nn.Module):
+    def __init__(self, fraction=0.5, keep_dim=False):
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.lin = nn.Linear(8 + 3, 32)
+        self.norm = MCLayerNorm(32, fraction=fraction)
+        self.out = nn.Linear(32, 1)
+        self.keep_dim = keep_dim
+
+    def forward(self, cat, num):
+        h = torch.cat([self.emb(cat).sum(1), num], dim=1)
+        logits = self.out(torch.relu(self.norm(self.lin(h))))
+        return logits if self.keep_dim else logits.squeeze(1)
+
+
+@pytest.mark.parametrize("keep_dim", [False, True])
+def test_mc_predict_matches_loop_and_restores_mode(keep_dim):
+    torch.manual_seed(13)
+    model = _TwoInput(keep_dim=keep_dim).train()
+    cat = torch.randint(0, 10, (7, 4))
+    num = torch.randn(7, 3)
+    mean, std = mc_predict(model, cat, num, n_samples=200)
+    assert model.training and not model.norm.mc_sampling
+    assert mean.shape == (7,) and std.shape == (7,)
+    assert (std > 0).all()
+    # reference: a Python loop of stochastic passes averaging probabilities
+    model.eval()
+    with torch.no_grad(), mc_mode(model):
+        probs = torch.stack([torch.sigmoid(model(cat, num).reshape(-1)) for _ in range(400)])
+    ref_mean = probs.mean(0)
+    assert ((mean - ref_mean).abs() < 5 * probs.std(0) * math.sqrt(1 / 200 + 1 / 400) + 1e-6).all()
+    # probabilities, not logits, are averaged: the mean of sigmoids differs from sigmoid of mean
+    assert torch.all((mean >= 0) & (mean <= 1))
+
+
+def test_mc_predict_chunking_and_seed():
+    model = _TwoInput()
+    cat = torch.randint(0, 10, (9, 4))
+    num = torch.randn(9, 3)
+    torch.manual_seed(14)
+    full = mc_predict(model, cat, num, n_samples=5)
+    torch.manual_seed(14)
+    chunked = mc_predict(model, cat, num, n_samples=5, max_rows=4)
+    for a, b in zip(full, chunked, strict=True):
+        assert a.shape == (9,) and b.shape == (9,)
+    # one-shot model (no MC layers): warns, std is zero
+    plain = nn.Sequential(nn.Linear(3, 1))
+    with pytest.warns(UserWarning, match="no MC layers"):
+        mean, std = mc_predict(plain, num, n_samples=3)
+    assert torch.equal(std, torch.zeros(9))
+    with pytest.raises(ValueError):
+        mc_predict(model, cat, num[:3])
+    with pytest.raises(ValueError):
+        mc_predict(model, cat, num, n_samples=0)
