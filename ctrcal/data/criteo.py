@@ -1,9 +1,48 @@
 """Criteo schema constants, layout detection and readers (-> polars LazyFrame).
 
 Every fact about the Criteo layout is named here once; other modules and tests import it.
+
+Supported layouts (``layout=`` names, detected automatically by :func:`detect_format`):
+
+==============  ================================================================================
+``dac``         Kaggle Display Advertising Challenge ``train.txt`` and the Criteo 1TB ``day_N``
+                files (optionally ``.gz``): tab-separated, no header, 40 fields
+                ``label, I1..I13, C1..C26``. Rows shorter than 40 fields are padded with missing
+                (real files strip trailing empty fields).
+``dac_test``    Kaggle ``test.txt``: the same without the label (39 fields); labels are null.
+``kaggle_csv``  Kaggle competition CSV with a header ``Id,Label,I1..I13,C1..C26`` (``Label``
+                absent in the test CSV).
+``x4``          BARS/FuxiCTR Criteo_x4 CSV: header ``Label`` (or ``label``), ``I1..``, ``C1..``
+                with raw values (also the DeepCTR ``criteo_sample.txt`` layout).
+``x1``          BARS Criteo_x1 CSV: the same header, numerics already scaled to [0, 1] and
+                categoricals already integer ids (decimal). No log transform is applied later.
+``torchrec``    A header with torchrec's names ``label, int_0..int_12, cat_0..cat_25``.
+==============  ================================================================================
+
+Every field is read as a string first: hex categoricals break float parsing (``623049e6``)
+and lose leading zeros (``00018438``); integers may be negative (I2) or written ``260.0``.
+The typed frame has ``label`` float32 (null when the file has no labels), ``I1..I13`` float64
+and ``C1..C26`` uint32 (the 8-hex-digit hash parsed base 16, or the decimal id of Criteo_x1);
+a missing value is null.
+
+Malformed rows (more fields than the layout, a label other than 0/1, a non-integer in an
+``I`` field, a non-hex value in a ``C`` field) are flagged, and either raise
+:class:`~ctrcal.errors.DataError` naming the file and line or are skipped and counted.
 """
 
 from __future__ import annotations
+
+import gzip
+import re
+import shutil
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from ctrcal.errors import DataError
 
 NUM_NUMERIC = 13
 NUM_CATEGORICAL = 26
@@ -12,3 +51,398 @@ NUMERIC_COLUMNS: tuple[str, ...] = tuple(f"I{i}" for i in range(1, NUM_NUMERIC +
 CATEGORICAL_COLUMNS: tuple[str, ...] = tuple(f"C{i}" for i in range(1, NUM_CATEGORICAL + 1))
 FEATURE_COLUMNS: tuple[str, ...] = NUMERIC_COLUMNS + CATEGORICAL_COLUMNS
 COLUMNS: tuple[str, ...] = (LABEL, *FEATURE_COLUMNS)
+
+LAYOUTS: tuple[str, ...] = ("dac", "dac_test", "kaggle_csv", "x4", "x1", "torchrec")
+"""Layout names accepted by :func:`read_criteo` (plus ``auto``)."""
+
+# Internal bookkeeping columns carried next to the typed fields.
+ROW_COL = "_row"  # 0-based record index within its file
+FILE_COL = "_file"  # index of the file in the list read
+BAD_COL = "_bad"  # 0 = ok, else the code of the first problem (see _BAD_REASONS)
+EXTRA_COL = "_extra"  # catches fields beyond the layout's last one
+
+# Bad-row codes: 1 = label, 2..14 = I1..I13, 15..40 = C1..C26, 99 = too many fields.
+_TOO_MANY = 99
+_HEX8 = re.compile(r"^[0-9a-fA-F]{1,8}$")
+_SNIFF_BYTES = 1 << 16
+_SNIFF_LINES = 200
+
+
+def bad_reason(code: int, layout: str) -> str:
+    """Human-readable description of a bad-row code."""
+    if code == _TOO_MANY:
+        n = 39 if layout == "dac_test" else 40
+        return f"more fields than the {layout} layout's {n}"
+    column = COLUMNS[code - 1]
+    if column == LABEL:
+        return "label is not 0 or 1"
+    if column.startswith("I"):
+        what = "a number" if layout == "x1" else "an integer"
+        return f"{column} is not {what}"
+    what = "a decimal id" if layout == "x1" else "a hex value of at most 8 digits"
+    return f"{column} is not {what}"
+
+
+@dataclass(frozen=True)
+class CriteoFormat:
+    """How one file is laid out.
+
+    Attributes:
+        layout: one of :data:`LAYOUTS`.
+        separator: field separator.
+        has_header: whether the first line holds column names.
+        columns: canonical name of each field in file order (``_id`` for Kaggle's Id).
+        labelled: whether the file has a label column.
+    """
+
+    layout: str
+    separator: str
+    has_header: bool
+    columns: tuple[str, ...]
+    labelled: bool
+
+    @property
+    def header_lines(self) -> int:
+        return 1 if self.has_header else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Detection
+
+
+def _open_text_head(path: Path) -> str:
+    """The first bytes of a (possibly gzipped) file as text; DataError if unreadable."""
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(2)
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, expected a Criteo file") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        if magic == b"\x1f\x8b":
+            with gzip.open(path, "rb") as fh:
+                raw = fh.read(_SNIFF_BYTES)
+        else:
+            with open(path, "rb") as fh:
+                raw = fh.read(_SNIFF_BYTES)
+    except (EOFError, OSError, zlib.error) as exc:
+        raise DataError(f"{path}: corrupt or truncated gzip file ({exc})") from None
+    if not raw.strip():
+        raise DataError(f"{path}: empty file, expected Criteo rows")
+    if raw[:4] == b"PAR1":
+        raise DataError(
+            f"{path}: is a parquet file; expected raw Criteo text (TSV/CSV). A directory "
+            "prepared by 'ctrcal prepare' is used directly with --data"
+        )
+    if b"\0" in raw:
+        raise DataError(f"{path}: binary data, expected Criteo text (TSV/CSV)")
+    text = raw.decode("utf-8", errors="replace")
+    if len(raw) == _SNIFF_BYTES and "\n" in text:
+        text = text[: text.rindex("\n")]  # drop the cut-off last line
+    return text
+
+
+def _canonical(name: str) -> str | None:
+    n = name.strip().strip('"').lower()
+    if n == "label":
+        return LABEL
+    if n == "id":
+        return "_id"
+    m = re.fullmatch(r"([ic])(\d+)", n)
+    if m and 1 <= int(m.group(2)) <= (NUM_NUMERIC if m.group(1) == "i" else NUM_CATEGORICAL):
+        return m.group(1).upper() + m.group(2)
+    m = re.fullmatch(r"(int|cat)_(\d+)", n)
+    if m:
+        k = int(m.group(2))
+        if m.group(1) == "int" and k < NUM_NUMERIC:
+            return f"I{k + 1}"
+        if m.group(1) == "cat" and k < NUM_CATEGORICAL:
+            return f"C{k + 1}"
+    return None
+
+
+_ATTRIBUTION = {"campaign", "conversion", "attribution", "click_pos", "cost", "cpo"}
+_UPLIFT = {"treatment", "exposure", "visit", "conversion"}
+_EXPECTED = (
+    "expected a Criteo CTR file: dac/day_N TSV (40 tab-separated fields, no header), "
+    "dac test TSV (39 fields), or a CSV with header label/Label, I1..I13, C1..C26 "
+    "(Kaggle Id,Label,..., Criteo_x4, Criteo_x1) or label, int_0..int_12, cat_0..cat_25"
+)
+
+
+def _looks_like_header(fields: list[str]) -> bool:
+    return sum(bool(re.match(r"^[A-Za-z_\"]", f.strip())) for f in fields) > len(fields) // 2
+
+
+def detect_format(path: str | Path, layout: str = "auto") -> CriteoFormat:
+    """Detect (or check) the layout of one raw Criteo file from its first lines.
+
+    Args:
+        path: a raw file, plain or gzipped.
+        layout: ``auto`` or one of :data:`LAYOUTS` to force.
+
+    Raises:
+        DataError: unreadable, empty, or not a Criteo CTR file (names what was found).
+    """
+    path = Path(path)
+    if layout != "auto" and layout not in LAYOUTS:
+        raise DataError(f"unknown layout {layout!r} (valid: auto, {', '.join(LAYOUTS)})")
+    text = _open_text_head(path)
+    lines = [ln.rstrip("\r") for ln in text.split("\n")[:_SNIFF_LINES]]
+    lines = [ln for ln in lines if ln]
+    first = lines[0]
+    sep = "\t" if "\t" in first else ("," if "," in first else None)
+    if sep is None:
+        raise DataError(f"{path}: found no tab or comma separator in the first line; {_EXPECTED}")
+    fields = first.split(sep)
+    if _looks_like_header(fields):
+        names = {f.strip().strip('"').lower() for f in fields}
+        if len(names & _ATTRIBUTION) >= 3:
+            raise DataError(
+                f"{path}: this looks like the Criteo Attribution Modeling dataset "
+                f"(columns {', '.join(sorted(names & _ATTRIBUTION))}); {_EXPECTED}"
+            )
+        if len(names & _UPLIFT) >= 3:
+            raise DataError(
+                f"{path}: this looks like the Criteo Uplift Modeling dataset "
+                f"(columns {', '.join(sorted(names & _UPLIFT))}); {_EXPECTED}"
+            )
+        canon = [_canonical(f) for f in fields]
+        unknown = [f for f, c in zip(fields, canon, strict=True) if c is None]
+        present = {c for c in canon if c}
+        missing = [c for c in FEATURE_COLUMNS if c not in present]
+        if unknown or missing or len(present) != len(canon):
+            shown = ", ".join(fields[:8]) + (", ..." if len(fields) > 8 else "")
+            detail = []
+            if unknown:
+                detail.append(f"unknown columns {unknown[:5]}")
+            if missing:
+                detail.append(f"missing columns {missing[:5]}")
+            if len(present) != len(canon) and not unknown:
+                detail.append("duplicate columns")
+            raise DataError(
+                f"{path}: header ({shown}) is not a Criteo CTR header: "
+                f"{'; '.join(detail)}; {_EXPECTED}"
+            )
+        labelled = LABEL in present
+        if "_id" in present:
+            found = "kaggle_csv"
+        elif any(f.strip().lower().startswith("int_") for f in fields):
+            found = "torchrec"
+        else:
+            found = "x1" if _looks_like_x1(lines[1:], canon, sep) else "x4"
+        fmt = CriteoFormat(found, sep, True, tuple(canon), labelled)  # type: ignore[arg-type]
+    else:
+        if sep != "\t":
+            raise DataError(
+                f"{path}: comma-separated without a header ({len(fields)} fields); {_EXPECTED}"
+            )
+        width = max(len(ln.split("\t")) for ln in lines)
+        if width == len(COLUMNS):
+            fmt = CriteoFormat("dac", "\t", False, COLUMNS, True)
+        elif width == len(COLUMNS) - 1:
+            fmt = CriteoFormat("dac_test", "\t", False, FEATURE_COLUMNS, False)
+        else:
+            raise DataError(
+                f"{path}: found {width} tab-separated fields per line; {_EXPECTED}"
+            )
+    if layout != "auto" and layout != fmt.layout:
+        compatible = {("x4", "x1"), ("x1", "x4"), ("dac", "dac_test")}
+        if (layout, fmt.layout) not in compatible:
+            raise DataError(
+                f"{path}: configured layout {layout!r} but the file looks like {fmt.layout!r}"
+            )
+        if layout == "dac_test":
+            fmt = CriteoFormat("dac_test", "\t", False, FEATURE_COLUMNS, False)
+        else:
+            fmt = CriteoFormat(layout, fmt.separator, fmt.has_header, fmt.columns, fmt.labelled)
+    return fmt
+
+
+def _looks_like_x1(lines: list[str], canon: list[str | None], sep: str) -> bool:
+    """Criteo_x1: numerics in [0, 1] with fractions, categoricals decimal ids."""
+    c_idx = [i for i, c in enumerate(canon) if c and c.startswith("C")]
+    i_idx = [i for i, c in enumerate(canon) if c and c.startswith("I")]
+    any_fraction = False
+    seen = False
+    for line in lines:
+        fields = line.split(sep)
+        for i in c_idx:
+            if i < len(fields) and fields[i]:
+                seen = True
+                if not fields[i].isdigit():
+                    return False
+        for i in i_idx:
+            if i < len(fields) and fields[i]:
+                try:
+                    v = float(fields[i])
+                except ValueError:
+                    return False
+                if v < 0 or v > 1:
+                    return False
+                any_fraction |= v != int(v)
+    return seen and any_fraction
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def decompress(path: Path, workdir: Path) -> Path:
+    """Stream-decompress a gzip file into ``workdir``; DataError if it is truncated or corrupt."""
+    out = workdir / (path.name[:-3] if path.name.endswith(".gz") else path.name + ".raw")
+    try:
+        with gzip.open(path, "rb") as src, open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst, length=1 << 22)
+    except (EOFError, OSError, zlib.error) as exc:
+        out.unlink(missing_ok=True)
+        raise DataError(f"{path}: corrupt or truncated gzip file ({exc})") from None
+    return out
+
+
+def is_gzip(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(2) == b"\x1f\x8b"
+
+
+def scan_raw(path: str | Path, fmt: CriteoFormat) -> pl.LazyFrame:
+    """The file's fields as strings under canonical names, plus ``_row`` and ``_extra``.
+
+    Missing fields (short rows) are null; ``_extra`` is non-null where a row has more fields
+    than the layout.
+    """
+    schema = {name: pl.Utf8 for name in fmt.columns}
+    schema[EXTRA_COL] = pl.Utf8
+    lf = pl.scan_csv(
+        path,
+        has_header=fmt.has_header,
+        separator=fmt.separator,
+        quote_char=None,
+        schema=schema,
+        missing_columns="insert",
+        truncate_ragged_lines=True,
+        raise_if_empty=False,
+    )
+    return lf.with_row_index(ROW_COL)
+
+
+def _typed_exprs(fmt: CriteoFormat) -> list[pl.Expr]:
+    """String -> typed expressions for every canonical column, plus the bad-row code."""
+    x1 = fmt.layout == "x1"
+    exprs: list[pl.Expr] = []
+    checks: list[pl.Expr] = []
+    if fmt.labelled:
+        raw = pl.col(LABEL).str.strip_chars()
+        lab = raw.cast(pl.Float32, strict=False)
+        exprs.append(lab.alias(LABEL))
+        checks.append(~lab.is_in([0.0, 1.0]).fill_null(False))
+    else:
+        exprs.append(pl.lit(None, pl.Float32).alias(LABEL))
+        checks.append(pl.lit(False))
+    for name in NUMERIC_COLUMNS:
+        raw = pl.col(name)
+        val = raw.cast(pl.Float64, strict=False)
+        exprs.append(val.alias(name))
+        ok = val.is_finite() if x1 else (val == val.floor())
+        checks.append(raw.is_not_null() & ~ok.fill_null(False))
+    for name in CATEGORICAL_COLUMNS:
+        raw = pl.col(name)
+        val = raw.str.to_integer(base=10 if x1 else 16, dtype=pl.UInt32, strict=False)
+        exprs.append(val.alias(name))
+        checks.append(raw.is_not_null() & val.is_null())
+    codes = [pl.when(c).then(pl.lit(k + 1, pl.UInt8)) for k, c in enumerate(checks)]
+    codes.insert(0, pl.when(pl.col(EXTRA_COL).is_not_null()).then(pl.lit(_TOO_MANY, pl.UInt8)))
+    exprs.append(pl.coalesce(codes).fill_null(0).alias(BAD_COL))
+    return exprs
+
+
+def scan_typed(path: str | Path, fmt: CriteoFormat, file_index: int = 0) -> pl.LazyFrame:
+    """Typed columns (``COLUMNS``) plus ``_file``, ``_row`` and ``_bad`` for one file."""
+    lf = scan_raw(path, fmt)
+    return lf.select(
+        pl.lit(file_index, pl.UInt16).alias(FILE_COL), pl.col(ROW_COL), *_typed_exprs(fmt)
+    )
+
+
+def read_criteo(
+    paths: str | Path | Sequence[str | Path],
+    layout: str = "auto",
+    on_bad_row: str = "error",
+) -> pl.LazyFrame:
+    """Read raw Criteo file(s) in any supported layout as one typed LazyFrame.
+
+    Args:
+        paths: one file or a list (all in the same layout family); ``.gz`` is fine.
+        layout: ``auto`` or one of :data:`LAYOUTS`.
+        on_bad_row: ``error`` (scan once now and raise on the first malformed row) or
+            ``skip`` (drop malformed rows).
+
+    Returns:
+        LazyFrame with ``label`` (float32), ``I1..I13`` (float64), ``C1..C26`` (uint32);
+        missing values are null.
+
+    Raises:
+        DataError: unreadable/unknown file, or a malformed row (file and line).
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    if on_bad_row not in ("error", "skip"):
+        raise DataError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
+    frames = []
+    formats = []
+    for i, p in enumerate(paths):
+        fmt = detect_format(p, layout)
+        formats.append(fmt)
+        frames.append(scan_typed(p, fmt, i))
+    lf = pl.concat(frames, how="vertical")
+    if on_bad_row == "error":
+        first_bad(lf, [Path(p) for p in paths], formats, raise_error=True)
+    return lf.filter(pl.col(BAD_COL) == 0).select(COLUMNS)
+
+
+def first_bad(
+    lf: pl.LazyFrame,
+    paths: Sequence[Path],
+    formats: Sequence[CriteoFormat],
+    raise_error: bool,
+) -> tuple[int, str | None]:
+    """Count bad rows of a typed frame; describe (or raise on) the first one.
+
+    Returns:
+        (number of bad rows, message about the first one or None).
+    """
+    bad = lf.filter(pl.col(BAD_COL) != 0).select(FILE_COL, ROW_COL, BAD_COL)
+    stats = bad.select(
+        pl.len().alias("n"),
+        pl.col(FILE_COL).first().alias("f"),
+        pl.col(ROW_COL).first().alias("r"),
+        pl.col(BAD_COL).first().alias("b"),
+    ).collect(engine="streaming")
+    n = int(stats["n"][0])
+    if n == 0:
+        return 0, None
+    f, r, b = int(stats["f"][0]), int(stats["r"][0]), int(stats["b"][0])
+    fmt = formats[f]
+    line = r + 1 + fmt.header_lines
+    reason = bad_reason(b, fmt.layout)
+    if b != _TOO_MANY:
+        column = COLUMNS[b - 1]
+        if column in fmt.columns:
+            value = _raw_value(paths[f], fmt, r, column)
+            reason += f" (got {value!r})" if value is not None else " (empty)"
+    message = f"{paths[f]}: line {line}: malformed row: {reason}"
+    if raise_error:
+        more = f"; {n - 1} more malformed rows" if n > 1 else ""
+        raise DataError(f"{message}{more} (use on_bad_row=skip to drop them)")
+    return n, message
+
+
+def _raw_value(path: Path, fmt: CriteoFormat, row: int, column: str) -> str | None:
+    try:
+        df = scan_raw(path, fmt).filter(pl.col(ROW_COL) == row).select(column).collect()
+    except Exception:  # noqa: BLE001 - only used to decorate an error message
+        return None
+    return df[column][0] if df.height else None

@@ -1,0 +1,435 @@
+"""The feature pipeline: typed Criteo frame -> model-input columns, and the feature map.
+
+:class:`FeaturePipeline` is fitted on the train split only (polars, lazy) and turns the typed
+frame of :mod:`ctrcal.data.criteo` into the encoded columns the loader reads:
+
+* ``label`` float32 (null when the source has no labels);
+* ``I1..I13`` float32 in *model-input space*, null = missing. The default transform
+  (``log_standardize``) is the sign-aware log ``t = sign(x)·log1p(|x|)`` followed by
+  ``(t - mean) / std`` with the train split's mean and std of ``t``; ``standardize`` skips the
+  log; ``identity`` keeps the values (Criteo_x1, already scaled). ``auto`` means identity for
+  Criteo_x1 and ``log_standardize`` otherwise (see :func:`resolve_numeric_transform`);
+* ``C1..C26`` int32 field-local ids with this layout::
+
+      0 = PAD_ID      padding, never produced by the data (free for sequence models)
+      1 = MISSING_ID  the value was missing
+      2 = OOV_ID      seen fewer than ``min_count`` times in train, or never seen
+      3 ...           kept values, ordered by train frequency (most frequent first; ties by
+                      the value), so ``vocab_size = 3 + number of kept values``
+
+The learned state (vocabularies and numeric statistics) is saved as ``feature_map.json``
+(human-readable: schema version, per-feature kind, vocabulary size, statistics, the hash of the
+sources and pipeline config) plus ``vocab.parquet`` (the kept values and their ids).
+:class:`FeatureMap` is the read-only view models and the shift module use; its
+``numeric_std`` is each feature's train-split standard deviation in model-input space
+(after the transform, over non-missing values), which is what the Gaussian shift scales by.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
+from ctrcal.errors import DataError
+from ctrcal.utils import atomic_path, write_json_atomic
+
+SCHEMA_VERSION = 1
+FEATURE_MAP_FILE = "feature_map.json"
+VOCAB_FILE = "vocab.parquet"
+
+PAD_ID = 0
+MISSING_ID = 1
+OOV_ID = 2
+NUM_RESERVED = 3
+
+NUMERIC_TRANSFORMS = ("log_standardize", "standardize", "identity")
+
+
+def resolve_numeric_transform(name: str, layout: str | None) -> str:
+    """``auto`` -> ``identity`` for Criteo_x1 (already scaled), else ``log_standardize``."""
+    if name == "auto":
+        return "identity" if layout == "x1" else "log_standardize"
+    if name not in NUMERIC_TRANSFORMS:
+        raise DataError(
+            f"unknown numeric transform {name!r} (valid: auto, {', '.join(NUMERIC_TRANSFORMS)})"
+        )
+    return name
+
+
+# ---------------------------------------------------------------------------------------------
+# Feature map
+
+
+@dataclass
+class FeatureMap:
+    """What a model needs to know about the encoded data (read from ``feature_map.json``).
+
+    Attributes:
+        categorical_fields: categorical column names, in the order of ``Batch.categorical``.
+        vocab_sizes: per categorical field; ids are in ``[0, vocab_size)`` (reserved ids
+            included).
+        numeric_fields: numeric column names, in the order of ``Batch.numeric``.
+        numeric_mean: train-split mean per numeric field in model-input space.
+        numeric_std: train-split std per numeric field in model-input space (non-missing).
+        numeric_missing_rate: fraction missing per numeric field in train.
+        bucket_boundaries: per numeric field, sorted model-space boundaries (or None).
+        numeric_transform: the transform applied (``log_standardize``, ...).
+        layout: the source layout.
+        splits: per split ``{"rows": n, "positive_rate": r}``.
+        source_hash: hash of the sources' identity and the pipeline config.
+        extra: everything else from the JSON (per-feature details, pipeline config).
+    """
+
+    categorical_fields: list[str]
+    vocab_sizes: list[int]
+    numeric_fields: list[str]
+    numeric_mean: list[float]
+    numeric_std: list[float]
+    numeric_missing_rate: list[float] = field(default_factory=list)
+    bucket_boundaries: list[list[float]] | None = None
+    numeric_transform: str = "log_standardize"
+    layout: str | None = None
+    splits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    source_hash: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_categorical(self) -> int:
+        return len(self.categorical_fields)
+
+    @property
+    def num_numeric(self) -> int:
+        return len(self.numeric_fields)
+
+    @classmethod
+    def load(cls, path: str | Path) -> FeatureMap:
+        """Read ``DIR/feature_map.json`` (``path`` may be the directory or the file)."""
+        path = Path(path)
+        file = path / FEATURE_MAP_FILE if path.is_dir() else path
+        try:
+            data = json.loads(file.read_text())
+        except FileNotFoundError:
+            raise DataError(
+                f"{file}: no feature map (prepare the data first: ctrcal prepare ... --out DIR)"
+            ) from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise DataError(f"{file}: unreadable feature map: {exc}") from None
+        return cls.from_dict(data, str(file))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> FeatureMap:
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise DataError(
+                f"{source}: feature map schema version {version!r}, expected {SCHEMA_VERSION} "
+                "(prepare the data again)"
+            )
+        feats = data["features"]
+        cats = [f for f in feats if f["kind"] == "categorical"]
+        nums = [f for f in feats if f["kind"] == "numeric"]
+        buckets = [f.get("bucket_boundaries") for f in nums]
+        return cls(
+            categorical_fields=[f["name"] for f in cats],
+            vocab_sizes=[int(f["vocab_size"]) for f in cats],
+            numeric_fields=[f["name"] for f in nums],
+            numeric_mean=[float(f["mean"]) for f in nums],
+            numeric_std=[float(f["std"]) for f in nums],
+            numeric_missing_rate=[float(f["missing_rate"]) for f in nums],
+            bucket_boundaries=buckets if nums and all(b is not None for b in buckets) else None,
+            numeric_transform=data["pipeline"]["numeric_transform"],
+            layout=data.get("layout"),
+            splits=data.get("splits", {}),
+            source_hash=data.get("source_hash"),
+            extra=data,
+        )
+
+
+def load_feature_map(path: str | Path) -> FeatureMap:
+    """Shorthand for :meth:`FeatureMap.load`."""
+    return FeatureMap.load(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pipeline
+
+
+def _signed_log(x: pl.Expr) -> pl.Expr:
+    return x.sign() * x.abs().log1p()
+
+
+class FeaturePipeline:
+    """Fit vocabularies and numeric statistics on train; encode any split.
+
+    Args:
+        min_count: keep a categorical value seen at least this many times in train.
+        numeric_transform: ``log_standardize``, ``standardize`` or ``identity`` (resolve
+            ``auto`` first with :func:`resolve_numeric_transform`).
+        numeric_buckets: when > 0, also store ``numeric_buckets - 1`` quantile boundaries per
+            numeric field (model-input space) for bucketised embeddings.
+        categorical_fields / numeric_fields: the columns to encode.
+
+    Example::
+
+        pipe = FeaturePipeline(min_count=10).fit(train_lf)
+        encoded = pipe.transform(valid_lf).collect()
+    """
+
+    def __init__(
+        self,
+        min_count: int = 10,
+        numeric_transform: str = "log_standardize",
+        numeric_buckets: int = 0,
+        categorical_fields: tuple[str, ...] | list[str] = CATEGORICAL_COLUMNS,
+        numeric_fields: tuple[str, ...] | list[str] = NUMERIC_COLUMNS,
+    ) -> None:
+        self.min_count = min_count
+        self.numeric_transform = numeric_transform
+        self.numeric_buckets = numeric_buckets
+        self.categorical_fields = list(categorical_fields)
+        self.numeric_fields = list(numeric_fields)
+
+    # -- config ---------------------------------------------------------------------------
+
+    def get_params(self) -> dict[str, Any]:
+        return {
+            "min_count": self.min_count,
+            "numeric_transform": self.numeric_transform,
+            "numeric_buckets": self.numeric_buckets,
+            "categorical_fields": self.categorical_fields,
+            "numeric_fields": self.numeric_fields,
+        }
+
+    def _check_params(self) -> None:
+        if self.numeric_transform not in NUMERIC_TRANSFORMS:
+            raise DataError(
+                f"numeric_transform must be one of {', '.join(NUMERIC_TRANSFORMS)} "
+                f"(resolve 'auto' first), got {self.numeric_transform!r}"
+            )
+        if self.min_count < 1:
+            raise DataError(f"min_count must be >= 1, got {self.min_count}")
+        if self.numeric_buckets < 0 or self.numeric_buckets == 1:
+            raise DataError(f"numeric_buckets must be 0 or >= 2, got {self.numeric_buckets}")
+
+    # -- numeric expressions --------------------------------------------------------------
+
+    def _pre(self, name: str) -> pl.Expr:
+        """Column before standardisation (float64)."""
+        x = pl.col(name).cast(pl.Float64)
+        return _signed_log(x) if self.numeric_transform == "log_standardize" else x
+
+    def _numeric_expr(self, name: str) -> pl.Expr:
+        j = self.numeric_fields.index(name)
+        center, scale = self.center_[j], self.scale_[j]
+        return ((self._pre(name) - center) / scale).cast(pl.Float32).alias(name)
+
+    # -- fit ------------------------------------------------------------------------------
+
+    def fit(self, train: pl.LazyFrame | pl.DataFrame) -> FeaturePipeline:
+        """Learn vocabularies and numeric statistics from the (typed) train split."""
+        self._check_params()
+        lf = train.lazy()
+        queries = []
+        for name in self.categorical_fields:
+            queries.append(
+                lf.select(pl.col(name).alias("value"))
+                .drop_nulls()
+                .group_by("value")
+                .agg(pl.len().alias("count"))
+            )
+        stats = [pl.len().alias("_rows")]
+        for name in self.numeric_fields:
+            pre = self._pre(name)
+            stats += [pre.mean().alias(f"{name}__m"), pre.std(ddof=0).alias(f"{name}__s")]
+        for name in self.categorical_fields:
+            stats.append(pl.col(name).null_count().alias(f"{name}__n"))
+        queries.append(lf.select(stats))
+        results = pl.collect_all(queries, engine="streaming")
+        summary = results[-1].row(0, named=True)
+        rows = int(summary["_rows"])
+        if rows == 0:
+            raise DataError("cannot fit the feature pipeline on an empty train split")
+        self.rows_ = rows
+        self.vocab_ = {}
+        self.distinct_ = {}
+        self.categorical_missing_rate_ = {}
+        for name, counts in zip(self.categorical_fields, results[:-1], strict=True):
+            self.distinct_[name] = counts.height
+            kept = counts.filter(pl.col("count") >= self.min_count).sort(
+                ["count", "value"], descending=[True, False]
+            )
+            self.vocab_[name] = kept.with_columns(
+                (pl.int_range(pl.len(), dtype=pl.Int32) + NUM_RESERVED).alias("id")
+            )
+            self.categorical_missing_rate_[name] = summary[f"{name}__n"] / rows
+        if self.numeric_transform == "identity":
+            self.center_ = [0.0] * len(self.numeric_fields)
+            self.scale_ = [1.0] * len(self.numeric_fields)
+        else:
+            self.center_ = [_finite(summary[f"{n}__m"], 0.0) for n in self.numeric_fields]
+            self.scale_ = [_positive(summary[f"{n}__s"]) for n in self.numeric_fields]
+        self._fit_model_space(lf)
+        return self
+
+    def _fit_model_space(self, lf: pl.LazyFrame) -> None:
+        """Mean, std, missing rate (and bucket boundaries) of the encoded train numerics."""
+        exprs = []
+        qs = [k / self.numeric_buckets for k in range(1, self.numeric_buckets)]
+        for name in self.numeric_fields:
+            z = self._numeric_expr(name).cast(pl.Float64)
+            exprs += [
+                z.mean().alias(f"{name}__m"),
+                z.std(ddof=0).alias(f"{name}__s"),
+                z.null_count().alias(f"{name}__n"),
+            ]
+            exprs += [z.quantile(q, "linear").alias(f"{name}__q{i}") for i, q in enumerate(qs)]
+        row = lf.select(exprs).collect(engine="streaming").row(0, named=True)
+        self.numeric_mean_ = [_finite(row[f"{n}__m"], 0.0) for n in self.numeric_fields]
+        self.numeric_std_ = [_finite(row[f"{n}__s"], 0.0) for n in self.numeric_fields]
+        self.numeric_missing_rate_ = [row[f"{n}__n"] / self.rows_ for n in self.numeric_fields]
+        if qs:
+            self.bucket_boundaries_ = [
+                sorted({float(row[f"{n}__q{i}"]) for i in range(len(qs))
+                        if row[f"{n}__q{i}"] is not None})
+                for n in self.numeric_fields
+            ]  # fmt: skip
+        else:
+            self.bucket_boundaries_ = None
+
+    # -- transform ------------------------------------------------------------------------
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "vocab_"):
+            raise DataError("FeaturePipeline is not fitted: call fit(train) or load(dir) first")
+
+    def transform(
+        self, frame: pl.LazyFrame | pl.DataFrame, keep: tuple[str, ...] = ()
+    ) -> pl.LazyFrame:
+        """Encode a typed frame: ``label`` float32, numerics float32 (null = missing),
+        categoricals int32 ids (see the module docstring), then ``keep`` columns unchanged."""
+        self._check_fitted()
+        exprs: list[pl.Expr] = [pl.col(LABEL).cast(pl.Float32)]
+        exprs += [self._numeric_expr(n) for n in self.numeric_fields]
+        for name in self.categorical_fields:
+            vocab = self.vocab_[name]
+            col = pl.col(name)
+            mapped = col.replace_strict(
+                vocab["value"], vocab["id"], default=OOV_ID, return_dtype=pl.Int32
+            )
+            exprs.append(
+                pl.when(col.is_null()).then(pl.lit(MISSING_ID, pl.Int32)).otherwise(mapped)
+                .alias(name)
+            )  # fmt: skip
+        exprs += [pl.col(k) for k in keep]
+        return frame.lazy().select(exprs)
+
+    # -- state ----------------------------------------------------------------------------
+
+    @property
+    def vocab_sizes_(self) -> list[int]:
+        return [NUM_RESERVED + self.vocab_[n].height for n in self.categorical_fields]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON body of ``feature_map.json`` (without sources and splits)."""
+        self._check_fitted()
+        features = []
+        for j, name in enumerate(self.numeric_fields):
+            entry = {
+                "name": name,
+                "kind": "numeric",
+                "dtype": "float32",
+                "mean": self.numeric_mean_[j],
+                "std": self.numeric_std_[j],
+                "missing_rate": self.numeric_missing_rate_[j],
+                "transform_center": self.center_[j],
+                "transform_scale": self.scale_[j],
+            }
+            if self.bucket_boundaries_ is not None:
+                entry["bucket_boundaries"] = self.bucket_boundaries_[j]
+            features.append(entry)
+        for name, size in zip(self.categorical_fields, self.vocab_sizes_, strict=True):
+            features.append({
+                "name": name,
+                "kind": "categorical",
+                "dtype": "int32",
+                "vocab_size": size,
+                "distinct_in_train": self.distinct_[name],
+                "missing_rate": self.categorical_missing_rate_[name],
+            })  # fmt: skip
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "label": LABEL,
+            "pipeline": self.get_params(),
+            "id_layout": {
+                "padding": PAD_ID,
+                "missing": MISSING_ID,
+                "oov": OOV_ID,
+                "first_value": NUM_RESERVED,
+                "order": "train frequency, descending",
+            },
+            "train_rows_fitted": self.rows_,
+            "features": features,
+        }
+
+    def save(self, directory: str | Path, extra: dict[str, Any] | None = None) -> Path:
+        """Write ``feature_map.json`` and ``vocab.parquet`` into ``directory`` (atomically)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        frames = [
+            self.vocab_[n].select(
+                pl.lit(n).alias("field"), pl.col("value"), pl.col("id"), pl.col("count")
+            )
+            for n in self.categorical_fields
+        ]
+        vocab = pl.concat(frames) if frames else pl.DataFrame()
+        with atomic_path(directory / VOCAB_FILE) as tmp:
+            vocab.write_parquet(tmp)
+        body = {**self.to_dict(), **(extra or {})}
+        write_json_atomic(directory / FEATURE_MAP_FILE, body)
+        return directory / FEATURE_MAP_FILE
+
+    @classmethod
+    def load(cls, directory: str | Path) -> FeaturePipeline:
+        """Rebuild a fitted pipeline from a prepared directory."""
+        directory = Path(directory)
+        fmap = FeatureMap.load(directory)
+        params = fmap.extra["pipeline"]
+        pipe = cls(**params)
+        try:
+            vocab = pl.read_parquet(directory / VOCAB_FILE)
+        except (OSError, pl.exceptions.PolarsError) as exc:
+            raise DataError(f"{directory / VOCAB_FILE}: unreadable vocabulary: {exc}") from None
+        nums = [f for f in fmap.extra["features"] if f["kind"] == "numeric"]
+        cats = [f for f in fmap.extra["features"] if f["kind"] == "categorical"]
+        pipe.rows_ = fmap.extra.get("train_rows_fitted", 0)
+        pipe.center_ = [f["transform_center"] for f in nums]
+        pipe.scale_ = [f["transform_scale"] for f in nums]
+        pipe.numeric_mean_ = [f["mean"] for f in nums]
+        pipe.numeric_std_ = [f["std"] for f in nums]
+        pipe.numeric_missing_rate_ = [f["missing_rate"] for f in nums]
+        pipe.bucket_boundaries_ = fmap.bucket_boundaries
+        pipe.distinct_ = {f["name"]: f["distinct_in_train"] for f in cats}
+        pipe.categorical_missing_rate_ = {f["name"]: f["missing_rate"] for f in cats}
+        pipe.vocab_ = {
+            n: vocab.filter(pl.col("field") == n).select("value", "count", "id").sort("id")
+            for n in pipe.categorical_fields
+        }
+        return pipe
+
+    def feature_map(self) -> FeatureMap:
+        """The :class:`FeatureMap` view of the fitted state."""
+        return FeatureMap.from_dict(self.to_dict())
+
+
+def _finite(v: float | None, default: float) -> float:
+    return float(v) if v is not None and math.isfinite(v) else default
+
+
+def _positive(v: float | None) -> float:
+    # a constant (or all-missing) column: divide by 1 instead of 0
+    return float(v) if v is not None and math.isfinite(v) and v > 0 else 1.0

@@ -1,0 +1,67 @@
+"""Shared fixtures: tiny generated Criteo files in every layout and a prepared directory.
+
+* ``criteo_frame``: 1,000 synthetic rows (dac columns as strings/ints) and their true probs.
+* ``criteo_files``: that frame written once per layout (``dac``, ``dac_gz``, ``dac_test``,
+  ``kaggle_csv``, ``x4``, ``x1``, ``torchrec``) -> ``{name: Path}``.
+* ``prepared_dir``: a ~20k-row synthetic dataset prepared once per session -> its directory
+  (``feature_map.json``, ``train/``, ``valid/``, ``test/``). Treat it as read-only.
+* ``criteo_samples``: the shared directory of real Criteo sample rows (skips if absent).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ctrcal.data.synthetic import generate_frame, write_criteo
+
+SAMPLES = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "criteo_samples"
+LAYOUT_FILES = {
+    "dac": ("dac", "train.txt"),
+    "dac_gz": ("dac", "day_0.gz"),
+    "dac_test": ("dac_test", "test.txt"),
+    "kaggle_csv": ("kaggle_csv", "train.csv"),
+    "x4": ("x4", "x4_train.csv"),
+    "x1": ("x1", "x1_train.csv"),
+    "torchrec": ("torchrec", "torchrec.csv"),
+}
+PREPARED_ROWS = 20_000
+
+
+@pytest.fixture(scope="session")
+def criteo_frame():
+    """(frame, true_prob): 1,000 synthetic rows with dac columns, seed 0."""
+    return generate_frame(1_000, seed=0)
+
+
+@pytest.fixture(scope="session")
+def criteo_files(criteo_frame, tmp_path_factory) -> dict[str, Path]:
+    """The same 1,000 rows written in every supported layout: ``{name: path}``."""
+    root = tmp_path_factory.mktemp("criteo_layouts")
+    frame, _ = criteo_frame
+    return {
+        name: write_criteo(frame, root / filename, layout)
+        for name, (layout, filename) in LAYOUT_FILES.items()
+    }
+
+
+@pytest.fixture(scope="session")
+def prepared_dir(tmp_path_factory) -> Path:
+    """A prepared synthetic dataset (~20k rows, seed 0, min_count 5), made once per session."""
+    from ctrcal.config import Config
+    from ctrcal.data.prepare import prepare_from_config
+
+    cfg = Config()
+    cfg.data.synthetic.rows = PREPARED_ROWS
+    cfg.data.synthetic.seed = 0
+    cfg.features.min_count = 5
+    return prepare_from_config(cfg, tmp_path_factory.mktemp("prepared") / "data")
+
+
+@pytest.fixture(scope="session")
+def criteo_samples() -> Path:
+    """The shared real Criteo sample files (see SOURCES.md there); skip when absent."""
+    if not SAMPLES.is_dir():
+        pytest.skip(f"real Criteo samples not found at {SAMPLES}")
+    return SAMPLES.resolve()
