@@ -84,7 +84,7 @@ def test_mix_fraction_shifts_exactly_that_many_rows():
     x = _numeric(1000)
     out, rows = GaussianShift(STD, 0.5, seed=0, mix_fraction=0.3).apply(x)
     assert rows.dtype == torch.bool and int(rows.sum()) == 300
-    changed = ((out - x).nan_to_num().abs().sum(1) > 0)
+    changed = (out - x).nan_to_num().abs().sum(1) > 0
     assert torch.equal(changed, rows)
     full, rows_all = GaussianShift(STD, 0.5, seed=0).apply(x)
     assert bool(rows_all.all())

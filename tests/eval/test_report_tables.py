@@ -1,0 +1,220 @@
+"""Report aggregation, paired verdict, markdown and figures on synthetic result tables."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ctrcal.config import NormSpec, VariantConfig, load_config
+from ctrcal.errors import ConfigError
+from ctrcal.eval import report as R
+
+INTENSITIES = [0.0, 0.0625, 0.125, 0.25, 0.5]
+
+
+def _results(n_seeds=5, mc_gain=0.02, noise=0.001, seed=0, noise_seeds=1):
+    """LN loses AUC linearly with intensity; MC-LN loses `mc_gain` less at 50 %."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for k in range(n_seeds):
+        seed_effect = rng.normal(0, 0.01)  # shared by both variants: pairing removes it
+        for variant, gain in (("layernorm", 0.0), ("mclayernorm", mc_gain)):
+            for ns in range(noise_seeds):
+                for s in INTENSITIES:
+                    if s == 0 and ns > 0:
+                        continue
+                    auc = 0.78 + seed_effect - 0.1 * s + gain * s / 0.5 + rng.normal(0, noise)
+                    ece = 0.01 + 0.05 * s - gain * s + abs(rng.normal(0, noise))
+                    for metric, value in {
+                        "auc": auc,
+                        "ece": ece,
+                        "ece_mass": ece,
+                        "logloss": 0.45 + s / 10,
+                        "brier": 0.14 + s / 20,
+                        "pcoc": 1.0 + s,
+                        "ne": 0.8 + s / 5,
+                    }.items():
+                        rows.append((variant, k, ns, s, metric, value))
+    return pd.DataFrame(rows, columns=R.RESULT_COLUMNS)
+
+
+def test_per_seed_values_adds_retained_auc_and_averages_noise_seeds():
+    df = _results(n_seeds=2, noise_seeds=3)
+    ps = R.per_seed_values(df)
+    auc = ps[(ps.metric == "auc")]
+    assert len(auc) == 2 * 2 * len(INTENSITIES)
+    ret = ps[(ps.metric == "auc_retained") & (ps.intensity == 0.0)]
+    np.testing.assert_allclose(ret["value"], 1.0)
+    raw = df[
+        (df.variant == "layernorm") & (df.seed == 1) & (df.intensity == 0.5) & (df.metric == "auc")
+    ]["value"].mean()
+    got = auc[(auc.variant == "layernorm") & (auc.seed == 1) & (auc.intensity == 0.5)]
+    assert float(got["value"].iloc[0]) == pytest.approx(raw)
+
+
+def test_summarize_mean_and_standard_error():
+    df = _results(n_seeds=4)
+    summary = R.summarize(df)
+    sub = df[(df.variant == "layernorm") & (df.intensity == 0.25) & (df.metric == "auc")]
+    row = summary[
+        (summary.variant == "layernorm") & (summary.intensity == 0.25) & (summary.metric == "auc")
+    ].iloc[0]
+    assert row["mean"] == pytest.approx(sub["value"].mean())
+    assert row["se"] == pytest.approx(sub["value"].std(ddof=1) / 2.0)
+    assert row["n"] == 4
+
+
+def test_paired_differences_detect_a_real_gain():
+    diffs = R.paired_differences(_results(n_seeds=5, mc_gain=0.02), "layernorm")
+    auc50 = diffs[(diffs.metric == "auc") & (diffs.intensity == 0.5)].iloc[0]
+    assert auc50["diff"] == pytest.approx(0.02, abs=0.005)
+    assert auc50["significant"] and auc50["better"] is True
+    # paired t-test by hand
+    df = R.per_seed_values(_results(n_seeds=5, mc_gain=0.02))
+    sel = (df.metric == "auc") & (df.intensity == 0.5)
+    d = (
+        df[sel & (df.variant == "mclayernorm")].sort_values("seed")["value"].to_numpy()
+        - df[sel & (df.variant == "layernorm")].sort_values("seed")["value"].to_numpy()
+    )
+    from scipy import stats
+
+    assert auc50["p"] == pytest.approx(stats.ttest_rel(d, np.zeros_like(d)).pvalue, rel=1e-6)
+    ece50 = diffs[(diffs.metric == "ece") & (diffs.intensity == 0.5)].iloc[0]
+    assert ece50["diff"] < 0 and ece50["better"] is True  # lower ECE is better
+    clean = diffs[(diffs.metric == "auc") & (diffs.intensity == 0.0)].iloc[0]
+    assert not clean["significant"] and clean["better"] is None
+
+
+def test_verdict_says_no_significant_difference_when_there_is_none():
+    df = _results(n_seeds=3, mc_gain=0.0, noise=0.01, seed=1)
+    diffs = R.paired_differences(df, "layernorm")
+    assert not diffs["significant"].any()
+    text = R.verdict_paragraph(diffs, "layernorm", INTENSITIES, 3)
+    assert "did not significantly beat layernorm" in text
+    assert "better at" not in text
+    assert "not evidence" in text  # few seeds caveat
+
+
+def test_verdict_names_the_winning_intensities():
+    diffs = R.paired_differences(_results(n_seeds=6, mc_gain=0.03, noise=0.0005), "layernorm")
+    text = R.verdict_paragraph(diffs, "layernorm", INTENSITIES, 6)
+    assert "mclayernorm beat layernorm on AUC at" in text
+    assert "50 %" in text and "p = " in text
+
+
+def test_holm_adjustment():
+    got = R.holm(np.array([0.01, 0.04, 0.03, np.nan]))
+    np.testing.assert_allclose(got[:3], [0.03, 0.06, 0.06])
+    assert np.isnan(got[3])
+
+
+def test_verdict_single_seed():
+    diffs = R.paired_differences(_results(n_seeds=1), "layernorm")
+    assert diffs["significant"].sum() == 0
+    text = R.verdict_paragraph(diffs, "layernorm", INTENSITIES, 1)
+    assert "single training seed" in text
+
+
+def _parse_markdown_tables(text):
+    tables, current = [], []
+    for line in text.splitlines():
+        if line.startswith("|"):
+            current.append([c.strip() for c in line.strip("|").split("|")])
+        elif current:
+            tables.append(current)
+            current = []
+    if current:
+        tables.append(current)
+    return tables
+
+
+def test_write_report_files_tables_and_figures(tmp_path):
+    df = _results(n_seeds=3)
+    # MC-style uncertainty rows for one variant
+    extra = [
+        ("mclayernorm", k, 0, s, m, v)
+        for k in range(3)
+        for s in INTENSITIES
+        for m, v in (("pred_std", 0.01 + s / 10), ("std_auroc", 0.5 + s / 2))
+        if not (m == "std_auroc" and s == 0)
+    ]
+    df = pd.concat([df, pd.DataFrame(extra, columns=R.RESULT_COLUMNS)], ignore_index=True)
+    curve = {"counts": [10, 5, 0], "mean_prob": [0.1, 0.5, np.nan], "frac_pos": [0.12, 0.4, np.nan]}
+    reliability = {v: {0.0: curve, 0.5: curve} for v in ("layernorm", "mclayernorm")}
+    paths = R.write_report(df, tmp_path, meta={"rows": 1234}, reliability=reliability)
+    for p in (paths.report_md, paths.results_csv, paths.summary_json, *paths.figures.values()):
+        assert p.exists() and p.stat().st_size > 0
+    assert set(paths.figures) == {"auc_ece", "calibration", "reliability", "uncertainty"}
+    for fig in paths.figures.values():
+        assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert paths.main_figure == tmp_path / "fig_auc_ece.png"
+
+    back = pd.read_csv(paths.results_csv)
+    assert list(back.columns) == R.RESULT_COLUMNS and len(back) == len(df)
+
+    text = paths.report_md.read_text()
+    assert "## Verdict" in text and "## Metric definitions" in text
+    tables = _parse_markdown_tables(text)
+    assert len(tables) >= 8
+    auc_table = tables[0]
+    assert auc_table[0] == ["variant", "0 %", "6.25 %", "12.5 %", "25 %", "50 %"]
+    assert [r[0] for r in auc_table[2:]] == ["layernorm", "mclayernorm"]
+    mean, se = (float(x) for x in auc_table[2][1].split("±"))
+    assert 0.5 < mean < 1 and se >= 0
+    for table in tables:
+        assert len({len(r) for r in table}) == 1  # every row has the header's width
+
+    summary = json.loads(paths.summary_json.read_text())
+    assert summary["verdict"] in text
+    assert summary["n_seeds"] == 3 and summary["baseline"] == "layernorm"
+    assert any(r["metric"] == "auc_retained" for r in summary["summary"])
+
+
+def test_write_report_without_figures(tmp_path):
+    paths = R.write_report(_results(n_seeds=2), tmp_path, figures=False)
+    assert paths.figures == {} and paths.main_figure is None
+    assert "## Figures" not in paths.report_md.read_text()
+
+
+def test_plan_variants_resolves_runs_and_rejects_bad_ones():
+    cfg = load_config(None, check_names=False)
+    plans = R.plan_variants(cfg)
+    by = {p.name: p for p in plans}
+    assert by["layernorm"].trains and by["mclayernorm"].trains
+    assert by["mclayernorm_mc"].run_variant == "mclayernorm" and by["mclayernorm_mc"].mc_samples
+    cfg.report.variants.append(
+        VariantConfig(
+            "ts", NormSpec("layernorm"), temperature_scaling=True, from_variant="mclayernorm_mc"
+        )
+    )
+    plans = R.plan_variants(cfg)
+    assert plans[-1].run_variant == "mclayernorm" and plans[-1].calibration == "temperature"
+    cfg.report.variants[-1].platt_scaling = True
+    with pytest.raises(ConfigError, match="not both"):
+        R.plan_variants(cfg)
+    cfg.report.variants.pop()
+    cfg.report.baseline = "nope"
+    with pytest.raises(ConfigError, match="report.baseline"):
+        R.plan_variants(cfg)
+    cfg.report.baseline = None
+    cfg.report.mix_fraction = 0.0
+    with pytest.raises(ConfigError, match="mix_fraction"):
+        R.plan_variants(cfg)
+
+
+def test_variant_train_config_sets_norm_and_seed():
+    cfg = load_config(None, check_names=False)
+    plan = R.plan_variants(cfg)[1]
+    vcfg = R.variant_train_config(cfg, plan, 2)
+    assert vcfg.model.net_norm.name == "mclayernorm" and vcfg.train.seed == cfg.train.seed + 2
+    assert cfg.model.net_norm.name == "layernorm"  # the input config is not modified
+
+
+def test_format_intensity():
+    assert R.format_intensity(0.0625) == "6.25 %"
+    assert R.format_intensity(0.0) == "0 %"
+    assert math.isclose(float(R.format_intensity(0.5).split()[0]), 50)
