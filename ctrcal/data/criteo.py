@@ -36,6 +36,7 @@ import gzip
 import re
 import shutil
 import zlib
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,12 +241,15 @@ def detect_format(path: str | Path, layout: str = "auto") -> CriteoFormat:
             raise DataError(
                 f"{path}: comma-separated without a header ({len(fields)} fields); {_EXPECTED}"
             )
-        width = max(len(ln.split("\t")) for ln in lines)
-        if width == len(COLUMNS):
+        # Short rows are stripped ones and a few long rows are malformed ones: any full-width
+        # line decides.
+        widths = Counter(len(ln.split("\t")) for ln in lines)
+        if widths[len(COLUMNS)]:
             fmt = CriteoFormat("dac", "\t", False, COLUMNS, True)
-        elif width == len(COLUMNS) - 1:
+        elif widths[len(COLUMNS) - 1]:
             fmt = CriteoFormat("dac_test", "\t", False, FEATURE_COLUMNS, False)
         else:
+            width = widths.most_common(1)[0][0]
             raise DataError(
                 f"{path}: found {width} tab-separated fields per line; {_EXPECTED}"
             )
@@ -316,9 +320,12 @@ def scan_raw(path: str | Path, fmt: CriteoFormat) -> pl.LazyFrame:
     """
     schema = {name: pl.Utf8 for name in fmt.columns}
     schema[EXTRA_COL] = pl.Utf8
+    # Header files are read positionally too (the header is skipped), so that names never
+    # need to match and a row with too many fields lands in ``_extra``.
     lf = pl.scan_csv(
         path,
-        has_header=fmt.has_header,
+        has_header=False,
+        skip_lines=fmt.header_lines,
         separator=fmt.separator,
         quote_char=None,
         schema=schema,
@@ -399,7 +406,12 @@ def read_criteo(
         frames.append(scan_typed(p, fmt, i))
     lf = pl.concat(frames, how="vertical")
     if on_bad_row == "error":
-        first_bad(lf, [Path(p) for p in paths], formats, raise_error=True)
+        try:
+            first_bad(lf, [Path(p) for p in paths], formats, raise_error=True)
+        except (pl.exceptions.PolarsError, OSError) as exc:
+            names = ", ".join(str(p) for p in paths)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise DataError(f"{names}: cannot read as Criteo data: {first}") from None
     return lf.filter(pl.col(BAD_COL) == 0).select(COLUMNS)
 
 

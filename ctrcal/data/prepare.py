@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -290,6 +291,9 @@ def prepare_dataset(
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would make the result private
     try:
         result = _prepare_into(
             tmp, sources, cfg, on_bad_row, fractions, key, synthetic_info or {}
@@ -347,9 +351,6 @@ def _prepare_into(
     frames = []
     for i, s in enumerate(sources):
         lf = criteo.scan_typed(s.read_path, s.fmt, i)
-        if with_prob:
-            prob = pl.scan_parquet(s.prob).select(pl.col("prob").cast(pl.Float32).alias(PROB_COL))
-            lf = pl.concat([lf, prob], how="horizontal")
         if s.split is None:
             lf = lf.with_columns(_split_expr(fractions, cfg.data.split_seed).alias(SPLIT_COL))
         else:
@@ -362,15 +363,22 @@ def _prepare_into(
         )
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise _polars_error(sources, exc) from None
-    if with_prob and any(
-        pl.scan_parquet(s.prob).select(pl.len()).collect().item()
-        != pl.scan_parquet(typed_path).filter(pl.col(criteo.FILE_COL) == i)
-        .select(pl.len()).collect().item()
-        for i, s in enumerate(sources)
-    ):  # fmt: skip
-        raise DataError("a true-probability file does not match its data file's row count")
-
     typed = pl.scan_parquet(typed_path)
+    if with_prob:
+        # true probabilities of generated data, row-aligned with their data files; a file
+        # edited since it was generated no longer matches and its probabilities are dropped
+        per_file = typed.group_by(criteo.FILE_COL).agg(pl.len()).collect()
+        counts_by_file = dict(zip(*per_file.get_columns(), strict=True))
+        with_prob = all(
+            pl.scan_parquet(s.prob).select(pl.len()).collect().item() == counts_by_file.get(i, 0)
+            for i, s in enumerate(sources)
+        )
+    if with_prob:
+        probs = pl.concat([pl.scan_parquet(s.prob).select("prob") for s in sources])
+        typed = pl.concat(
+            [typed, probs.select(pl.col("prob").cast(pl.Float32).alias(PROB_COL))],
+            how="horizontal",
+        )
     bad, _ = criteo.first_bad(
         typed, [s.path for s in sources], [s.fmt for s in sources], on_bad_row == "error"
     )

@@ -1,0 +1,75 @@
+"""Malformed rows: an error naming file and line by default, or skipped and counted."""
+
+from __future__ import annotations
+
+import pytest
+
+from ctrcal.data.criteo import read_criteo
+from ctrcal.data.prepare import prepare_dataset
+from ctrcal.errors import DataError
+
+GOOD = ["0", "1", "-1", "260.0", *["3"] * 10, *["05db9164"] * 26]
+
+
+def _write(path, rows, header=None, sep="\t"):
+    lines = ([header] if header else []) + [sep.join(r) for r in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _with(index, value):
+    row = list(GOOD)
+    row[index] = value
+    return row
+
+
+BAD_CASES = [
+    (GOOD + ["extra"], "more fields"),
+    (_with(0, "2"), "label is not 0 or 1"),
+    (_with(0, ""), "label is not 0 or 1"),
+    (_with(2, "abc"), "I2 is not an integer"),
+    (_with(3, "2.5"), "I3 is not an integer"),
+    (_with(14, "zz0049e6"), "C1 is not a hex"),
+    (_with(20, "123456789"), "C7 is not a hex"),
+]
+
+
+@pytest.mark.parametrize(("row", "match"), BAD_CASES, ids=[m for _, m in BAD_CASES])
+def test_error_names_file_and_line(tmp_path, row, match):
+    path = _write(tmp_path / "train.txt", [GOOD, GOOD, row, GOOD])
+    with pytest.raises(DataError, match=match) as err:
+        read_criteo(path)
+    assert f"{path}: line 3:" in str(err.value)
+
+
+def test_line_counts_the_header(tmp_path):
+    header = ",".join(["label", *[f"I{i}" for i in range(1, 14)], *[f"C{i}" for i in range(1, 27)]])
+    path = _write(tmp_path / "x4.csv", [GOOD, _with(5, "x")], header=header, sep=",")
+    with pytest.raises(DataError, match=r"line 3: malformed row: I5 is not an integer \(got 'x'\)"):
+        read_criteo(path)
+
+
+def test_skip_drops_and_counts(tmp_path):
+    rows = [GOOD] * 30 + [case for case, _ in BAD_CASES]
+    path = _write(tmp_path / "train.txt", rows)
+    assert read_criteo(path, on_bad_row="skip").collect().height == 30
+    out = tmp_path / "prep"
+    with pytest.raises(DataError, match="line 31"):
+        prepare_dataset([path], out)
+    assert not out.exists()  # no partial output
+    assert not list(tmp_path.glob(".prep.*"))  # and no temporary left behind
+    res = prepare_dataset([path], out, on_bad_row="skip")
+    assert res.bad_rows == len(BAD_CASES)
+    assert res.total_rows == 30
+    assert "skipped 7 malformed rows" in res.describe()
+
+
+def test_all_rows_bad(tmp_path):
+    path = _write(tmp_path / "train.txt", [_with(0, "7")] * 3)
+    with pytest.raises(DataError, match="train split is empty"):
+        prepare_dataset([path], tmp_path / "prep", on_bad_row="skip")
+
+
+def test_unlabelled_file_cannot_train(criteo_files, tmp_path):
+    with pytest.raises(DataError, match="has no labels"):
+        prepare_dataset([criteo_files["dac_test"]], tmp_path / "prep")
