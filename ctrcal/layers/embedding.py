@@ -1,0 +1,244 @@
+"""Feature embeddings for CTR models: one fused categorical table and numeric embeddings.
+
+:class:`FeatureEmbedding` turns a row of Fc categorical ids and Fn continuous numerics into
+F = Fn + Fc vectors of width D (numeric fields first, then categorical, in feature-map order).
+
+* **Categorical fields** share ONE ``nn.Embedding`` of ``sum(vocab_sizes)`` rows; field ``j``'s
+  local id ``i`` lives at row ``offsets[j] + i``, so a whole batch is one gather.
+* **Numeric fields** (values in model-input space, NaN = missing) have three modes:
+
+  ``linear`` (default)
+      ``e_j = x_j * v_j + b_j``. The per-field bias is what keeps the value's information
+      when a per-field norm follows: ``LayerNorm(x * v)`` equals ``sign(x) * LayerNorm(v)`` (the
+      norm divides the scale ``|x|`` away), while the direction of ``x * v + b`` turns with
+      ``x`` from ``-v`` through ``b`` to ``+v``, so every value maps to a different normalized
+      vector and a small numeric shift moves the prediction.
+  ``scaled``
+      ``e_j = x_j * v_j`` (FuxiCTR's numeric embedding). Behind a per-field norm only the sign
+      of ``x`` survives; kept for comparison with published setups that use no ``emb_norm``.
+  ``bucket``
+      ``x_j`` is bucketized with the feature map's stored boundaries (bucket ``i`` holds
+      ``boundaries[i-1] < x <= boundaries[i]``) and the bucket's vector is looked up in the
+      same fused table as the categorical ids (one gather for everything).
+
+  A missing numeric (NaN) is embedded as a learned per-field vector ``m_j`` in every mode
+  (``bucket``: its own bucket); NaN never reaches the arithmetic, so no NaN propagates.
+
+:class:`FieldNorm` applies a registry norm per field over D (each field its own layer, as
+FuxiCTR's ``emb_layernorm``), with a fused path for plain LayerNorms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctrcal.layers.registry import create_norm
+
+NUMERIC_EMBEDDINGS = ("linear", "scaled", "bucket")
+
+
+class FeatureEmbedding(nn.Module):
+    """Embeds categorical ids and continuous numerics into ``[B, F, D]``.
+
+    Args:
+        vocab_sizes: per categorical field, the number of ids (ids are in ``[0, size)``).
+        num_numeric: number of numeric fields Fn.
+        embedding_dim: D.
+        numeric_embedding: ``linear`` (``x*v + b``), ``scaled`` (``x*v``) or ``bucket``.
+        bucket_boundaries: per numeric field, sorted finite boundaries (``bucket`` mode only).
+        init_std: standard deviation of the normal init of every embedding parameter.
+
+    Shapes:
+        categorical: int64 ``[B, Fc]`` field-local ids; numeric: float ``[B, Fn]`` (NaN =
+        missing); output: ``[B, Fn + Fc, D]`` (numeric fields first).
+    """
+
+    def __init__(
+        self,
+        vocab_sizes: Sequence[int],
+        num_numeric: int,
+        embedding_dim: int,
+        numeric_embedding: str = "linear",
+        bucket_boundaries: Sequence[Sequence[float]] | None = None,
+        init_std: float = 1e-4,
+    ) -> None:
+        super().__init__()
+        vocab_sizes = [int(v) for v in vocab_sizes]
+        if any(v < 1 for v in vocab_sizes):
+            raise ValueError(f"every vocab size must be >= 1, got {vocab_sizes}")
+        if num_numeric < 0 or embedding_dim < 1:
+            raise ValueError(
+                f"need num_numeric >= 0 and embedding_dim >= 1, got {num_numeric}, {embedding_dim}"
+            )
+        if numeric_embedding not in NUMERIC_EMBEDDINGS:
+            raise ValueError(
+                f"unknown numeric_embedding {numeric_embedding!r} "
+                f"(valid: {', '.join(NUMERIC_EMBEDDINGS)})"
+            )
+        self.num_categorical = len(vocab_sizes)
+        self.num_numeric = int(num_numeric)
+        self.num_fields = self.num_numeric + self.num_categorical
+        self.embedding_dim = int(embedding_dim)
+        self.numeric_embedding = numeric_embedding
+        self.init_std = float(init_std)
+        if self.num_fields == 0:
+            raise ValueError("FeatureEmbedding needs at least one field")
+
+        # Rows of the fused table: [numeric buckets (bucket mode)] + [categorical vocabularies].
+        sizes = list(vocab_sizes)
+        if numeric_embedding == "bucket" and self.num_numeric:
+            boundaries = _check_boundaries(bucket_boundaries, self.num_numeric)
+            width = max(1, max(len(b) for b in boundaries))
+            padded = torch.full((self.num_numeric, width), float("inf"))
+            for j, b in enumerate(boundaries):
+                padded[j, : len(b)] = torch.tensor(b, dtype=torch.float32)
+            # len(b) + 1 value buckets, then the missing bucket.
+            counts = torch.tensor([len(b) for b in boundaries], dtype=torch.int64)
+            self.register_buffer("boundaries", padded, persistent=True)
+            self.register_buffer("missing_bucket", counts + 1, persistent=True)
+            sizes = [len(b) + 2 for b in boundaries] + sizes
+        offsets = torch.tensor([0, *sizes[:-1]], dtype=torch.int64).cumsum(0) if sizes else None
+        self.table_fields = len(sizes)
+        if sizes:
+            self.table = nn.Embedding(sum(sizes), self.embedding_dim)
+            self.register_buffer("offsets", offsets, persistent=True)
+        else:
+            self.table = None
+        if numeric_embedding in ("linear", "scaled") and self.num_numeric:
+            shape = (self.num_numeric, self.embedding_dim)
+            self.numeric_weight = nn.Parameter(torch.empty(shape))
+            self.numeric_bias = (
+                nn.Parameter(torch.empty(shape)) if numeric_embedding == "linear" else None
+            )
+            self.numeric_missing = nn.Parameter(torch.empty(shape))
+        else:
+            self.numeric_weight = self.numeric_bias = self.numeric_missing = None
+        self.reset_parameters()
+
+    @property
+    def output_dim(self) -> int:
+        """F * D, the width of the flattened embedding."""
+        return self.num_fields * self.embedding_dim
+
+    def reset_parameters(self) -> None:
+        """Small-normal init (std ``init_std``) of every embedding parameter."""
+        for p in (
+            self.table.weight if self.table is not None else None,
+            self.numeric_weight,
+            self.numeric_bias,
+            self.numeric_missing,
+        ):
+            if p is not None:
+                nn.init.normal_(p, mean=0.0, std=self.init_std)
+
+    def forward(self, categorical: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
+        """Embed a batch.
+
+        Args:
+            categorical: int64 ``[B, Fc]`` field-local ids.
+            numeric: float ``[B, Fn]`` model-input values, NaN where missing.
+
+        Returns:
+            ``[B, Fn + Fc, D]`` embeddings, numeric fields first.
+        """
+        parts: list[torch.Tensor] = []
+        if self.numeric_weight is not None:
+            parts.append(self._embed_numeric(numeric))
+        if self.table is not None:
+            ids = categorical
+            if self.numeric_embedding == "bucket" and self.num_numeric:
+                ids = torch.cat([self._bucketize(numeric), categorical], dim=1)
+            parts.append(F.embedding(ids + self.offsets, self.table.weight))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+    def _embed_numeric(self, numeric: torch.Tensor) -> torch.Tensor:
+        missing = torch.isnan(numeric).unsqueeze(-1)  # [B, Fn, 1]
+        # NaN is zeroed before the multiply so that neither the output nor the gradient of the
+        # weights ever sees it; `where` then routes missing rows to their learned vector.
+        x = torch.nan_to_num(numeric, nan=0.0).unsqueeze(-1).to(self.numeric_weight.dtype)
+        if self.numeric_bias is not None:
+            value = torch.addcmul(self.numeric_bias, x, self.numeric_weight)
+        else:
+            value = x * self.numeric_weight
+        return torch.where(missing, self.numeric_missing, value)
+
+    def _bucketize(self, numeric: torch.Tensor) -> torch.Tensor:
+        """Bucket ids ``[B, Fn]`` (missing -> the field's last bucket)."""
+        values = numeric.float().t().contiguous()  # [Fn, B]: one sorted row per field
+        ids = torch.searchsorted(self.boundaries, values, right=False).t()
+        return torch.where(torch.isnan(numeric), self.missing_bucket, ids)
+
+    def embedding_tables(self) -> list[nn.Parameter]:
+        """The parameters an embedding L2 penalty applies to (the fused table)."""
+        return [self.table.weight] if self.table is not None else []
+
+    def extra_repr(self) -> str:
+        return (
+            f"numeric={self.num_numeric} ({self.numeric_embedding}), "
+            f"categorical={self.num_categorical}, dim={self.embedding_dim}, "
+            f"table_rows={self.table.num_embeddings if self.table is not None else 0}"
+        )
+
+
+def _check_boundaries(boundaries: Any, num_numeric: int) -> list[list[float]]:
+    if boundaries is None:
+        raise ValueError(
+            "numeric_embedding 'bucket' needs bucket boundaries in the feature map "
+            "(prepare the data with features.numeric_buckets > 0)"
+        )
+    out = [[float(v) for v in b] for b in boundaries]
+    if len(out) != num_numeric:
+        raise ValueError(f"expected {num_numeric} boundary lists, got {len(out)}")
+    for j, b in enumerate(out):
+        t = torch.tensor(b, dtype=torch.float64)
+        if not torch.isfinite(t).all() or (len(b) > 1 and not (t[1:] > t[:-1]).all()):
+            raise ValueError(
+                f"bucket boundaries of numeric field {j} must be finite and "
+                f"strictly increasing, got {b}"
+            )
+    return out
+
+
+class FieldNorm(nn.Module):
+    """One norm per field over the embedding dim D (``[B, F, D] -> [B, F, D]``).
+
+    Each field gets its own layer from the registry (``create_norm(spec, D)``), so each has its
+    own affine parameters and ``replace_norms`` can swap them like any other norm. When every
+    layer is a plain ``nn.LayerNorm`` the F layers run as one fused ``layer_norm`` call.
+
+    Args:
+        num_fields: F.
+        dim: D.
+        norm: a norm spec (name, class, partial or ``NormSpec``) for ``create_norm``.
+    """
+
+    def __init__(self, num_fields: int, dim: int, norm: Any) -> None:
+        super().__init__()
+        self.norms = nn.ModuleList(create_norm(norm, dim) for _ in range(num_fields))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norms = list(self.norms)
+        if all(type(n) is nn.LayerNorm for n in norms) and _same_layernorms(norms):
+            first = norms[0]
+            y = F.layer_norm(x, first.normalized_shape, None, None, first.eps)
+            if first.weight is not None:
+                y = y * torch.stack([n.weight for n in norms])
+            if first.bias is not None:
+                y = y + torch.stack([n.bias for n in norms])
+            return y
+        return torch.stack([n(x[:, i]) for i, n in enumerate(norms)], dim=1)
+
+
+def _same_layernorms(norms: list[nn.LayerNorm]) -> bool:
+    first = norms[0]
+    return all(
+        n.eps == first.eps
+        and (n.weight is None) == (first.weight is None)
+        and (n.bias is None) == (first.bias is None)
+        for n in norms
+    )

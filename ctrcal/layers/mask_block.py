@@ -1,0 +1,79 @@
+"""MaskBlock: the building block of MaskNet (Wang et al. 2021), with a pluggable norm.
+
+A MaskBlock multiplies its input by an *instance-guided mask* computed from the raw flattened
+feature embedding of the same row, then applies a linear layer, a norm, ReLU and dropout::
+
+    mask = W2 · ReLU(W1 · v_emb + b1) + b2              [B, hidden_dim]  (no sigmoid)
+    out  = Dropout(ReLU(Norm(W3 · (mask ⊙ v_hidden))))   [B, output_dim]  (W3 without bias)
+
+``W1`` has ``floor(hidden_dim * reduction_ratio)`` outputs (at least 1). This follows FuxiCTR's
+implementation, which the MC-LayerNorm paper trained on Criteo; there the norm is a LayerNorm,
+here it is any registry norm (``norm_layer="mclayernorm"``, a class, a partial or a
+``NormSpec``; ``"none"`` leaves it out).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from ctrcal.layers.registry import create_norm
+
+
+def reduced_width(width: int, reduction_ratio: float) -> int:
+    """``floor(width * reduction_ratio)``, at least 1, robust to float error (0.29*100)."""
+    return max(1, math.floor(width * reduction_ratio + 1e-9))
+
+
+class MaskBlock(nn.Module):
+    """Instance-guided mask ⊙ hidden input -> Linear -> Norm -> ReLU -> Dropout.
+
+    Args:
+        input_dim: width of the flattened raw embedding the mask reads (F * D).
+        hidden_dim: width of the masked input ``v_hidden``.
+        output_dim: width of the block's output.
+        reduction_ratio: the mask's first layer has ``floor(hidden_dim * ratio)`` units.
+        norm_layer: norm spec for ``create_norm(norm_layer, output_dim)``.
+        dropout: dropout rate after the activation (0: none).
+
+    Shapes:
+        v_emb: ``[B, input_dim]``; v_hidden: ``[B, hidden_dim]``; output: ``[B, output_dim]``.
+    """
+
+    def __init__(
+        self,
+        input_dim: int,
+        hidden_dim: int,
+        output_dim: int,
+        reduction_ratio: float = 1.0,
+        norm_layer: Any = "layernorm",
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if min(input_dim, hidden_dim, output_dim) < 1:
+            raise ValueError(
+                f"MaskBlock widths must be >= 1, got input {input_dim}, hidden {hidden_dim}, "
+                f"output {output_dim}"
+            )
+        if reduction_ratio <= 0:
+            raise ValueError(f"reduction_ratio must be > 0, got {reduction_ratio}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.input_dim, self.hidden_dim, self.output_dim = input_dim, hidden_dim, output_dim
+        self.mask_layer = nn.Sequential(
+            nn.Linear(input_dim, reduced_width(hidden_dim, reduction_ratio)),
+            nn.ReLU(),
+            nn.Linear(reduced_width(hidden_dim, reduction_ratio), hidden_dim),
+        )
+        self.hidden_layer = nn.Linear(hidden_dim, output_dim, bias=False)
+        self.norm = create_norm(norm_layer, output_dim)
+        self.activation = nn.ReLU()
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
+    def forward(self, v_emb: torch.Tensor, v_hidden: torch.Tensor) -> torch.Tensor:
+        """Mask ``v_hidden`` [B, hidden_dim] with a mask read from ``v_emb`` [B, input_dim]."""
+        mask = self.mask_layer(v_emb)
+        return self.dropout(self.activation(self.norm(self.hidden_layer(mask * v_hidden))))

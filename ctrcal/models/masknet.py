@@ -1,0 +1,198 @@
+"""MaskNet (Wang et al. 2021) with pluggable norms, serial or parallel; returns logits.
+
+Structure (FuxiCTR semantics, the implementation the MC-LayerNorm paper trained on Criteo)::
+
+    E      = FeatureEmbedding(categorical, numeric)          [B, F, D]
+    v_emb  = flatten(E)                                      [B, F*D]   read by EVERY mask
+    v_in   = flatten(FieldNorm_emb(E))                       [B, F*D]   (emb_norm, per field)
+
+    serial:   h_0 = v_in; h_i = MaskBlock_i(v_emb, h_{i-1}) for each of hidden_units
+              logit = Linear(h_last -> 1)
+    parallel: o_k = MaskBlock_k(v_emb, v_in), k = 1..num_blocks, each block_dim wide
+              logit = MLP(concat(o_1..o_K)) -> 1   (Linear -> ReLU -> Dropout per layer)
+
+Norms are specs from :mod:`ctrcal.layers.registry` at two positions: ``emb_norm`` (per field
+over D) and ``net_norm`` (in every MaskBlock). Init: Xavier-normal weights and zero biases for
+every ``nn.Linear``; small-normal embeddings (``embedding_init_std``).
+
+The model knows no optimizer, no file and no device; ``forward`` returns logits ``[B]`` (apply
+``sigmoid`` for click probabilities).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
+from ctrcal.layers.mask_block import MaskBlock
+
+if TYPE_CHECKING:
+    from ctrcal.config import ModelConfig
+
+VARIANTS = ("serial", "parallel")
+
+
+def _is_none(spec: Any) -> bool:
+    name = getattr(spec, "name", spec)
+    return spec is None or (isinstance(name, str) and name.lower() in ("none", "identity"))
+
+
+class MaskNet(nn.Module):
+    """MaskNet CTR model.
+
+    Args:
+        vocab_sizes: per categorical field, its number of ids.
+        num_numeric: number of numeric fields.
+        embedding_dim: D.
+        variant: ``serial`` or ``parallel``.
+        hidden_units: serial only: output width of each MaskBlock.
+        reduction_ratio: mask bottleneck ratio (first mask layer has ``floor(hidden*ratio)``).
+        num_blocks: parallel only: number of MaskBlocks.
+        block_dim: parallel only: output width of each MaskBlock.
+        mlp_hidden_units: parallel only: hidden widths of the MLP on the concatenated blocks.
+        emb_norm: norm spec per field over D (``"none"``: no norm).
+        net_norm: norm spec inside every MaskBlock.
+        dropout: dropout after every MaskBlock (and every parallel MLP layer).
+        numeric_embedding: ``linear`` | ``scaled`` | ``bucket`` (see
+            :class:`~ctrcal.layers.embedding.FeatureEmbedding`).
+        bucket_boundaries: per numeric field, for ``bucket``.
+        embedding_init_std: std of the normal init of the embeddings.
+
+    Shapes:
+        categorical: int64 ``[B, Fc]``; numeric: float ``[B, Fn]`` (NaN = missing);
+        output: logits ``[B]``.
+    """
+
+    def __init__(
+        self,
+        vocab_sizes: Sequence[int],
+        num_numeric: int,
+        embedding_dim: int = 16,
+        variant: str = "serial",
+        hidden_units: Sequence[int] = (400, 400, 400),
+        reduction_ratio: float = 1.0,
+        num_blocks: int = 2,
+        block_dim: int = 500,
+        mlp_hidden_units: Sequence[int] = (400, 400),
+        emb_norm: Any = "none",
+        net_norm: Any = "layernorm",
+        dropout: float = 0.0,
+        numeric_embedding: str = "linear",
+        bucket_boundaries: Sequence[Sequence[float]] | None = None,
+        embedding_init_std: float = 1e-4,
+    ) -> None:
+        super().__init__()
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown MaskNet variant {variant!r} (valid: serial, parallel)")
+        if variant == "serial" and not hidden_units:
+            raise ValueError("a serial MaskNet needs at least one entry in hidden_units")
+        if variant == "parallel" and (num_blocks < 1 or block_dim < 1):
+            raise ValueError(
+                f"a parallel MaskNet needs num_blocks >= 1 and block_dim >= 1, got "
+                f"{num_blocks}, {block_dim}"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.variant = variant
+        self.embedding = FeatureEmbedding(
+            vocab_sizes,
+            num_numeric,
+            embedding_dim,
+            numeric_embedding=numeric_embedding,
+            bucket_boundaries=bucket_boundaries,
+            init_std=embedding_init_std,
+        )
+        fields, dim = self.embedding.num_fields, self.embedding.embedding_dim
+        flat = self.embedding.output_dim
+        self.emb_norm = None if _is_none(emb_norm) else FieldNorm(fields, dim, emb_norm)
+
+        def block(hidden: int, out: int) -> MaskBlock:
+            return MaskBlock(flat, hidden, out, reduction_ratio, net_norm, dropout)
+
+        if variant == "serial":
+            widths = [flat, *hidden_units]
+            self.blocks = nn.ModuleList(
+                block(widths[i], widths[i + 1]) for i in range(len(hidden_units))
+            )
+            self.head = nn.Linear(widths[-1], 1)
+        else:
+            self.blocks = nn.ModuleList(block(flat, block_dim) for _ in range(num_blocks))
+            layers: list[nn.Module] = []
+            width = block_dim * num_blocks
+            for units in mlp_hidden_units:
+                layers += [nn.Linear(width, units), nn.ReLU()]
+                if dropout > 0:
+                    layers.append(nn.Dropout(dropout))
+                width = units
+            layers.append(nn.Linear(width, 1))
+            self.head = nn.Sequential(*layers)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-normal linear weights, zero biases, small-normal embeddings."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_normal_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        self.embedding.reset_parameters()
+
+    def embed(self, categorical: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
+        """The raw feature embedding ``[B, F, D]`` (before ``emb_norm``)."""
+        return self.embedding(categorical, numeric)
+
+    def forward(self, categorical: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B]`` for categorical ``[B, Fc]`` int64 ids and numeric ``[B, Fn]``."""
+        emb = self.embedding(categorical, numeric)
+        v_emb = emb.flatten(1)
+        v_in = v_emb if self.emb_norm is None else self.emb_norm(emb).flatten(1)
+        if self.variant == "serial":
+            h = v_in
+            for blk in self.blocks:
+                h = blk(v_emb, h)
+        else:
+            h = torch.cat([blk(v_emb, v_in) for blk in self.blocks], dim=1)
+        return self.head(h).squeeze(-1)
+
+
+def build_model(model_cfg: ModelConfig, feature_map: Any) -> MaskNet:
+    """A :class:`MaskNet` from a model config section and a feature map.
+
+    Args:
+        model_cfg: :class:`ctrcal.config.ModelConfig`.
+        feature_map: anything with ``vocab_sizes``, ``numeric_fields`` and
+            ``bucket_boundaries`` (a :class:`ctrcal.data.features.FeatureMap`).
+
+    Raises:
+        ConfigError: when the config and the feature map do not fit together.
+    """
+    from ctrcal.errors import ConfigError
+
+    if model_cfg.name != "masknet":
+        raise ConfigError(f"model.name: unknown model {model_cfg.name!r} (valid: masknet)")
+    try:
+        return MaskNet(
+            vocab_sizes=list(feature_map.vocab_sizes),
+            num_numeric=len(feature_map.numeric_fields),
+            embedding_dim=model_cfg.embedding_dim,
+            variant=model_cfg.variant,
+            hidden_units=list(model_cfg.hidden_units),
+            reduction_ratio=model_cfg.reduction_ratio,
+            num_blocks=model_cfg.num_blocks,
+            block_dim=model_cfg.block_dim,
+            mlp_hidden_units=list(model_cfg.mlp_hidden_units),
+            emb_norm=model_cfg.emb_norm,
+            net_norm=model_cfg.net_norm,
+            dropout=model_cfg.dropout,
+            numeric_embedding=model_cfg.numeric_embedding,
+            bucket_boundaries=getattr(feature_map, "bucket_boundaries", None),
+            embedding_init_std=getattr(model_cfg, "embedding_init_std", 1e-4),
+        )
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"model: {exc}") from None

@@ -1,0 +1,184 @@
+"""FeatureEmbedding (fused table, numeric modes, NaN) and FieldNorm."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
+from ctrcal.layers.mc_layernorm import MCLayerNorm
+
+VOCAB = [5, 3, 7]
+FN = 4
+D = 8
+
+
+def _inputs(b: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    cat = torch.stack([torch.randint(0, v, (b,), generator=g) for v in VOCAB], dim=1)
+    return cat, torch.randn(b, FN, generator=g)
+
+
+@pytest.mark.parametrize("mode", ["linear", "scaled", "bucket"])
+def test_shapes_and_field_order(mode):
+    bounds = [[-1.0, 0.0, 1.0]] * FN
+    emb = FeatureEmbedding(VOCAB, FN, D, numeric_embedding=mode, bucket_boundaries=bounds)
+    cat, num = _inputs()
+    out = emb(cat, num)
+    assert out.shape == (6, FN + len(VOCAB), D)
+    assert emb.num_fields == FN + len(VOCAB) and emb.output_dim == (FN + len(VOCAB)) * D
+    # categorical fields come after the numeric ones, looked up in the one fused table
+    rows = emb.offsets[-len(VOCAB) :] + cat
+    assert torch.equal(out[:, FN:], emb.table.weight[rows])
+
+
+def test_one_fused_table_with_offsets():
+    emb = FeatureEmbedding(VOCAB, FN, D)
+    tables = [m for m in emb.modules() if isinstance(m, nn.Embedding)]
+    assert len(tables) == 1 and tables[0].num_embeddings == sum(VOCAB)
+    assert emb.offsets.tolist() == [0, 5, 8]
+    # the same local id in two fields reads two different rows
+    cat = torch.zeros(1, 3, dtype=torch.long)
+    out = emb(cat, torch.zeros(1, FN))
+    assert not torch.equal(out[0, FN], out[0, FN + 1])
+    assert emb.embedding_tables() == [emb.table.weight]
+
+
+def test_one_gather_per_batch(monkeypatch):
+    emb = FeatureEmbedding(VOCAB, FN, D, numeric_embedding="bucket",
+                           bucket_boundaries=[[0.0]] * FN)  # fmt: skip
+    cat, num = _inputs()
+    calls = []
+    original = torch.nn.functional.embedding
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "embedding", counting)
+    emb(cat, num)
+    assert len(calls) == 1  # numeric buckets and categorical ids in one lookup
+
+
+@pytest.mark.parametrize("mode", ["linear", "scaled", "bucket"])
+def test_nan_is_embedded_as_missing_vector_without_propagating(mode):
+    emb = FeatureEmbedding(VOCAB, FN, D, numeric_embedding=mode,
+                           bucket_boundaries=[[0.0, 1.0]] * FN)  # fmt: skip
+    cat, num = _inputs()
+    num[0, 1] = float("nan")
+    num[3, :] = float("nan")
+    out = emb(cat, num)
+    assert torch.isfinite(out).all()
+    out.square().sum().backward()
+    for p in emb.parameters():
+        assert p.grad is None or torch.isfinite(p.grad).all()
+    # every missing value of a field maps to the same learned vector
+    assert torch.equal(out[0, 1], out[3, 1])
+    if mode != "bucket":
+        assert torch.equal(out[0, 1], emb.numeric_missing[1])
+        assert emb.numeric_missing.grad[1].abs().sum() > 0
+        assert emb.numeric_missing.grad[0].abs().sum() > 0  # row 3 is missing everywhere
+
+
+def test_linear_is_x_times_v_plus_b_and_scaled_is_x_times_v():
+    lin = FeatureEmbedding(VOCAB, FN, D, numeric_embedding="linear")
+    sc = FeatureEmbedding(VOCAB, FN, D, numeric_embedding="scaled")
+    cat, num = _inputs()
+    x = num.unsqueeze(-1)
+    torch.testing.assert_close(lin(cat, num)[:, :FN], x * lin.numeric_weight + lin.numeric_bias)
+    torch.testing.assert_close(sc(cat, num)[:, :FN], x * sc.numeric_weight)
+    assert sc.numeric_bias is None
+
+
+def _normed_numeric(mode: str, values: list[float]) -> torch.Tensor:
+    torch.manual_seed(0)
+    # a trained-scale init: with the default 1e-4 the norm's eps dominates and hides the pitfall
+    emb = FeatureEmbedding([3], 1, 16, numeric_embedding=mode, init_std=1.0)
+    norm = FieldNorm(2, 16, "layernorm")
+    num = torch.tensor(values).unsqueeze(1)
+    cat = torch.zeros(len(values), 1, dtype=torch.long)
+    return norm(emb(cat, num))[:, 0]
+
+
+def test_linear_keeps_the_value_after_a_per_field_layernorm():
+    out = _normed_numeric("linear", [0.5, 2.0, 0.51])
+    assert (out[0] - out[1]).abs().max() > 0.1
+    # and it is continuous: a small shift moves the output a little, not nothing
+    assert 0 < (out[0] - out[2]).abs().max() < 0.1
+
+
+def test_scaled_keeps_only_the_sign_after_a_per_field_layernorm():
+    out = _normed_numeric("scaled", [0.5, 2.0, -0.5])
+    torch.testing.assert_close(out[0], out[1], atol=1e-4, rtol=0)
+    assert (out[0] + out[2]).abs().max() < 1e-4  # the sign flips it
+
+
+def test_bucketize_uses_stored_boundaries_and_missing_bucket():
+    bounds = [[0.0, 1.0], [5.0]]
+    emb = FeatureEmbedding([2], 2, 4, numeric_embedding="bucket", bucket_boundaries=bounds)
+    num = torch.tensor([[-3.0, 4.0], [0.0, 5.0], [0.5, 6.0], [1.0, float("nan")],
+                        [2.0, 7.0], [float("nan"), -1.0]])  # fmt: skip
+    ids = emb._bucketize(num)
+    # bucket i holds boundaries[i-1] < x <= boundaries[i]; missing -> len(boundaries) + 1
+    assert ids.tolist() == [[0, 0], [0, 0], [1, 1], [1, 2], [2, 1], [3, 0]]
+    assert emb.table.num_embeddings == (2 + 2) + (1 + 2) + 2
+    out = emb(torch.zeros(6, 1, dtype=torch.long), num)
+    assert torch.equal(out[0, 0], out[1, 0]) and not torch.equal(out[0, 0], out[2, 0])
+    assert torch.equal(out[3, 1], emb.table.weight[4 + 2])  # field 1's missing bucket
+
+
+def test_bucket_needs_boundaries():
+    with pytest.raises(ValueError, match="bucket boundaries"):
+        FeatureEmbedding(VOCAB, FN, D, numeric_embedding="bucket")
+    with pytest.raises(ValueError, match="strictly increasing"):
+        FeatureEmbedding([2], 1, 4, numeric_embedding="bucket", bucket_boundaries=[[1.0, 0.0]])
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"vocab_sizes": [0, 3]}, "vocab size"),
+        ({"numeric_embedding": "cubic"}, "unknown numeric_embedding"),
+        ({"embedding_dim": 0}, "embedding_dim"),
+        ({"vocab_sizes": [], "num_numeric": 0}, "at least one field"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    args = {"vocab_sizes": VOCAB, "num_numeric": FN, "embedding_dim": D, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        FeatureEmbedding(**args)
+
+
+def test_only_numeric_or_only_categorical():
+    only_num = FeatureEmbedding([], 3, 4)
+    assert only_num(torch.zeros(2, 0, dtype=torch.long), torch.randn(2, 3)).shape == (2, 3, 4)
+    only_cat = FeatureEmbedding([4, 4], 0, 4)
+    assert only_cat(torch.zeros(2, 2, dtype=torch.long), torch.zeros(2, 0)).shape == (2, 2, 4)
+
+
+def test_small_normal_init():
+    emb = FeatureEmbedding([50_000], 2, 16)
+    assert 0.5e-4 < emb.table.weight.std().item() < 2e-4
+
+
+def test_fieldnorm_fused_layernorm_equals_per_field_layers():
+    torch.manual_seed(0)
+    norm = FieldNorm(5, 8, "layernorm")
+    for n in norm.norms:  # distinct per-field affine parameters
+        nn.init.normal_(n.weight)
+        nn.init.normal_(n.bias)
+    x = torch.randn(7, 5, 8)
+    expected = torch.stack([n(x[:, i]) for i, n in enumerate(norm.norms)], dim=1)
+    torch.testing.assert_close(norm(x), expected)
+
+
+def test_fieldnorm_takes_any_registry_norm():
+    norm = FieldNorm(3, 8, "mclayernorm")
+    assert all(isinstance(n, MCLayerNorm) for n in norm.norms)
+    x = torch.randn(4, 3, 8)
+    norm.eval()  # one-shot: a plain LayerNorm over all features
+    torch.testing.assert_close(norm(x), torch.nn.functional.layer_norm(x, (8,)))
+    norm.train()
+    assert norm(x).shape == x.shape
+    assert isinstance(FieldNorm(3, 8, "none").norms[0], nn.Identity)
