@@ -74,11 +74,29 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    raise _not_available("'ctrcal train' (MaskNet trainer)")
+    from ctrcal.train.trainer import resolve_data_dir, train
+
+    cfg = _load(args)
+    data_dir = resolve_data_dir(cfg, args.data)
+    run_dir = args.out if args.out is not None else Path(cfg.out_dir)
+    res = train(cfg, data_dir, run_dir, resume=args.resume)
+    print(res.describe())
+    return 0
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    raise _not_available("'ctrcal evaluate' (run evaluation)")
+    from ctrcal.train.trainer import evaluate_run
+
+    metrics = evaluate_run(args.run_dir, args.split, args.data, mc_samples=args.mc_samples)
+    mc = f", MC average of {args.mc_samples} passes" if args.mc_samples > 0 else ""
+    print(f"{args.run_dir} on {args.split}{mc}:")
+    print(
+        f"AUC {metrics['auc']:.4f}  logloss {metrics['logloss']:.4f}  ECE {metrics['ece']:.4f}"
+        + "".join(
+            f"  {k} {v:.4f}" for k, v in metrics.items() if k not in ("auc", "logloss", "ece")
+        )
+    )
+    return 0
 
 
 def cmd_shift_report(args: argparse.Namespace) -> int:

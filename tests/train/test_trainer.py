@@ -1,0 +1,259 @@
+"""The training loop: learning, schedule, run directory, resume, fine-tuning, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import yaml
+
+import ctrcal.train.trainer as trainer
+from ctrcal.cli import main
+from ctrcal.config import load_config
+from ctrcal.data.loader import ParquetCTRData
+from ctrcal.errors import ConfigError, CtrcalError
+from ctrcal.layers.mc_layernorm import MCLayerNorm
+from ctrcal.train.trainer import load_run, predict_logits, train
+
+TINY = [
+    "model.embedding_dim=4",
+    "model.hidden_units=[16]",
+    "model.reduction_ratio=0.5",
+    "train.batch_size=2048",
+    "train.eval_batch_size=8192",
+    "train.epochs=2",
+    "train.progress=false",
+    "train.num_threads=1",
+]
+TIMING = ("rows_per_s", "seconds")
+
+
+def _cfg(*overrides: str):
+    return load_config(None, [*TINY, *overrides])
+
+
+@pytest.fixture(scope="module")
+def ln_run(prepared_dir, tmp_path_factory):
+    """A finished 2-epoch LayerNorm run (shared, read-only)."""
+    run = tmp_path_factory.mktemp("ln_run") / "run"
+    return run, train(_cfg(), prepared_dir, run)
+
+
+def test_tiny_run_learns_and_writes_its_run_directory(ln_run):
+    run, res = ln_run
+    assert res.valid["auc"] > 0.65 and res.test["auc"] > 0.65  # chance is 0.5
+    assert res.best_epoch in (1, 2) and res.epochs_completed == 2
+    for name in ("config.yaml", "feature_map.json", "data.json", "metrics.jsonl",
+                 "result.json", "checkpoints/best.pt", "checkpoints/last.pt"):  # fmt: skip
+        assert (run / name).is_file(), name
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["epoch"] for x in lines] == [1, 2]
+    assert {"train_loss", "valid_auc", "valid_logloss", "lr", "rows_per_s"} <= set(lines[0])
+    assert lines[1]["train_loss"] < lines[0]["train_loss"]
+    saved = json.loads((run / "result.json").read_text())
+    assert saved["best_epoch"] == res.best_epoch and saved["test"]["ece"] >= 0
+    assert load_config(run / "config.yaml").model.hidden_units == [16]
+
+
+def test_checkpoints_load_with_weights_only(ln_run):
+    run, _ = ln_run
+    best = torch.load(run / "checkpoints/best.pt", weights_only=True)
+    last = torch.load(run / "checkpoints/last.pt", weights_only=True)
+    assert set(best) >= {"model", "epoch", "metrics"}
+    assert set(last) >= {"model", "optimizer", "epoch", "rng", "history"}
+    assert last["epoch"] == 2
+
+
+def test_load_run_restores_the_best_model(ln_run, prepared_dir):
+    run, res = ln_run
+    model, cfg, fm = load_run(run)
+    assert not model.training and cfg.train.seed == 0
+    assert fm.vocab_sizes == ParquetCTRData(prepared_dir, "test").feature_map.vocab_sizes
+    from ctrcal.eval.metrics import auc
+
+    test = ParquetCTRData(prepared_dir, "test")
+    logits = predict_logits(model, test, 4096, "cpu")
+    assert auc(torch.sigmoid(logits), test.all().label) == pytest.approx(res.test["auc"])
+
+
+def test_existing_run_needs_resume(ln_run, prepared_dir):
+    run, res = ln_run
+    with pytest.raises(CtrcalError, match="already holds a run"):
+        train(_cfg(), prepared_dir, run)
+    again = train(_cfg(), prepared_dir, run, resume=True)  # finished: returned as it is
+    assert again.history == res.history and again.model is not None
+    with pytest.raises(ConfigError, match="train.lr"):
+        train(_cfg("train.lr=0.01"), prepared_dir, run, resume=True)
+
+
+def _strip(history):
+    return [{k: v for k, v in h.items() if k not in TIMING} for h in history]
+
+
+def test_resume_after_interruption_matches_an_uninterrupted_run(
+    prepared_dir, tmp_path, monkeypatch
+):
+    # dropout and MC-LayerNorm both draw from the RNG, so its state must survive the restart
+    cfg = _cfg("train.epochs=3", "train.patience=5", "model.dropout=0.2",
+               "model.net_norm=mclayernorm", "train.emb_l2=1e-4")  # fmt: skip
+    full = train(cfg, prepared_dir, tmp_path / "full")
+
+    real_step, calls = trainer._train_step, []
+
+    def crashing_step(ctx, batch):
+        calls.append(1)
+        if len(calls) == 12:  # in the middle of the second epoch (8 steps per epoch)
+            raise KeyboardInterrupt
+        return real_step(ctx, batch)
+
+    monkeypatch.setattr(trainer, "_train_step", crashing_step)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, prepared_dir, tmp_path / "cut")
+    monkeypatch.setattr(trainer, "_train_step", real_step)
+    assert not (tmp_path / "cut" / "result.json").exists()
+    resumed = train(cfg, prepared_dir, tmp_path / "cut", resume=True)
+
+    assert _strip(resumed.history) == _strip(full.history)
+    assert resumed.test == full.test
+    a = torch.load(tmp_path / "full/checkpoints/best.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "cut/checkpoints/best.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    "aucs, stop_after, best, lrs",
+    [
+        # improve, improve, bad (x0.1), bad (x0.1, floor) -> stop at patience 2
+        ([0.6, 0.7, 0.65, 0.66, 0.9], 4, 2, [1e-3, 1e-3, 1e-3, 1e-4]),
+        # an improvement resets the count of bad epochs
+        ([0.6, 0.55, 0.7, 0.65, 0.64, 0.9], 5, 3, [1e-3, 1e-3, 1e-4, 1e-4, 1e-5]),
+    ],
+)
+def test_plateau_schedule_early_stopping_and_best_weights(
+    aucs, stop_after, best, lrs, prepared_dir, tmp_path, monkeypatch
+):
+    script = iter(aucs)
+    monkeypatch.setattr(trainer, "_valid_metrics", lambda logits, labels: (next(script), 0.5))
+    cfg = _cfg(f"train.epochs={len(aucs)}", "train.batch_size=8192", "train.monitor=auc",
+               "train.min_lr=5e-6")  # fmt: skip
+    res = train(cfg, prepared_dir, tmp_path / "run")
+    assert res.epochs_completed == stop_after and res.stopped_early
+    assert res.best_epoch == best and res.valid["auc"] == aucs[best - 1]
+    assert [h["lr"] for h in res.history] == pytest.approx(lrs)
+    last = torch.load(tmp_path / "run/checkpoints/last.pt", weights_only=True)
+    assert last["optimizer"]["param_groups"][0]["lr"] == pytest.approx(max(lrs[-1] * 0.1, 5e-6))
+    best_state = torch.load(tmp_path / "run/checkpoints/best.pt", weights_only=True)["model"]
+    restored = res.model.state_dict()
+    assert all(torch.equal(restored[k], best_state[k]) for k in best_state)
+    assert not all(torch.equal(last["model"][k], best_state[k]) for k in best_state)
+
+
+def test_monitor_values():
+    assert trainer._monitor_value("auc", 0.8, 0.4) == 0.8
+    assert trainer._monitor_value("logloss", 0.8, 0.4) == -0.4
+    assert trainer._monitor_value("auc_logloss", 0.8, 0.4) == pytest.approx(0.4)
+    assert trainer._monitor_value("auc", math.nan, 0.4) == -math.inf
+
+
+def test_emb_l2_is_the_gradient_of_half_lambda_squared_norm_of_the_whole_table():
+    from ctrcal.data.loader import Batch
+    from ctrcal.models.masknet import MaskNet
+
+    lam = 0.5
+    batch = Batch(torch.zeros(4, 2, dtype=torch.long), torch.randn(4, 3), torch.ones(4))
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(MaskNet([6, 4], 3, 4, hidden_units=[8]))
+    a, b = models
+    opt_a = torch.optim.SGD(a.parameters(), lr=1.0)
+    ctx = trainer._StepContext(a, a, opt_a, list(a.parameters()), trainer._embedding_tables(a),
+                               lam, 0.0, "cpu", None)  # fmt: skip
+    trainer._train_step(ctx, batch)
+    opt_b = torch.optim.SGD(b.parameters(), lr=1.0)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(b(batch.categorical,
+                                                                  batch.numeric), batch.label)
+    (loss + lam / 2 * b.embedding.table.weight.square().sum()).backward()
+    opt_b.step()
+    torch.testing.assert_close(a.embedding.table.weight, b.embedding.table.weight)
+    # rows no batch used shrink too: the penalty covers the whole table
+    unused = a.embedding.offsets[0] + 5
+    torch.testing.assert_close(a.embedding.table.weight[unused],
+                               models[1].embedding.table.weight[unused])  # fmt: skip
+
+
+def test_finetune_swaps_norms_and_starts_from_the_source_weights(ln_run, prepared_dir, tmp_path):
+    src, _ = ln_run
+    cfg = _cfg("model.net_norm={name: mclayernorm, fraction: 0.5}", f"train.finetune_from={src}",
+               "train.epochs=1", "train.lr=1e-4")  # fmt: skip
+    fm = ParquetCTRData(prepared_dir, "valid").feature_map
+    start = trainer._finetune_model(cfg, fm)
+    assert all(type(b.norm) is MCLayerNorm and b.norm.fraction == 0.5 for b in start.blocks)
+    source, _, _ = load_run(src)
+    src_state = source.state_dict()
+    assert all(torch.equal(v, src_state[k]) for k, v in start.state_dict().items())
+
+    train(cfg, prepared_dir, tmp_path / "ft")
+    tuned, tuned_cfg, _ = load_run(tmp_path / "ft")
+    assert all(type(b.norm) is MCLayerNorm for b in tuned.blocks)
+    assert tuned_cfg.train.finetune_from == str(src)
+
+
+def test_finetune_rejects_another_architecture(ln_run, prepared_dir):
+    src, _ = ln_run
+    fm = ParquetCTRData(prepared_dir, "valid").feature_map
+    cfg = _cfg("model.hidden_units=[8]", f"train.finetune_from={src}")
+    with pytest.raises(ConfigError, match="architecture"):
+        trainer._finetune_model(cfg, fm)
+    cfg = _cfg("model.emb_norm=layernorm", f"train.finetune_from={src}")
+    with pytest.raises(ConfigError, match="emb_norm"):
+        trainer._finetune_model(cfg, fm)
+
+
+PARALLEL = ["model.variant=parallel", "model.block_dim=8", "model.mlp_hidden_units=[8]"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["train.precision=bf16"], ["train.data_mode=stream"], [*PARALLEL, "train.optimizer=adamw"]],
+)
+def test_other_modes_train(extra, prepared_dir, tmp_path):
+    res = train(_cfg("train.epochs=1", *extra), prepared_dir, tmp_path / "run")
+    assert res.valid["auc"] > 0.6 and math.isfinite(res.history[0]["train_loss"])
+
+
+def test_cli_train_and_evaluate(prepared_dir, tmp_path, capsys):
+    cfg_path = tmp_path / "tiny.yaml"
+    cfg_path.write_text(yaml.safe_dump({"model": {"net_norm": "mclayernorm"}}))
+    run = tmp_path / "run"
+    # options first: argparse cannot take them between CONFIG and the k=v overrides
+    args = ["train", "--data", str(prepared_dir), "--out", str(run), str(cfg_path), *TINY,
+            "train.epochs=1"]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "valid: AUC" in out and "test:" in out
+    assert main(args) == 1  # exists, no --resume: one line, no traceback
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and len(err.strip().splitlines()) == 1
+    assert main([*args[:1], "--resume", *args[1:]]) == 0
+    capsys.readouterr()
+
+    assert main(["evaluate", str(run), "--split", "valid"]) == 0
+    out = capsys.readouterr().out
+    assert "AUC" in out and "logloss" in out and "ECE" in out
+    assert main(["evaluate", str(run), "--mc-samples", "3"]) == 0
+    assert "MC average of 3" in capsys.readouterr().out
+
+
+def test_cli_train_prepares_the_configured_data(tmp_path, capsys):
+    cfg_path = tmp_path / "synthetic.yaml"
+    cfg_path.write_text(yaml.safe_dump({
+        "out_dir": str(tmp_path / "out"),
+        "data": {"synthetic": {"rows": 3000, "seed": 1}},
+        "features": {"min_count": 2},
+    }))  # fmt: skip
+    assert main(["train", str(cfg_path), *TINY, "train.epochs=1"]) == 0
+    assert (tmp_path / "out" / "data" / "feature_map.json").is_file()
+    assert (tmp_path / "out" / "result.json").is_file()
