@@ -312,13 +312,21 @@ def is_gzip(path: Path) -> bool:
         return fh.read(2) == b"\x1f\x8b"
 
 
-def scan_raw(path: str | Path, fmt: CriteoFormat) -> pl.LazyFrame:
-    """The file's fields as strings under canonical names, plus ``_row`` and ``_extra``.
+def scan_raw(path: str | Path, fmt: CriteoFormat, numbers: bool = False) -> pl.LazyFrame:
+    """The file's fields under canonical names, plus ``_row`` and ``_extra``.
 
     Missing fields (short rows) are null; ``_extra`` is non-null where a row has more fields
-    than the layout.
+    than the layout. With ``numbers`` the label and ``I`` fields are parsed as floats by the
+    CSV reader itself (fast, but a non-numeric value fails the whole read); otherwise every
+    field is a string.
     """
     schema = {name: pl.Utf8 for name in fmt.columns}
+    if numbers:
+        for name in fmt.columns:
+            if name == LABEL:
+                schema[name] = pl.Float32
+            elif name in NUMERIC_COLUMNS:
+                schema[name] = pl.Float64
     schema[EXTRA_COL] = pl.Utf8
     # Header files are read positionally too (the header is skipped), so that names never
     # need to match and a row with too many fields lands in ``_extra``.
@@ -336,41 +344,74 @@ def scan_raw(path: str | Path, fmt: CriteoFormat) -> pl.LazyFrame:
     return lf.with_row_index(ROW_COL)
 
 
-def _typed_exprs(fmt: CriteoFormat) -> list[pl.Expr]:
-    """String -> typed expressions for every canonical column, plus the bad-row code."""
+def _checks(fmt: CriteoFormat, parsed: dict[str, pl.Expr]) -> list[pl.Expr]:
+    """Per canonical column (in ``COLUMNS`` order) a boolean 'this value is malformed'."""
     x1 = fmt.layout == "x1"
-    exprs: list[pl.Expr] = []
     checks: list[pl.Expr] = []
     if fmt.labelled:
-        raw = pl.col(LABEL).str.strip_chars()
-        lab = raw.cast(pl.Float32, strict=False)
-        exprs.append(lab.alias(LABEL))
-        checks.append(~lab.is_in([0.0, 1.0]).fill_null(False))
+        checks.append(~parsed[LABEL].is_in([0.0, 1.0]).fill_null(False))
     else:
-        exprs.append(pl.lit(None, pl.Float32).alias(LABEL))
         checks.append(pl.lit(False))
     for name in NUMERIC_COLUMNS:
-        raw = pl.col(name)
-        val = raw.cast(pl.Float64, strict=False)
-        exprs.append(val.alias(name))
+        val = parsed[name]
         ok = val.is_finite() if x1 else (val == val.floor())
-        checks.append(raw.is_not_null() & ~ok.fill_null(False))
+        checks.append(pl.col(name).is_not_null() & ~ok.fill_null(False))
     for name in CATEGORICAL_COLUMNS:
-        raw = pl.col(name)
-        val = raw.str.to_integer(base=10 if x1 else 16, dtype=pl.UInt32, strict=False)
-        exprs.append(val.alias(name))
-        checks.append(raw.is_not_null() & val.is_null())
-    codes = [pl.when(c).then(pl.lit(k + 1, pl.UInt8)) for k, c in enumerate(checks)]
+        checks.append(pl.col(name).is_not_null() & parsed[name].is_null())
+    return checks
+
+
+def _parse_exprs(fmt: CriteoFormat, numbers: bool) -> dict[str, pl.Expr]:
+    """Typed expression per canonical column from what :func:`scan_raw` gives."""
+    x1 = fmt.layout == "x1"
+    out: dict[str, pl.Expr] = {}
+    if not fmt.labelled:
+        out[LABEL] = pl.lit(None, pl.Float32)
+    elif numbers:
+        out[LABEL] = pl.col(LABEL)
+    else:
+        out[LABEL] = pl.col(LABEL).str.strip_chars().cast(pl.Float32, strict=False)
+    for name in NUMERIC_COLUMNS:
+        out[name] = pl.col(name) if numbers else pl.col(name).cast(pl.Float64, strict=False)
+    for name in CATEGORICAL_COLUMNS:
+        out[name] = pl.col(name).str.to_integer(
+            base=10 if x1 else 16, dtype=pl.UInt32, strict=False
+        )
+    return out
+
+
+def _bad_code(fmt: CriteoFormat) -> pl.Expr:
+    """The code of the first problem of a row (0 = fine); for describing one row."""
+    codes = [
+        pl.when(c).then(pl.lit(k + 1, pl.UInt8))
+        for k, c in enumerate(_checks(fmt, _parse_exprs(fmt, numbers=False)))
+    ]
     codes.insert(0, pl.when(pl.col(EXTRA_COL).is_not_null()).then(pl.lit(_TOO_MANY, pl.UInt8)))
-    exprs.append(pl.coalesce(codes).fill_null(0).alias(BAD_COL))
-    return exprs
+    return pl.coalesce(codes).fill_null(0)
 
 
-def scan_typed(path: str | Path, fmt: CriteoFormat, file_index: int = 0) -> pl.LazyFrame:
-    """Typed columns (``COLUMNS``) plus ``_file``, ``_row`` and ``_bad`` for one file."""
-    lf = scan_raw(path, fmt)
+def scan_typed(
+    path: str | Path, fmt: CriteoFormat, file_index: int = 0, numbers: bool = True
+) -> pl.LazyFrame:
+    """Typed columns (``COLUMNS``) plus ``_file``, ``_row`` and ``_bad`` (0 = fine) for a file.
+
+    With ``numbers`` (fast) the CSV reader parses label and numerics itself, and a
+    non-numeric value there makes the query fail: run it again with ``numbers=False``,
+    which flags such rows instead (see :func:`collect_typed`).
+    """
+    parsed = _parse_exprs(fmt, numbers)
+    tmp = {name: f"__{name}" for name in CATEGORICAL_COLUMNS}
+    lf = scan_raw(path, fmt, numbers).with_columns(
+        parsed[name].alias(tmp[name]) for name in CATEGORICAL_COLUMNS
+    )
+    # Checks read the parsed categoricals from their columns, so each is parsed once.
+    staged = {**parsed, **{name: pl.col(tmp[name]) for name in CATEGORICAL_COLUMNS}}
+    checks = [pl.col(EXTRA_COL).is_not_null(), *_checks(fmt, staged)]
     return lf.select(
-        pl.lit(file_index, pl.UInt16).alias(FILE_COL), pl.col(ROW_COL), *_typed_exprs(fmt)
+        pl.lit(file_index, pl.UInt16).alias(FILE_COL),
+        pl.col(ROW_COL),
+        *(staged[name].alias(name) for name in COLUMNS),
+        pl.any_horizontal(checks).cast(pl.UInt8).alias(BAD_COL),
     )
 
 
@@ -398,21 +439,31 @@ def read_criteo(
         paths = [paths]
     if on_bad_row not in ("error", "skip"):
         raise DataError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
-    frames = []
-    formats = []
-    for i, p in enumerate(paths):
-        fmt = detect_format(p, layout)
-        formats.append(fmt)
-        frames.append(scan_typed(p, fmt, i))
-    lf = pl.concat(frames, how="vertical")
-    if on_bad_row == "error":
+    formats = [detect_format(p, layout) for p in paths]
+    paths = [Path(p) for p in paths]
+
+    def frame(numbers: bool) -> pl.LazyFrame:
+        pairs = enumerate(zip(paths, formats, strict=True))
+        return pl.concat([scan_typed(p, f, i, numbers) for i, (p, f) in pairs])
+
+    lf = frame(numbers=True)
+    try:
         try:
-            first_bad(lf, [Path(p) for p in paths], formats, raise_error=True)
-        except (pl.exceptions.PolarsError, OSError) as exc:
-            names = ", ".join(str(p) for p in paths)
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise DataError(f"{names}: cannot read as Criteo data: {first}") from None
-    return lf.filter(pl.col(BAD_COL) == 0).select(COLUMNS)
+            bad, _ = first_bad(lf, paths, formats, raise_error=on_bad_row == "error")
+        except pl.exceptions.ComputeError:
+            # a non-numeric label or I value: the string path flags it row by row
+            lf = frame(numbers=False)
+            bad, _ = first_bad(lf, paths, formats, raise_error=on_bad_row == "error")
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise read_error(paths, exc) from None
+    return lf.filter(pl.col(BAD_COL) == 0).select(COLUMNS) if bad else lf.select(COLUMNS)
+
+
+def read_error(paths: Sequence[Path], exc: Exception) -> DataError:
+    """A one-line DataError for a polars/IO failure while reading ``paths``."""
+    names = ", ".join(str(p) for p in paths[:3]) + (", ..." if len(paths) > 3 else "")
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return DataError(f"{names}: cannot read as Criteo data: {first}")
 
 
 def first_bad(
@@ -426,35 +477,35 @@ def first_bad(
     Returns:
         (number of bad rows, message about the first one or None).
     """
-    bad = lf.filter(pl.col(BAD_COL) != 0).select(FILE_COL, ROW_COL, BAD_COL)
+    bad = lf.filter(pl.col(BAD_COL) != 0).select(FILE_COL, ROW_COL)
     stats = bad.select(
         pl.len().alias("n"),
         pl.col(FILE_COL).first().alias("f"),
         pl.col(ROW_COL).first().alias("r"),
-        pl.col(BAD_COL).first().alias("b"),
     ).collect(engine="streaming")
     n = int(stats["n"][0])
     if n == 0:
         return 0, None
-    f, r, b = int(stats["f"][0]), int(stats["r"][0]), int(stats["b"][0])
-    fmt = formats[f]
-    line = r + 1 + fmt.header_lines
-    reason = bad_reason(b, fmt.layout)
-    if b != _TOO_MANY:
-        column = COLUMNS[b - 1]
-        if column in fmt.columns:
-            value = _raw_value(paths[f], fmt, r, column)
-            reason += f" (got {value!r})" if value is not None else " (empty)"
-    message = f"{paths[f]}: line {line}: malformed row: {reason}"
+    f, r = int(stats["f"][0]), int(stats["r"][0])
+    message = describe_bad_row(paths[f], formats[f], r)
     if raise_error:
         more = f"; {n - 1} more malformed rows" if n > 1 else ""
         raise DataError(f"{message}{more} (use on_bad_row=skip to drop them)")
     return n, message
 
 
-def _raw_value(path: Path, fmt: CriteoFormat, row: int, column: str) -> str | None:
-    try:
-        df = scan_raw(path, fmt).filter(pl.col(ROW_COL) == row).select(column).collect()
-    except Exception:  # noqa: BLE001 - only used to decorate an error message
-        return None
-    return df[column][0] if df.height else None
+def describe_bad_row(path: Path, fmt: CriteoFormat, row: int) -> str:
+    """``FILE: line N: malformed row: <what> (got <value>)`` for record ``row`` (0-based)."""
+    line = row + 1 + fmt.header_lines
+    one = (
+        scan_raw(path, fmt).filter(pl.col(ROW_COL) == row).with_columns(_bad_code(fmt).alias("b"))
+        .collect()
+    )  # fmt: skip
+    code = int(one["b"][0]) if one.height else 0
+    if code == 0:
+        return f"{path}: line {line}: malformed row"
+    reason = bad_reason(code, fmt.layout)
+    if code != _TOO_MANY:
+        value = one[COLUMNS[code - 1]][0] if COLUMNS[code - 1] in one.columns else None
+        reason += f" (got {value!r})" if value is not None else " (empty)"
+    return f"{path}: line {line}: malformed row: {reason}"

@@ -245,7 +245,11 @@ class FeaturePipeline:
         stats = [pl.len().alias("_rows")]
         for name in self.numeric_fields:
             pre = self._pre(name)
-            stats += [pre.mean().alias(f"{name}__m"), pre.std(ddof=0).alias(f"{name}__s")]
+            stats += [
+                pre.mean().alias(f"{name}__m"),
+                pre.std(ddof=0).alias(f"{name}__s"),
+                pre.null_count().alias(f"{name}__n"),
+            ]
         for name in self.categorical_fields:
             stats.append(pl.col(name).null_count().alias(f"{name}__n"))
         queries.append(lf.select(stats))
@@ -267,39 +271,39 @@ class FeaturePipeline:
                 (pl.int_range(pl.len(), dtype=pl.Int32) + NUM_RESERVED).alias("id")
             )
             self.categorical_missing_rate_[name] = summary[f"{name}__n"] / rows
+        mean = [_finite(summary[f"{n}__m"], 0.0) for n in self.numeric_fields]
+        std = [_finite(summary[f"{n}__s"], 0.0) for n in self.numeric_fields]
         if self.numeric_transform == "identity":
             self.center_ = [0.0] * len(self.numeric_fields)
             self.scale_ = [1.0] * len(self.numeric_fields)
         else:
-            self.center_ = [_finite(summary[f"{n}__m"], 0.0) for n in self.numeric_fields]
-            self.scale_ = [_positive(summary[f"{n}__s"]) for n in self.numeric_fields]
-        self._fit_model_space(lf)
+            self.center_ = mean
+            self.scale_ = [_positive(v) for v in std]
+        # Model-input space is an affine map of the statistics above, so its mean and std
+        # follow without another pass: z = (t - center) / scale.
+        self.numeric_mean_ = [(m - c) / k for m, c, k in zip(mean, self.center_, self.scale_,
+                                                              strict=True)]  # fmt: skip
+        self.numeric_std_ = [v / k for v, k in zip(std, self.scale_, strict=True)]
+        self.numeric_missing_rate_ = [summary[f"{n}__n"] / rows for n in self.numeric_fields]
+        self._fit_buckets(lf)
         return self
 
-    def _fit_model_space(self, lf: pl.LazyFrame) -> None:
-        """Mean, std, missing rate (and bucket boundaries) of the encoded train numerics."""
-        exprs = []
+    def _fit_buckets(self, lf: pl.LazyFrame) -> None:
+        """Quantile boundaries of the encoded train numerics (model-input space)."""
         qs = [k / self.numeric_buckets for k in range(1, self.numeric_buckets)]
+        if not qs:
+            self.bucket_boundaries_ = None
+            return
+        exprs = []
         for name in self.numeric_fields:
             z = self._numeric_expr(name).cast(pl.Float64)
-            exprs += [
-                z.mean().alias(f"{name}__m"),
-                z.std(ddof=0).alias(f"{name}__s"),
-                z.null_count().alias(f"{name}__n"),
-            ]
             exprs += [z.quantile(q, "linear").alias(f"{name}__q{i}") for i, q in enumerate(qs)]
         row = lf.select(exprs).collect(engine="streaming").row(0, named=True)
-        self.numeric_mean_ = [_finite(row[f"{n}__m"], 0.0) for n in self.numeric_fields]
-        self.numeric_std_ = [_finite(row[f"{n}__s"], 0.0) for n in self.numeric_fields]
-        self.numeric_missing_rate_ = [row[f"{n}__n"] / self.rows_ for n in self.numeric_fields]
-        if qs:
-            self.bucket_boundaries_ = [
-                sorted({float(row[f"{n}__q{i}"]) for i in range(len(qs))
-                        if row[f"{n}__q{i}"] is not None})
-                for n in self.numeric_fields
-            ]  # fmt: skip
-        else:
-            self.bucket_boundaries_ = None
+        self.bucket_boundaries_ = [
+            sorted({float(row[f"{n}__q{i}"]) for i in range(len(qs))
+                    if row[f"{n}__q{i}"] is not None})
+            for n in self.numeric_fields
+        ]  # fmt: skip
 
     # -- transform ------------------------------------------------------------------------
 
