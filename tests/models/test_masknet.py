@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
-from ctrcal.config import ModelConfig, NormSpec
+from ctrcal.config import ModelConfig, NormSpec, load_config
 from ctrcal.data.criteo import NUM_CATEGORICAL, NUM_NUMERIC
 from ctrcal.errors import ConfigError
 from ctrcal.layers.mask_block import MaskBlock
@@ -192,3 +193,15 @@ def test_build_model_bucket_errors_name_the_key():
         build_model(cfg, _feature_map())
     model = build_model(cfg, _feature_map([[0.0, 1.0]] * NUM_NUMERIC))
     assert model.embedding.numeric_embedding == "bucket"
+
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_config_builds_a_model(path):
+    cfg = load_config(path)
+    model = build_model(cfg.model, _feature_map([[0.0, 1.0]] * NUM_NUMERIC))
+    assert model.variant == cfg.model.variant
+    cat = torch.zeros(2, NUM_CATEGORICAL, dtype=torch.long)
+    assert model(cat, torch.randn(2, NUM_NUMERIC)).shape == (2,)

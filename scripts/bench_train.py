@@ -1,0 +1,195 @@
+"""Benchmark: training rows/s of serial MaskNet, LayerNorm vs MC-LayerNorm, fp32 vs bf16.
+
+Usage::
+
+    python scripts/bench_train.py [--batch-sizes 4096 10000] [--precisions fp32 bf16]
+                                  [--rounds 5] [--steps 8] [--threads N] [--vocab 1000000]
+                                  [--auc-rows 200000] [--json out.json]
+
+The model is the one the throughput goal is stated for: serial MaskNet [400, 400, 400],
+embedding dim 16, reduction ratio 0.2, 13 numeric + 26 categorical fields (≈5.3 MFLOP per
+row forward + backward), ``net_norm`` layernorm or mclayernorm (fraction 0.8). Every step is
+the trainer's own (:func:`ctrcal.train.trainer._train_step`: BCE, backward, whole-table
+embedding L2, gradient clipping, fused Adam) on random in-memory batches (10 % NaN
+numerics), so the numbers are the training loop's, not a bare forward pass.
+
+The configurations are measured round-robin (``--rounds`` times ``--steps`` steps each) and
+the median per configuration is reported: when other processes load the machine, all
+configurations see the same load, and the ratios (MC-LN / LN step time, bf16 speed-up) stay
+meaningful even when the absolute rows/s do not. The load average is printed before and
+after.
+
+``--auc-rows N`` also trains the same model for one epoch on N synthetic rows (``ctrcal
+synth`` generator, prepared in a temporary directory) in fp32 and in bf16 autocast with the
+same seed and reports both test AUCs: the accuracy cost of bf16 on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from ctrcal.config import load_config
+from ctrcal.data.criteo import NUM_CATEGORICAL, NUM_NUMERIC
+from ctrcal.data.loader import Batch
+from ctrcal.models.masknet import MaskNet
+from ctrcal.train import trainer
+
+MODEL = {"hidden_units": [400, 400, 400], "embedding_dim": 16, "reduction_ratio": 0.2}
+NORMS = {"layernorm": "layernorm", "mclayernorm": {"name": "mclayernorm", "fraction": 0.8}}
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:  # pragma: no cover - not on every platform
+        return "n/a"
+
+
+def _batch(batch_size: int, vocab: list[int], seed: int) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    cat = torch.stack([torch.randint(0, v, (batch_size,), generator=g) for v in vocab], 1)
+    num = torch.randn(batch_size, NUM_NUMERIC, generator=g)
+    num[torch.rand(batch_size, NUM_NUMERIC, generator=g) < 0.1] = float("nan")
+    label = (torch.rand(batch_size, generator=g) < 0.25).float()
+    return Batch(cat, num, label)
+
+
+def _context(norm: str, vocab: list[int], precision: str, emb_l2: float) -> trainer._StepContext:
+    from ctrcal.config import NormSpec
+
+    spec = NORMS[norm]
+    spec = NormSpec(spec) if isinstance(spec, str) else NormSpec(spec["name"], {"fraction": 0.8})
+    torch.manual_seed(0)
+    model = MaskNet(vocab, NUM_NUMERIC, net_norm=spec, **MODEL)
+    cfg = load_config(None, ["train.optimizer=adam", "train.lr=1e-3"])
+    opt = trainer.make_optimizer(model, cfg.train)
+    return trainer._StepContext(
+        model=model,
+        forward=model,
+        optimizer=opt,
+        params=list(model.parameters()),
+        tables=trainer._embedding_tables(model),
+        emb_l2=emb_l2,
+        grad_clip=10.0,
+        device_type="cpu",
+        amp_dtype=torch.bfloat16 if precision == "bf16" else None,
+    )
+
+
+def bench_throughput(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    per_field = max(1, args.vocab // NUM_CATEGORICAL)
+    vocab = [per_field] * NUM_CATEGORICAL
+    contexts = {n: {p: None for p in args.precisions} for n in args.norms}
+    for n in args.norms:
+        shared = _context(n, vocab, "fp32", args.emb_l2)
+        for p in args.precisions:  # one model per norm; autocast is a per-step switch
+            ctx = trainer._StepContext(**{**shared.__dict__})
+            ctx.amp_dtype = torch.bfloat16 if p == "bf16" else None
+            contexts[n][p] = ctx
+    batches = {b: [_batch(b, vocab, s) for s in range(2)] for b in args.batch_sizes}
+    configs = [(b, p, n) for b in args.batch_sizes for p in args.precisions for n in args.norms]
+    times: dict[tuple, list[float]] = {c: [] for c in configs}
+    for c in configs:  # warm-up: allocator, oneDNN kernels, optimizer state
+        b, p, n = c
+        for i in range(args.warmup):
+            trainer._train_step(contexts[n][p], batches[b][i % 2])
+    for r in range(args.rounds):
+        for c in configs if r % 2 == 0 else reversed(configs):
+            b, p, n = c
+            ctx = contexts[n][p]
+            start = time.perf_counter()
+            for i in range(args.steps):
+                trainer._train_step(ctx, batches[b][i % 2])
+            times[c].append((time.perf_counter() - start) / args.steps)
+    out: dict[str, dict[str, float]] = {}
+    for (b, p, n), ts in times.items():
+        med = statistics.median(ts)
+        out[f"{b}/{p}/{n}"] = {"batch": b, "precision": p, "norm": n,
+                               "step_ms": med * 1e3, "rows_per_s": b / med}  # fmt: skip
+    return out
+
+
+def bench_auc(args: argparse.Namespace) -> dict[str, float]:
+    from ctrcal.data.prepare import prepare_from_config
+
+    base = [
+        f"data.synthetic.rows={args.auc_rows}",
+        "data.synthetic.seed=0",
+        "features.min_count=5",
+        "model.hidden_units=[400,400,400]",
+        "model.embedding_dim=16",
+        "model.reduction_ratio=0.2",
+        "train.batch_size=4096",
+        "train.epochs=1",
+        "train.progress=false",
+    ]
+    result = {}
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as td:
+        data = prepare_from_config(load_config(None, base), Path(td) / "data")
+        for p in args.precisions:
+            cfg = load_config(None, [*base, f"train.precision={p}"])
+            res = trainer.train(cfg, data, Path(td) / f"run-{p}")
+            result[p] = res.test["auc"]
+            result[f"{p}_logloss"] = res.test["logloss"]
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[4096, 10000])
+    ap.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
+    ap.add_argument("--norms", nargs="+", choices=list(NORMS), default=list(NORMS))
+    ap.add_argument("--rounds", type=int, default=5, help="round-robin passes")
+    ap.add_argument("--steps", type=int, default=8, help="steps per configuration per round")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
+    ap.add_argument("--vocab", type=int, default=1_000_000, help="total embedding rows")
+    ap.add_argument("--emb-l2", type=float, default=1e-5)
+    ap.add_argument("--auc-rows", type=int, default=0, help="also measure bf16's AUC cost")
+    ap.add_argument("--json", type=Path, default=None, help="write the numbers here")
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{os.cpu_count()} cores, vocab {args.vocab:,} rows x 16")  # fmt: skip
+    print(f"load average before: {_load()}")
+    res = bench_throughput(args)
+    print(f"load average after:  {_load()}")
+    print(f"{'batch':>6} {'precision':>9} {'norm':>12} {'ms/step':>9} {'rows/s':>9}")
+    for r in res.values():
+        print(f"{r['batch']:>6} {r['precision']:>9} {r['norm']:>12} {r['step_ms']:>9.1f} "
+              f"{r['rows_per_s']:>9,.0f}")  # fmt: skip
+    ratios = {}
+    for b in args.batch_sizes:
+        for p in args.precisions:
+            ln, mc = res.get(f"{b}/{p}/layernorm"), res.get(f"{b}/{p}/mclayernorm")
+            if ln and mc:
+                ratios[f"mc_over_ln/{b}/{p}"] = mc["step_ms"] / ln["step_ms"]
+                print(f"MC-LN / LN step time, batch {b}, {p}: {ratios[f'mc_over_ln/{b}/{p}']:.3f}")
+        for n in args.norms:
+            f32, b16 = res.get(f"{b}/fp32/{n}"), res.get(f"{b}/bf16/{n}")
+            if f32 and b16:
+                ratios[f"bf16_speedup/{b}/{n}"] = f32["step_ms"] / b16["step_ms"]
+                print(f"bf16 speed-up, batch {b}, {n}: {ratios[f'bf16_speedup/{b}/{n}']:.2f}x")
+    auc = bench_auc(args) if args.auc_rows > 0 else {}
+    for p in args.precisions:
+        if p in auc:
+            print(f"{p}: test AUC {auc[p]:.4f}, logloss {auc[p + '_logloss']:.4f} "
+                  f"(1 epoch on {args.auc_rows:,} synthetic rows)")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps({"throughput": res, "ratios": ratios, "auc": auc,
+                                         "load": _load()}, indent=2))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
