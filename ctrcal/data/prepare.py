@@ -301,6 +301,18 @@ def prepare_dataset(
             tmp, sources, cfg, on_bad_row, fractions, key, synthetic_info or {}, in_memory_bytes
         )
         shutil.rmtree(tmp / "_work", ignore_errors=True)
+        _publish(tmp, out_dir, key)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    result.out_dir = out_dir
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _publish(tmp: Path, out_dir: Path, key: str) -> None:
+    """Move the finished ``tmp`` onto ``out_dir`` by renames only."""
+    try:
         if out_dir.exists():
             # move the old directory aside first so the new one appears in one rename
             old = out_dir.with_name(f".{out_dir.name}.old-{time.time_ns()}")
@@ -309,12 +321,10 @@ def prepare_dataset(
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    result.out_dir = out_dir
-    result.seconds = time.perf_counter() - start
-    return result
+    except OSError:
+        # another process published the same result meanwhile: keep theirs
+        if not is_prepared(out_dir, key):
+            raise
 
 
 def _prepare_into(
