@@ -64,7 +64,6 @@ EXTRA_COL = "_extra"  # catches fields beyond the layout's last one
 
 # Bad-row codes: 1 = label, 2..14 = I1..I13, 15..40 = C1..C26, 99 = too many fields.
 _TOO_MANY = 99
-_HEX8 = re.compile(r"^[0-9a-fA-F]{1,8}$")
 _SNIFF_BYTES = 1 << 16
 _SNIFF_LINES = 200
 
@@ -396,8 +395,9 @@ def scan_typed(
     """Typed columns (``COLUMNS``) plus ``_file``, ``_row`` and ``_bad`` (0 = fine) for a file.
 
     With ``numbers`` (fast) the CSV reader parses label and numerics itself, and a
-    non-numeric value there makes the query fail: run it again with ``numbers=False``,
-    which flags such rows instead (see :func:`collect_typed`).
+    non-numeric value there makes the query fail with ``polars.exceptions.ComputeError``:
+    run it again with ``numbers=False``, which flags such rows instead (as
+    :func:`read_criteo` and :func:`ctrcal.data.prepare.prepare` do).
     """
     parsed = _parse_exprs(fmt, numbers)
     tmp = {name: f"__{name}" for name in CATEGORICAL_COLUMNS}
@@ -425,8 +425,8 @@ def read_criteo(
     Args:
         paths: one file or a list (all in the same layout family); ``.gz`` is fine.
         layout: ``auto`` or one of :data:`LAYOUTS`.
-        on_bad_row: ``error`` (scan once now and raise on the first malformed row) or
-            ``skip`` (drop malformed rows).
+        on_bad_row: ``error`` (raise on the first malformed row) or ``skip`` (drop malformed
+            rows). Either way the files are scanned once now to find them.
 
     Returns:
         LazyFrame with ``label`` (float32), ``I1..I13`` (float64), ``C1..C26`` (uint32);

@@ -8,10 +8,11 @@ A prepared directory holds::
                            label float32, I1..I13 float32 (null = missing), C1..C26 int32
                            (+ true_prob float32 when the sources are synthetic)
 
-The work runs in three streaming polars passes with bounded memory: (1) parse every source to a
-typed intermediate parquet (bad rows flagged, split assigned), (2) fit the
-:class:`~ctrcal.data.features.FeaturePipeline` on the train rows, (3) encode and write each
-split. Everything is written into a temporary sibling directory that is renamed onto ``DIR``
+The work is three polars passes, with no Python loop over rows or values: (1) parse every
+source into a typed frame (bad rows flagged, split assigned) -- kept in memory for inputs up to
+:data:`IN_MEMORY_BYTES`, streamed through a typed intermediate parquet beyond that, so memory
+stays bounded; (2) fit the :class:`~ctrcal.data.features.FeaturePipeline` on the train rows;
+(3) encode and write each split (streaming sinks). Everything is written into a temporary sibling directory that is renamed onto ``DIR``
 only when complete, so an interrupted run leaves nothing a later run trusts.
 
 The ``source_hash`` in the feature map covers each source file's identity (resolved path, size,
@@ -40,7 +41,7 @@ from typing import Any
 import polars as pl
 
 from ctrcal.data import criteo
-from ctrcal.data.criteo import COLUMNS, LABEL, CriteoFormat
+from ctrcal.data.criteo import LABEL, CriteoFormat
 from ctrcal.data.features import (
     FEATURE_MAP_FILE,
     SCHEMA_VERSION,
@@ -611,7 +612,6 @@ def _reuse(out_dir: str | Path, key: str) -> PrepareResult:
 
 
 __all__ = [
-    "COLUMNS",
     "PrepareResult",
     "is_prepared",
     "prepare",
