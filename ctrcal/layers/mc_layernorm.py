@@ -24,15 +24,27 @@ MC-LayerNorm is the subject of a patent application by IBM (US 2025/0094784).
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import math
 import numbers
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from ctrcal.errors import ConfigError
 
@@ -87,6 +99,11 @@ def mc_subset_size(n: int, fraction: float | Fraction) -> int:
     return max(2, k)
 
 
+def _check_k(n: int, k: int) -> None:
+    if not 0 <= k <= n:
+        raise ValueError(f"subset size k={k} must be in [0, {n}]")
+
+
 def sample_subset_mask(
     rows: int,
     n: int,
@@ -95,8 +112,12 @@ def sample_subset_mask(
     generator: torch.Generator | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
+    backend: str | None = None,
 ) -> Tensor:
     """Independent uniform random k-subsets of ``{0..n-1}``, one per row, as a 0/1 mask.
+
+    Every row is an independent draw, uniform over all ``C(n, k)`` subsets (see the module
+    docstring for how each backend draws it).
 
     Args:
         rows: number of rows R.
@@ -105,16 +126,70 @@ def sample_subset_mask(
         generator: torch generator to draw from (default: torch's global RNG for ``device``).
         device: device of the result.
         dtype: dtype of the result (1 for chosen, 0 otherwise).
+        backend: ``"auto"`` (default), ``"c"`` or ``"torch"``; see :data:`BACKENDS`.
 
     Returns:
         Tensor [R, N] with exactly k ones in every row.
     """
-    if not 0 <= k <= n:
-        raise ValueError(f"subset size k={k} must be in [0, {n}]")
-    keys = torch.rand(rows, n, generator=generator, device=device)
-    idx = keys.topk(k, dim=1, sorted=False).indices
-    mask = torch.zeros(rows, n, device=device, dtype=dtype)
-    return mask.scatter_(1, idx, 1.0)
+    _check_k(n, k)
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if _use_kernel(backend, device):
+        kernel = _kernel()
+        mask = torch.empty(rows, n, dtype=torch.uint8)
+        d, invert = _small_side(n, k)
+        key = _draw_key(generator, device)
+        kernel.run_rows(rows, n, lambda r0, r1: kernel.sample(mask, r0, r1, n, d, invert, key))
+        return mask.to(dtype)
+    return _torch_subset_mask(rows, n, k, generator, device, dtype)
+
+
+def _small_side(n: int, k: int) -> tuple[int, bool]:
+    """Draw the smaller of the subset and its complement (cost grows with it)."""
+    return (k, False) if k <= n - k else (n - k, True)
+
+
+# All subsets of a small row as a table: one uniform index per row picks one exactly.
+_TABLE_LIMIT = 4096
+_tables: dict[tuple[int, int, str], Tensor] = {}
+
+
+def _subset_table(n: int, d: int, device: torch.device) -> Tensor:
+    key = (n, d, str(device))
+    table = _tables.get(key)
+    if table is None:
+        if d == 0:
+            table = torch.zeros(1, n)
+        else:
+            combos = torch.combinations(torch.arange(n), d).reshape(-1, d)
+            table = torch.zeros(combos.shape[0], n).scatter_(1, combos, 1.0)
+        table = table.to(device)
+        _tables[key] = table
+    return table
+
+
+def _torch_subset_mask(
+    rows: int,
+    n: int,
+    k: int,
+    generator: torch.Generator | None,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> Tensor:
+    d, invert = _small_side(n, k)
+    if math.comb(n, d) <= _TABLE_LIMIT:
+        table = _subset_table(n, d, device)
+        u = torch.rand(rows, generator=generator, device=device, dtype=torch.float64)
+        # floor(u * C) with a 53-bit u: each subset within C * 2**-53 of probability 1/C
+        idx = (u * table.shape[0]).long().clamp_(max=table.shape[0] - 1)
+        mask = F.embedding(idx, table)
+    else:
+        # the d smallest of i.i.d. float64 keys: a uniform d-subset (ties ~ n**2 * 2**-54)
+        keys = torch.rand(rows, n, generator=generator, device=device, dtype=torch.float64)
+        idx = keys.topk(d, dim=1, largest=False, sorted=False).indices
+        mask = torch.zeros(rows, n, device=device).scatter_(1, idx, 1.0)
+    if invert:
+        mask = 1.0 - mask
+    return mask.to(dtype)
 
 
 def _as_shape(normalized_shape: _ShapeLike) -> tuple[int, ...]:
@@ -133,6 +208,7 @@ def mc_layer_norm(
     *,
     mask: Tensor | None = None,
     generator: torch.Generator | None = None,
+    backend: str | None = None,
 ) -> Tensor:
     """Functional MC-LayerNorm (the training-mode computation; see the module docstring).
 
@@ -146,9 +222,11 @@ def mc_layer_norm(
         mask: optional [R, N] 0/1 mask (R = number of rows), used instead of drawing one (for
             tests and custom samplers); each row's statistics are over its ones.
         generator: torch generator for the subset draw.
+        backend: ``"auto"`` (default), ``"c"`` or ``"torch"``; see :data:`BACKENDS`.
 
     Returns:
-        Tensor of the input's shape and dtype (statistics computed in float32 or wider).
+        Tensor of the input's shape and dtype (statistics in float32, or float64 for float64
+        input).
     """
     shape = _as_shape(normalized_shape)
     n = math.prod(shape)
@@ -158,31 +236,377 @@ def mc_layer_norm(
         )
     x = input.reshape(-1, n)
     rows = x.shape[0]
-    k: int | Tensor
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     if mask is None:
         k = mc_subset_size(n, fraction)
         if k == n:  # the full set: exactly LayerNorm, at LayerNorm's cost
             return F.layer_norm(input, shape, weight, bias, eps)
-        mask = sample_subset_mask(rows, n, k, generator=generator, device=x.device)
+        if rows > 0 and _use_kernel(backend, x.device):
+            with torch.autocast(x.device.type, enabled=False):
+                key = _draw_key(generator, x.device)
+                w = weight.reshape(n).to(compute) if weight is not None else None
+                b = bias.reshape(n).to(compute) if bias is not None else None
+                y = _KernelMCLayerNorm.apply(x.to(compute).contiguous(), w, b, k, eps, key)
+            return y.reshape(input.shape).to(input.dtype)
+        mask = _torch_subset_mask(rows, n, k, generator, x.device, compute)
+        counts: int | Tensor = k
     else:
         if tuple(mask.shape) != (rows, n):
             raise ValueError(f"mask must have shape [{rows}, {n}], got {list(mask.shape)}")
-        k = mask  # replaced by the per-row counts below
-    compute = torch.promote_types(x.dtype, torch.float32)
+        mask = mask.to(device=x.device, dtype=compute)
+        counts = mask.sum(dim=1, keepdim=True)
     with torch.autocast(x.device.type, enabled=False):
         xf = x.to(compute)
-        m = mask.to(compute)
-        if not isinstance(k, int):
-            k = m.sum(dim=1, keepdim=True)
-        mu = (xf * m).sum(dim=1, keepdim=True) / k
+        mu = (xf * mask).sum(dim=1, keepdim=True) / counts
         xc = xf - mu
-        var = (xc * xc * m).sum(dim=1, keepdim=True) / k
+        var = (xc * xc * mask).sum(dim=1, keepdim=True) / counts
         y = (xc * torch.rsqrt(var + eps)).reshape(input.shape)
         if weight is not None:
             y = y * weight.to(compute)
         if bias is not None:
             y = y + bias.to(compute)
     return y.to(input.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fused CPU kernel: plain C (no torch headers), compiled once per machine in about a second
+# and loaded with ctypes. Per row: Floyd's algorithm draws a uniform d-subset (d = the smaller
+# of k and N-k) with exact bounded integers (Lemire's method) from a wyrand stream keyed by one
+# torch draw and the row index; then the subset statistics and the output in two passes over
+# the row. The backward recomputes x_hat from the saved mean/rstd and the uint8 mask.
+
+BACKENDS = ("auto", "c", "torch")
+"""``auto``: the C kernel for CPU tensors when it builds, else ``torch``. ``c``: the kernel
+(an error if it cannot be built). ``torch``: pure torch ops (any device; the subset from a
+table of all subsets when ``C(N, d) <= 4096``, else the d smallest of i.i.d. float64 keys).
+The environment variable ``CTRCAL_MCLN_BACKEND`` sets the default."""
+
+_C_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+/* wyrand: 64 random bits per 64x64->128 multiply */
+static inline uint64_t next64(uint64_t *s) {
+    *s += 0xa0761d6478bd642fULL;
+    __uint128_t t = (__uint128_t)*s * (*s ^ 0xe7037ed1a0b428dbULL);
+    return (uint64_t)(t >> 64) ^ (uint64_t)t;
+}
+/* exactly uniform integer in [0, n) from 32 random bits, redrawing the biased sliver */
+static inline uint32_t bounded(uint32_t u, uint32_t n, uint64_t *s) {
+    uint64_t m = (uint64_t)u * n;
+    uint32_t l = (uint32_t)m;
+    if (l < n) {
+        uint32_t t = (uint32_t)(0u - n) % n;
+        while (l < t) { m = (uint64_t)(uint32_t)next64(s) * n; l = (uint32_t)m; }
+    }
+    return (uint32_t)(m >> 32);
+}
+/* Floyd's algorithm: a uniform d-subset of [0, n) per row; invert marks its complement */
+void mcln_sample(uint8_t *m, int64_t r0, int64_t r1, int64_t n, int64_t d, int invert,
+                 uint64_t key) {
+    for (int64_t r = r0; r < r1; ++r) {
+        uint8_t *mr = m + r * n;
+        uint64_t s = mix64(key ^ mix64((uint64_t)r + 0x632BE59BD9B4E019ULL));
+        memset(mr, 0, (size_t)n);
+        int64_t j = n - d;
+        for (; j + 1 < n; j += 2) {
+            uint64_t u = next64(&s);
+            int64_t t = bounded((uint32_t)u, (uint32_t)(j + 1), &s);
+            mr[mr[t] ? j : t] = 1;
+            t = bounded((uint32_t)(u >> 32), (uint32_t)(j + 2), &s);
+            mr[mr[t] ? j + 1 : t] = 1;
+        }
+        if (j < n) {
+            int64_t t = bounded((uint32_t)next64(&s), (uint32_t)(j + 1), &s);
+            mr[mr[t] ? j : t] = 1;
+        }
+        if (invert) for (int64_t i = 0; i < n; ++i) mr[i] ^= 1;
+    }
+}
+#define DEFINE(T, SUF)                                                                       \
+void mcln_fwd_##SUF(const T *x, const T *w, const T *b, T *y, uint8_t *m, T *mean, T *rstd, \
+                    int64_t r0, int64_t r1, int64_t n, int64_t k, int64_t d, int invert,      \
+                    double eps, uint64_t key) {                                               \
+    mcln_sample(m, r0, r1, n, d, invert, key);                                                \
+    for (int64_t r = r0; r < r1; ++r) {                                                       \
+        const T *xr = x + r * n; T *yr = y + r * n; const uint8_t *mr = m + r * n;          \
+        T s = 0, v = 0;                                                                       \
+        _Pragma("omp simd reduction(+:s)")                                                    \
+        for (int64_t i = 0; i < n; ++i) s += xr[i] * (T)mr[i];                                \
+        T mu = s / (T)k;                                                                      \
+        _Pragma("omp simd reduction(+:v)")                                                    \
+        for (int64_t i = 0; i < n; ++i) { T c = (xr[i] - mu) * (T)mr[i]; v += c * c; }       \
+        T rs = (T)(1.0 / sqrt((double)v / (double)k + eps));                                  \
+        mean[r] = mu; rstd[r] = rs;                                                           \
+        if (w && b) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                    \
+            yr[i] = (xr[i] - mu) * rs * w[i] + b[i]; }                                        \
+        else if (w) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                    \
+            yr[i] = (xr[i] - mu) * rs * w[i]; }                                               \
+        else if (b) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                    \
+            yr[i] = (xr[i] - mu) * rs + b[i]; }                                               \
+        else { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                           \
+            yr[i] = (xr[i] - mu) * rs; }                                                      \
+    }                                                                                         \
+}                                                                                             \
+void mcln_bwd_##SUF(const T *dy, const T *x, const T *w, const uint8_t *m, const T *mean,    \
+                    const T *rstd, T *dx, T *dw, T *db, int64_t r0, int64_t r1, int64_t n,    \
+                    int64_t k) {                                                              \
+    for (int64_t r = r0; r < r1; ++r) {                                                       \
+        const T *dyr = dy + r * n, *xr = x + r * n; T *dxr = dx + r * n;                      \
+        const uint8_t *mr = m + r * n;                                                        \
+        T mu = mean[r], rs = rstd[r], A = 0, B = 0;                                           \
+        if (w) {                                                                              \
+            _Pragma("omp simd reduction(+:A,B)")                                              \
+            for (int64_t i = 0; i < n; ++i) {                                                 \
+                T xh = (xr[i] - mu) * rs, g = dyr[i] * w[i];                                  \
+                A += g; B += g * xh; dw[i] += dyr[i] * xh; db[i] += dyr[i];                   \
+            }                                                                                 \
+        } else {                                                                              \
+            _Pragma("omp simd reduction(+:A,B)")                                              \
+            for (int64_t i = 0; i < n; ++i) {                                                 \
+                T xh = (xr[i] - mu) * rs, g = dyr[i];                                         \
+                A += g; B += g * xh; db[i] += dyr[i];                                         \
+            }                                                                                 \
+        }                                                                                     \
+        T a = A / (T)k, c = B / (T)k;                                                         \
+        if (w) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                         \
+            dxr[i] = rs * (dyr[i] * w[i] - (T)mr[i] * (a + c * (xr[i] - mu) * rs)); }        \
+        else { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                           \
+            dxr[i] = rs * (dyr[i] - (T)mr[i] * (a + c * (xr[i] - mu) * rs)); }               \
+    }                                                                                         \
+}
+DEFINE(float, f32)
+DEFINE(double, f64)
+"""
+
+_CFLAGS = ["-O3", "-fopenmp-simd", "-shared", "-fPIC"]
+_MIN_CHUNK_ELEMENTS = 1 << 16  # rows per thread chunk: at least this many elements
+
+
+class _CKernel:
+    """The compiled kernel and a thread pool over row chunks (ctypes releases the GIL)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+        lib.mcln_sample.argtypes = [ptr, i64, i64, i64, i64, ctypes.c_int, ctypes.c_uint64]
+        for suffix in ("f32", "f64"):
+            getattr(lib, f"mcln_fwd_{suffix}").argtypes = (
+                [ptr] * 7
+                + [i64] * 5
+                + [
+                    ctypes.c_int,
+                    ctypes.c_double,
+                    ctypes.c_uint64,
+                ]
+            )
+            getattr(lib, f"mcln_bwd_{suffix}").argtypes = [ptr] * 9 + [i64] * 4
+        self.lib = lib
+        self._pool: ThreadPoolExecutor | None = None
+
+    @staticmethod
+    def _p(t: Tensor | None) -> int | None:
+        return None if t is None else t.data_ptr()
+
+    def chunks(self, rows: int, n: int) -> list[tuple[int, int]]:
+        threads = max(1, torch.get_num_threads())
+        per = max(-(-rows // threads), -(-_MIN_CHUNK_ELEMENTS // max(n, 1)))
+        return [(r, min(rows, r + per)) for r in range(0, rows, per)]
+
+    def run(self, parts: list[tuple[int, ...]], fn: Callable[..., None]) -> None:
+        if len(parts) <= 1:
+            for part in parts:
+                fn(*part)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2)
+        for future in [self._pool.submit(fn, *part) for part in parts]:
+            future.result()
+
+    def run_rows(self, rows: int, n: int, fn: Callable[[int, int], None]) -> None:
+        self.run(self.chunks(rows, n), fn)
+
+    def sample(self, mask: Tensor, r0: int, r1: int, n: int, d: int, inv: bool, key: int) -> None:
+        self.lib.mcln_sample(mask.data_ptr(), r0, r1, n, d, int(inv), key)
+
+    def forward(
+        self, x: Tensor, w: Tensor | None, b: Tensor | None, k: int, eps: float, key: int
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        rows, n = x.shape
+        y = torch.empty_like(x)
+        mask = torch.empty(rows, n, dtype=torch.uint8)
+        mean = torch.empty(rows, dtype=x.dtype)
+        rstd = torch.empty(rows, dtype=x.dtype)
+        d, invert = _small_side(n, k)
+        fn = self.lib.mcln_fwd_f64 if x.dtype == torch.float64 else self.lib.mcln_fwd_f32
+        p = self._p
+        args = (p(x), p(w), p(b), p(y), p(mask), p(mean), p(rstd))
+        self.run_rows(rows, n, lambda r0, r1: fn(*args, r0, r1, n, k, d, int(invert), eps, key))
+        return y, mask, mean, rstd
+
+    def backward(
+        self,
+        dy: Tensor,
+        x: Tensor,
+        w: Tensor | None,
+        mask: Tensor,
+        mean: Tensor,
+        rstd: Tensor,
+        k: int,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        rows, n = x.shape
+        parts = self.chunks(rows, n)
+        dx = torch.empty_like(x)
+        # per-chunk partial sums of dweight / dbias, added up afterwards
+        dw = torch.zeros(max(len(parts), 1), n, dtype=x.dtype)
+        db = torch.zeros(max(len(parts), 1), n, dtype=x.dtype)
+        fn = self.lib.mcln_bwd_f64 if x.dtype == torch.float64 else self.lib.mcln_bwd_f32
+        p = self._p
+        head = (p(dy), p(x), p(w), p(mask), p(mean), p(rstd), p(dx))
+        self.run(
+            [(i, r0, r1) for i, (r0, r1) in enumerate(parts)],
+            lambda i, r0, r1: fn(
+                *head, p(dw[i]) if w is not None else None, p(db[i]), r0, r1, n, k
+            ),
+        )
+        return dx, dw.sum(0), db.sum(0)
+
+
+_kernel_state: dict[str, Any] = {}
+_kernel_lock = threading.Lock()
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("CTRCAL_CACHE_DIR") or os.environ.get("XDG_CACHE_HOME")
+    base = Path(root) / "ctrcal" if root else Path.home() / ".cache" / "ctrcal"
+    return base / "kernels"
+
+
+def _build_kernel() -> _CKernel:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        raise RuntimeError("no C compiler found (set CC)")
+    tag = hashlib.sha256("\0".join([_C_SOURCE, cc, *_CFLAGS]).encode()).hexdigest()[:16]
+    name = f"mcln_{platform.system()}_{platform.machine()}_{tag}.so".lower()
+    for folder in (_cache_dir(), Path(tempfile.gettempdir()) / "ctrcal-kernels"):
+        target = folder / name
+        if not target.exists():
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                with tempfile.TemporaryDirectory(dir=folder) as tmp:
+                    src = Path(tmp) / "mcln.c"
+                    src.write_text(_C_SOURCE)
+                    out = Path(tmp) / name
+                    proc = subprocess.run(
+                        [cc, *_CFLAGS, "-o", str(out), str(src), "-lm"],
+                        capture_output=True,
+                        text=True,
+                        timeout=120,
+                    )
+                    if proc.returncode != 0:
+                        raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
+                    os.replace(out, target)  # atomic: concurrent builders agree on the result
+            except OSError:
+                continue  # unwritable cache: try the next folder
+        return _CKernel(ctypes.CDLL(str(target)))
+    raise RuntimeError(f"cannot write the compiled kernel to {_cache_dir()} or the temp dir")
+
+
+def _kernel() -> _CKernel:
+    """The loaded C kernel, built on first use. Raises RuntimeError when it cannot be built."""
+    with _kernel_lock:
+        if "kernel" not in _kernel_state:
+            try:
+                _kernel_state["kernel"] = _build_kernel()
+            except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                _kernel_state["kernel"] = None
+                _kernel_state["error"] = str(exc)
+        kernel = _kernel_state["kernel"]
+    if kernel is None:
+        raise RuntimeError(f"MC-LayerNorm C kernel unavailable: {_kernel_state['error']}")
+    return kernel
+
+
+def kernel_available() -> bool:
+    """Whether the fused C kernel for CPU builds and loads here (builds it on first call)."""
+    try:
+        _kernel()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _resolve_backend(backend: str | None) -> str:
+    choice = backend or os.environ.get("CTRCAL_MCLN_BACKEND") or "auto"
+    choice = choice.strip().lower()
+    if choice not in BACKENDS:
+        raise ConfigError(
+            f"MC-LayerNorm backend must be one of {', '.join(BACKENDS)}, got {choice!r}"
+        )
+    return choice
+
+
+def _use_kernel(backend: str | None, device: torch.device) -> bool:
+    choice = _resolve_backend(backend)
+    if choice == "torch":
+        return False
+    if choice == "c":
+        if device.type != "cpu":
+            raise ValueError(f"the 'c' MC-LayerNorm backend runs on CPU tensors, got {device}")
+        _kernel()  # raises with the build error
+        return True
+    if device.type != "cpu" or torch.compiler.is_compiling():
+        return False  # graphs being compiled get the traceable torch ops
+    if not kernel_available():
+        if not _kernel_state.get("warned"):
+            _kernel_state["warned"] = True
+            warnings.warn(
+                f"{_kernel_state.get('error')}; MC-LayerNorm uses the slower pure-torch path",
+                stacklevel=4,
+            )
+        return False
+    return True
+
+
+def _draw_key(generator: torch.Generator | None, device: torch.device) -> int:
+    """One 63-bit draw from torch's RNG (or ``generator``) keying every row's stream."""
+    gen_device = generator.device if generator is not None else device
+    key = torch.randint(0, 2**63 - 1, (1,), generator=generator, device=gen_device)
+    return int(key.item())
+
+
+class _KernelMCLayerNorm(torch.autograd.Function):
+    """Autograd wrapper of the C kernel on x [R, N] (float32/float64, contiguous)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, k, eps, key):  # type: ignore[override]
+        kernel = _kernel()
+        w = weight.contiguous() if weight is not None else None
+        b = bias.contiguous() if bias is not None else None
+        y, mask, mean, rstd = kernel.forward(x, w, b, k, eps, key)
+        ctx.save_for_backward(x, w, mask, mean, rstd)
+        ctx.k = k
+        ctx.has_bias = b is not None
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):  # type: ignore[override]
+        x, w, mask, mean, rstd = ctx.saved_tensors
+        dx, dw, db = _kernel().backward(dy.contiguous(), x, w, mask, mean, rstd, ctx.k)
+        return (
+            dx,
+            dw if w is not None else None,
+            db if ctx.has_bias else None,
+            None,
+            None,
+            None,
+        )
 
 
 class MCLayerNorm(nn.LayerNorm):
@@ -212,6 +636,8 @@ class MCLayerNorm(nn.LayerNorm):
         dtype: parameter dtype.
         fraction: the paper's f, ``0 < f <= 1`` (keyword only).
         generator: optional torch generator for the subset draws (keyword only).
+        backend: ``"auto"``, ``"c"`` or ``"torch"`` (keyword only; None reads
+            ``CTRCAL_MCLN_BACKEND``, default auto); see :data:`BACKENDS`.
 
     Shape:
         input [..., *normalized_shape] -> output of the same shape and dtype.
@@ -231,12 +657,16 @@ class MCLayerNorm(nn.LayerNorm):
         *,
         fraction: float = 0.8,
         generator: torch.Generator | None = None,
+        backend: str | None = None,
     ) -> None:
         super().__init__(
             normalized_shape, eps, elementwise_affine, bias, device=device, dtype=dtype
         )
         self.fraction = fraction
         self.subset_size = mc_subset_size(math.prod(self.normalized_shape), fraction)
+        if backend is not None:
+            _resolve_backend(backend)
+        self.backend = backend
         self.generator = generator
         self.mc_sampling = False
 
@@ -256,6 +686,7 @@ class MCLayerNorm(nn.LayerNorm):
             self.eps,
             self.fraction,
             generator=self.generator,
+            backend=self.backend,
         )
 
     def extra_repr(self) -> str:

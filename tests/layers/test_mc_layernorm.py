@@ -11,14 +11,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrcal.errors import ConfigError
+from ctrcal.layers import mc_layernorm
 from ctrcal.layers.mc_layernorm import (
     MCLayerNorm,
+    kernel_available,
     mc_layer_norm,
     mc_mode,
     mc_predict,
     mc_subset_size,
     sample_subset_mask,
 )
+
+
+@pytest.fixture(params=["c", "torch"])
+def backend(request):
+    """Every statistical test runs on both the fused C kernel and the pure-torch path."""
+    if request.param == "c" and not kernel_available():
+        pytest.skip("no C compiler: the MC-LayerNorm C kernel cannot be built here")
+    return request.param
+
 
 # ---------------------------------------------------------------------------------------------
 # subset size
@@ -70,9 +81,9 @@ def test_subset_size_too_small_names_n_and_f():
 
 
 @pytest.mark.parametrize(("n", "k"), [(5, 2), (10, 3), (400, 320), (400, 200), (624, 499), (9, 9)])
-def test_sampler_exact_k_per_row(n, k):
+def test_sampler_exact_k_per_row(n, k, backend):
     torch.manual_seed(0)
-    mask = sample_subset_mask(3000, n, k)
+    mask = sample_subset_mask(3000, n, k, backend=backend)
     assert mask.shape == (3000, n)
     assert set(mask.unique().tolist()) <= {0.0, 1.0}
     assert (mask.sum(1) == k).all()
@@ -83,10 +94,11 @@ def _chi2_threshold(df: int, z: float = 5.0) -> float:
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
-def test_sampler_uniform_over_all_subsets():
+@pytest.mark.parametrize(("n", "k"), [(6, 3), (6, 4)])
+def test_sampler_uniform_over_all_subsets(n, k, backend):
     torch.manual_seed(1)
-    n, k, rows = 6, 3, 40_000
-    mask = sample_subset_mask(rows, n, k)
+    rows = 40_000
+    mask = sample_subset_mask(rows, n, k, backend=backend)
     code = (mask * (2 ** torch.arange(n))).sum(1).long()
     counts = torch.bincount(code, minlength=2**n).double()
     counts = counts[counts > 0]
@@ -96,11 +108,11 @@ def test_sampler_uniform_over_all_subsets():
     assert chi2 < _chi2_threshold(math.comb(n, k) - 1)
 
 
-def test_sampler_rows_independent():
+def test_sampler_rows_independent(backend):
     # joint distribution of the subsets of two rows of the same draw: uniform on all pairs
     torch.manual_seed(2)
     n, k, rows = 5, 2, 60_000
-    mask = sample_subset_mask(rows, n, k)
+    mask = sample_subset_mask(rows, n, k, backend=backend)
     code = (mask * (2 ** torch.arange(n))).sum(1).long()
     ids = torch.unique(code, return_inverse=True)[1]
     c = math.comb(n, k)
@@ -111,7 +123,7 @@ def test_sampler_rows_independent():
     assert chi2 < _chi2_threshold(c * c - 1)
     # wide rows: overlap of neighbouring rows is hypergeometric (mean k^2/n), no duplicates
     n, k, rows = 400, 320, 4000
-    mask = sample_subset_mask(rows, n, k, dtype=torch.float64)
+    mask = sample_subset_mask(rows, n, k, dtype=torch.float64, backend=backend)
     overlap = (mask[0::2] * mask[1::2]).sum(1)
     mean = k * k / n
     var = k * (k / n) * ((n - k) / n) * ((n - k) / (n - 1))
@@ -121,27 +133,28 @@ def test_sampler_rows_independent():
     assert (overlap < k).all()
 
 
-def test_sampler_generator_reproducible():
+def test_sampler_generator_reproducible(backend):
     g1 = torch.Generator().manual_seed(123)
     g2 = torch.Generator().manual_seed(123)
-    a = sample_subset_mask(64, 50, 20, generator=g1)
-    b = sample_subset_mask(64, 50, 20, generator=g2)
+    a = sample_subset_mask(64, 50, 20, generator=g1, backend=backend)
+    b = sample_subset_mask(64, 50, 20, generator=g2, backend=backend)
     assert torch.equal(a, b)
-    assert not torch.equal(a, sample_subset_mask(64, 50, 20, generator=g1))
+    assert not torch.equal(a, sample_subset_mask(64, 50, 20, generator=g1, backend=backend))
 
 
 # ---------------------------------------------------------------------------------------------
 # the layer in training mode
 
 
-def test_layer_uses_exactly_k_per_row():
+def test_layer_uses_exactly_k_per_row(backend):
     # A single spike at position j: if j is in the row's subset S, every other output equals
     # -1/sqrt(k-1) (subset mean 1/k, subset variance (k-1)/k^2); otherwise they are 0. So the
     # outputs reveal k for each row, and the share of rows with j in S estimates k/N.
     torch.manual_seed(3)
     n, f, rows = 50, 0.3, 4000
     # a tiny eps keeps rows without j (zero subset variance) finite: their outputs are 0
-    layer = MCLayerNorm(n, eps=1e-200, elementwise_affine=False, fraction=f).double().train()
+    layer = MCLayerNorm(n, eps=1e-200, elementwise_affine=False, fraction=f, backend=backend)
+    layer = layer.double().train()
     k = layer.subset_size
     assert k == 15
     x = torch.zeros(rows, n, dtype=torch.float64)
@@ -157,12 +170,13 @@ def test_layer_uses_exactly_k_per_row():
     assert abs(share - k / n) < 5 * se
 
 
-def test_subset_mean_variance_matches_theory():
+def test_subset_mean_variance_matches_theory(backend):
     # Var(subset mean) = sigma^2 (N-k) / (k (N-1)) for a uniform k-subset without replacement.
     torch.manual_seed(4)
     n, f, rows = 40, 0.25, 20_000
     base = torch.randn(n, dtype=torch.float64) * 2 + 1
-    layer = MCLayerNorm(n, eps=0.0, elementwise_affine=False, fraction=f).double().train()
+    layer = MCLayerNorm(n, eps=0.0, elementwise_affine=False, fraction=f, backend=backend)
+    layer = layer.double().train()
     k = layer.subset_size
     with torch.no_grad():
         y = layer(base.expand(rows, n))
@@ -211,9 +225,9 @@ def test_masked_matches_reference_on_subset():
     torch.testing.assert_close(out, (x - mu) / torch.sqrt(var + 1e-5) * w + b)
 
 
-def test_training_is_stochastic_and_per_row():
+def test_training_is_stochastic_and_per_row(backend):
     torch.manual_seed(7)
-    layer = MCLayerNorm(30, fraction=0.5).train()
+    layer = MCLayerNorm(30, fraction=0.5, backend=backend).train()
     x = torch.randn(1, 30).expand(64, 30)
     y = layer(x)
     # identical input rows get different subsets
@@ -263,7 +277,7 @@ def test_mc_mode_samples_at_eval_and_restores():
 # gradients, shapes, dtypes, state dict, reproducibility
 
 
-def test_gradcheck_float64():
+def test_gradcheck_float64(backend):
     torch.manual_seed(10)
     x = torch.randn(6, 9, dtype=torch.float64, requires_grad=True)
     w = torch.randn(9, dtype=torch.float64, requires_grad=True)
@@ -275,7 +289,7 @@ def test_gradcheck_float64():
 
     def seeded(x, w, b):
         g = torch.Generator().manual_seed(0)
-        return mc_layer_norm(x, 9, w, b, 1e-5, fraction=0.5, generator=g)
+        return mc_layer_norm(x, 9, w, b, 1e-5, fraction=0.5, generator=g, backend=backend)
 
     assert torch.autograd.gradcheck(seeded, (x, w, b))
 
@@ -284,8 +298,8 @@ def test_gradcheck_float64():
     ("shape", "normalized"),
     [((4, 20), 20), ((4, 5, 8), 8), ((4, 5, 8), (5, 8)), ((2, 3, 4, 6), (4, 6))],
 )
-def test_shapes(shape, normalized):
-    layer = MCLayerNorm(normalized, fraction=0.5).train()
+def test_shapes(shape, normalized, backend):
+    layer = MCLayerNorm(normalized, fraction=0.5, backend=backend).train()
     x = torch.randn(shape, requires_grad=True)
     y = layer(x)
     assert y.shape == x.shape
@@ -296,7 +310,7 @@ def test_shapes(shape, normalized):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_low_precision_under_autocast(dtype):
+def test_low_precision_under_autocast(dtype, backend):
     torch.manual_seed(11)
     model = nn.Sequential(nn.Linear(12, 24), MCLayerNorm(24, fraction=1.0)).train()
     x = torch.randn(8, 12)
@@ -306,14 +320,14 @@ def test_low_precision_under_autocast(dtype):
         ref = F.layer_norm(ref_lin, (24,), model[1].weight, model[1].bias, model[1].eps)
     assert y.dtype == ref.dtype
     torch.testing.assert_close(y.float(), ref.float(), atol=2e-2, rtol=2e-2)
-    model[1] = MCLayerNorm(24, fraction=0.5).train()
+    model[1] = MCLayerNorm(24, fraction=0.5, backend=backend).train()
     with torch.autocast("cpu", dtype=dtype):
         y = model(x)
     assert torch.isfinite(y.float()).all()
     y.float().sum().backward()
     assert torch.isfinite(model[0].weight.grad).all()
     # half input without autocast keeps its dtype
-    out = MCLayerNorm(24, fraction=0.5).train()(torch.randn(4, 24).to(dtype))
+    out = MCLayerNorm(24, fraction=0.5, backend=backend).train()(torch.randn(4, 24).to(dtype))
     assert out.dtype == dtype and torch.isfinite(out.float()).all()
 
 
@@ -338,8 +352,8 @@ def test_state_dict_round_trip_with_layernorm():
         )
 
 
-def test_manual_seed_and_generator_reproducible():
-    layer = MCLayerNorm(40, fraction=0.5).train()
+def test_manual_seed_and_generator_reproducible(backend):
+    layer = MCLayerNorm(40, fraction=0.5, backend=backend).train()
     x = torch.randn(16, 40)
     torch.manual_seed(12)
     a = layer(x)
@@ -347,7 +361,7 @@ def test_manual_seed_and_generator_reproducible():
     b = layer(x)
     assert torch.equal(a, b)
     g = torch.Generator().manual_seed(5)
-    layer_g = MCLayerNorm(40, fraction=0.5, generator=g).train()
+    layer_g = MCLayerNorm(40, fraction=0.5, generator=g, backend=backend).train()
     c = layer_g(x)
     g.manual_seed(5)
     assert torch.equal(layer_g(x), c)
@@ -355,6 +369,87 @@ def test_manual_seed_and_generator_reproducible():
 
 def test_repr_mentions_fraction_and_k():
     assert "fraction=0.8, k=320" in repr(MCLayerNorm(400))
+
+
+# ---------------------------------------------------------------------------------------------
+# the C kernel against the torch formula
+
+
+@pytest.mark.parametrize("affine", [(True, True), (True, False), (False, False)])
+@pytest.mark.parametrize(("n", "f"), [(37, 0.8), (16, 0.3), (50, 0.5)])
+def test_kernel_matches_masked_formula_and_gradients(affine, n, f):
+    if not kernel_available():
+        pytest.skip("no C compiler: the MC-LayerNorm C kernel cannot be built here")
+    torch.manual_seed(15)
+    rows = 300
+    k = mc_subset_size(n, f)
+    x = torch.randn(rows, n, dtype=torch.float64) * 3 + 2
+    w = torch.randn(n, dtype=torch.float64) if affine[0] else None
+    b = torch.randn(n, dtype=torch.float64) if affine[1] else None
+    # the same generator state gives the kernel's forward and its sampler the same subsets
+    mask = sample_subset_mask(
+        rows, n, k, generator=torch.Generator().manual_seed(3), dtype=torch.float64, backend="c"
+    )
+    leaves = [t.requires_grad_() for t in (x, w, b) if t is not None]
+    out = mc_layer_norm(
+        x, n, w, b, 1e-5, f, generator=torch.Generator().manual_seed(3), backend="c"
+    )
+    ref = mc_layer_norm(x, n, w, b, 1e-5, mask=mask)
+    torch.testing.assert_close(out, ref)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, g)
+    ref_grads = torch.autograd.grad(ref, leaves, g)
+    for a, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, r)
+    # float32 agrees with float64 to float32 precision
+    out32 = mc_layer_norm(
+        x.float(),
+        n,
+        None if w is None else w.float(),
+        None if b is None else b.float(),
+        1e-5,
+        f,
+        generator=torch.Generator().manual_seed(3),
+        backend="c",
+    )
+    torch.testing.assert_close(out32.double(), ref, atol=1e-4, rtol=1e-4)
+
+
+def test_kernel_result_independent_of_thread_count():
+    if not kernel_available():
+        pytest.skip("no C compiler: the MC-LayerNorm C kernel cannot be built here")
+    x = torch.randn(3000, 64, requires_grad=True)
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            y = mc_layer_norm(x, 64, generator=torch.Generator().manual_seed(1), backend="c")
+            (gx,) = torch.autograd.grad(y.square().sum(), x)
+            outs.append((y, gx))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0][0], outs[1][0])
+    torch.testing.assert_close(outs[0][1], outs[1][1])
+
+
+def test_backend_validation_and_fallback(monkeypatch):
+    with pytest.raises(ConfigError, match="backend"):
+        MCLayerNorm(8, backend="cuda")
+    with pytest.raises(ConfigError, match="backend"):
+        mc_layer_norm(torch.randn(2, 8), 8, backend="fast")
+    monkeypatch.setenv("CTRCAL_MCLN_BACKEND", "torch")
+    assert not mc_layernorm._use_kernel(None, torch.device("cpu"))
+    monkeypatch.delenv("CTRCAL_MCLN_BACKEND")
+    # a kernel that cannot be built: auto warns once and falls back, "c" raises
+    monkeypatch.setitem(mc_layernorm._kernel_state, "kernel", None)
+    monkeypatch.setitem(mc_layernorm._kernel_state, "error", "no C compiler found")
+    monkeypatch.setitem(mc_layernorm._kernel_state, "warned", False)
+    with pytest.warns(UserWarning, match="pure-torch"):
+        y = MCLayerNorm(8, fraction=0.5).train()(torch.randn(4, 8))
+    assert y.shape == (4, 8)
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        mc_layer_norm(torch.randn(2, 8), 8, backend="c")
 
 
 # ---------------------------------------------------------------------------------------------
