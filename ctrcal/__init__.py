@@ -31,6 +31,11 @@ _EXPORTS = {
     # models
     "MaskNet": "ctrcal.models.masknet",
     "MaskBlock": "ctrcal.layers.mask_block",
+    "FeatureEmbedding": "ctrcal.layers.embedding",
+    "build_model": "ctrcal.models.masknet",
+    # training and prediction (the loop itself is ctrcal.train.trainer.train)
+    "load_run": "ctrcal.train.trainer",
+    "predict_logits": "ctrcal.train.predict",
     # data
     "Batch": "ctrcal.data.loader",
     "FeaturePipeline": "ctrcal.data.features",

@@ -100,6 +100,8 @@ class TrainResult:
         test: metrics of the best weights on the test split (None without one).
         train_rows_per_s: mean training throughput over the epochs of this process.
         history: one dict per epoch (the lines of ``metrics.jsonl``).
+        oracle: for synthetic data, the metrics of the true click probabilities on the test
+            split (the best any model can do); None otherwise.
         model: the trained model with the best weights, on the training device.
     """
 
@@ -111,6 +113,7 @@ class TrainResult:
     test: dict[str, float] | None
     train_rows_per_s: float
     history: list[dict[str, Any]] = field(default_factory=list)
+    oracle: dict[str, float] | None = None
     model: nn.Module | None = field(default=None, repr=False, compare=False)
 
     def describe(self) -> str:
@@ -126,6 +129,11 @@ class TrainResult:
             lines.append(
                 f"test:  AUC {self.test['auc']:.4f}  logloss {self.test['logloss']:.4f}  "
                 f"ECE {self.test['ece']:.4f}"
+            )
+        if self.oracle:
+            lines.append(
+                f"oracle (true probabilities on test): AUC {self.oracle['auc']:.4f}  "
+                f"logloss {self.oracle['logloss']:.4f}"
             )
         return "\n".join(lines)
 
@@ -564,6 +572,7 @@ def _train(cfg: Config, data_dir: Path, run_dir: Path, resume: bool) -> TrainRes
         test=test,
         train_rows_per_s=float(np.mean(speeds)) if speeds else 0.0,
         history=history,
+        oracle=(getattr(feature_map, "extra", None) or {}).get("oracle", {}).get("test"),
         model=model,
     )
     write_json_atomic(run_dir / RESULT_FILE, result.to_json())

@@ -45,6 +45,7 @@ def test_tiny_run_learns_and_writes_its_run_directory(ln_run):
     run, res = ln_run
     assert res.valid["auc"] > 0.65 and res.test["auc"] > 0.65  # chance is 0.5
     assert res.best_epoch in (1, 2) and res.epochs_completed == 2
+    assert res.oracle["auc"] > res.test["auc"] - 0.02  # synthetic data: the true probabilities
     for name in ("config.yaml", "feature_map.json", "data.json", "metrics.jsonl",
                  "result.json", "checkpoints/best.pt", "checkpoints/last.pt"):  # fmt: skip
         assert (run / name).is_file(), name
