@@ -12,8 +12,9 @@ The work is three polars passes, with no Python loop over rows or values: (1) pa
 source into a typed frame (bad rows flagged, split assigned) -- kept in memory for inputs up to
 :data:`IN_MEMORY_BYTES`, streamed through a typed intermediate parquet beyond that, so memory
 stays bounded; (2) fit the :class:`~ctrcal.data.features.FeaturePipeline` on the train rows;
-(3) encode and write each split (streaming sinks). Everything is written into a temporary sibling directory that is renamed onto ``DIR``
-only when complete, so an interrupted run leaves nothing a later run trusts.
+(3) encode and write each split (streaming sinks). Everything is written into a temporary
+sibling directory that is renamed onto ``DIR`` only when complete, so an interrupted run leaves
+nothing a later run trusts.
 
 The ``source_hash`` in the feature map covers each source file's identity (resolved path, size,
 modification time), the layout, the split and the pipeline config; a later call with the same
