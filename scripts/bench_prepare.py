@@ -3,6 +3,7 @@
 Usage::
 
     python scripts/bench_prepare.py [--rows 1000000] [--repeat 2] [--workdir DIR] [--baseline]
+                                    [--stream]
 
 A synthetic dac file of ``--rows`` rows is generated once (kept in ``--workdir``), then
 ``ctrcal prepare`` runs on it in a fresh child process per repeat (``--force``-like: a new
@@ -28,7 +29,8 @@ from ctrcal.config import Config
 from ctrcal.data.prepare import prepare_dataset
 cfg = Config()
 start = time.perf_counter()
-res = prepare_dataset([sys.argv[1]], sys.argv[2], cfg, force=True)
+res = prepare_dataset([sys.argv[1]], sys.argv[2], cfg, force=True,
+                      in_memory_bytes=None if sys.argv[3] == "auto" else int(sys.argv[3]))
 secs = time.perf_counter() - start
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(f"{res.total_rows} {secs} {rss}")
@@ -78,6 +80,10 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "ctrcal-bench")
     ap.add_argument("--baseline", action="store_true", help="also time a pandas baseline")
+    ap.add_argument(
+        "--stream", action="store_true",
+        help="force the bounded-memory path (typed intermediate parquet) whatever the size",
+    )
     args = ap.parse_args()
 
     from ctrcal.data.synthetic import generate, prob_path
@@ -97,7 +103,7 @@ def main() -> int:
     best = None
     for r in range(args.repeat):
         out = args.workdir / f"prepared_{r}"
-        rows, secs, rss, phases = _run(CHILD, str(raw), str(out))
+        rows, secs, rss, phases = _run(CHILD, str(raw), str(out), "0" if args.stream else "auto")
         print(
             f"ctrcal prepare run {r + 1}: {rows:,} rows in {secs:.2f} s = "
             f"{rows / secs:,.0f} rows/s, peak RSS {rss:,.0f} MiB; phases (s): {phases}"

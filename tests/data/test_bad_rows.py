@@ -73,3 +73,17 @@ def test_all_rows_bad(tmp_path):
 def test_unlabelled_file_cannot_train(criteo_files, tmp_path):
     with pytest.raises(DataError, match="has no labels"):
         prepare_dataset([criteo_files["dac_test"]], tmp_path / "prep")
+
+
+def test_prepare_truncated_gzip_and_empty_leave_nothing(criteo_files, tmp_path):
+    data = criteo_files["dac_gz"].read_bytes()
+    cut = tmp_path / "day_1.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    for path, match in ((cut, "truncated gzip"), (empty, "empty file")):
+        out = tmp_path / f"out_{path.stem}"
+        with pytest.raises(DataError, match=match):
+            prepare_dataset([path], out)
+        assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["day_1.gz", "empty.txt"]
