@@ -70,7 +70,9 @@ from torch.autograd.function import once_differentiable
 from ctrcal.errors import ConfigError
 
 __all__ = [
+    "BACKENDS",
     "MCLayerNorm",
+    "kernel_available",
     "mc_layer_norm",
     "mc_mode",
     "mc_predict",

@@ -166,6 +166,17 @@ def test_batchnorm_over_last_dim_features():
         bn(torch.randn(3, 5))
 
 
+def test_batchnorm_over_tuple_width_and_state_dict():
+    bn = create_norm("batchnorm", (3, 4)).train()
+    x = torch.randn(64, 3, 4) * 3 + 2
+    flat = bn(x).reshape(64, 12)
+    torch.testing.assert_close(flat.mean(0), torch.zeros(12), atol=1e-5, rtol=0)
+    ref = nn.BatchNorm1d(12)
+    ref.load_state_dict(bn.state_dict())  # same names and shapes as BatchNorm1d
+    with pytest.raises(ValueError, match="expects input"):
+        bn(torch.randn(64, 12))
+
+
 def test_batchnorm_eval_uses_running_stats():
     bn = create_norm("batchnorm", 3)
     for _ in range(50):
