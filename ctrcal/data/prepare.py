@@ -385,7 +385,7 @@ def _prepare_into(
             return typed_frame(numbers).collect(engine="streaming").lazy()
         # larger than that: stream through a typed intermediate parquet, bounded memory
         typed_frame(numbers).sink_parquet(
-            typed_path, compression="uncompressed", engine="streaming"
+            typed_path, compression="lz4", engine="streaming"
         )
         return pl.scan_parquet(typed_path)
 
