@@ -199,3 +199,19 @@ def test_non_numeric_value_skipped_in_prepare(raw, tmp_path):
         res = prepare_dataset([bad], tmp_path / f"p{in_memory}", _cfg(min_count=2),
                               on_bad_row="skip", in_memory_bytes=in_memory)  # fmt: skip
         assert res.bad_rows == 1 and res.total_rows == 2_999
+
+
+def test_synthetic_from_config_reused_until_changed(tmp_path):
+    from ctrcal.data.prepare import prepare_config_dataset
+
+    cfg = _cfg(min_count=2)
+    cfg.data.synthetic.rows = 2_000
+    first = prepare_config_dataset(cfg, tmp_path / "p")
+    assert not first.reused and first.total_rows == 2_000
+    assert prepare_config_dataset(cfg, tmp_path / "p").reused
+    cfg.data.synthetic.seed = 1
+    assert not prepare_config_dataset(cfg, tmp_path / "p").reused
+    fm = FeatureMap.load(tmp_path / "p")
+    assert fm.extra["synthetic"]["seed"] == 1 and "oracle" in fm.extra
+    assert "true_prob" in pl.read_parquet_schema(tmp_path / "p" / "test" / "part-0.parquet")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]  # no generated raw file left
