@@ -32,8 +32,9 @@ subsets between rows):
   The random bits come from a per-row wyrand stream keyed by one draw from torch's RNG (so
   ``torch.manual_seed`` and ``generator`` reproduce the subsets) and the row index (so the
   result does not depend on the thread count). Statistics, output and backward are fused.
-  Cost grows with d: about 1.3-1.5x ``F.layer_norm`` forward+backward at f=0.8 on CPU
-  (``scripts/bench_norms.py``); f near 0.5 costs more. No double backward.
+  Cost grows with d: measured at 1.4-2.3x ``F.layer_norm`` forward+backward for f=0.8 and
+  N=16..624 on a busy 2-core CPU (``scripts/bench_norms.py``), about half of the extra time
+  being the draws; f near 0.5 costs more. No double backward (``once_differentiable``).
 * ``torch`` (any device; CPU fallback without a compiler): the subset is the d smallest of
   i.i.d. float64 uniform keys (``topk``; a tie, probability about N^2 * 2^-54 per row, is the
   only departure from uniform), or, when there are at most 4096 subsets of size d, a row of a
@@ -330,7 +331,9 @@ static inline uint32_t bounded(uint32_t u, uint32_t n, uint64_t *s) {
     }
     return (uint32_t)(m >> 32);
 }
-/* Floyd's algorithm: a uniform d-subset of [0, n) per row; invert marks its complement */
+/* Floyd's algorithm: a uniform d-subset of [0, n) per row; invert marks its complement.
+   Position t, or j when t is taken, selected without a branch (taken is a coin flip near
+   d = n/2, which a branch would mispredict). */
 void mcln_sample(uint8_t *m, int64_t r0, int64_t r1, int64_t n, int64_t d, int invert,
                  uint64_t key) {
     for (int64_t r = r0; r < r1; ++r) {
@@ -341,13 +344,13 @@ void mcln_sample(uint8_t *m, int64_t r0, int64_t r1, int64_t n, int64_t d, int i
         for (; j + 1 < n; j += 2) {
             uint64_t u = next64(&s);
             int64_t t = bounded((uint32_t)u, (uint32_t)(j + 1), &s);
-            mr[mr[t] ? j : t] = 1;
+            mr[t ^ ((t ^ j) & -(int64_t)mr[t])] = 1;
             t = bounded((uint32_t)(u >> 32), (uint32_t)(j + 2), &s);
-            mr[mr[t] ? j + 1 : t] = 1;
+            mr[t ^ ((t ^ (j + 1)) & -(int64_t)mr[t])] = 1;
         }
         if (j < n) {
             int64_t t = bounded((uint32_t)next64(&s), (uint32_t)(j + 1), &s);
-            mr[mr[t] ? j : t] = 1;
+            mr[t ^ ((t ^ j) & -(int64_t)mr[t])] = 1;
         }
         if (invert) for (int64_t i = 0; i < n; ++i) mr[i] ^= 1;
     }
