@@ -107,7 +107,9 @@ def cmd_shift_report(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     cfg = _load(args)
     out = args.out if args.out is not None else Path(cfg.out_dir)
-    paths = run_shift_report(cfg, out, args.data, seeds=args.seeds, progress=cfg.train.progress)
+    paths = run_shift_report(
+        cfg, out, args.data, seeds=args.seeds, progress=cfg.train.progress, source=str(args.config)
+    )
     print(finish_message(paths, time.perf_counter() - start))
     return 0
 
@@ -116,17 +118,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     import time
 
     from ctrcal.data.prepare import prepare_from_config
-    from ctrcal.eval.report import finish_message, run_shift_report
+    from ctrcal.eval.report import finish_message, plan_variants, run_shift_report
 
     start = time.perf_counter()
     cfg = _load(args)
     out = args.out if args.out is not None else Path(cfg.out_dir)
+    plan_variants(cfg, str(args.config))  # a bad report section fails before any work
     if cfg.data.prepared_dir:
         data_dir = Path(cfg.data.prepared_dir)
     else:
         print(f"preparing data into {out / 'data'}", file=sys.stderr, flush=True)
         data_dir = prepare_from_config(cfg, out / "data")
-    paths = run_shift_report(cfg, out, data_dir, progress=cfg.train.progress)
+    paths = run_shift_report(
+        cfg, out, data_dir, progress=cfg.train.progress, source=str(args.config)
+    )
     print(finish_message(paths, time.perf_counter() - start))
     return 0
 

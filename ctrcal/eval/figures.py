@@ -78,13 +78,17 @@ def plot_metrics_vs_intensity(
         raise ValueError("none of the requested metrics is in the summary")
     variants = list(variants) if variants is not None else list(dict.fromkeys(summary["variant"]))
     fig, axes = _figure(len(metrics))
+    levels = np.unique(100.0 * summary["intensity"].to_numpy(dtype=float))
+    gap = float(np.min(np.diff(levels))) if levels.size > 1 else 1.0
+    # dodge the lines sideways a little so overlapping error bars stay readable
+    offsets = (np.arange(len(variants)) - (len(variants) - 1) / 2) * min(0.6, 0.12 * gap)
     for ax, metric in zip(axes, metrics, strict=True):
         rows = summary[summary["metric"] == metric]
         for i, variant in enumerate(variants):
             sub = rows[rows["variant"] == variant].sort_values("intensity")
             if sub.empty:
                 continue
-            x = 100.0 * sub["intensity"].to_numpy()
+            x = 100.0 * sub["intensity"].to_numpy() + offsets[i]
             err = np.nan_to_num(sub["se"].to_numpy(dtype=float))
             ax.errorbar(
                 x,
@@ -111,8 +115,11 @@ def plot_reliability(
     path: str | Path,
     intensities: Sequence[float],
     title: str | None = None,
+    min_count: int = 20,
 ) -> Path:
     """Reliability diagrams, one panel per intensity, one line per variant.
+
+    Bins holding fewer than ``min_count`` rows are not drawn (their click rate is noise).
 
     Args:
         curves: ``{variant: {intensity: {"mean_prob": [...], "frac_pos": [...],
@@ -120,6 +127,7 @@ def plot_reliability(
         path: PNG to write.
         intensities: one panel each.
         title: figure title.
+        min_count: smallest bin drawn.
 
     Returns:
         ``path``.
@@ -132,7 +140,7 @@ def plot_reliability(
             if curve is None:
                 continue
             counts = np.asarray(curve["counts"], dtype=float)
-            keep = counts > 0
+            keep = counts >= min_count
             mp = np.asarray(curve["mean_prob"], dtype=float)[keep]
             fp = np.asarray(curve["frac_pos"], dtype=float)[keep]
             top = max(top, float(np.max(mp, initial=0)), float(np.max(fp, initial=0)))

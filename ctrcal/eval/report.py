@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from ctrcal.config import Config, VariantConfig, config_to_dict
-from ctrcal.errors import ConfigError, CtrcalError
+from ctrcal.errors import ConfigError, CtrcalError, DataError
 from ctrcal.eval import metrics as M
 from ctrcal.utils import write_json_atomic, write_text_atomic
 
@@ -109,7 +109,7 @@ class VariantPlan:
         return self.run_variant == self.name
 
 
-def plan_variants(cfg: Config, source: str = "report") -> list[VariantPlan]:
+def plan_variants(cfg: Config, source: str = "config") -> list[VariantPlan]:
     """Resolve ``cfg.report.variants`` (``from_variant`` chains, calibration) or raise.
 
     Raises:
@@ -318,9 +318,11 @@ def paired_differences(
         ]
     if not out.empty:
         order = {m: i for i, m in enumerate(metrics)}
+        rank = {v: i for i, v in enumerate(dict.fromkeys(ps["variant"]))}
+        keys = {"metric": order, "variant": rank}
         out = out.sort_values(
             ["variant", "metric", "intensity"],
-            key=lambda c: c.map(order) if c.name == "metric" else c,
+            key=lambda c: c.map(keys[c.name]) if c.name in keys else c,
             kind="stable",
         ).reset_index(drop=True)
     return out
@@ -393,6 +395,9 @@ def verdict_paragraph(
             better = sub[sub["better"] == True]  # noqa: E712 - object column with None
             worse = sub[sub["better"] == False]  # noqa: E712
             label = names.get(metric, metric)
+            if bool((sub["diff"] == 0).all() & (sub["se"].fillna(0) == 0).all()):
+                parts.append(f"{label}: identical at every intensity")
+                continue
             bits = []
             if not better.empty:
                 bits.append(
@@ -616,7 +621,7 @@ def render_markdown(
             "Figure 3)",
             "calibration": "Logloss, Brier score, PCOC and normalized entropy vs shift intensity",
             "reliability": "Reliability diagrams, clean and at the strongest shift (pooled "
-            "over seeds)",
+            "over seeds; bins with < 20 rows not drawn)",
             "uncertainty": "MC-integration predictive std and its AUROC at detecting shift",
         }
         for key, path in figures.items():
@@ -644,6 +649,7 @@ def write_report(
     meta: dict[str, Any] | None = None,
     reliability: dict[str, dict[float, dict[str, Any]]] | None = None,
     figures: bool = True,
+    variants: Sequence[str] | None = None,
 ) -> ReportPaths:
     """Aggregate a results table and write results.csv, summary.json, report.md and figures.
 
@@ -655,11 +661,17 @@ def write_report(
         meta: facts about the run shown in the report (split, rows, device, ...).
         reliability: pooled reliability-curve data ``{variant: {intensity: {...}}}``.
         figures: write PNG figures.
+        variants: order of the variants in tables, figures and the verdict (default: as they
+            first appear in ``results``).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = results[RESULT_COLUMNS].copy()
-    variants = list(dict.fromkeys(results["variant"]))
+    present = list(dict.fromkeys(results["variant"]))
+    variants = [v for v in (variants or present) if v in present]
+    variants += [v for v in present if v not in variants]
+    rank = {v: i for i, v in enumerate(variants)}
+    results = results.sort_values("variant", key=lambda c: c.map(rank), kind="stable")
     baseline = baseline or variants[0]
     intensities = sorted(set(results["intensity"].astype(float)))
     n_seeds = int(results.groupby("variant")["seed"].nunique().min())
@@ -817,8 +829,27 @@ def _saved_signature(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+def _data_identity(data_dir: Path) -> Any:
+    try:
+        fm = json.loads((data_dir / "feature_map.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return fm.get("source_hash")
+
+
+def _run_data_identity(run_dir: Path) -> Any:
+    try:
+        return json.loads((run_dir / "data.json").read_text()).get("source_hash")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def ensure_run(cfg: Config, data_dir: Path, run_dir: Path, log: Callable[[str], None] = _log):
-    """Train ``cfg`` into ``run_dir`` unless a finished run with the same config is there.
+    """Train ``cfg`` into ``run_dir`` unless a run with the same config and data is there.
+
+    A finished run is reused, an interrupted one resumed; a run with a different config or
+    trained on different data is deleted and trained again (``run_dir`` belongs to the
+    report).
 
     Returns:
         ``"reused"``, ``"resumed"`` or ``"trained"``.
@@ -826,15 +857,19 @@ def ensure_run(cfg: Config, data_dir: Path, run_dir: Path, log: Callable[[str], 
     from ctrcal.train.trainer import train
 
     finished = (run_dir / "result.json").exists()
-    saved = _saved_signature(run_dir)
-    same = saved is not None and saved == _run_signature(cfg)
+    started = (run_dir / "checkpoints" / "last.pt").exists()
+    same = (
+        _saved_signature(run_dir) == _run_signature(cfg)
+        and _run_data_identity(run_dir) == _data_identity(data_dir)
+    )
     if finished and same:
         return "reused"
-    if same and (run_dir / "checkpoints").exists():
+    if started and same:
         train(cfg, data_dir, run_dir, resume=True)
         return "resumed"
     if run_dir.exists():
-        log(f"{run_dir}: config differs from this report's (or the run is incomplete); retraining")
+        if finished or started:
+            log(f"{run_dir}: trained with another config or data; training it again")
         shutil.rmtree(run_dir)
     train(cfg, data_dir, run_dir)
     return "trained"
@@ -939,6 +974,7 @@ def run_shift_report(
     seeds: int | None = None,
     progress: bool = True,
     log: Callable[[str], None] = _log,
+    source: str = "config",
 ) -> ReportPaths:
     """Train what is missing, evaluate the grid and write the report.
 
@@ -950,6 +986,7 @@ def run_shift_report(
         seeds: override ``cfg.report.seeds``.
         progress: show a progress bar over the evaluation grid.
         log: where progress lines go (stderr by default).
+        source: the config's file name, for error messages.
 
     Returns:
         The paths written (report.md, results.csv, summary.json, figures).
@@ -966,7 +1003,7 @@ def run_shift_report(
     if seeds is not None:
         cfg = copy.deepcopy(cfg)
         cfg.report.seeds = int(seeds)
-    plans = plan_variants(cfg)
+    plans = plan_variants(cfg, source)
     r = cfg.report
     if data_dir is None and cfg.data.prepared_dir:
         data_dir = Path(cfg.data.prepared_dir)
@@ -975,6 +1012,11 @@ def run_shift_report(
 
         data_dir = prepare_from_config(cfg, out_dir / "data")
     data_dir = Path(data_dir)
+    if not (data_dir / "feature_map.json").is_file():
+        raise DataError(
+            f"{data_dir}: not a prepared data directory (no feature_map.json); "
+            "prepare it with 'ctrcal prepare' or leave out --data"
+        )
     runs_dir = out_dir / "runs"
 
     # 1. training (reusing finished runs)
@@ -1165,6 +1207,7 @@ def run_shift_report(
         meta=meta,
         reliability=curves,
         figures=r.figures,
+        variants=[p.name for p in plans],
     )
     log(f"shift report: {total} evaluations, total time {_fmt_seconds(total_s)}")
     return paths
