@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pandas as pd
 import pytest
@@ -114,6 +115,28 @@ def test_rerun_reuses_runs_and_is_deterministic(tiny_report, capsys):
     assert "report.md" in printed and "fig_auc_ece.png" in printed and "total time" in printed
     assert (out / "runs" / "layernorm" / "seed0" / "result.json").stat().st_mtime_ns == stamp
     assert (out / "results.csv").read_text() == before
+
+
+def test_mix_fraction_scores_the_shifted_rows(tiny_report, tmp_path, capsys):
+    cfg, out = tiny_report
+    mix_cfg = tmp_path / "mix.yaml"
+    mix_cfg.write_text(TINY.replace("  seeds: 2\n", "  seeds: 2\n  mix_fraction: 0.5\n"))
+    out2 = tmp_path / "mix"
+    shutil.copytree(out / "runs", out2 / "runs")
+    stamp = (out2 / "runs" / "mclayernorm" / "seed1" / "result.json").stat().st_mtime_ns
+    args = ["shift-report", str(mix_cfg), "--out", str(out2), "--data", str(out / "data")]
+    assert main(args) == 0
+    assert (out2 / "runs" / "mclayernorm" / "seed1" / "result.json").stat().st_mtime_ns == stamp
+    mix = pd.read_csv(out2 / "results.csv").set_index(
+        ["variant", "seed", "noise_seed", "intensity", "metric"]
+    )["value"]
+    full = pd.read_csv(out / "results.csv").set_index(mix.index.names)["value"]
+    clean = mix.index.get_level_values("intensity") == 0.0
+    pd.testing.assert_series_equal(mix[clean], full.loc[mix[clean].index])  # all rows, no noise
+    key = ("layernorm", 0, 0, 0.5, "auc")
+    assert mix[key] != full[key]  # half the rows, each shifted
+    assert ("mclayernorm_mc", 0, 0, 0.5, "std_auroc") in mix.index
+    assert "only 50 % of the rows" in (out2 / "report.md").read_text()
 
 
 def test_shift_moves_predictions_of_a_trained_masknet(tiny_report):
