@@ -157,15 +157,26 @@ class FeatureEmbedding(nn.Module):
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
     def _embed_numeric(self, numeric: torch.Tensor) -> torch.Tensor:
-        missing = torch.isnan(numeric).unsqueeze(-1)  # [B, Fn, 1]
-        # NaN is zeroed before the multiply so that neither the output nor the gradient of the
-        # weights ever sees it; `where` then routes missing rows to their learned vector.
-        x = torch.nan_to_num(numeric, nan=0.0).unsqueeze(-1).to(self.numeric_weight.dtype)
-        if self.numeric_bias is not None:
-            value = torch.addcmul(self.numeric_bias, x, self.numeric_weight)
-        else:
-            value = x * self.numeric_weight
-        return torch.where(missing, self.numeric_missing, value)
+        """``x*v + b`` (or ``x*v``), and the missing vector where ``x`` is NaN: ``[B, Fn, D]``.
+
+        Computed as ONE small matrix product ``[x~, m] @ W + b`` with ``x~`` the values with NaN
+        set to 0, ``m`` the missing indicators and ``W`` block-diagonal (``v_j`` on the value
+        rows, ``missing_j - b_j`` on the indicator rows): NaN never meets the arithmetic, and a
+        GEMM (forward and backward) is several times cheaper on the CPU than the equivalent
+        broadcast ``where``/``addcmul`` over ``[B, Fn, D]``. It runs in float32 even under
+        autocast, so that small numeric shifts are not rounded away by bf16.
+        """
+        fn, dim = self.num_numeric, self.embedding_dim
+        weight, bias, missing_vec = self.numeric_weight, self.numeric_bias, self.numeric_missing
+        missing = torch.isnan(numeric)
+        with torch.autocast(numeric.device.type, enabled=False):
+            x = torch.nan_to_num(numeric.to(weight.dtype), nan=0.0)
+            rows = torch.cat([x, missing.to(weight.dtype)], dim=1)  # [B, 2*Fn]
+            eye = torch.eye(fn, device=weight.device, dtype=weight.dtype).unsqueeze(-1)
+            gap = missing_vec if bias is None else missing_vec - bias
+            w = torch.cat([eye * weight, eye * gap]).reshape(2 * fn, fn * dim)
+            out = rows @ w if bias is None else torch.addmm(bias.reshape(-1), rows, w)
+        return out.view(-1, fn, dim)
 
     def _bucketize(self, numeric: torch.Tensor) -> torch.Tensor:
         """Bucket ids ``[B, Fn]`` (missing -> the field's last bucket)."""

@@ -76,7 +76,7 @@ def test_nan_is_embedded_as_missing_vector_without_propagating(mode):
     # every missing value of a field maps to the same learned vector
     assert torch.equal(out[0, 1], out[3, 1])
     if mode != "bucket":
-        assert torch.equal(out[0, 1], emb.numeric_missing[1])
+        torch.testing.assert_close(out[0, 1], emb.numeric_missing[1])
         assert emb.numeric_missing.grad[1].abs().sum() > 0
         assert emb.numeric_missing.grad[0].abs().sum() > 0  # row 3 is missing everywhere
 
@@ -182,3 +182,12 @@ def test_fieldnorm_takes_any_registry_norm():
     norm.train()
     assert norm(x).shape == x.shape
     assert isinstance(FieldNorm(3, 8, "none").norms[0], nn.Identity)
+
+
+def test_numeric_embedding_stays_float32_under_autocast():
+    emb = FeatureEmbedding(VOCAB, FN, D)
+    cat, num = _inputs()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = emb(cat, num + 1e-3)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, emb(cat, num + 1e-3))
