@@ -1,4 +1,4 @@
-"""Report aggregation, paired verdict, markdown and figures on synthetic result tables."""
+"""Report statistics, paired verdict, markdown and figures on synthetic result tables."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 
 from ctrcal.config import NormSpec, VariantConfig, load_config
 from ctrcal.errors import ConfigError
+from ctrcal.eval import render as W
 from ctrcal.eval import report as R
+from ctrcal.eval import stats as S
 
 INTENSITIES = [0.0, 0.0625, 0.125, 0.25, 0.5]
 
@@ -39,12 +41,12 @@ def _results(n_seeds=5, mc_gain=0.02, noise=0.001, seed=0, noise_seeds=1):
                         "ne": 0.8 + s / 5,
                     }.items():
                         rows.append((variant, k, ns, s, metric, value))
-    return pd.DataFrame(rows, columns=R.RESULT_COLUMNS)
+    return pd.DataFrame(rows, columns=S.RESULT_COLUMNS)
 
 
 def test_per_seed_values_adds_retained_auc_and_averages_noise_seeds():
     df = _results(n_seeds=2, noise_seeds=3)
-    ps = R.per_seed_values(df)
+    ps = S.per_seed_values(df)
     auc = ps[(ps.metric == "auc")]
     assert len(auc) == 2 * 2 * len(INTENSITIES)
     ret = ps[(ps.metric == "auc_retained") & (ps.intensity == 0.0)]
@@ -58,7 +60,7 @@ def test_per_seed_values_adds_retained_auc_and_averages_noise_seeds():
 
 def test_summarize_mean_and_standard_error():
     df = _results(n_seeds=4)
-    summary = R.summarize(df)
+    summary = S.summarize(df)
     sub = df[(df.variant == "layernorm") & (df.intensity == 0.25) & (df.metric == "auc")]
     row = summary[
         (summary.variant == "layernorm") & (summary.intensity == 0.25) & (summary.metric == "auc")
@@ -69,12 +71,12 @@ def test_summarize_mean_and_standard_error():
 
 
 def test_paired_differences_detect_a_real_gain():
-    diffs = R.paired_differences(_results(n_seeds=5, mc_gain=0.02), "layernorm")
+    diffs = S.paired_differences(_results(n_seeds=5, mc_gain=0.02), "layernorm")
     auc50 = diffs[(diffs.metric == "auc") & (diffs.intensity == 0.5)].iloc[0]
     assert auc50["diff"] == pytest.approx(0.02, abs=0.005)
     assert auc50["significant"] and auc50["better"] is True
     # paired t-test by hand
-    df = R.per_seed_values(_results(n_seeds=5, mc_gain=0.02))
+    df = S.per_seed_values(_results(n_seeds=5, mc_gain=0.02))
     sel = (df.metric == "auc") & (df.intensity == 0.5)
     d = (
         df[sel & (df.variant == "mclayernorm")].sort_values("seed")["value"].to_numpy()
@@ -91,31 +93,31 @@ def test_paired_differences_detect_a_real_gain():
 
 def test_verdict_says_no_significant_difference_when_there_is_none():
     df = _results(n_seeds=3, mc_gain=0.0, noise=0.01, seed=1)
-    diffs = R.paired_differences(df, "layernorm")
+    diffs = S.paired_differences(df, "layernorm")
     assert not diffs["significant"].any()
-    text = R.verdict_paragraph(diffs, "layernorm", INTENSITIES, 3)
+    text = S.verdict_paragraph(diffs, "layernorm", INTENSITIES, 3)
     assert "did not significantly beat layernorm" in text
     assert "better at" not in text
     assert "not evidence" in text  # few seeds caveat
 
 
 def test_verdict_names_the_winning_intensities():
-    diffs = R.paired_differences(_results(n_seeds=6, mc_gain=0.03, noise=0.0005), "layernorm")
-    text = R.verdict_paragraph(diffs, "layernorm", INTENSITIES, 6)
+    diffs = S.paired_differences(_results(n_seeds=6, mc_gain=0.03, noise=0.0005), "layernorm")
+    text = S.verdict_paragraph(diffs, "layernorm", INTENSITIES, 6)
     assert "mclayernorm beat layernorm on AUC at" in text
     assert "50 %" in text and "p = " in text
 
 
 def test_holm_adjustment():
-    got = R.holm(np.array([0.01, 0.04, 0.03, np.nan]))
+    got = S.holm(np.array([0.01, 0.04, 0.03, np.nan]))
     np.testing.assert_allclose(got[:3], [0.03, 0.06, 0.06])
     assert np.isnan(got[3])
 
 
 def test_verdict_single_seed():
-    diffs = R.paired_differences(_results(n_seeds=1), "layernorm")
+    diffs = S.paired_differences(_results(n_seeds=1), "layernorm")
     assert diffs["significant"].sum() == 0
-    text = R.verdict_paragraph(diffs, "layernorm", INTENSITIES, 1)
+    text = S.verdict_paragraph(diffs, "layernorm", INTENSITIES, 1)
     assert "single training seed" in text
 
 
@@ -142,10 +144,10 @@ def test_write_report_files_tables_and_figures(tmp_path):
         for m, v in (("pred_std", 0.01 + s / 10), ("std_auroc", 0.5 + s / 2))
         if not (m == "std_auroc" and s == 0)
     ]
-    df = pd.concat([df, pd.DataFrame(extra, columns=R.RESULT_COLUMNS)], ignore_index=True)
+    df = pd.concat([df, pd.DataFrame(extra, columns=S.RESULT_COLUMNS)], ignore_index=True)
     curve = {"counts": [10, 5, 0], "mean_prob": [0.1, 0.5, np.nan], "frac_pos": [0.12, 0.4, np.nan]}
     reliability = {v: {0.0: curve, 0.5: curve} for v in ("layernorm", "mclayernorm")}
-    paths = R.write_report(df, tmp_path, meta={"rows": 1234}, reliability=reliability)
+    paths = W.write_report(df, tmp_path, meta={"rows": 1234}, reliability=reliability)
     for p in (paths.report_md, paths.results_csv, paths.summary_json, *paths.figures.values()):
         assert p.exists() and p.stat().st_size > 0
     assert set(paths.figures) == {"auc_ece", "calibration", "reliability", "uncertainty"}
@@ -154,7 +156,7 @@ def test_write_report_files_tables_and_figures(tmp_path):
     assert paths.main_figure == tmp_path / "fig_auc_ece.png"
 
     back = pd.read_csv(paths.results_csv)
-    assert list(back.columns) == R.RESULT_COLUMNS and len(back) == len(df)
+    assert list(back.columns) == S.RESULT_COLUMNS and len(back) == len(df)
 
     text = paths.report_md.read_text()
     assert "## Verdict" in text and "## Metric definitions" in text
@@ -175,7 +177,7 @@ def test_write_report_files_tables_and_figures(tmp_path):
 
 
 def test_write_report_without_figures(tmp_path):
-    paths = R.write_report(_results(n_seeds=2), tmp_path, figures=False)
+    paths = W.write_report(_results(n_seeds=2), tmp_path, figures=False)
     assert paths.figures == {} and paths.main_figure is None
     assert "## Figures" not in paths.report_md.read_text()
 
@@ -215,6 +217,6 @@ def test_variant_train_config_sets_norm_and_seed():
 
 
 def test_format_intensity():
-    assert R.format_intensity(0.0625) == "6.25 %"
-    assert R.format_intensity(0.0) == "0 %"
-    assert math.isclose(float(R.format_intensity(0.5).split()[0]), 50)
+    assert S.format_intensity(0.0625) == "6.25 %"
+    assert S.format_intensity(0.0) == "0 %"
+    assert math.isclose(float(S.format_intensity(0.5).split()[0]), 50)
