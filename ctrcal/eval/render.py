@@ -117,6 +117,16 @@ def render_markdown(
         f"standard error over training seeds (after averaging noise seeds). "
         f"Device: {meta['device']}; wall time {meta['elapsed']}.",
         "",
+    ]
+    oracle = meta.get("oracle") or {}
+    if "auc" in oracle and "logloss" in oracle:
+        lines += [
+            f"Synthetic data: the true click probabilities reach AUC {oracle['auc']:.4f} and "
+            f"logloss {oracle['logloss']:.4f} on these rows, the reference no model can beat "
+            "in expectation.",
+            "",
+        ]
+    lines += [
         "## Verdict",
         "",
         verdict,

@@ -458,6 +458,16 @@ class _Grid:
             bar.update(1)
 
 
+def _oracle(data_dir: Path, split: str) -> dict[str, float] | None:
+    """The true-probability AUC/logloss of synthetic data (None for real data)."""
+    try:
+        fm = json.loads((data_dir / "feature_map.json").read_text())
+    except (OSError, ValueError):
+        return None
+    oracle = fm.get("oracle") or {}
+    return oracle.get(split) if isinstance(oracle, dict) else None
+
+
 def _open_split(data_dir: Path, split: str, cfg: Config, device, batch_size: int) -> _Split:
     from ctrcal.data.loader import ParquetCTRData
 
@@ -573,6 +583,7 @@ def run_shift_report(
         "mix_fraction": r.mix_fraction,
         "noise_seeds": r.noise_seeds,
         "device": str(device),
+        "oracle": _oracle(data_dir, r.split),
         "elapsed": f"{_fmt_seconds(total_s)} (training {_fmt_seconds(train_s)}, evaluation "
         f"{_fmt_seconds(eval_s)})",
         "variant_descriptions": [_describe_variant(p) for p in plans],
