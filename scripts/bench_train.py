@@ -70,19 +70,10 @@ def _context(norm: str, vocab: list[int], precision: str, emb_l2: float) -> trai
     spec = NormSpec(spec) if isinstance(spec, str) else NormSpec(spec["name"], {"fraction": 0.8})
     torch.manual_seed(0)
     model = MaskNet(vocab, NUM_NUMERIC, net_norm=spec, **MODEL)
-    cfg = load_config(None, ["train.optimizer=adam", "train.lr=1e-3"])
+    cfg = load_config(None, [f"train.emb_l2={emb_l2}", "train.grad_clip=10.0"])
     opt = trainer.make_optimizer(model, cfg.train)
-    return trainer._StepContext(
-        model=model,
-        forward=model,
-        optimizer=opt,
-        params=list(model.parameters()),
-        tables=trainer._embedding_tables(model),
-        emb_l2=emb_l2,
-        grad_clip=10.0,
-        device_type="cpu",
-        amp_dtype=torch.bfloat16 if precision == "bf16" else None,
-    )
+    amp = torch.bfloat16 if precision == "bf16" else None
+    return trainer.make_step_context(model, opt, cfg.train, torch.device("cpu"), amp)
 
 
 def bench_throughput(args: argparse.Namespace) -> dict[str, dict[str, float]]:

@@ -153,7 +153,12 @@ class FeatureEmbedding(nn.Module):
             ids = categorical
             if self.numeric_embedding == "bucket" and self.num_numeric:
                 ids = torch.cat([self._bucketize(numeric), categorical], dim=1)
-            parts.append(F.embedding(ids + self.offsets, self.table.weight))
+            # `table.sparse` (standard nn.Embedding flag) makes the gradient a sparse tensor:
+            # the trainer accumulates it into a persistent dense .grad instead of allocating
+            # and zeroing a fresh table-sized gradient every step.
+            parts.append(
+                F.embedding(ids + self.offsets, self.table.weight, sparse=self.table.sparse)
+            )
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
     def _embed_numeric(self, numeric: torch.Tensor) -> torch.Tensor:

@@ -171,13 +171,20 @@ def _data_mode(mode: str, device: torch.device) -> str:
 
 
 def make_optimizer(model: nn.Module, cfg_train: Any) -> torch.optim.Optimizer:
-    """Adam or AdamW; ``weight_decay`` on the dense layers only (the table has ``emb_l2``)."""
+    """Adam or AdamW over two groups: dense layers (``weight_decay``) and embedding tables.
+
+    With Adam, ``emb_l2`` is the table group's (coupled, i.e. L2) ``weight_decay``: Adam adds
+    ``emb_l2 * W`` to the table's gradient inside its fused kernel, which is exactly the
+    gradient of (emb_l2/2)*||W||^2 at no extra pass over the table. (AdamW's weight decay is
+    decoupled, so there :func:`_train_step` adds the L2 gradient itself.)
+    """
     tables = {id(p) for p in _embedding_tables(model)}
     dense = [p for p in model.parameters() if p.requires_grad and id(p) not in tables]
     emb = [p for p in model.parameters() if p.requires_grad and id(p) in tables]
     groups = [{"params": dense, "weight_decay": cfg_train.weight_decay}]
     if emb:
-        groups.append({"params": emb, "weight_decay": 0.0})
+        decay = cfg_train.emb_l2 if cfg_train.optimizer == "adam" else 0.0
+        groups.append({"params": emb, "weight_decay": decay})
     cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[cfg_train.optimizer]
     devices = {p.device.type for p in model.parameters()}
     # The fused kernels (one per step instead of one per tensor) exist on CPU and CUDA.
@@ -196,32 +203,98 @@ def _embedding_tables(model: nn.Module) -> list[nn.Parameter]:
 
 @dataclass
 class _StepContext:
+    """Everything one training step needs (built once by :func:`make_step_context`)."""
+
     model: nn.Module
     forward: Callable[..., torch.Tensor]
     optimizer: torch.optim.Optimizer
     params: list[nn.Parameter]
     tables: list[nn.Parameter]
-    emb_l2: float
+    emb_l2: float  # added by the step itself (AdamW); 0 when the optimizer applies it (Adam)
     grad_clip: float
     device_type: str
     amp_dtype: torch.dtype | None
+    sparse_tables: bool = False  # tables emit sparse grads into persistent dense .grad buffers
+
+
+def make_step_context(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    cfg_train: Any,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+    forward: Callable[..., torch.Tensor] | None = None,
+    sparse_tables: bool = True,
+) -> _StepContext:
+    """Set up the training step for ``model`` (switching its tables to sparse gradients).
+
+    With ``sparse_tables`` every ``nn.Embedding`` of the model gets ``sparse=True``: the
+    lookup's backward then yields only the B*F touched rows, which autograd adds into the
+    table's dense ``.grad`` kept allocated across steps (zeroed in place), instead of
+    allocating, zeroing and filling a fresh table-sized gradient every step. The optimizer
+    still sees an ordinary dense gradient, so Adam's update of every row is unchanged.
+    """
+    tables = _embedding_tables(model)
+    if sparse_tables:
+        for module in model.modules():
+            if isinstance(module, nn.Embedding):
+                module.sparse = True
+    return _StepContext(
+        model=model,
+        forward=forward if forward is not None else model,
+        optimizer=optimizer,
+        params=[p for p in model.parameters() if p.requires_grad],
+        tables=tables,
+        emb_l2=cfg_train.emb_l2 if cfg_train.optimizer != "adam" else 0.0,
+        grad_clip=cfg_train.grad_clip,
+        device_type=device.type,
+        amp_dtype=amp_dtype,
+        sparse_tables=sparse_tables and bool(tables),
+    )
+
+
+def _zero_grads(ctx: _StepContext) -> None:
+    if not ctx.sparse_tables:
+        ctx.optimizer.zero_grad(set_to_none=True)
+        return
+    table_ids = {id(t) for t in ctx.tables}
+    for p in ctx.params:
+        if id(p) not in table_ids:
+            p.grad = None
+        elif p.grad is None or p.grad.is_sparse:
+            p.grad = torch.zeros_like(p)
+        else:
+            p.grad.zero_()
+
+
+def _clip_grads(ctx: _StepContext) -> None:
+    grads = [p.grad for p in ctx.params if p.grad is not None]
+    if ctx.device_type != "cpu":
+        # no host sync on accelerators: always multiply by min(1, clip / norm) on the device
+        nn.utils.clip_grad_norm_(ctx.params, ctx.grad_clip, foreach=True)
+        return
+    # On the CPU reading the norm costs nothing, and skipping the (rarely needed) rescale
+    # saves a pass over the whole table. Same threshold as clip_grad_norm_.
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    coef = ctx.grad_clip / (float(total) + 1e-6)
+    if coef < 1.0:
+        torch._foreach_mul_(grads, coef)
 
 
 def _train_step(ctx: _StepContext, batch: Batch) -> torch.Tensor:
     """One optimizer step; returns the (device) mean BCE of the batch, without a host sync."""
-    ctx.optimizer.zero_grad(set_to_none=True)
+    _zero_grads(ctx)
     with torch.autocast(ctx.device_type, dtype=ctx.amp_dtype or torch.bfloat16,
                         enabled=ctx.amp_dtype is not None):  # fmt: skip
         logits = ctx.forward(batch.categorical, batch.numeric)
     loss = F.binary_cross_entropy_with_logits(logits.float(), batch.label)
     loss.backward()
     if ctx.emb_l2 > 0:
-        grads = [t.grad for t in ctx.tables if t.grad is not None]
+        with_grad = [t for t in ctx.tables if t.grad is not None]
         with torch.no_grad():
-            torch._foreach_add_(grads, [t for t in ctx.tables if t.grad is not None],
-                                alpha=ctx.emb_l2)  # fmt: skip
+            torch._foreach_add_([t.grad for t in with_grad], with_grad, alpha=ctx.emb_l2)
     if ctx.grad_clip > 0:
-        nn.utils.clip_grad_norm_(ctx.params, ctx.grad_clip, foreach=True)
+        _clip_grads(ctx)
     ctx.optimizer.step()
     return loss.detach()
 
@@ -485,17 +558,9 @@ def _train(cfg: Config, data_dir: Path, run_dir: Path, resume: bool) -> TrainRes
     if tcfg.compile:
         forward = torch.compile(model)  # type: ignore[assignment]
     amp = _amp_dtype(tcfg.precision, device)
-    ctx = _StepContext(
-        model=model,
-        forward=forward,
-        optimizer=optimizer,
-        params=[p for p in model.parameters() if p.requires_grad],
-        tables=_embedding_tables(model),
-        emb_l2=tcfg.emb_l2,
-        grad_clip=tcfg.grad_clip,
-        device_type=device.type,
-        amp_dtype=amp,
-    )
+    # torch.compile traces the dense lookup; sparse table gradients are for eager mode
+    ctx = make_step_context(model, optimizer, tcfg, device, amp, forward,
+                            sparse_tables=not tcfg.compile)  # fmt: skip
     speeds: list[float] = []
     epoch = start_epoch
     while epoch < tcfg.epochs and not stopped:
@@ -553,6 +618,10 @@ def _train(cfg: Config, data_dir: Path, run_dir: Path, resume: bool) -> TrainRes
         )
         _write_history(run_dir, history)
 
+    for module in model.modules():  # hand back a plain model: dense lookups, no grads held
+        if isinstance(module, nn.Embedding):
+            module.sparse = False
+    model.zero_grad(set_to_none=True)
     if best_state is not None:
         model.load_state_dict(best_state)
     test = None

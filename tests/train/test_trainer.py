@@ -258,3 +258,62 @@ def test_cli_train_prepares_the_configured_data(tmp_path, capsys):
     assert main(["train", str(cfg_path), *TINY, "train.epochs=1"]) == 0
     assert (tmp_path / "out" / "data" / "feature_map.json").is_file()
     assert (tmp_path / "out" / "result.json").is_file()
+
+
+def _pair_of_models():
+    from ctrcal.models.masknet import MaskNet
+
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(MaskNet([50, 30], 3, 4, hidden_units=[8]))
+    return models
+
+
+def _batches():
+    from ctrcal.data.loader import Batch
+
+    g = torch.Generator().manual_seed(1)
+    return [Batch(torch.randint(0, 30, (16, 2), generator=g), torch.randn(16, 3, generator=g),
+                  (torch.rand(16, generator=g) < 0.3).float()) for _ in range(3)]  # fmt: skip
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_sparse_table_gradients_give_the_same_training_as_dense(optimizer):
+    cfg = _cfg(f"train.optimizer={optimizer}", "train.emb_l2=1e-2", "train.grad_clip=0.5")
+    states = []
+    for model, sparse in zip(_pair_of_models(), (False, True), strict=True):
+        opt = trainer.make_optimizer(model, cfg.train)
+        ctx = trainer.make_step_context(model, opt, cfg.train, torch.device("cpu"), None,
+                                        sparse_tables=sparse)  # fmt: skip
+        assert model.embedding.table.sparse is sparse
+        for batch in _batches():
+            trainer._train_step(ctx, batch)
+        assert not model.embedding.table.weight.grad.is_sparse
+        states.append(model.state_dict())
+    for k in states[0]:
+        torch.testing.assert_close(states[0][k], states[1][k])
+
+
+def test_adam_applies_emb_l2_as_the_l2_gradient_of_the_whole_table():
+    cfg = _cfg("train.optimizer=adam", "train.emb_l2=0.1", "train.grad_clip=0")
+    a, b = _pair_of_models()
+    opt_a = trainer.make_optimizer(a, cfg.train)
+    assert opt_a.param_groups[1]["weight_decay"] == 0.1
+    ctx = trainer.make_step_context(a, opt_a, cfg.train, torch.device("cpu"), None)
+    assert ctx.emb_l2 == 0.0  # the optimizer adds it, not the step
+    opt_b = torch.optim.Adam(b.parameters(), lr=cfg.train.lr)
+    for batch in _batches():
+        trainer._train_step(ctx, batch)
+        opt_b.zero_grad()
+        logits = b(batch.categorical, batch.numeric)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.label)
+        (loss + 0.05 * b.embedding.table.weight.square().sum()).backward()
+        opt_b.step()
+    torch.testing.assert_close(a.embedding.table.weight, b.embedding.table.weight)
+
+
+def test_trained_model_is_handed_back_dense_and_without_grads(ln_run):
+    _, res = ln_run
+    assert res.model.embedding.table.sparse is False
+    assert all(p.grad is None for p in res.model.parameters())
