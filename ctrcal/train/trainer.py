@@ -19,10 +19,13 @@ validation ``train.monitor`` is computed; no strict improvement multiplies the L
 stop training; the best epoch's weights are restored at the end.
 
 Embedding L2 (``train.emb_l2``) is FuxiCTR's ``embedding_regularizer``: (λ/2)·||W||² over the
-WHOLE categorical table, added as its gradient λ·W to the table's gradient before clipping
-(the reported training loss is the BCE alone). With dense embedding gradients the optimizer
-visits every row each step anyway, so the whole-table penalty costs one extra pass over the
-table; it also shrinks rows that a batch does not use, exactly as in the published setups.
+WHOLE categorical table (rows a batch does not use shrink too, as in the published setups),
+applied as its gradient λ·W: with Adam as the table group's coupled ``weight_decay`` inside the
+fused optimizer kernel (no extra pass over the table; it is added after gradient clipping,
+which only matters in the rare steps that clip), with AdamW added to the gradient before
+clipping. The reported training loss is the BCE alone. Only ``nn.Embedding`` tables are
+penalised, not the numeric embedding vectors (FuxiCTR's numeric embeddings are linear
+layers, outside its embedding regulariser too).
 
 Reproducibility: the model is initialised from ``train.seed``; epoch ``e`` visits the rows in a
 permutation seeded by ``(seed, e)``; ``last.pt`` holds the optimizer, the schedule state and
@@ -30,8 +33,9 @@ every RNG state at the end of the last finished epoch, so ``resume=True`` after 
 interruption replays the remaining epochs exactly (bit for bit on CPU).
 
 Throughput: batches are contiguous tensors (device-resident on CUDA), one embedding gather per
-batch, the loss is accumulated on the device and read once per epoch and once per progress
-refresh (every ``PROGRESS_EVERY`` steps), never per step.
+batch, the table's gradient is sparse and lands in a persistent dense buffer (no table-sized
+allocation per step), the loss is accumulated on the device and read once per epoch and once
+per progress refresh (every ``PROGRESS_EVERY`` steps), never per step.
 """
 
 from __future__ import annotations
@@ -481,7 +485,6 @@ def train(
         CtrcalError: an existing run without ``resume``, a config that differs from the
             run being resumed, unreadable data, or a diverged loss.
     """
-
     tcfg = cfg.train
     data_dir, run_dir = Path(data_dir), Path(run_dir)
     has_run = (run_dir / LAST).exists() or (run_dir / RESULT_FILE).exists()
