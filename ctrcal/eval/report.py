@@ -576,6 +576,7 @@ def run_shift_report(
     bar.close()
     eval_s = time.perf_counter() - t_eval
 
+    curves = grid.curves()
     total_s = time.perf_counter() - t_start
     meta = {
         "split": r.split,
@@ -599,7 +600,7 @@ def run_shift_report(
         baseline=r.baseline or plans[0].name,
         alpha=r.alpha,
         meta=meta,
-        reliability=grid.curves(),
+        reliability={p.name: curves[p.name] for p in plans if p.name in curves},
         figures=r.figures,
         variants=[p.name for p in plans],
     )
