@@ -81,8 +81,11 @@ def _as_numpy(x: Any, name: str) -> np.ndarray:
     return arr
 
 
-def _check(probs: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Validated (probs, labels) as 1-D numpy arrays; probs keep their float dtype."""
+def _check(probs: Any, labels: Any, unit: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Validated (probs, labels) as 1-D numpy arrays; probs keep their float dtype.
+
+    ``unit=False`` accepts any finite scores (for AUC) instead of probabilities in [0, 1].
+    """
     p = _as_numpy(probs, "probs")
     y = _as_numpy(labels, "labels")
     if p.shape != y.shape:
@@ -91,9 +94,9 @@ def _check(probs: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError("probs is empty")
     if not np.issubdtype(p.dtype, np.floating):
         p = p.astype(np.float64)
-    if np.isnan(p).any():
-        raise ValueError("probs contains NaN")
-    if p.min() < 0.0 or p.max() > 1.0:
+    if not np.isfinite(p).all():
+        raise ValueError("probs contains NaN or infinite values")
+    if unit and (p.min() < 0.0 or p.max() > 1.0):
         raise ValueError(
             f"probs must lie in [0, 1] (got min {p.min():.4g}, max {p.max():.4g}); "
             "pass sigmoid(logits)"
@@ -110,13 +113,13 @@ def auc(probs: Any, labels: Any) -> float:
     Computed from average ranks: (Σ rank(positives) − P(P+1)/2) / (P·N), one sort, O(n log n).
 
     Args:
-        probs: [n] scores (probabilities; any monotone score gives the same AUC).
+        probs: [n] scores: probabilities, logits or any finite score (only the order counts).
         labels: [n] 0/1.
 
     Returns:
         The AUC, or NaN when ``labels`` holds a single class.
     """
-    p, y = _check(probs, labels)
+    p, y = _check(probs, labels, unit=False)
     n = p.shape[0]
     n_pos = float(y.sum())
     n_neg = n - n_pos

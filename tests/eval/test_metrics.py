@@ -39,6 +39,14 @@ def test_auc_hand_computed():
     assert M.auc([0.4, 0.4, 0.4], [1, 0, 1]) == 0.5
 
 
+def test_auc_accepts_any_score():
+    z = np.array([-3.0, 2.0, 0.5, 0.5])
+    y = np.array([0, 1, 1, 0])
+    assert M.auc(z, y) == pytest.approx(roc_auc_score(y, z))
+    with pytest.raises(ValueError, match="infinite"):
+        M.auc([0.0, np.inf], [0, 1])
+
+
 def test_auc_single_class_is_nan():
     assert math.isnan(M.auc([0.1, 0.2], [1, 1]))
 
@@ -168,6 +176,7 @@ def test_compute_all_keys_and_definitions():
     [
         ([0.1, 1.2], [0, 1], r"\[0, 1\]"),
         ([0.1, float("nan")], [0, 1], "NaN"),
+        ([0.1, float("inf")], [0, 1], "infinite"),
         ([0.1, 0.2], [0, 2], "0 or 1"),
         ([0.1, 0.2], [0], "length"),
         ([], [], "empty"),
