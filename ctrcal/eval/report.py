@@ -5,8 +5,9 @@ data directory:
 
 1. train every variant that owns its runs (``from_variant`` unset) once per training seed
    ``train.seed + k`` (k < ``report.seeds``), reusing finished runs under
-   ``OUT/runs/<variant>/seed<k>``; LayerNorm and MC-LayerNorm runs of the same k share the
-   seed, so they are compared *paired by seed*;
+   ``OUT/runs/<variant>/seed<k>`` (runs trained with ``ctrcal train`` elsewhere can be placed
+   there: a run is reused when its config and data match); LayerNorm and MC-LayerNorm runs of
+   the same k share the seed, so they are compared *paired by seed*;
 2. for each variant (a variant with ``from_variant`` reuses that variant's runs and changes only
    how it predicts: MC integration with ``mc_samples`` passes, temperature or Platt scaling fit
    on clean validation predictions), each seed, each noise seed and each intensity, evaluate
