@@ -547,6 +547,11 @@ def run_shift_report(
             "prepare it with 'ctrcal prepare' or leave out --data"
         )
     runs_dir = out_dir / "runs"
+    if r.split == "valid" and any(p.calibration for p in plans):
+        log(
+            "note: report.split is 'valid', the split that temperature/Platt scaling is fitted "
+            "on; their clean numbers are in-sample"
+        )
 
     t_train = time.perf_counter()
     train_variants(cfg, plans, data_dir, runs_dir, log)
