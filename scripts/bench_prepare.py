@@ -3,7 +3,9 @@
 Usage::
 
     python scripts/bench_prepare.py [--rows 1000000] [--repeat 2] [--workdir DIR] [--baseline]
-                                    [--stream]
+                                    [--stream] [--chunk-mb 64]
+    python scripts/bench_prepare.py --rss-sizes 250000,500000,1000000,2000000 [--chunk-mb 64]
+                                    [--compare-memory]
 
 A synthetic dac file of ``--rows`` rows is generated once (kept in ``--workdir``), then
 ``ctrcal prepare`` runs on it in a fresh child process per repeat (``--force``-like: a new
@@ -13,46 +15,70 @@ nothing else -- so that the cost of the rest reads as a ratio. ``--baseline`` al
 straightforward pandas implementation of the same work (read as strings, per-column
 ``value_counts`` vocabulary, ``map``) on the same file in the same run. Ratios measured within
 one run do not depend much on how loaded the machine is; absolute rows/s do.
+
+``--stream`` forces the chunked, bounded-memory path (``in_memory_bytes=0``) whatever the
+size. ``--rss-sizes`` instead prepares inputs of each size with the chunked path (one child
+process each, the first N lines of one generated file) and prints peak RSS against input size:
+it should stay flat once the vocabulary is complete; ``--compare-memory`` adds the in-memory
+path at each size, whose peak grows with the rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+# Peak RSS of this process image: VmHWM is reset by exec, whereas ru_maxrss keeps the parent's
+# high-water mark from before the fork (a parent that just generated the data would inflate it).
+PEAK = r"""
+def peak_rss_mib():
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+"""
+
 CHILD = r"""
 import sys, time, resource
+{PEAK}
 from ctrcal.config import Config
 from ctrcal.data.prepare import prepare_dataset
 cfg = Config()
 start = time.perf_counter()
 res = prepare_dataset([sys.argv[1]], sys.argv[2], cfg, force=True,
-                      in_memory_bytes=None if sys.argv[3] == "auto" else int(sys.argv[3]))
+                      in_memory_bytes=None if sys.argv[3] == "auto" else int(sys.argv[3]),
+                      chunk_bytes=int(sys.argv[4]) if len(sys.argv) > 4 else None)
 secs = time.perf_counter() - start
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+rss = peak_rss_mib()
 print(f"{res.total_rows} {secs} {rss}")
 print(res.summary["timings"], file=sys.stderr)
 """
 
 FLOOR = r"""
 import sys, time, resource
+{PEAK}
 import polars as pl
 names = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
 start = time.perf_counter()
 df = pl.scan_csv(sys.argv[1], has_header=False, separator="\t", quote_char=None,
                  schema={n: pl.Utf8 for n in names}).collect()
 secs = time.perf_counter() - start
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+rss = peak_rss_mib()
 print(f"{df.height} {secs} {rss}")
 """
 
 BASELINE = r"""
 import sys, time, resource
+{PEAK}
 import numpy as np, pandas as pd
 start = time.perf_counter()
 names = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
@@ -75,17 +101,55 @@ for c in names[14:]:
 for k, name in enumerate(["train", "valid", "test"]):
     out[split == k].to_parquet(f"{sys.argv[2]}_{name}.parquet")
 secs = time.perf_counter() - start
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+rss = peak_rss_mib()
 print(f"{len(df)} {secs} {rss}")
 """
 
 
 def _run(code: str, *args: str) -> tuple[int, float, float, str]:
     proc = subprocess.run(
-        [sys.executable, "-c", code, *args], check=True, capture_output=True, text=True
-    )
+        [sys.executable, "-c", code.replace("{PEAK}", PEAK), *args], check=True,
+        capture_output=True, text=True,
+    )  # fmt: skip
     out = proc.stdout.split()
     return int(out[0]), float(out[1]), float(out[2]), proc.stderr.strip()
+
+
+def _chunk_arg(args: argparse.Namespace) -> list[str]:
+    return [str(int(args.chunk_mb * 2**20))] if args.chunk_mb else []
+
+
+def rss_scan(args: argparse.Namespace) -> int:
+    """Peak RSS of preparing the first N rows of one generated file, for each N."""
+    from ctrcal.data.synthetic import generate
+
+    sizes = sorted(int(float(x)) for x in args.rss_sizes.split(","))
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    big = args.workdir / f"dac_{sizes[-1]}.txt"
+    if not big.exists():
+        t = time.perf_counter()
+        generate(big, sizes[-1], seed=0)
+        print(f"generated {sizes[-1]:,} rows in {time.perf_counter() - t:.1f} s")
+    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; chunk "
+          f"{args.chunk_mb or 'default'} MiB")  # fmt: skip
+    print(f"{'rows':>10} {'MiB text':>9} {'path':>8} {'seconds':>8} {'rows/s':>9} "
+          f"{'peak RSS MiB':>13}")  # fmt: skip
+    paths = [("chunked", "0")] + ([("memory", str(1 << 62))] if args.compare_memory else [])
+    for n in sizes:
+        raw = args.workdir / f"dac_{n}.txt"
+        if not raw.exists():
+            with open(big, "rb") as src, open(raw, "wb") as dst:
+                for _, line in zip(range(n), src, strict=False):
+                    dst.write(line)
+        mib = raw.stat().st_size / 2**20
+        for name, limit in paths:
+            out = args.workdir / f"rss_{name}_{n}"
+            rows, secs, rss, _ = _run(CHILD, str(raw), str(out), limit, *_chunk_arg(args))
+            print(f"{rows:>10,} {mib:>9,.0f} {name:>8} {secs:>8.2f} {rows / secs:>9,.0f} "
+                  f"{rss:>13,.0f}")  # fmt: skip
+            shutil.rmtree(out, ignore_errors=True)
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+    return 0
 
 
 def main() -> int:
@@ -98,7 +162,15 @@ def main() -> int:
         "--stream", action="store_true",
         help="force the bounded-memory path (typed intermediate parquet) whatever the size",
     )
+    ap.add_argument("--chunk-mb", type=float, default=None,
+                    help="text MiB per chunk of the chunked path (default: the library's)")
+    ap.add_argument("--rss-sizes", default=None,
+                    help="comma-separated row counts: peak RSS of the chunked path per size")
+    ap.add_argument("--compare-memory", action="store_true",
+                    help="with --rss-sizes: also run the in-memory path at each size")
     args = ap.parse_args()
+    if args.rss_sizes:
+        return rss_scan(args)
 
     from ctrcal.data.synthetic import generate, prob_path
 
@@ -117,7 +189,8 @@ def main() -> int:
     best = None
     for r in range(args.repeat):
         out = args.workdir / f"prepared_{r}"
-        rows, secs, rss, phases = _run(CHILD, str(raw), str(out), "0" if args.stream else "auto")
+        rows, secs, rss, phases = _run(CHILD, str(raw), str(out), "0" if args.stream else "auto",
+                                       *_chunk_arg(args))
         print(
             f"ctrcal prepare run {r + 1}: {rows:,} rows in {secs:.2f} s = "
             f"{rows / secs:,.0f} rows/s, peak RSS {rss:,.0f} MiB; phases (s): {phases}"

@@ -37,7 +37,7 @@ import re
 import shutil
 import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -311,13 +311,24 @@ def is_gzip(path: Path) -> bool:
         return fh.read(2) == b"\x1f\x8b"
 
 
-def scan_raw(path: str | Path, fmt: CriteoFormat, numbers: bool = False) -> pl.LazyFrame:
+def scan_raw(
+    path: str | Path | bytes,
+    fmt: CriteoFormat,
+    numbers: bool = False,
+    *,
+    row_offset: int = 0,
+    skip_header: bool = True,
+) -> pl.LazyFrame:
     """The file's fields under canonical names, plus ``_row`` and ``_extra``.
 
     Missing fields (short rows) are null; ``_extra`` is non-null where a row has more fields
     than the layout. With ``numbers`` the label and ``I`` fields are parsed as floats by the
     CSV reader itself (fast, but a non-numeric value fails the whole read); otherwise every
     field is a string.
+
+    ``path`` may also be the bytes of whole lines of a file (a chunk, see
+    :func:`iter_text_chunks`): ``row_offset`` is then the index of its first record in the
+    file, and ``skip_header=False`` because a chunk after the first has no header.
     """
     schema = {name: pl.Utf8 for name in fmt.columns}
     if numbers:
@@ -332,7 +343,7 @@ def scan_raw(path: str | Path, fmt: CriteoFormat, numbers: bool = False) -> pl.L
     lf = pl.scan_csv(
         path,
         has_header=False,
-        skip_lines=fmt.header_lines,
+        skip_lines=fmt.header_lines if skip_header else 0,
         separator=fmt.separator,
         quote_char=None,
         schema=schema,
@@ -340,7 +351,42 @@ def scan_raw(path: str | Path, fmt: CriteoFormat, numbers: bool = False) -> pl.L
         truncate_ragged_lines=True,
         raise_if_empty=False,
     )
-    return lf.with_row_index(ROW_COL)
+    return lf.with_row_index(ROW_COL, offset=row_offset)
+
+
+def iter_text_chunks(
+    path: str | Path, chunk_bytes: int, skip_lines: int = 0
+) -> Iterator[bytes]:
+    """Whole lines of a (possibly gzipped) text file, about ``chunk_bytes`` bytes at a time.
+
+    Each chunk ends at a newline (the last one may not), so parsing the chunks one after the
+    other gives the records of parsing the file at once; a gzip file is decompressed as it is
+    read (nothing is written to disk). The first ``skip_lines`` lines (a header) are skipped.
+
+    Yields:
+        bytes.
+
+    Raises:
+        DataError: unreadable file, corrupt or truncated gzip.
+    """
+    path = Path(path)
+    try:
+        fh = gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")  # noqa: SIM115
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        with fh:
+            for _ in range(skip_lines):
+                fh.readline()
+            while True:
+                block = fh.read(chunk_bytes)
+                if not block:
+                    break
+                if not block.endswith(b"\n"):
+                    block += fh.readline()  # complete the last line
+                yield block
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise DataError(f"{path}: corrupt or truncated gzip file ({exc})") from None
 
 
 def _checks(fmt: CriteoFormat, parsed: dict[str, pl.Expr]) -> list[pl.Expr]:
@@ -390,18 +436,26 @@ def _bad_code(fmt: CriteoFormat) -> pl.Expr:
 
 
 def scan_typed(
-    path: str | Path, fmt: CriteoFormat, file_index: int = 0, numbers: bool = True
+    path: str | Path | bytes,
+    fmt: CriteoFormat,
+    file_index: int = 0,
+    numbers: bool = True,
+    *,
+    row_offset: int = 0,
+    skip_header: bool = True,
 ) -> pl.LazyFrame:
     """Typed columns (``COLUMNS``) plus ``_file``, ``_row`` and ``_bad`` (0 = fine) for a file.
 
     With ``numbers`` (fast) the CSV reader parses label and numerics itself, and a
     non-numeric value there makes the query fail with ``polars.exceptions.ComputeError``:
     run it again with ``numbers=False``, which flags such rows instead (as
-    :func:`read_criteo` and :func:`ctrcal.data.prepare.prepare` do).
+    :func:`read_criteo` and :func:`ctrcal.data.prepare.prepare` do). ``path`` may be a chunk
+    of the file's lines (see :func:`scan_raw`).
     """
     parsed = _parse_exprs(fmt, numbers)
     tmp = {name: f"__{name}" for name in CATEGORICAL_COLUMNS}
-    lf = scan_raw(path, fmt, numbers).with_columns(
+    raw = scan_raw(path, fmt, numbers, row_offset=row_offset, skip_header=skip_header)
+    lf = raw.with_columns(
         parsed[name].alias(tmp[name]) for name in CATEGORICAL_COLUMNS
     )
     # Checks read the parsed categoricals from their columns, so each is parsed once.
@@ -494,13 +548,20 @@ def first_bad(
     return n, message
 
 
-def describe_bad_row(path: Path, fmt: CriteoFormat, row: int) -> str:
-    """``FILE: line N: malformed row: <what> (got <value>)`` for record ``row`` (0-based)."""
+def describe_bad_row(
+    path: Path, fmt: CriteoFormat, row: int, chunk: bytes | None = None, row_offset: int = 0
+) -> str:
+    """``FILE: line N: malformed row: <what> (got <value>)`` for record ``row`` (0-based).
+
+    With ``chunk`` (lines of the file whose first record is ``row_offset``, see
+    :func:`iter_text_chunks`) the row is looked up there instead of re-reading the file.
+    """
     line = row + 1 + fmt.header_lines
-    one = (
-        scan_raw(path, fmt).filter(pl.col(ROW_COL) == row).with_columns(_bad_code(fmt).alias("b"))
-        .collect()
-    )  # fmt: skip
+    if chunk is not None:
+        lf = scan_raw(chunk, fmt, row_offset=row_offset, skip_header=False)
+    else:
+        lf = scan_raw(path, fmt)
+    one = lf.filter(pl.col(ROW_COL) == row).with_columns(_bad_code(fmt).alias("b")).collect()
     code = int(one["b"][0]) if one.height else 0
     if code == 0:
         return f"{path}: line {line}: malformed row"

@@ -17,6 +17,12 @@ frame of :mod:`ctrcal.data.criteo` into the encoded columns the loader reads:
       3 ...           kept values, ordered by train frequency (most frequent first; ties by
                       the value), so ``vocab_size = 3 + number of kept values``
 
+Fitting reads exact counts (:class:`FitStats`): per categorical field the count of each
+value, per numeric field the count of each distinct raw value (a histogram: Criteo numerics
+are integer counts). They can be accumulated chunk by chunk and merged, so a train split
+larger than memory fits to exactly the state of fitting it at once -- the same vocabularies,
+and a mean, std and quantile boundaries computed from the same histogram.
+
 The learned state (vocabularies and numeric statistics) is saved as ``feature_map.json``
 (human-readable: schema version, per-feature kind, vocabulary size, statistics, the hash of the
 sources and pipeline config) plus ``vocab.parquet`` (the kept values and their ids).
@@ -33,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
@@ -178,6 +185,12 @@ class FeaturePipeline:
 
         pipe = FeaturePipeline(min_count=10).fit(train_lf)
         encoded = pipe.transform(valid_lf).collect()
+
+        # out of core: the same state from chunks
+        stats = pipe.new_stats()
+        for chunk in train_chunks:
+            stats.update(chunk)
+        pipe.fit_stats(stats)
     """
 
     def __init__(
@@ -223,46 +236,40 @@ class FeaturePipeline:
         x = pl.col(name).cast(pl.Float64)
         return _signed_log(x) if self.numeric_transform == "log_standardize" else x
 
-    def _numeric_expr(self, name: str) -> pl.Expr:
-        j = self.numeric_fields.index(name)
+    def _numeric_expr(self, name: str, field: str | None = None) -> pl.Expr:
+        """Model-input value of column ``name`` with the statistics of ``field`` (default:
+        the same name)."""
+        j = self.numeric_fields.index(field or name)
         center, scale = self.center_[j], self.scale_[j]
         return ((self._pre(name) - center) / scale).cast(pl.Float32).alias(name)
 
     # -- fit ------------------------------------------------------------------------------
 
+    def new_stats(self) -> FitStats:
+        """Empty :class:`FitStats` for this pipeline's fields (accumulate chunks into it)."""
+        return FitStats(self.categorical_fields, self.numeric_fields)
+
     def fit(self, train: pl.LazyFrame | pl.DataFrame) -> FeaturePipeline:
         """Learn vocabularies and numeric statistics from the (typed) train split."""
         self._check_params()
-        lf = train.lazy()
-        queries = []
-        for name in self.categorical_fields:
-            queries.append(
-                lf.select(pl.col(name).alias("value"))
-                .drop_nulls()
-                .group_by("value")
-                .agg(pl.len().alias("count"))
-            )
-        stats = [pl.len().alias("_rows")]
-        for name in self.numeric_fields:
-            pre = self._pre(name)
-            stats += [
-                pre.mean().alias(f"{name}__m"),
-                pre.std(ddof=0).alias(f"{name}__s"),
-                pre.null_count().alias(f"{name}__n"),
-            ]
-        for name in self.categorical_fields:
-            stats.append(pl.col(name).null_count().alias(f"{name}__n"))
-        queries.append(lf.select(stats))
-        results = pl.collect_all(queries, engine="streaming")
-        summary = results[-1].row(0, named=True)
-        rows = int(summary["_rows"])
+        return self.fit_stats(self.new_stats().update(train))
+
+    def fit_stats(self, stats: FitStats) -> FeaturePipeline:
+        """Learn the state from exact train statistics accumulated chunk by chunk.
+
+        ``fit(frame)`` is ``fit_stats(new_stats().update(frame))``; since the statistics are
+        exact counts, any chunking of the same rows gives the same fitted state, bit for bit.
+        """
+        self._check_params()
+        rows = stats.rows
         if rows == 0:
             raise DataError("cannot fit the feature pipeline on an empty train split")
         self.rows_ = rows
         self.vocab_ = {}
         self.distinct_ = {}
         self.categorical_missing_rate_ = {}
-        for name, counts in zip(self.categorical_fields, results[:-1], strict=True):
+        for name in self.categorical_fields:
+            counts = stats.counts(name)
             self.distinct_[name] = counts.height
             kept = counts.filter(pl.col("count") >= self.min_count).sort(
                 ["count", "value"], descending=[True, False]
@@ -270,9 +277,12 @@ class FeaturePipeline:
             self.vocab_[name] = kept.with_columns(
                 (pl.int_range(pl.len(), dtype=pl.Int32) + NUM_RESERVED).alias("id")
             )
-            self.categorical_missing_rate_[name] = summary[f"{name}__n"] / rows
-        mean = [_finite(summary[f"{n}__m"], 0.0) for n in self.numeric_fields]
-        std = [_finite(summary[f"{n}__s"], 0.0) for n in self.numeric_fields]
+            self.categorical_missing_rate_[name] = stats.nulls[name] / rows
+        mean, std = [], []
+        for name in self.numeric_fields:
+            m, s = _weighted_moments(*self._histogram(stats.counts(name)))
+            mean.append(m)
+            std.append(s)
         if self.numeric_transform == "identity":
             self.center_ = [0.0] * len(self.numeric_fields)
             self.scale_ = [1.0] * len(self.numeric_fields)
@@ -284,26 +294,33 @@ class FeaturePipeline:
         self.numeric_mean_ = [(m - c) / k for m, c, k in zip(mean, self.center_, self.scale_,
                                                               strict=True)]  # fmt: skip
         self.numeric_std_ = [v / k for v, k in zip(std, self.scale_, strict=True)]
-        self.numeric_missing_rate_ = [summary[f"{n}__n"] / rows for n in self.numeric_fields]
-        self._fit_buckets(lf)
+        self.numeric_missing_rate_ = [stats.nulls[n] / rows for n in self.numeric_fields]
+        self._fit_buckets(stats)
         return self
 
-    def _fit_buckets(self, lf: pl.LazyFrame) -> None:
-        """Quantile boundaries of the encoded train numerics (model-input space)."""
+    def _histogram(self, counts: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """(pre-standardisation value t, count) per distinct raw value, in raw-value order."""
+        counts = counts.sort("value")
+        t = counts.select(self._pre("value")).to_series().to_numpy()
+        return t.astype(np.float64), counts["count"].to_numpy().astype(np.float64)
+
+    def _fit_buckets(self, stats: FitStats) -> None:
+        """Quantile boundaries of the encoded train numerics (model-input space).
+
+        Computed exactly from the value histogram: the quantiles of the float32 model-input
+        values with linear interpolation between order statistics.
+        """
         qs = [k / self.numeric_buckets for k in range(1, self.numeric_buckets)]
         if not qs:
             self.bucket_boundaries_ = None
             return
-        exprs = []
+        self.bucket_boundaries_ = []
         for name in self.numeric_fields:
-            z = self._numeric_expr(name).cast(pl.Float64)
-            exprs += [z.quantile(q, "linear").alias(f"{name}__q{i}") for i, q in enumerate(qs)]
-        row = lf.select(exprs).collect(engine="streaming").row(0, named=True)
-        self.bucket_boundaries_ = [
-            sorted({float(row[f"{n}__q{i}"]) for i in range(len(qs))
-                    if row[f"{n}__q{i}"] is not None})
-            for n in self.numeric_fields
-        ]  # fmt: skip
+            counts = stats.counts(name)
+            z = counts.select(self._numeric_expr("value", name).cast(pl.Float64)).to_series()
+            z = z.to_numpy()
+            c = counts["count"].to_numpy().astype(np.int64)
+            self.bucket_boundaries_.append(_weighted_quantiles(z, c, qs))
 
     # -- transform ------------------------------------------------------------------------
 
@@ -430,8 +447,142 @@ class FeaturePipeline:
         return FeatureMap.from_dict(self.to_dict())
 
 
-def _finite(v: float | None, default: float) -> float:
-    return float(v) if v is not None and math.isfinite(v) else default
+# ---------------------------------------------------------------------------------------------
+# Exact, mergeable fit statistics
+
+
+class _CountTable:
+    """``value -> count`` summed over chunks.
+
+    Chunk tables are kept pending and merged (one ``group_by``) only once they outweigh the
+    merged table, so each row is re-aggregated O(log chunks) times and memory stays within a
+    small multiple of the number of distinct values, whatever the number of rows.
+    """
+
+    MIN_MERGE_ROWS = 1 << 20
+
+    def __init__(self) -> None:
+        self._merged: pl.DataFrame | None = None
+        self._pending: list[pl.DataFrame] = []
+        self._pending_rows = 0
+
+    def add(self, counts: pl.DataFrame) -> None:
+        self._pending.append(counts.with_columns(pl.col("count").cast(pl.UInt64)))
+        self._pending_rows += counts.height
+        merged = self._merged.height if self._merged is not None else 0
+        if self._pending_rows > max(self.MIN_MERGE_ROWS, merged):
+            self._merge()
+
+    def _merge(self) -> None:
+        frames = ([self._merged] if self._merged is not None else []) + self._pending
+        if len(frames) == 1:
+            self._merged = frames[0]
+        elif frames:
+            self._merged = (
+                pl.concat(frames).group_by("value").agg(pl.col("count").sum())
+            )
+        self._pending, self._pending_rows = [], 0
+
+    def result(self) -> pl.DataFrame:
+        """The merged table (columns ``value``, ``count`` u64; row order unspecified)."""
+        self._merge()
+        if self._merged is None:
+            return pl.DataFrame(schema={"value": pl.Float64, "count": pl.UInt64})
+        return self._merged
+
+
+class FitStats:
+    """Everything :class:`FeaturePipeline` learns from, as exact integer counts.
+
+    Per categorical field the count of every distinct value, per numeric field the count of
+    every distinct raw value (Criteo numerics are integer counts, so this histogram is about
+    as small as a vocabulary), the null counts and the number of rows. Counts add up exactly,
+    so statistics accumulated chunk by chunk (:meth:`update` per chunk) equal those of the
+    whole split at once, and so does everything fitted from them: the vocabularies, the
+    numeric mean and std (computed from the histogram with compensated sums, two passes) and
+    exact quantile boundaries. Memory grows with the number of distinct values, not rows.
+
+    Args:
+        categorical_fields / numeric_fields: the columns to count.
+    """
+
+    def __init__(self, categorical_fields: list[str], numeric_fields: list[str]) -> None:
+        self.categorical_fields = list(categorical_fields)
+        self.numeric_fields = list(numeric_fields)
+        self.rows = 0
+        self.nulls: dict[str, int] = {n: 0 for n in self.categorical_fields + self.numeric_fields}
+        self._tables = {n: _CountTable() for n in self.categorical_fields + self.numeric_fields}
+
+    def update(self, frame: pl.LazyFrame | pl.DataFrame) -> FitStats:
+        """Add the rows of ``frame`` (typed columns); returns self."""
+        names = self.categorical_fields + self.numeric_fields
+        if isinstance(frame, pl.DataFrame):
+            # a chunk in memory: eager counts skip the query engine's per-query start-up
+            self.rows += frame.height
+            nulls = frame.select(names).null_count().row(0, named=True)
+            for name in names:
+                col = frame[name]
+                if name in self.numeric_fields:
+                    col = col.cast(pl.Float64)
+                counts = col.drop_nulls().value_counts(name="count").rename({name: "value"})
+                self.nulls[name] += int(nulls[name])
+                if counts.height:
+                    self._tables[name].add(counts)
+            return self
+        lf = frame.lazy()
+        queries = []
+        for name in self.categorical_fields:
+            value = pl.col(name)
+            queries.append(lf.select(value.alias("value")).drop_nulls().group_by("value")
+                           .agg(pl.len().alias("count")))  # fmt: skip
+        for name in self.numeric_fields:
+            value = pl.col(name).cast(pl.Float64)
+            queries.append(lf.select(value.alias("value")).drop_nulls().group_by("value")
+                           .agg(pl.len().alias("count")))  # fmt: skip
+        queries.append(
+            lf.select(pl.len().alias("__rows"), *(pl.col(n).null_count().alias(n) for n in names))
+        )
+        results = pl.collect_all(queries, engine="streaming")
+        summary = results[-1].row(0, named=True)
+        self.rows += int(summary["__rows"])
+        for name, counts in zip(names, results[:-1], strict=True):
+            self.nulls[name] += int(summary[name])
+            if counts.height:
+                self._tables[name].add(counts)
+        return self
+
+    def counts(self, name: str) -> pl.DataFrame:
+        """``value``, ``count`` of one field (non-null values only)."""
+        return self._tables[name].result()
+
+
+def _weighted_moments(t: np.ndarray, c: np.ndarray) -> tuple[float, float]:
+    """Mean and population std of values ``t`` with counts ``c``: two passes, each an exactly
+    rounded sum (``math.fsum``), so the result depends only on the histogram."""
+    n = float(c.sum())
+    if n == 0 or not np.isfinite(t).all():
+        return 0.0, 0.0  # nothing usable to standardise by: leave the values as they are
+    mean = math.fsum((c * t).tolist()) / n
+    var = math.fsum((c * (t - mean) ** 2).tolist()) / n
+    return mean, math.sqrt(var)
+
+
+def _weighted_quantiles(z: np.ndarray, c: np.ndarray, qs: list[float]) -> list[float]:
+    """Linear-interpolation quantiles of the multiset {z_i repeated c_i times}, deduplicated and
+    sorted (as the bucket boundaries); [] when there are no values."""
+    n = int(c.sum())
+    if n == 0:
+        return []
+    order = np.argsort(z, kind="stable")
+    z, cum = z[order], np.cumsum(c[order])
+    out = set()
+    for q in qs:
+        h = q * (n - 1)
+        lo = math.floor(h)
+        x_lo = z[np.searchsorted(cum, lo, side="right")]
+        x_hi = z[np.searchsorted(cum, min(lo + 1, n - 1), side="right")]
+        out.add(float(x_lo + (h - lo) * (x_hi - x_lo)))
+    return sorted(out)
 
 
 def _positive(v: float | None) -> float:

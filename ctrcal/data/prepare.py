@@ -4,17 +4,30 @@ A prepared directory holds::
 
     DIR/feature_map.json   schema version, per-feature stats, source hash (human-readable)
     DIR/vocab.parquet      kept categorical values and their ids
-    DIR/train/part-0.parquet, DIR/valid/..., DIR/test/...
+    DIR/train/part-*.parquet, DIR/valid/..., DIR/test/...
                            label float32, I1..I13 float32 (null = missing), C1..C26 int32
                            (+ true_prob float32 when the sources are synthetic)
 
-The work is three polars passes, with no Python loop over rows or values: (1) parse every
-source into a typed frame (bad rows flagged, split assigned) -- kept in memory for inputs up to
-:data:`IN_MEMORY_BYTES`, streamed through a typed intermediate parquet beyond that, so memory
-stays bounded; (2) fit the :class:`~ctrcal.data.features.FeaturePipeline` on the train rows;
-(3) encode and write each split (streaming sinks). Everything is written into a temporary
-sibling directory that is renamed onto ``DIR`` only when complete, so an interrupted run leaves
-nothing a later run trusts.
+There is no Python loop over rows or values, and two ways to get there that write the same
+data (the same feature map, vocabulary and rows in the same order, bit for bit):
+
+* **in memory** (inputs up to :data:`IN_MEMORY_BYTES` of text): every source is parsed into
+  one typed frame (bad rows flagged, split assigned), the
+  :class:`~ctrcal.data.features.FeaturePipeline` is fitted on its train rows, and each split
+  is encoded and written by a streaming sink -- fastest;
+* **chunked** (larger inputs, or ``in_memory_bytes=0`` / ``CTRCAL_PREPARE_IN_MEMORY_BYTES=0``):
+  each source is read in chunks of whole lines (:data:`CHUNK_BYTES`; gzip decompressed on the
+  fly); each chunk is parsed, checked and split, its train rows are counted into exact
+  :class:`~ctrcal.data.features.FitStats` (per-value counts merged across chunks, so
+  ``min_count`` applies to the whole split), and the typed chunk waits on disk (lz4 parquet);
+  after the fit from the merged counts the chunks are encoded one by one into each split's
+  ``part-NNNNN.parquet`` files (row groups of :data:`ROW_GROUP_ROWS`). Memory is a few chunks
+  plus the counts, which grow with the number of distinct values, not with rows.
+
+Everything is written into a temporary sibling directory (``.DIR.XXXX.tmp``, recording its
+owner's pid) that is renamed onto ``DIR`` only when complete, so an interrupted run leaves
+nothing a later run trusts; the next run deletes such leftovers once their owner is gone (see
+:func:`clean_stale_temporaries`).
 
 The ``source_hash`` in the feature map covers each source file's identity (resolved path, size,
 modification time), the layout, the split and the pipeline config; a later call with the same
@@ -32,6 +45,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -40,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow.parquet as pq
 
 from ctrcal.data import criteo
 from ctrcal.data.criteo import LABEL, CriteoFormat
@@ -56,9 +71,18 @@ SPLITS: tuple[str, ...] = ("train", "valid", "test")
 SPLIT_COL = "_split"
 PROB_COL = "true_prob"
 ROW_GROUP_ROWS = 131_072
+PART_ROWS = 128 * ROW_GROUP_ROWS
+"""Rows per parquet part written by the chunked path (16.8M, ~1 GB of encoded data)."""
 IN_MEMORY_BYTES = 1 << 30
-"""Raw text up to this size is parsed into memory (~1 GiB of text is ~4.5M Criteo rows and
-about as much memory once typed); larger inputs stream through an intermediate parquet."""
+"""Text up to this size in all is parsed into memory (~1 GiB of text is ~4.5M Criteo rows and
+about as much memory once typed); larger inputs take the chunked path, whose memory does not
+grow with the number of rows."""
+CHUNK_BYTES = 64 << 20
+"""Text bytes per chunk of the chunked path (~270k Criteo rows)."""
+OWNER_FILE = "_owner.json"
+STALE_SECONDS = 3600
+"""A temporary directory whose owner cannot be asked (another host, no record) is deleted
+after this long without a change."""
 
 
 @dataclass
@@ -255,6 +279,7 @@ def prepare_dataset(
     identity: Any = None,
     synthetic_info: Mapping[str, Any] | None = None,
     in_memory_bytes: int | None = None,
+    chunk_bytes: int | None = None,
 ) -> PrepareResult:
     """Prepare ``inputs`` into ``out_dir`` (or reuse it); see the module docstring.
 
@@ -266,9 +291,12 @@ def prepare_dataset(
         force: prepare even if an up-to-date ``out_dir`` exists.
         identity: replaces the file identity in the hash (used for generated data).
         synthetic_info: recorded in the feature map (generated data).
-        in_memory_bytes: sources up to this many bytes (uncompressed) are parsed into memory;
-            larger ones stream through a typed intermediate parquet (default
-            :data:`IN_MEMORY_BYTES`).
+        in_memory_bytes: inputs up to this many bytes of text in all are parsed into memory;
+            larger ones take the chunked, bounded-memory path (default: the environment
+            variable ``CTRCAL_PREPARE_IN_MEMORY_BYTES``, else :data:`IN_MEMORY_BYTES`; 0 forces
+            the chunked path). Both paths write the same data.
+        chunk_bytes: text bytes per chunk of the chunked path (default:
+            ``CTRCAL_PREPARE_CHUNK_BYTES``, else :data:`CHUNK_BYTES`).
 
     Raises:
         DataError: unreadable or malformed input, unusable output directory.
@@ -276,7 +304,9 @@ def prepare_dataset(
     from ctrcal.config import Config
 
     start = time.perf_counter()
-    in_memory_bytes = IN_MEMORY_BYTES if in_memory_bytes is None else in_memory_bytes
+    in_memory_bytes = _size_setting(in_memory_bytes, "CTRCAL_PREPARE_IN_MEMORY_BYTES",
+                                    IN_MEMORY_BYTES, 0)  # fmt: skip
+    chunk_bytes = _size_setting(chunk_bytes, "CTRCAL_PREPARE_CHUNK_BYTES", CHUNK_BYTES, 1)
     cfg = cfg if cfg is not None else Config()
     on_bad_row = on_bad_row or cfg.data.on_bad_row
     if on_bad_row not in ("error", "skip"):
@@ -294,15 +324,15 @@ def prepare_dataset(
     _check_out_dir(out_dir)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would make the result private
+    clean_stale_temporaries(out_dir)
+    tmp = _owned_temp_dir(out_dir)
     try:
         result = _prepare_into(
-            tmp, sources, cfg, on_bad_row, fractions, key, synthetic_info or {}, in_memory_bytes
-        )
+            tmp, sources, cfg, on_bad_row, fractions, key, synthetic_info or {},
+            in_memory_bytes, chunk_bytes,
+        )  # fmt: skip
         shutil.rmtree(tmp / "_work", ignore_errors=True)
+        (tmp / OWNER_FILE).unlink(missing_ok=True)
         _publish(tmp, out_dir, key)
     finally:
         if tmp.exists():
@@ -312,12 +342,134 @@ def prepare_dataset(
     return result
 
 
+def _size_setting(value: int | None, env: str, default: int, minimum: int) -> int:
+    if value is None:
+        text = os.environ.get(env)
+        if text is None or not text.strip():
+            return default
+        try:
+            value = int(float(text))
+        except ValueError:
+            raise DataError(f"{env}={text!r}: expected a number of bytes") from None
+    if value < minimum:
+        raise DataError(f"{env.removeprefix('CTRCAL_PREPARE_').lower()} must be >= {minimum}, "
+                        f"got {value}")  # fmt: skip
+    return int(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Temporary directories: owned, and cleaned up after a killed run
+
+
+def _owned_temp_dir(out_dir: Path, kind: str = "") -> Path:
+    """A fresh ``.<name>.[kind-]XXXX.tmp`` sibling of ``out_dir`` recording who owns it."""
+    prefix = f".{out_dir.name}.{kind + '-' if kind else ''}"
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=out_dir.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would make the result private
+    owner = {"pid": os.getpid(), "host": socket.gethostname(), "start": _process_start(os.getpid())}
+    (tmp / OWNER_FILE).write_text(json.dumps(owner))
+    return tmp
+
+
+def _process_start(pid: int) -> int | None:
+    """The start time of a process in clock ticks since boot (Linux), to tell a reused pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _owner_alive(pid: int, start: int | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    except OSError:
+        return True
+    now = _process_start(pid)
+    return start is None or now is None or now == start
+
+
+def _last_activity(path: Path) -> float:
+    """Newest modification time of a directory, its entries and theirs (two levels)."""
+    newest = 0.0
+    try:
+        newest = path.stat().st_mtime
+        for child in path.iterdir():
+            newest = max(newest, child.stat().st_mtime)
+            if child.is_dir():
+                for grandchild in child.iterdir():
+                    newest = max(newest, grandchild.stat().st_mtime)
+    except OSError:
+        pass
+    return newest
+
+
+def _is_stale(path: Path, now: float) -> bool:
+    name = path.name
+    if ".old-" in name:
+        # a previous result moved aside by _publish, normally deleted right away
+        try:
+            pid = int(name.rsplit(".old-", 1)[1].split("-")[0])
+        except ValueError:
+            pid = None
+        if pid is not None and not _owner_alive(pid, None):
+            return True
+        return now - _last_activity(path) > STALE_SECONDS
+    try:
+        owner = json.loads((path / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        owner = None
+    if isinstance(owner, dict) and owner.get("host") == socket.gethostname():
+        try:
+            return not _owner_alive(int(owner["pid"]), owner.get("start"))
+        except (KeyError, TypeError, ValueError):
+            pass
+    # no owner on this host to ask (another machine sharing the folder, or no record):
+    # only long inactivity tells
+    return now - _last_activity(path) > STALE_SECONDS
+
+
+def clean_stale_temporaries(out_dir: str | Path) -> list[Path]:
+    """Delete what killed runs left next to ``out_dir``; returns what was deleted.
+
+    Candidates are ``.<name>.*.tmp`` (a run's work in progress) and ``.<name>.old-*`` (a
+    previous result being replaced). One is deleted when the process that made it is gone
+    (same host: its pid is dead or was reused), or, without such an owner to ask, when
+    nothing in it changed for :data:`STALE_SECONDS`. A concurrent run's directory is left
+    alone.
+    """
+    out_dir = Path(out_dir)
+    prefix = f".{out_dir.name}."
+    removed = []
+    now = time.time()
+    try:
+        entries = list(out_dir.parent.iterdir())
+    except OSError:
+        return removed
+    for path in entries:
+        name = path.name
+        if not name.startswith(prefix) or not path.is_dir() or path.is_symlink():
+            continue
+        if not (name.endswith(".tmp") or name[len(prefix) :].startswith("old-")):
+            continue
+        if _is_stale(path, now):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 def _publish(tmp: Path, out_dir: Path, key: str) -> None:
     """Move the finished ``tmp`` onto ``out_dir`` by renames only."""
     try:
         if out_dir.exists():
             # move the old directory aside first so the new one appears in one rename
-            old = out_dir.with_name(f".{out_dir.name}.old-{time.time_ns()}")
+            old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}-{time.time_ns()}")
             out_dir.rename(old)
             tmp.rename(out_dir)
             shutil.rmtree(old, ignore_errors=True)
@@ -329,6 +481,51 @@ def _publish(tmp: Path, out_dir: Path, key: str) -> None:
             raise
 
 
+# ---------------------------------------------------------------------------------------------
+# The work
+
+
+@dataclass
+class _Tally:
+    """What reading the sources found (both paths fill it the same way)."""
+
+    rows: list[int] = field(default_factory=lambda: [0, 0, 0])
+    label_sum: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    labelled: list[int] = field(default_factory=lambda: [0, 0, 0])
+    bad: int = 0
+    with_prob: bool = False
+    chunks: int = 0
+
+    def add(self, good: pl.DataFrame | pl.LazyFrame) -> None:
+        counts = (
+            good.lazy().group_by(SPLIT_COL)
+            .agg(pl.len().alias("rows"), pl.col(LABEL).cast(pl.Float64).sum().alias("sum"),
+                 pl.col(LABEL).count().alias("labelled"))
+            .collect()
+        )  # fmt: skip
+        for r in counts.iter_rows(named=True):
+            k = int(r[SPLIT_COL])
+            self.rows[k] += int(r["rows"])
+            self.label_sum[k] += float(r["sum"] or 0.0)
+            self.labelled[k] += int(r["labelled"])
+
+    def rate(self, k: int) -> float:
+        # label sums are exact integers, so this is the same whichever path added them up
+        return self.label_sum[k] / self.labelled[k] if self.labelled[k] else float("nan")
+
+
+def _text_bytes(path: Path) -> int:
+    """Size of a file's text: its size, or for gzip the larger of the trailer's (mod 2**32)
+    size and three times the compressed size (Criteo text compresses about 4:1)."""
+    size = path.stat().st_size
+    if not criteo.is_gzip(path):
+        return size
+    with open(path, "rb") as fh:
+        fh.seek(max(size - 4, 0))
+        isize = int.from_bytes(fh.read(4), "little")
+    return max(isize, 3 * size)
+
+
 def _prepare_into(
     tmp: Path,
     sources: list[_Source],
@@ -338,16 +535,16 @@ def _prepare_into(
     key: str,
     synthetic_info: Mapping[str, Any],
     in_memory_bytes: int,
+    chunk_bytes: int,
 ) -> PrepareResult:
     from ctrcal.data.synthetic import prob_path
 
     work = tmp / "_work"
     work.mkdir()
     clock = _Clock()
-    # -- detect and scan every source -------------------------------------------------------
+    # -- detect every source ----------------------------------------------------------------
     for s in sources:
         s.fmt = criteo.detect_format(s.path, cfg.data.layout)
-        s.read_path = criteo.decompress(s.path, work) if criteo.is_gzip(s.path) else s.path
         if not s.fmt.labelled and (s.split is None or s.split < 2):
             raise DataError(
                 f"{s.path}: has no labels ({s.fmt.layout} layout); training and validation "
@@ -362,80 +559,6 @@ def _prepare_into(
             "cannot mix Criteo_x1 (already encoded) with raw layouts: " + ", ".join(layouts)
         )
     layout = layouts[0] if len(layouts) == 1 else "+".join(layouts)
-    with_prob = all(s.prob is not None for s in sources)
-
-    def typed_frame(numbers: bool) -> pl.LazyFrame:
-        frames = []
-        for i, s in enumerate(sources):
-            lf = criteo.scan_typed(s.read_path, s.fmt, i, numbers)
-            if s.split is None:
-                lf = lf.with_columns(_split_expr(fractions, cfg.data.split_seed).alias(SPLIT_COL))
-            else:
-                lf = lf.with_columns(pl.lit(s.split, pl.UInt8).alias(SPLIT_COL))
-            frames.append(lf)
-        return pl.concat(frames, how="vertical")
-
-    clock("detect")
-    raw_bytes = sum(s.read_path.stat().st_size for s in sources)
-    typed_path = work / "typed.parquet"
-
-    def materialise(numbers: bool) -> pl.LazyFrame:
-        if raw_bytes <= in_memory_bytes:
-            # parsed columns take less memory than the text: keep them in memory
-            return typed_frame(numbers).collect(engine="streaming").lazy()
-        # larger than that: stream through a typed intermediate parquet, bounded memory
-        typed_frame(numbers).sink_parquet(
-            typed_path, compression="lz4", engine="streaming"
-        )
-        return pl.scan_parquet(typed_path)
-
-    try:
-        try:
-            typed = materialise(numbers=True)
-        except pl.exceptions.ComputeError:
-            # a non-numeric label or I value: the string path flags it row by row
-            typed = materialise(numbers=False)
-    except (pl.exceptions.PolarsError, OSError) as exc:
-        raise criteo.read_error([s.path for s in sources], exc) from None
-    clock("parse")
-    if with_prob:
-        # true probabilities of generated data, row-aligned with their data files; a file
-        # edited since it was generated no longer matches and its probabilities are dropped
-        per_file = typed.group_by(criteo.FILE_COL).agg(pl.len()).collect()
-        counts_by_file = dict(zip(*per_file.get_columns(), strict=True))
-        with_prob = all(
-            pl.scan_parquet(s.prob).select(pl.len()).collect().item() == counts_by_file.get(i, 0)
-            for i, s in enumerate(sources)
-        )
-    if with_prob:
-        probs = pl.concat([pl.scan_parquet(s.prob).select("prob") for s in sources])
-        typed = pl.concat(
-            [typed, probs.select(pl.col("prob").cast(pl.Float32).alias(PROB_COL))],
-            how="horizontal",
-        )
-    bad, _ = criteo.first_bad(
-        typed, [s.path for s in sources], [s.fmt for s in sources], on_bad_row == "error"
-    )
-    good = typed.filter(pl.col(criteo.BAD_COL) == 0) if bad else typed
-    counts = (
-        good.group_by(SPLIT_COL)
-        .agg(pl.len().alias("rows"), pl.col(LABEL).mean().alias("rate"))
-        .collect()
-    )
-    rows = {SPLITS[int(r[SPLIT_COL])]: int(r["rows"]) for r in counts.iter_rows(named=True)}
-    rates = {
-        SPLITS[int(r[SPLIT_COL])]: float(r["rate"]) if r["rate"] is not None else float("nan")
-        for r in counts.iter_rows(named=True)
-    }
-    read_rows = sum(rows.values()) + bad
-    if read_rows == 0:
-        names = ", ".join(str(s.path) for s in sources)
-        raise DataError(f"{names}: no rows")
-    if rows.get("train", 0) == 0:
-        raise DataError("the train split is empty (all rows malformed, or data.split gives 0)")
-
-    clock("check")
-    # -- fit on train ------------------------------------------------------------------------
     transform = resolve_numeric_transform(
         cfg.features.numeric_transform, "x1" if families == {"x1"} else layout
     )
@@ -444,35 +567,19 @@ def _prepare_into(
         numeric_transform=transform,
         numeric_buckets=cfg.features.numeric_buckets,
     )
-    pipe.fit(good.filter(pl.col(SPLIT_COL) == 0))
-    clock("fit")
+    split_seed = cfg.data.split_seed
+    clock("detect")
+    chunked = sum(_text_bytes(s.path) for s in sources) > in_memory_bytes
+    if chunked:
+        tally = _chunked(tmp, sources, on_bad_row, fractions, split_seed, pipe, clock,
+                         chunk_bytes)  # fmt: skip
+    else:
+        tally = _in_memory(tmp, sources, on_bad_row, fractions, split_seed, pipe, clock)
+    rows = {name: tally.rows[k] for k, name in enumerate(SPLITS)}
+    rates = {name: tally.rate(k) for k, name in enumerate(SPLITS)}
+    bad = tally.bad
 
-    # -- encode and write each split ---------------------------------------------------------
-    keep = (PROB_COL,) if with_prob else ()
-    sinks = []
-    for k, name in enumerate(SPLITS):
-        (tmp / name).mkdir()
-        enc = pipe.transform(good.filter(pl.col(SPLIT_COL) == k), keep=keep)
-        sinks.append(
-            enc.sink_parquet(
-                tmp / name / "part-0.parquet",
-                row_group_size=ROW_GROUP_ROWS,
-                compression="snappy",
-                statistics=False,
-                lazy=True,
-                engine="streaming",
-            )
-        )
-    try:
-        pl.collect_all(sinks, engine="streaming")
-    except (pl.exceptions.PolarsError, OSError) as exc:
-        raise criteo.read_error([s.path for s in sources], exc) from None
-    for name in SPLITS:
-        rows.setdefault(name, 0)
-        rates.setdefault(name, float("nan"))
-
-    clock("encode")
-    oracle = _oracle(tmp) if with_prob else None
+    oracle = _oracle(tmp) if tally.with_prob else None
     extra: dict[str, Any] = {
         "source_hash": key,
         "layout": layout,
@@ -481,7 +588,7 @@ def _prepare_into(
              "split": SPLITS[s.split] if s.split is not None else "random"}
             for s in sources
         ],  # fmt: skip
-        "split": {"fractions": fractions, "seed": cfg.data.split_seed}
+        "split": {"fractions": fractions, "seed": split_seed}
         if fractions is not None
         else "explicit",
         "splits": {
@@ -502,16 +609,286 @@ def _prepare_into(
         "vocab_total": sum(pipe.vocab_sizes_),
         "min_count": pipe.min_count,
         "numeric_transform": transform,
-        "read_rows": read_rows,
+        "read_rows": sum(rows.values()) + bad,
+        "path": "chunked" if chunked else "memory",
+        "chunks": tally.chunks,
         "timings": clock.laps,
     }
     if oracle:
         summary["oracle"] = oracle
     return PrepareResult(
-        tmp, False, key, rows={n: rows[n] for n in SPLITS},
-        positive_rate={n: rates[n] for n in SPLITS}, bad_rows=bad, layout=layout,
+        tmp, False, key, rows=rows, positive_rate=rates, bad_rows=bad, layout=layout,
         summary=summary,
     )  # fmt: skip
+
+
+def _check_rows(tally: _Tally, sources: list[_Source]) -> None:
+    if sum(tally.rows) + tally.bad == 0:
+        names = ", ".join(str(s.path) for s in sources)
+        raise DataError(f"{names}: no rows")
+    if tally.rows[0] == 0:
+        raise DataError("the train split is empty (all rows malformed, or data.split gives 0)")
+
+
+def _with_split(lf: pl.LazyFrame, s: _Source, fractions: list[float] | None, seed: int):
+    if s.split is None:
+        return lf.with_columns(_split_expr(fractions, seed).alias(SPLIT_COL))
+    return lf.with_columns(pl.lit(s.split, pl.UInt8).alias(SPLIT_COL))
+
+
+def _in_memory(
+    tmp: Path,
+    sources: list[_Source],
+    on_bad_row: str,
+    fractions: list[float] | None,
+    seed: int,
+    pipe: FeaturePipeline,
+    clock: _Clock,
+) -> _Tally:
+    """Parse everything into one typed frame in memory, fit, encode each split."""
+    work = tmp / "_work"
+    for s in sources:
+        s.read_path = criteo.decompress(s.path, work) if criteo.is_gzip(s.path) else s.path
+
+    def typed_frame(numbers: bool) -> pl.LazyFrame:
+        frames = [
+            _with_split(criteo.scan_typed(s.read_path, s.fmt, i, numbers), s, fractions, seed)
+            for i, s in enumerate(sources)
+        ]
+        return pl.concat(frames, how="vertical")
+
+    try:
+        try:
+            # parsed columns take less memory than the text
+            typed = typed_frame(numbers=True).collect(engine="streaming").lazy()
+        except pl.exceptions.ComputeError:
+            # a non-numeric label or I value: the string path flags it row by row
+            typed = typed_frame(numbers=False).collect(engine="streaming").lazy()
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise criteo.read_error([s.path for s in sources], exc) from None
+    clock("parse")
+    tally = _Tally(with_prob=all(s.prob is not None for s in sources), chunks=1)
+    if tally.with_prob:
+        # true probabilities of generated data, row-aligned with their data files; a file
+        # edited since it was generated no longer matches and its probabilities are dropped
+        per_file = typed.group_by(criteo.FILE_COL).agg(pl.len()).collect()
+        counts_by_file = dict(zip(*per_file.get_columns(), strict=True))
+        tally.with_prob = all(
+            pq.ParquetFile(s.prob).metadata.num_rows == counts_by_file.get(i, 0)
+            for i, s in enumerate(sources)
+        )
+    if tally.with_prob:
+        probs = pl.concat([pl.scan_parquet(s.prob).select("prob") for s in sources])
+        typed = pl.concat(
+            [typed, probs.select(pl.col("prob").cast(pl.Float32).alias(PROB_COL))],
+            how="horizontal",
+        )
+    bad, _ = criteo.first_bad(
+        typed, [s.path for s in sources], [s.fmt for s in sources], on_bad_row == "error"
+    )
+    good = typed.filter(pl.col(criteo.BAD_COL) == 0) if bad else typed
+    tally.bad = bad
+    tally.add(good)
+    _check_rows(tally, sources)
+    clock("check")
+    pipe.fit(good.filter(pl.col(SPLIT_COL) == 0))
+    clock("fit")
+    keep = (PROB_COL,) if tally.with_prob else ()
+    sinks = []
+    for k, name in enumerate(SPLITS):
+        (tmp / name).mkdir()
+        enc = pipe.transform(good.filter(pl.col(SPLIT_COL) == k), keep=keep)
+        sinks.append(
+            enc.sink_parquet(
+                tmp / name / "part-0.parquet",
+                row_group_size=ROW_GROUP_ROWS,
+                compression="snappy",
+                statistics=False,
+                lazy=True,
+                engine="streaming",
+            )
+        )
+    try:
+        pl.collect_all(sinks, engine="streaming")
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise criteo.read_error([s.path for s in sources], exc) from None
+    clock("encode")
+    return tally
+
+
+def _parse_chunk(
+    chunk: bytes, s: _Source, index: int, offset: int, fractions: list[float] | None, seed: int
+) -> pl.DataFrame:
+    """One chunk of a source's lines -> typed rows with ``_split`` (the in-memory columns)."""
+    try:
+        try:
+            lf = criteo.scan_typed(chunk, s.fmt, index, True, row_offset=offset, skip_header=False)
+            return _with_split(lf, s, fractions, seed).collect()
+        except pl.exceptions.ComputeError:
+            # a non-numeric label or I value in this chunk: flag it row by row
+            lf = criteo.scan_typed(chunk, s.fmt, index, False, row_offset=offset,
+                                   skip_header=False)  # fmt: skip
+            return _with_split(lf, s, fractions, seed).collect()
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise criteo.read_error([s.path], exc) from None
+
+
+class _ProbReader:
+    """The true probabilities of a generated file, handed out in row order chunk by chunk."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = pq.ParquetFile(path)
+        self.rows = self.file.metadata.num_rows
+        self._batches = self.file.iter_batches(batch_size=1 << 16, columns=["prob"])
+        self._held: list[Any] = []
+        self._held_rows = 0
+
+    def take(self, n: int) -> pl.Series | None:
+        """The next ``n`` probabilities (float32), or None when the file has fewer left."""
+        import pyarrow as pa
+
+        while self._held_rows < n:
+            try:
+                batch = next(self._batches)
+            except StopIteration:
+                return None
+            self._held.append(batch.column(0))
+            self._held_rows += len(batch)
+        joined = pa.concat_arrays(self._held)
+        out, rest = joined.slice(0, n), joined.slice(n)
+        self._held, self._held_rows = ([rest] if len(rest) else []), len(rest)
+        return pl.Series(PROB_COL, out).cast(pl.Float32)
+
+
+def _chunked(
+    tmp: Path,
+    sources: list[_Source],
+    on_bad_row: str,
+    fractions: list[float] | None,
+    seed: int,
+    pipe: FeaturePipeline,
+    clock: _Clock,
+    chunk_bytes: int,
+) -> _Tally:
+    """Bounded memory: (1) read each source chunk by chunk -- parse, check, split, count the
+    train rows into exact :class:`~ctrcal.data.features.FitStats`, keep the typed chunk on
+    disk (lz4 parquet); (2) fit from the merged counts; (3) encode the kept chunks one by one
+    into each split's parquet parts. Memory is a few chunks plus the counts (which grow with
+    the number of distinct values, not rows); the output equals the in-memory path's."""
+    work = tmp / "_work"
+    tally = _Tally(with_prob=all(s.prob is not None for s in sources))
+    stats = pipe.new_stats()
+    typed_parts: list[Path] = []
+    columns = [*criteo.COLUMNS, SPLIT_COL]
+    for i, s in enumerate(sources):
+        probs = _ProbReader(s.prob) if tally.with_prob else None
+        offset = 0
+        for chunk in criteo.iter_text_chunks(s.path, chunk_bytes, s.fmt.header_lines):
+            df = _parse_chunk(chunk, s, i, offset, fractions, seed)
+            if tally.with_prob:
+                prob = probs.take(df.height)
+                if prob is None:  # the file was edited since it was generated
+                    tally.with_prob = False
+                else:
+                    df = df.with_columns(prob)
+            bad = int((df[criteo.BAD_COL] != 0).sum())
+            if bad:
+                if on_bad_row == "error":
+                    row = int(df.filter(pl.col(criteo.BAD_COL) != 0)[criteo.ROW_COL][0])
+                    message = criteo.describe_bad_row(s.path, s.fmt, row, chunk, offset)
+                    more = (f"; {bad - 1} more malformed rows in the {offset + df.height:,} "
+                            f"rows read so far" if bad > 1 else "")  # fmt: skip
+                    raise DataError(f"{message}{more} (use on_bad_row=skip to drop them)")
+                df = df.filter(pl.col(criteo.BAD_COL) == 0)
+            tally.bad += bad
+            offset += df.height + bad
+            del chunk
+            keep = [*columns, PROB_COL] if tally.with_prob else columns
+            df = df.select(keep)
+            tally.add(df)
+            stats.update(df.filter(pl.col(SPLIT_COL) == 0))
+            part = work / f"typed-{i:05d}-{tally.chunks:07d}.parquet"
+            df.write_parquet(part, compression="lz4", statistics=False)
+            typed_parts.append(part)
+            tally.chunks += 1
+            del df
+        if tally.with_prob and probs.rows != offset:
+            tally.with_prob = False
+    _check_rows(tally, sources)
+    clock("parse")
+    pipe.fit_stats(stats)
+    del stats
+    clock("fit")
+    keep = (PROB_COL, SPLIT_COL) if tally.with_prob else (SPLIT_COL,)
+    writers = [_PartWriter(tmp / name) for name in SPLITS]
+    schema = None
+    for part in typed_parts:
+        enc = pipe.transform(pl.read_parquet(part), keep=keep).collect()
+        part.unlink()
+        for k, sub in enc.partition_by(SPLIT_COL, as_dict=True, include_key=False).items():
+            table = sub.to_arrow()
+            schema = table.schema
+            writers[int(k[0])].write(table)
+    for w in writers:
+        w.close(schema)
+    clock("encode")
+    return tally
+
+
+class _PartWriter:
+    """Encoded rows of one split -> ``part-NNNNN.parquet`` files of at most :data:`PART_ROWS`
+    rows, in row groups of exactly :data:`ROW_GROUP_ROWS` rows (the last one of the split
+    may be shorter) whatever the chunk sizes."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir()
+        self._pending: list[Any] = []
+        self._pending_rows = 0
+        self._writer: Any = None
+        self._parts = 0
+        self._part_rows = 0
+
+    def write(self, table: Any) -> None:
+        self._pending.append(table)
+        self._pending_rows += table.num_rows
+        if self._pending_rows >= ROW_GROUP_ROWS:
+            self._flush(final=False)
+
+    def _flush(self, final: bool) -> None:
+        import pyarrow as pa
+
+        if not self._pending:
+            return
+        table = pa.concat_tables(self._pending)
+        full = table.num_rows if final else table.num_rows - table.num_rows % ROW_GROUP_ROWS
+        done = 0
+        while done < full:
+            if self._writer is None:
+                path = self.directory / f"part-{self._parts:05d}.parquet"
+                self._writer = pq.ParquetWriter(path, table.schema, compression="snappy",
+                                                write_statistics=False)  # fmt: skip
+                self._parts += 1
+                self._part_rows = 0
+            n = min(full - done, ROW_GROUP_ROWS, PART_ROWS - self._part_rows)
+            self._writer.write_table(table.slice(done, n), row_group_size=n)
+            done += n
+            self._part_rows += n
+            if self._part_rows >= PART_ROWS:
+                self._writer.close()
+                self._writer = None
+        rest = table.slice(full)
+        self._pending, self._pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
+
+    def close(self, schema: Any) -> None:
+        """Write what is pending; a split that got no rows gets one empty part."""
+        self._flush(final=True)
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._parts == 0:
+            pq.write_table(schema.empty_table(), self.directory / "part-00000.parquet",
+                           compression="snappy", write_statistics=False)  # fmt: skip
 
 
 class _Clock:
@@ -590,14 +967,18 @@ def _prepare_synthetic(cfg: Any, out_dir: str | Path, *, force: bool) -> Prepare
         return _reuse(out_dir, key)
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".synthetic-", dir=out_dir.parent) as td:
-        raw = Path(td) / "synthetic.tsv"
+    clean_stale_temporaries(out_dir)
+    td = _owned_temp_dir(out_dir, "synthetic")
+    try:
+        raw = td / "synthetic.tsv"
         res = generate(raw, syn.rows, syn.seed)
         info = {**info, "oracle_auc": res.oracle_auc, "oracle_logloss": res.oracle_logloss,
                 "positive_rate": res.positive_rate}  # fmt: skip
         return prepare_dataset(
             [raw], out_dir, cfg, force=True, identity=identity, synthetic_info=info
         )
+    finally:
+        shutil.rmtree(td, ignore_errors=True)
 
 
 def _reuse(out_dir: str | Path, key: str) -> PrepareResult:
@@ -614,6 +995,7 @@ def _reuse(out_dir: str | Path, key: str) -> PrepareResult:
 
 __all__ = [
     "PrepareResult",
+    "clean_stale_temporaries",
     "is_prepared",
     "prepare",
     "prepare_config_dataset",
