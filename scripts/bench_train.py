@@ -17,7 +17,9 @@ The configurations are measured round-robin (``--rounds`` times ``--steps`` step
 the median per configuration is reported: when other processes load the machine, all
 configurations see the same load, and the ratios (MC-LN / LN step time, bf16 speed-up) stay
 meaningful even when the absolute rows/s do not. The load average is printed before and
-after.
+after. On a machine that other processes keep busy, ``--threads 1 --clock cpu`` measures the
+process's CPU time instead of wall time: rows per CPU-second of one core, which the load
+barely changes (multiply by the cores' parallel efficiency for a machine-wide estimate).
 
 ``--auc-rows N`` also trains the same model for one epoch on N synthetic rows (``ctrcal
 synth`` generator, prepared in a temporary directory) in fp32 and in bf16 autocast with the
@@ -93,14 +95,15 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         b, p, n = c
         for i in range(args.warmup):
             trainer._train_step(contexts[n][p], batches[b][i % 2])
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     for r in range(args.rounds):
         for c in configs if r % 2 == 0 else reversed(configs):
             b, p, n = c
             ctx = contexts[n][p]
-            start = time.perf_counter()
+            start = clock()
             for i in range(args.steps):
                 trainer._train_step(ctx, batches[b][i % 2])
-            times[c].append((time.perf_counter() - start) / args.steps)
+            times[c].append((clock() - start) / args.steps)
     out: dict[str, dict[str, float]] = {}
     for (b, p, n), ts in times.items():
         med = statistics.median(ts)
@@ -145,13 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     ap.add_argument("--vocab", type=int, default=1_000_000, help="total embedding rows")
     ap.add_argument("--emb-l2", type=float, default=1e-5)
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="wall time, or this process's CPU time (robust to other load)")
     ap.add_argument("--auc-rows", type=int, default=0, help="also measure bf16's AUC cost")
     ap.add_argument("--json", type=Path, default=None, help="write the numbers here")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{os.cpu_count()} cores, vocab {args.vocab:,} rows x 16")  # fmt: skip
+          f"{os.cpu_count()} cores, vocab {args.vocab:,} x 16, {args.clock} clock")  # fmt: skip
     print(f"load average before: {_load()}")
     res = bench_throughput(args)
     print(f"load average after:  {_load()}")
@@ -178,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"(1 epoch on {args.auc_rows:,} synthetic rows)")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"throughput": res, "ratios": ratios, "auc": auc,
+                                         "clock": args.clock, "threads": torch.get_num_threads(),
                                          "load": _load()}, indent=2))  # fmt: skip
     return 0
 
