@@ -46,29 +46,20 @@ MC-LayerNorm is the subject of a patent application by IBM (US 2025/0094784).
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import math
 import numbers
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import threading
 import warnings
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from fractions import Fraction
-from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
 from ctrcal.errors import ConfigError
+from ctrcal.layers import mcln_kernel
+from ctrcal.layers.mcln_kernel import kernel_available, small_side
 
 __all__ = [
     "BACKENDS",
@@ -158,18 +149,13 @@ def sample_subset_mask(
     _check_k(n, k)
     device = torch.device(device) if device is not None else torch.device("cpu")
     if _use_kernel(backend, device):
-        kernel = _kernel()
+        kernel = mcln_kernel.get_kernel()
         mask = torch.empty(rows, n, dtype=torch.uint8)
-        d, invert = _small_side(n, k)
+        d, invert = small_side(n, k)
         key = _draw_key(generator, device)
         kernel.run_rows(rows, n, lambda r0, r1: kernel.sample(mask, r0, r1, n, d, invert, key))
         return mask.to(dtype)
     return _torch_subset_mask(rows, n, k, generator, device, dtype)
-
-
-def _small_side(n: int, k: int) -> tuple[int, bool]:
-    """Draw the smaller of the subset and its complement (cost grows with it)."""
-    return (k, False) if k <= n - k else (n - k, True)
 
 
 # All subsets of a small row as a table: one uniform index per row picks one exactly.
@@ -199,7 +185,7 @@ def _torch_subset_mask(
     device: torch.device,
     dtype: torch.dtype,
 ) -> Tensor:
-    d, invert = _small_side(n, k)
+    d, invert = small_side(n, k)
     if math.comb(n, d) <= _TABLE_LIMIT:
         table = _subset_table(n, d, device)
         u = torch.rand(rows, generator=generator, device=device, dtype=torch.float64)
@@ -270,7 +256,9 @@ def mc_layer_norm(
                 key = _draw_key(generator, x.device)
                 w = weight.reshape(n).to(compute) if weight is not None else None
                 b = bias.reshape(n).to(compute) if bias is not None else None
-                y = _KernelMCLayerNorm.apply(x.to(compute).contiguous(), w, b, k, eps, key)
+                y = mcln_kernel.KernelMCLayerNorm.apply(
+                    x.to(compute).contiguous(), w, b, k, eps, key
+                )
             return y.reshape(input.shape).to(input.dtype)
         mask = _torch_subset_mask(rows, n, k, generator, x.device, compute)
         counts: int | Tensor = k
@@ -293,296 +281,13 @@ def mc_layer_norm(
 
 
 # ---------------------------------------------------------------------------------------------
-# The fused CPU kernel: plain C (no torch headers), compiled once per machine in about a second
-# and loaded with ctypes. Per row: Floyd's algorithm draws a uniform d-subset (d = the smaller
-# of k and N-k) with exact bounded integers (Lemire's method) from a wyrand stream keyed by one
-# torch draw and the row index; then the subset statistics and the output in two passes over
-# the row. The backward recomputes x_hat from the saved mean/rstd and the uint8 mask.
+# Backend choice (the fused kernel itself lives in ctrcal.layers.mcln_kernel)
 
 BACKENDS = ("auto", "c", "torch")
 """``auto``: the C kernel for CPU tensors when it builds, else ``torch``. ``c``: the kernel
 (an error if it cannot be built). ``torch``: pure torch ops (any device; the subset from a
 table of all subsets when ``C(N, d) <= 4096``, else the d smallest of i.i.d. float64 keys).
 The environment variable ``CTRCAL_MCLN_BACKEND`` sets the default."""
-
-_C_SOURCE = r"""
-#include <stdint.h>
-#include <string.h>
-#include <math.h>
-
-static inline uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-/* wyrand: 64 random bits per 64x64->128 multiply */
-static inline uint64_t next64(uint64_t *s) {
-    *s += 0xa0761d6478bd642fULL;
-    __uint128_t t = (__uint128_t)*s * (*s ^ 0xe7037ed1a0b428dbULL);
-    return (uint64_t)(t >> 64) ^ (uint64_t)t;
-}
-/* exactly uniform integer in [0, n) from 32 random bits, redrawing the biased sliver */
-static inline uint32_t bounded(uint32_t u, uint32_t n, uint64_t *s) {
-    uint64_t m = (uint64_t)u * n;
-    uint32_t l = (uint32_t)m;
-    if (l < n) {
-        uint32_t t = (uint32_t)(0u - n) % n;
-        while (l < t) { m = (uint64_t)(uint32_t)next64(s) * n; l = (uint32_t)m; }
-    }
-    return (uint32_t)(m >> 32);
-}
-/* Floyd's algorithm: a uniform d-subset of [0, n) per row; invert marks its complement.
-   Position t, or j when t is taken, selected without a branch (taken is a coin flip near
-   d = n/2, which a branch would mispredict). */
-void mcln_sample(uint8_t *m, int64_t r0, int64_t r1, int64_t n, int64_t d, int invert,
-                 uint64_t key) {
-    for (int64_t r = r0; r < r1; ++r) {
-        uint8_t *mr = m + r * n;
-        uint64_t s = mix64(key ^ mix64((uint64_t)r + 0x632BE59BD9B4E019ULL));
-        memset(mr, 0, (size_t)n);
-        int64_t j = n - d;
-        for (; j + 1 < n; j += 2) {
-            uint64_t u = next64(&s);
-            int64_t t = bounded((uint32_t)u, (uint32_t)(j + 1), &s);
-            mr[t ^ ((t ^ j) & -(int64_t)mr[t])] = 1;
-            t = bounded((uint32_t)(u >> 32), (uint32_t)(j + 2), &s);
-            mr[t ^ ((t ^ (j + 1)) & -(int64_t)mr[t])] = 1;
-        }
-        if (j < n) {
-            int64_t t = bounded((uint32_t)next64(&s), (uint32_t)(j + 1), &s);
-            mr[t ^ ((t ^ j) & -(int64_t)mr[t])] = 1;
-        }
-        if (invert) for (int64_t i = 0; i < n; ++i) mr[i] ^= 1;
-    }
-}
-#define DEFINE(T, SUF)                                                                       \
-void mcln_fwd_##SUF(const T *x, const T *w, const T *b, T *y, uint8_t *m, T *mean, T *rstd, \
-                    int64_t r0, int64_t r1, int64_t n, int64_t k, int64_t d, int invert,      \
-                    double eps, uint64_t key) {                                               \
-    mcln_sample(m, r0, r1, n, d, invert, key);                                                \
-    for (int64_t r = r0; r < r1; ++r) {                                                       \
-        const T *xr = x + r * n; T *yr = y + r * n; const uint8_t *mr = m + r * n;          \
-        T s = 0, v = 0;                                                                       \
-        _Pragma("omp simd reduction(+:s)")                                                    \
-        for (int64_t i = 0; i < n; ++i) s += xr[i] * (T)mr[i];                                \
-        T mu = s / (T)k;                                                                      \
-        _Pragma("omp simd reduction(+:v)")                                                    \
-        for (int64_t i = 0; i < n; ++i) { T c = (xr[i] - mu) * (T)mr[i]; v += c * c; }       \
-        T rs = (T)(1.0 / sqrt((double)v / (double)k + eps));                                  \
-        mean[r] = mu; rstd[r] = rs;                                                           \
-        if (w && b) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                    \
-            yr[i] = (xr[i] - mu) * rs * w[i] + b[i]; }                                        \
-        else if (w) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                    \
-            yr[i] = (xr[i] - mu) * rs * w[i]; }                                               \
-        else if (b) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                    \
-            yr[i] = (xr[i] - mu) * rs + b[i]; }                                               \
-        else { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                           \
-            yr[i] = (xr[i] - mu) * rs; }                                                      \
-    }                                                                                         \
-}                                                                                             \
-void mcln_bwd_##SUF(const T *dy, const T *x, const T *w, const uint8_t *m, const T *mean,    \
-                    const T *rstd, T *dx, T *dw, T *db, int64_t r0, int64_t r1, int64_t n,    \
-                    int64_t k) {                                                              \
-    for (int64_t r = r0; r < r1; ++r) {                                                       \
-        const T *dyr = dy + r * n, *xr = x + r * n; T *dxr = dx + r * n;                      \
-        const uint8_t *mr = m + r * n;                                                        \
-        T mu = mean[r], rs = rstd[r], A = 0, B = 0;                                           \
-        if (w) {                                                                              \
-            _Pragma("omp simd reduction(+:A,B)")                                              \
-            for (int64_t i = 0; i < n; ++i) {                                                 \
-                T xh = (xr[i] - mu) * rs, g = dyr[i] * w[i];                                  \
-                A += g; B += g * xh; dw[i] += dyr[i] * xh; db[i] += dyr[i];                   \
-            }                                                                                 \
-        } else {                                                                              \
-            _Pragma("omp simd reduction(+:A,B)")                                              \
-            for (int64_t i = 0; i < n; ++i) {                                                 \
-                T xh = (xr[i] - mu) * rs, g = dyr[i];                                         \
-                A += g; B += g * xh; db[i] += dyr[i];                                         \
-            }                                                                                 \
-        }                                                                                     \
-        T a = A / (T)k, c = B / (T)k;                                                         \
-        if (w) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                         \
-            dxr[i] = rs * (dyr[i] * w[i] - (T)mr[i] * (a + c * (xr[i] - mu) * rs)); }        \
-        else { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                           \
-            dxr[i] = rs * (dyr[i] - (T)mr[i] * (a + c * (xr[i] - mu) * rs)); }               \
-    }                                                                                         \
-}
-DEFINE(float, f32)
-DEFINE(double, f64)
-"""
-
-_CFLAGS = ["-O3", "-fopenmp-simd", "-shared", "-fPIC"]
-_MIN_CHUNK_ELEMENTS = 1 << 16  # a thread's chunk of rows spans at least this many elements
-
-
-class _CKernel:
-    """The compiled kernel and a thread pool over row chunks (ctypes releases the GIL)."""
-
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-        lib.mcln_sample.argtypes = [ptr, i64, i64, i64, i64, ctypes.c_int, ctypes.c_uint64]
-        for suffix in ("f32", "f64"):
-            getattr(lib, f"mcln_fwd_{suffix}").argtypes = (
-                [ptr] * 7
-                + [i64] * 5
-                + [
-                    ctypes.c_int,
-                    ctypes.c_double,
-                    ctypes.c_uint64,
-                ]
-            )
-            getattr(lib, f"mcln_bwd_{suffix}").argtypes = [ptr] * 9 + [i64] * 4
-        self.lib = lib
-        self._pool: ThreadPoolExecutor | None = None
-
-    @staticmethod
-    def _p(t: Tensor | None) -> int | None:
-        return None if t is None else t.data_ptr()
-
-    def chunks(self, rows: int, n: int) -> list[tuple[int, int]]:
-        threads = max(1, torch.get_num_threads())
-        per = max(-(-rows // threads), -(-_MIN_CHUNK_ELEMENTS // max(n, 1)))
-        return [(r, min(rows, r + per)) for r in range(0, rows, per)]
-
-    def run(self, parts: list[tuple[int, ...]], fn: Callable[..., None]) -> None:
-        if len(parts) <= 1:
-            for part in parts:
-                fn(*part)
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2)
-        for future in [self._pool.submit(fn, *part) for part in parts]:
-            future.result()
-
-    def run_rows(self, rows: int, n: int, fn: Callable[[int, int], None]) -> None:
-        self.run(self.chunks(rows, n), fn)
-
-    def sample(self, mask: Tensor, r0: int, r1: int, n: int, d: int, inv: bool, key: int) -> None:
-        self.lib.mcln_sample(mask.data_ptr(), r0, r1, n, d, int(inv), key)
-
-    def forward(
-        self, x: Tensor, w: Tensor | None, b: Tensor | None, k: int, eps: float, key: int
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        rows, n = x.shape
-        y = torch.empty_like(x)
-        mask = torch.empty(rows, n, dtype=torch.uint8)
-        mean = torch.empty(rows, dtype=x.dtype)
-        rstd = torch.empty(rows, dtype=x.dtype)
-        d, invert = _small_side(n, k)
-        fn = self.lib.mcln_fwd_f64 if x.dtype == torch.float64 else self.lib.mcln_fwd_f32
-        p = self._p
-        args = (p(x), p(w), p(b), p(y), p(mask), p(mean), p(rstd))
-        self.run_rows(rows, n, lambda r0, r1: fn(*args, r0, r1, n, k, d, int(invert), eps, key))
-        return y, mask, mean, rstd
-
-    def backward(
-        self,
-        dy: Tensor,
-        x: Tensor,
-        w: Tensor | None,
-        mask: Tensor,
-        mean: Tensor,
-        rstd: Tensor,
-        k: int,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        rows, n = x.shape
-        parts = self.chunks(rows, n)
-        dx = torch.empty_like(x)
-        # per-chunk partial sums of dweight / dbias, added up afterwards
-        dw = torch.zeros(max(len(parts), 1), n, dtype=x.dtype)
-        db = torch.zeros(max(len(parts), 1), n, dtype=x.dtype)
-        fn = self.lib.mcln_bwd_f64 if x.dtype == torch.float64 else self.lib.mcln_bwd_f32
-        p = self._p
-        head = (p(dy), p(x), p(w), p(mask), p(mean), p(rstd), p(dx))
-        self.run(
-            [(i, r0, r1) for i, (r0, r1) in enumerate(parts)],
-            lambda i, r0, r1: fn(
-                *head, p(dw[i]) if w is not None else None, p(db[i]), r0, r1, n, k
-            ),
-        )
-        return dx, dw.sum(0), db.sum(0)
-
-
-_kernel_state: dict[str, Any] = {}
-_kernel_lock = threading.Lock()
-
-
-def _reset_pool_after_fork() -> None:
-    # a forked child inherits the pool object but not its threads
-    kernel = _kernel_state.get("kernel")
-    if kernel is not None:
-        kernel._pool = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_pool_after_fork)
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("CTRCAL_CACHE_DIR") or os.environ.get("XDG_CACHE_HOME")
-    base = Path(root) / "ctrcal" if root else Path.home() / ".cache" / "ctrcal"
-    return base / "kernels"
-
-
-def _compile(cc: str, folder: Path, name: str) -> Path:
-    """Compile the kernel inside ``folder`` and rename it to ``folder/name`` (atomic)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / name
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        src = Path(tmp) / "mcln.c"
-        src.write_text(_C_SOURCE)
-        out = Path(tmp) / name
-        proc = subprocess.run(
-            [cc, *_CFLAGS, "-o", str(out), str(src), "-lm"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
-        os.replace(out, target)  # concurrent builders all end with one complete file
-    return target
-
-
-def _build_kernel() -> _CKernel:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        raise RuntimeError("no C compiler found (set CC)")
-    tag = hashlib.sha256("\0".join([_C_SOURCE, cc, *_CFLAGS]).encode()).hexdigest()[:16]
-    name = f"mcln_{platform.system()}_{platform.machine()}_{tag}.so".lower()
-    target = _cache_dir() / name
-    if not target.exists():
-        try:
-            target = _compile(cc, _cache_dir(), name)
-        except OSError:
-            # unwritable cache: build in a private temporary folder for this process only
-            # (never load a shared, predictable temp path another user could have written)
-            target = _compile(cc, Path(tempfile.mkdtemp(prefix="ctrcal-kernel-")), name)
-    return _CKernel(ctypes.CDLL(str(target)))
-
-
-def _kernel() -> _CKernel:
-    """The loaded C kernel, built on first use. Raises RuntimeError when it cannot be built."""
-    with _kernel_lock:
-        if "kernel" not in _kernel_state:
-            try:
-                _kernel_state["kernel"] = _build_kernel()
-            except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-                _kernel_state["kernel"] = None
-                _kernel_state["error"] = str(exc)
-        kernel = _kernel_state["kernel"]
-    if kernel is None:
-        raise RuntimeError(f"MC-LayerNorm C kernel unavailable: {_kernel_state['error']}")
-    return kernel
-
-
-def kernel_available() -> bool:
-    """Whether the fused C kernel for CPU builds and loads here (builds it on first call)."""
-    try:
-        _kernel()
-    except RuntimeError:
-        return False
-    return True
 
 
 def _resolve_backend(backend: str | None) -> str:
@@ -602,15 +307,16 @@ def _use_kernel(backend: str | None, device: torch.device) -> bool:
     if choice == "c":
         if device.type != "cpu":
             raise ValueError(f"the 'c' MC-LayerNorm backend runs on CPU tensors, got {device}")
-        _kernel()  # raises with the build error
+        mcln_kernel.get_kernel()  # raises with the build error
         return True
     if device.type != "cpu" or _is_compiling():
         return False  # graphs being compiled get the traceable torch ops
-    if not kernel_available():
-        if not _kernel_state.get("warned"):
-            _kernel_state["warned"] = True
+    if not mcln_kernel.kernel_available():
+        state = mcln_kernel._kernel_state
+        if not state.get("warned"):
+            state["warned"] = True
             warnings.warn(
-                f"{_kernel_state.get('error')}; MC-LayerNorm uses the slower pure-torch path",
+                f"{state.get('error')}; MC-LayerNorm uses the slower pure-torch path",
                 stacklevel=4,
             )
         return False
@@ -627,35 +333,6 @@ def _draw_key(generator: torch.Generator | None, device: torch.device) -> int:
     gen_device = generator.device if generator is not None else device
     key = torch.randint(0, 2**63 - 1, (1,), generator=generator, device=gen_device)
     return int(key.item())
-
-
-class _KernelMCLayerNorm(torch.autograd.Function):
-    """Autograd wrapper of the C kernel on x [R, N] (float32/float64, contiguous)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, k, eps, key):  # type: ignore[override]
-        kernel = _kernel()
-        w = weight.contiguous() if weight is not None else None
-        b = bias.contiguous() if bias is not None else None
-        y, mask, mean, rstd = kernel.forward(x, w, b, k, eps, key)
-        ctx.save_for_backward(x, w, mask, mean, rstd)
-        ctx.k = k
-        ctx.has_bias = b is not None
-        return y
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy):  # type: ignore[override]
-        x, w, mask, mean, rstd = ctx.saved_tensors
-        dx, dw, db = _kernel().backward(dy.contiguous(), x, w, mask, mean, rstd, ctx.k)
-        return (
-            dx,
-            dw if w is not None else None,
-            db if ctx.has_bias else None,
-            None,
-            None,
-            None,
-        )
 
 
 class MCLayerNorm(nn.LayerNorm):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrcal.errors import ConfigError
-from ctrcal.layers import mc_layernorm
+from ctrcal.layers import mc_layernorm, mcln_kernel
 from ctrcal.layers.mc_layernorm import (
     MCLayerNorm,
     kernel_available,
@@ -442,9 +442,9 @@ def test_backend_validation_and_fallback(monkeypatch):
     assert not mc_layernorm._use_kernel(None, torch.device("cpu"))
     monkeypatch.delenv("CTRCAL_MCLN_BACKEND")
     # a kernel that cannot be built: auto warns once and falls back, "c" raises
-    monkeypatch.setitem(mc_layernorm._kernel_state, "kernel", None)
-    monkeypatch.setitem(mc_layernorm._kernel_state, "error", "no C compiler found")
-    monkeypatch.setitem(mc_layernorm._kernel_state, "warned", False)
+    monkeypatch.setitem(mcln_kernel._kernel_state, "kernel", None)
+    monkeypatch.setitem(mcln_kernel._kernel_state, "error", "no C compiler found")
+    monkeypatch.setitem(mcln_kernel._kernel_state, "warned", False)
     with pytest.warns(UserWarning, match="pure-torch"):
         y = MCLayerNorm(8, fraction=0.5).train()(torch.randn(4, 8))
     assert y.shape == (4, 8)

@@ -1,0 +1,240 @@
+"""The fused CPU kernel of MC-LayerNorm: build, load and call ``mcln_kernel.c``.
+
+Per row: Floyd's algorithm draws a uniform d-subset (d = the smaller
+of k and N-k) with exact bounded integers (Lemire's method) from a wyrand stream keyed by one
+torch draw and the row index; then the subset statistics and the output in two passes over
+the row. The backward recomputes x_hat from the saved mean/rstd and the uint8 mask.
+
+The kernel is compiled once per machine with the system C compiler (about a second), cached
+under ``~/.cache/ctrcal/kernels`` (or ``$CTRCAL_CACHE_DIR``), and loaded with ctypes; calls
+release the GIL, so row chunks run on a thread pool.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+_C_SOURCE = Path(__file__).with_name("mcln_kernel.c").read_text()
+
+
+def small_side(n: int, k: int) -> tuple[int, bool]:
+    """Draw the smaller of the subset and its complement (cost grows with it): (d, invert)."""
+    return (k, False) if k <= n - k else (n - k, True)
+
+
+_CFLAGS = ["-O3", "-fopenmp-simd", "-shared", "-fPIC"]
+_MIN_CHUNK_ELEMENTS = 1 << 16  # a thread's chunk of rows spans at least this many elements
+
+
+class _CKernel:
+    """The compiled kernel and a thread pool over row chunks (ctypes releases the GIL)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+        lib.mcln_sample.argtypes = [ptr, i64, i64, i64, i64, ctypes.c_int, ctypes.c_uint64]
+        for suffix in ("f32", "f64"):
+            getattr(lib, f"mcln_fwd_{suffix}").argtypes = (
+                [ptr] * 7
+                + [i64] * 5
+                + [
+                    ctypes.c_int,
+                    ctypes.c_double,
+                    ctypes.c_uint64,
+                ]
+            )
+            getattr(lib, f"mcln_bwd_{suffix}").argtypes = [ptr] * 9 + [i64] * 4
+        self.lib = lib
+        self._pool: ThreadPoolExecutor | None = None
+
+    @staticmethod
+    def _p(t: Tensor | None) -> int | None:
+        return None if t is None else t.data_ptr()
+
+    def chunks(self, rows: int, n: int) -> list[tuple[int, int]]:
+        threads = max(1, torch.get_num_threads())
+        per = max(-(-rows // threads), -(-_MIN_CHUNK_ELEMENTS // max(n, 1)))
+        return [(r, min(rows, r + per)) for r in range(0, rows, per)]
+
+    def run(self, parts: list[tuple[int, ...]], fn: Callable[..., None]) -> None:
+        if len(parts) <= 1:
+            for part in parts:
+                fn(*part)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2)
+        for future in [self._pool.submit(fn, *part) for part in parts]:
+            future.result()
+
+    def run_rows(self, rows: int, n: int, fn: Callable[[int, int], None]) -> None:
+        self.run(self.chunks(rows, n), fn)
+
+    def sample(self, mask: Tensor, r0: int, r1: int, n: int, d: int, inv: bool, key: int) -> None:
+        self.lib.mcln_sample(mask.data_ptr(), r0, r1, n, d, int(inv), key)
+
+    def forward(
+        self, x: Tensor, w: Tensor | None, b: Tensor | None, k: int, eps: float, key: int
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        rows, n = x.shape
+        y = torch.empty_like(x)
+        mask = torch.empty(rows, n, dtype=torch.uint8)
+        mean = torch.empty(rows, dtype=x.dtype)
+        rstd = torch.empty(rows, dtype=x.dtype)
+        d, invert = small_side(n, k)
+        fn = self.lib.mcln_fwd_f64 if x.dtype == torch.float64 else self.lib.mcln_fwd_f32
+        p = self._p
+        args = (p(x), p(w), p(b), p(y), p(mask), p(mean), p(rstd))
+        self.run_rows(rows, n, lambda r0, r1: fn(*args, r0, r1, n, k, d, int(invert), eps, key))
+        return y, mask, mean, rstd
+
+    def backward(
+        self,
+        dy: Tensor,
+        x: Tensor,
+        w: Tensor | None,
+        mask: Tensor,
+        mean: Tensor,
+        rstd: Tensor,
+        k: int,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        rows, n = x.shape
+        parts = self.chunks(rows, n)
+        dx = torch.empty_like(x)
+        # per-chunk partial sums of dweight / dbias, added up afterwards
+        dw = torch.zeros(max(len(parts), 1), n, dtype=x.dtype)
+        db = torch.zeros(max(len(parts), 1), n, dtype=x.dtype)
+        fn = self.lib.mcln_bwd_f64 if x.dtype == torch.float64 else self.lib.mcln_bwd_f32
+        p = self._p
+        head = (p(dy), p(x), p(w), p(mask), p(mean), p(rstd), p(dx))
+        self.run(
+            [(i, r0, r1) for i, (r0, r1) in enumerate(parts)],
+            lambda i, r0, r1: fn(
+                *head, p(dw[i]) if w is not None else None, p(db[i]), r0, r1, n, k
+            ),
+        )
+        return dx, dw.sum(0), db.sum(0)
+
+
+_kernel_state: dict[str, Any] = {}
+_kernel_lock = threading.Lock()
+
+
+def _reset_pool_after_fork() -> None:
+    # a forked child inherits the pool object but not its threads
+    kernel = _kernel_state.get("kernel")
+    if kernel is not None:
+        kernel._pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_pool_after_fork)
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("CTRCAL_CACHE_DIR") or os.environ.get("XDG_CACHE_HOME")
+    base = Path(root) / "ctrcal" if root else Path.home() / ".cache" / "ctrcal"
+    return base / "kernels"
+
+
+def _compile(cc: str, folder: Path, name: str) -> Path:
+    """Compile the kernel inside ``folder`` and rename it to ``folder/name`` (atomic)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / name
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        src = Path(tmp) / "mcln.c"
+        src.write_text(_C_SOURCE)
+        out = Path(tmp) / name
+        proc = subprocess.run(
+            [cc, *_CFLAGS, "-o", str(out), str(src), "-lm"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
+        os.replace(out, target)  # concurrent builders all end with one complete file
+    return target
+
+
+def _build_kernel() -> _CKernel:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        raise RuntimeError("no C compiler found (set CC)")
+    tag = hashlib.sha256("\0".join([_C_SOURCE, cc, *_CFLAGS]).encode()).hexdigest()[:16]
+    name = f"mcln_{platform.system()}_{platform.machine()}_{tag}.so".lower()
+    target = _cache_dir() / name
+    if not target.exists():
+        try:
+            target = _compile(cc, _cache_dir(), name)
+        except OSError:
+            # unwritable cache: build in a private temporary folder for this process only
+            # (never load a shared, predictable temp path another user could have written)
+            target = _compile(cc, Path(tempfile.mkdtemp(prefix="ctrcal-kernel-")), name)
+    return _CKernel(ctypes.CDLL(str(target)))
+
+
+def get_kernel() -> _CKernel:
+    """The loaded C kernel, built on first use. Raises RuntimeError when it cannot be built."""
+    with _kernel_lock:
+        if "kernel" not in _kernel_state:
+            try:
+                _kernel_state["kernel"] = _build_kernel()
+            except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                _kernel_state["kernel"] = None
+                _kernel_state["error"] = str(exc)
+        kernel = _kernel_state["kernel"]
+    if kernel is None:
+        raise RuntimeError(f"MC-LayerNorm C kernel unavailable: {_kernel_state['error']}")
+    return kernel
+
+
+def kernel_available() -> bool:
+    """Whether the fused C kernel for CPU builds and loads here (builds it on first call)."""
+    try:
+        get_kernel()
+    except RuntimeError:
+        return False
+    return True
+
+
+class KernelMCLayerNorm(torch.autograd.Function):
+    """Autograd wrapper of the C kernel on x [R, N] (float32/float64, contiguous)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, k, eps, key):  # type: ignore[override]
+        kernel = get_kernel()
+        w = weight.contiguous() if weight is not None else None
+        b = bias.contiguous() if bias is not None else None
+        y, mask, mean, rstd = kernel.forward(x, w, b, k, eps, key)
+        ctx.save_for_backward(x, w, mask, mean, rstd)
+        ctx.k = k
+        ctx.has_bias = b is not None
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):  # type: ignore[override]
+        x, w, mask, mean, rstd = ctx.saved_tensors
+        dx, dw, db = get_kernel().backward(dy.contiguous(), x, w, mask, mean, rstd, ctx.k)
+        return (
+            dx,
+            dw if w is not None else None,
+            db if ctx.has_bias else None,
+            None,
+            None,
+            None,
+        )
