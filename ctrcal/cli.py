@@ -202,7 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    args, extra = parser.parse_known_args(list(argv) if argv is not None else None)
+    # `key=value` overrides may also follow options (`ctrcal run CFG --out DIR train.lr=0.1`);
+    # argparse stops filling a positional list at the first option, so collect the rest here.
+    if extra:
+        if hasattr(args, "overrides") and all("=" in a and not a.startswith("-") for a in extra):
+            args.overrides = [*args.overrides, *extra]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.handler(args) or 0)
     except CtrcalError as exc:

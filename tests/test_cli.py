@@ -70,3 +70,19 @@ def test_module_entry_point_runs():
         [sys.executable, "-m", "ctrcal", "--help"], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0 and "shift-report" in proc.stdout
+
+
+def test_overrides_after_options_are_kept(tmp_path, capsys):
+    cfg = CONFIGS[0]
+    assert main(["validate", str(cfg), "train.epochs=3", "--debug", "train.lr=0.5"]) == 0
+    args, _ = build_parser().parse_known_args(["train", str(cfg), "--out", "x", "train.lr=0.5"])
+    assert args.overrides == []  # argparse alone drops it: main() must collect it
+    assert main(["validate", str(cfg), "--debug", "train.lrr=0.5"]) == 2
+    assert "train.lrr" in capsys.readouterr().err
+
+
+def test_unknown_option_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["validate", str(CONFIGS[0]), "--no-such-flag"])
+    assert exit_.value.code == 2
+    assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
