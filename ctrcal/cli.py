@@ -6,8 +6,10 @@ Subcommands::
     ctrcal prepare INPUT... --out DIR          raw Criteo -> feature_map.json + parquet splits
     ctrcal train CONFIG [--data DIR] [--out RUN_DIR] [--resume] [k=v ...]
     ctrcal evaluate RUN_DIR [--split test] [--mc-samples N]
-    ctrcal shift-report CONFIG [--data DIR] [--out DIR] [--seeds N] [k=v ...]
-    ctrcal run CONFIG [--out DIR] [k=v ...]    prepare + train every variant + shift report
+    ctrcal shift-report CONFIG [--data DIR] [--out DIR] [--seeds N] [--workers N]
+                        [--devices cuda:0,cuda:1|auto] [k=v ...]
+    ctrcal run CONFIG [--out DIR] [--workers N] [--devices ...] [k=v ...]
+                                               prepare + train every variant + shift report
     ctrcal validate CONFIG [k=v ...]           check a config without running anything
 
 User errors print one line on stderr and exit non-zero (2 for configs and usage);
@@ -79,6 +81,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = _load(args)
     data_dir = resolve_data_dir(cfg, args.data)
     run_dir = args.out if args.out is not None else Path(cfg.out_dir)
+    if args.nproc > 1:
+        from ctrcal.train.distributed import env_world_size, launch
+
+        if env_world_size() > 1:
+            raise CtrcalError("--nproc cannot be used inside torchrun; drop it or torchrun")
+        # data is prepared once, here, before the processes start
+        argv = ["train", str(args.config), "--data", str(data_dir), "--out", str(run_dir)]
+        argv += ["--resume"] * args.resume + ["--debug"] * args.debug + list(args.overrides)
+        return launch(args.nproc, argv)
     res = train(cfg, data_dir, run_dir, resume=args.resume)
     print(res.describe())
     return 0
@@ -108,7 +119,14 @@ def cmd_shift_report(args: argparse.Namespace) -> int:
     cfg = _load(args)
     out = args.out if args.out is not None else Path(cfg.out_dir)
     paths = run_shift_report(
-        cfg, out, args.data, seeds=args.seeds, progress=cfg.train.progress, source=str(args.config)
+        cfg,
+        out,
+        args.data,
+        seeds=args.seeds,
+        workers=args.workers,
+        devices=args.devices,
+        progress=cfg.train.progress,
+        source=str(args.config),
     )
     print(finish_message(paths, time.perf_counter() - start))
     return 0
@@ -119,11 +137,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from ctrcal.data.prepare import prepare_from_config
     from ctrcal.eval.report import finish_message, plan_variants, run_shift_report
+    from ctrcal.eval.sweep import worker_slots
 
     start = time.perf_counter()
     cfg = _load(args)
     out = args.out if args.out is not None else Path(cfg.out_dir)
+    if args.workers is not None:
+        cfg.report.workers = args.workers
+    if args.devices is not None:
+        cfg.report.devices = args.devices
     plan_variants(cfg, str(args.config))  # a bad report section fails before any work
+    worker_slots(cfg, str(args.config))  # so does a GPU that is not there
     if cfg.data.prepared_dir:
         data_dir = Path(cfg.data.prepared_dir)
     else:
@@ -144,6 +168,36 @@ def _add_config(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", type=Path, help="YAML config file")
     p.add_argument(
         "overrides", nargs="*", metavar="key=value", help="overrides, e.g. train.lr=1e-4"
+    )
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _add_sweep_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workers",
+        type=_non_negative_int,
+        default=None,
+        metavar="N",
+        help="train N runs at once, each in its own process (report.workers; default 0 = one "
+        "per --devices entry, else 1 = one after another here); CPU processes get "
+        "cores // N threads each; the report is the same as a sequential one",
+    )
+    p.add_argument(
+        "--devices",
+        default=None,
+        metavar="LIST",
+        help="devices of the training processes: cuda:0,cuda:1 (one run per device at a "
+        "time; more --workers than devices share them), or auto = every visible GPU, else "
+        "the CPU (report.devices; evaluation runs on the first)",
     )
 
 
@@ -178,6 +232,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", type=Path, default=None, help="prepared data directory")
     p.add_argument("--out", type=Path, default=None, help="run directory")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="processes (one per GPU, or CPU processes with gloo): relaunches under torchrun "
+        "for DistributedDataParallel; train.batch_size stays the global batch",
+    )
 
     p = add("evaluate", cmd_evaluate, "evaluate a trained run")
     p.add_argument("run_dir", type=Path, help="run directory written by 'ctrcal train'")
@@ -190,10 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", type=Path, default=None, help="prepared data directory")
     p.add_argument("--out", type=Path, default=None, help="report directory")
     p.add_argument("--seeds", type=int, default=None, help="training seeds per variant")
+    _add_sweep_options(p)
 
     p = add("run", cmd_run, "prepare + train every variant + shift report from one config")
     _add_config(p)
     p.add_argument("--out", type=Path, default=None, help="output directory")
+    _add_sweep_options(p)
 
     p = add("validate", cmd_validate, "check a config without running anything")
     _add_config(p)

@@ -166,3 +166,67 @@ def torchrun_command(nproc: int, argv: Sequence[str]) -> list[str]:
 def launch(nproc: int, argv: Sequence[str]) -> int:
     """Run ``ctrcal <argv>`` under torchrun and return its exit status."""
     return subprocess.call(torchrun_command(nproc, argv))
+
+
+def all_reduce_sum(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """Sum of ``t`` over ranks (``t`` itself for a single process)."""
+    if not ctx.is_distributed:
+        return t
+    t = t.clone()
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def barrier(ctx: DistContext) -> None:
+    """Wait for every rank (no-op for a single process)."""
+    if ctx.is_distributed:
+        dist.barrier()
+
+
+class RankShard:
+    """This rank's view of a training split under DDP.
+
+    Each call of :meth:`batches` draws the same permutation on every rank (same ``seed``) and
+    yields batches from this rank's :func:`shard_order` share of it. With a per-rank batch of
+    ``B / world_size`` rows, step ``i`` of all ranks together covers exactly the rows of step
+    ``i`` of a single process with batch ``B``, so averaging the ranks' gradients reproduces
+    single-process training (up to the order of floating-point sums).
+
+    Args:
+        data: a split in memory or device mode (anything with ``all() -> Batch``).
+        ctx: this process's :class:`DistContext`.
+    """
+
+    def __init__(self, data, ctx: DistContext) -> None:
+        from ctrcal.data.loader import Batch
+
+        full = data.all()
+        # int32 ids halve the resident size; batches are widened to int64 one at a time
+        self._cat = full.categorical.to(torch.int32)
+        self._num, self._label = full.numeric, full.label
+        self._batch = Batch
+        self.ctx = ctx
+
+    def __len__(self) -> int:
+        return self._label.shape[0] // self.ctx.world_size
+
+    def batches(self, batch_size: int, shuffle: bool = True, seed: int | None = None):
+        """Yield this rank's batches of ``batch_size`` rows for one epoch."""
+        n = self._label.shape[0]
+        device = self._label.device
+        if shuffle:
+            if seed is None:  # an unseeded draw would give every rank another order
+                raise ValueError("RankShard.batches needs a seed to shuffle")
+            gen = torch.Generator(device=device)
+            gen.manual_seed(seed)
+            order = torch.randperm(n, generator=gen, device=device)
+        else:
+            order = torch.arange(n, device=device)
+        mine = shard_order(order, self.ctx)
+        for i in range(0, mine.numel(), batch_size):
+            idx = mine[i : i + batch_size]
+            yield self._batch(
+                self._cat.index_select(0, idx).long(),
+                self._num.index_select(0, idx),
+                self._label.index_select(0, idx),
+            )

@@ -57,6 +57,7 @@ from ctrcal.config import Config, NormSpec, config_to_dict, dump_config, load_co
 from ctrcal.data.loader import Batch
 from ctrcal.errors import ConfigError, CtrcalError, DataError
 from ctrcal.models.masknet import MaskNet, build_model
+from ctrcal.train import distributed as dist_util
 from ctrcal.train.checkpoint import (
     capture_rng_state,
     load_checkpoint,
@@ -513,18 +514,55 @@ def train(
 
 
 def _train(cfg: Config, data_dir: Path, run_dir: Path, resume: bool) -> TrainResult:
+    device = resolve_device(cfg.train.device)
+    dctx = dist_util.init_distributed(device)  # a single-process context without torchrun
+    try:
+        device = dist_util.process_device(dctx, device)
+        return _train_in_context(cfg, data_dir, run_dir, resume, device, dctx)
+    finally:
+        dist_util.shutdown(dctx)
+
+
+def _train_in_context(
+    cfg: Config,
+    data_dir: Path,
+    run_dir: Path,
+    resume: bool,
+    device: torch.device,
+    dctx: dist_util.DistContext,
+) -> TrainResult:
     from ctrcal.data.features import FeatureMap
 
     tcfg = cfg.train
-    device = resolve_device(tcfg.device)
+    world, main = dctx.world_size, dctx.is_main
     feature_map = FeatureMap.load(data_dir)
     mode = _data_mode(tcfg.data_mode, device)
+    if dctx.is_distributed and mode == "stream":
+        raise ConfigError(
+            "train.data_mode: 'stream' does not support multi-process training yet; "
+            "use 'memory' or 'device' under torchrun"
+        )
+    if tcfg.batch_size % world:
+        raise ConfigError(
+            f"train.batch_size: {tcfg.batch_size} rows cannot be split evenly over "
+            f"{world} processes (train.batch_size is the global batch)"
+        )
     train_data = _open_split(data_dir, "train", mode, device)
     valid_data = _open_split(data_dir, "valid", mode, device)
     if len(train_data) == 0 or len(valid_data) == 0:
         raise DataError(f"{data_dir}: the train and valid splits must not be empty")
     _check_ids(train_data, feature_map, f"{data_dir}/train")
     _check_ids(valid_data, feature_map, f"{data_dir}/valid")
+    if dctx.is_distributed:
+        # every rank takes an equal disjoint share of each epoch's order and evaluates a
+        # contiguous block of the validation rows; predictions are gathered for exact metrics
+        train_data = dist_util.RankShard(train_data, dctx)
+        valid_all = valid_data.all()
+        start, stop = dist_util.eval_block(len(valid_all), dctx)
+        valid_data = Batch(
+            valid_all.categorical[start:stop], valid_all.numeric[start:stop],
+            valid_all.label[start:stop],
+        )  # fmt: skip
 
     seed_everything(tcfg.seed)
     resuming = resume and (run_dir / LAST).exists()
@@ -553,24 +591,41 @@ def _train(cfg: Config, data_dir: Path, run_dir: Path, resume: bool) -> TrainRes
         restore_rng_state(last["rng"])
         stopped = bool(last.get("stopped", False))
     else:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _write_run_files(run_dir, cfg, data_dir, feature_map)
+        if main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            _write_run_files(run_dir, cfg, data_dir, feature_map)
         stopped = False
 
     forward: Callable[..., torch.Tensor] = model
+    if dctx.is_distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # parameters are broadcast from rank 0 here, so every rank starts from one model
+        forward = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
     if tcfg.compile:
-        forward = torch.compile(model)  # type: ignore[assignment]
+        forward = torch.compile(forward)  # type: ignore[assignment]
     amp = _amp_dtype(tcfg.precision, device)
-    # torch.compile traces the dense lookup; sparse table gradients are for eager mode
+    # torch.compile traces the dense lookup, and DDP all-reduces dense gradients only:
+    # sparse table gradients are for single-process eager mode
     ctx = make_step_context(model, optimizer, tcfg, device, amp, forward,
-                            sparse_tables=not tcfg.compile)  # fmt: skip
+                            sparse_tables=not (tcfg.compile or dctx.is_distributed))  # fmt: skip
     speeds: list[float] = []
     epoch = start_epoch
     while epoch < tcfg.epochs and not stopped:
         lr = optimizer.param_groups[0]["lr"]
-        train_loss, rows_per_s, seconds = _train_epoch(ctx, train_data, tcfg, epoch, device)
+        if dctx.is_distributed:
+            # MC-LayerNorm subsets and dropout masks must differ across ranks, and resuming
+            # must redraw the same ones: a per-(epoch, rank) seed gives both
+            torch.manual_seed(epoch_seed(tcfg.seed, epoch) * 1_000_003 + dctx.rank)
+        train_loss, rows_per_s, seconds = _train_epoch(
+            ctx, train_data, tcfg, epoch, device, tcfg.batch_size // world, dctx
+        )
         speeds.append(rows_per_s)
         logits, labels = predict_with_labels(model, valid_data, tcfg.eval_batch_size, device)
+        logits = dist_util.gather_rows(logits.to(device), dctx).cpu()
+        labels = dist_util.gather_rows(labels.to(device), dctx).cpu()
         auc, logloss = _valid_metrics(logits, labels)
         value = _monitor_value(tcfg.monitor, auc, logloss)
         improved = value > best_value
@@ -578,15 +633,16 @@ def _train(cfg: Config, data_dir: Path, run_dir: Path, resume: bool) -> TrainRes
             best_value, best_epoch, bad_epochs = value, epoch + 1, 0
             best_metrics = {"auc": auc, "logloss": logloss, "monitor": value}
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            save_checkpoint(
-                run_dir / BEST,
-                {
-                    "model": best_state,
-                    "epoch": best_epoch,
-                    "monitor": value,
-                    "metrics": best_metrics,
-                },  # fmt: skip
-            )
+            if main:
+                save_checkpoint(
+                    run_dir / BEST,
+                    {
+                        "model": best_state,
+                        "epoch": best_epoch,
+                        "monitor": value,
+                        "metrics": best_metrics,
+                    },  # fmt: skip
+                )
         else:
             bad_epochs += 1
             for group in optimizer.param_groups:
@@ -607,6 +663,8 @@ def _train(cfg: Config, data_dir: Path, run_dir: Path, resume: bool) -> TrainRes
             }
         )
         epoch += 1
+        if not main:
+            continue
         save_checkpoint(
             run_dir / LAST,
             {
@@ -627,6 +685,14 @@ def _train(cfg: Config, data_dir: Path, run_dir: Path, resume: bool) -> TrainRes
     model.zero_grad(set_to_none=True)
     if best_state is not None:
         model.load_state_dict(best_state)
+    if not main:  # rank 0 alone scores the test split and writes the result
+        dist_util.barrier(dctx)
+        return TrainResult(
+            run_dir=run_dir, best_epoch=best_epoch, epochs_completed=epoch,
+            stopped_early=stopped and epoch < tcfg.epochs, valid=best_metrics, test=None,
+            train_rows_per_s=float(np.mean(speeds)) if speeds else 0.0, history=history,
+            oracle=None, model=model,
+        )  # fmt: skip
     test = None
     if (data_dir / "test").is_dir():
         from ctrcal.eval.metrics import compute_all
@@ -648,6 +714,7 @@ def _train(cfg: Config, data_dir: Path, run_dir: Path, resume: bool) -> TrainRes
         model=model,
     )
     write_json_atomic(run_dir / RESULT_FILE, result.to_json())
+    dist_util.barrier(dctx)
     return result
 
 
@@ -659,9 +726,21 @@ def _valid_metrics(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, f
 
 
 def _train_epoch(
-    ctx: _StepContext, data: Any, tcfg: Any, epoch: int, device: torch.device
+    ctx: _StepContext,
+    data: Any,
+    tcfg: Any,
+    epoch: int,
+    device: torch.device,
+    batch_size: int | None = None,
+    dctx: dist_util.DistContext | None = None,
 ) -> tuple[float, float, float]:
-    """One pass over the training split; returns (mean loss, rows/s, seconds)."""
+    """One pass over the training split; returns (mean loss, rows/s, seconds).
+
+    Under DDP, ``batch_size`` is this rank's share of the global batch, and the loss and
+    rows/s are totals over all ranks (one all-reduce per epoch).
+    """
+    dctx = dctx or dist_util.DistContext()
+    batch_size = batch_size or tcfg.batch_size
     from tqdm.auto import tqdm
 
     ctx.model.train()
@@ -671,7 +750,7 @@ def _train_epoch(
         unit="rows",
         unit_scale=True,
         desc=f"epoch {epoch + 1}/{tcfg.epochs}",
-        disable=not tcfg.progress,
+        disable=not (tcfg.progress and dctx.is_main),
         leave=False,
         dynamic_ncols=True,
         mininterval=0.5,
@@ -681,7 +760,7 @@ def _train_epoch(
     rows = steps = 0
     start = time.perf_counter()
     try:
-        for batch in data.batches(tcfg.batch_size, shuffle=True, seed=epoch_seed(tcfg.seed, epoch)):
+        for batch in data.batches(batch_size, shuffle=True, seed=epoch_seed(tcfg.seed, epoch)):
             batch = batch.to(device, non_blocking=True)
             loss = _train_step(ctx, batch)
             n = len(batch)
@@ -691,6 +770,11 @@ def _train_epoch(
             bar.update(n)
             if tcfg.progress and steps % PROGRESS_EVERY == 0:
                 bar.set_postfix(loss=f"{float(loss_sum) / rows:.4f}", refresh=False)
+        if dctx.is_distributed:
+            totals = torch.stack([loss_sum, torch.tensor(float(rows), dtype=acc_dtype,
+                                                         device=device)])  # fmt: skip
+            loss_sum, rows_t = dist_util.all_reduce_sum(totals, dctx)
+            rows = int(rows_t)
         mean_loss = float(loss_sum) / max(rows, 1)  # the epoch's one host sync
     finally:
         bar.close()
