@@ -207,6 +207,12 @@ class ReportConfig:
     # a paired difference counts as significant when the two-sided paired t-test p < alpha
     alpha: float = 0.05
     figures: bool = True
+    # parallel sweeps (ctrcal.eval.sweep): training runs at once, each in its own process;
+    # 0 = one per device in `devices` (1 without them)
+    workers: int = 0
+    # where the workers train: [cuda:0, cuda:1], "cuda:0,cuda:1", or "auto" (every visible
+    # GPU, else the CPU); empty = train.device (every visible GPU if that is auto, workers > 1)
+    devices: list[str] | str = field(default_factory=list)
 
 
 @dataclass

@@ -7,7 +7,11 @@ data directory:
    ``train.seed + k`` (k < ``report.seeds``), reusing finished runs under
    ``OUT/runs/<variant>/seed<k>`` (runs trained with ``ctrcal train`` elsewhere can be placed
    there: a run is reused when its config and data match); LayerNorm and MC-LayerNorm runs of
-   the same k share the seed, so they are compared *paired by seed*;
+   the same k share the seed, so they are compared *paired by seed*. With ``report.workers``
+   / ``report.devices`` (``--workers N``, ``--devices cuda:0,cuda:1|auto``) the pending runs
+   train in parallel: one spawned worker process per device, one run at a time each (on CPU,
+   N processes with ``cores // N`` threads each), see :mod:`ctrcal.eval.sweep`; the runs, and
+   so every number of the report, are the same as when they train one after another;
 2. for each variant (a variant with ``from_variant`` reuses that variant's runs and changes only
    how it predicts: MC integration with ``mc_samples`` passes, temperature or Platt scaling fit
    on clean validation predictions), each seed, each noise seed and each intensity, evaluate
@@ -29,7 +33,6 @@ import copy
 import dataclasses
 import json
 import math
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -41,10 +44,18 @@ import numpy as np
 import pandas as pd
 
 from ctrcal.config import Config, VariantConfig, config_to_dict
-from ctrcal.errors import ConfigError, CtrcalError, DataError
+from ctrcal.errors import ConfigError, DataError
 from ctrcal.eval import metrics as M
 from ctrcal.eval.render import ReportPaths, _fmt_seconds, finish_message, write_report
 from ctrcal.eval.stats import RESULT_COLUMNS
+from ctrcal.eval.sweep import (
+    TrainJob,
+    check_workers,
+    ensure_run,
+    run_state,
+    train_in_processes,
+    worker_slots,
+)
 
 __all__ = [
     "ReportPaths",
@@ -53,6 +64,8 @@ __all__ = [
     "finish_message",
     "plan_variants",
     "run_shift_report",
+    "run_state",
+    "train_variants",
     "variant_train_config",
     "write_report",
 ]
@@ -133,6 +146,7 @@ def plan_variants(cfg: Config, source: str = "config") -> list[VariantPlan]:
         raise ConfigError(f"{source}: report.alpha: expected (0, 1), got {r.alpha}")
     if r.ece_bins < 1:
         raise ConfigError(f"{source}: report.ece_bins: expected >= 1, got {r.ece_bins}")
+    check_workers(cfg, source)
     return plans
 
 
@@ -156,78 +170,6 @@ def variant_train_config(cfg: Config, plan: VariantPlan, k: int) -> Config:
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-# keys of the train section that do not change what a run learns
-_RUNTIME_KEYS = {"progress", "device", "num_threads", "data_mode", "compile", "eval_batch_size"}
-
-
-def _run_signature(cfg: Config | dict[str, Any]) -> dict[str, Any]:
-    d = cfg if isinstance(cfg, dict) else config_to_dict(cfg)
-    data = {k: v for k, v in (d.get("data") or {}).items() if k != "prepared_dir"}
-    train = {k: v for k, v in (d.get("train") or {}).items() if k not in _RUNTIME_KEYS}
-    return {"data": data, "features": d.get("features"), "model": d.get("model"), "train": train}
-
-
-def _saved_signature(run_dir: Path) -> dict[str, Any] | None:
-    import yaml
-
-    path = run_dir / "config.yaml"
-    if not path.exists():
-        return None
-    try:
-        from ctrcal.config import config_from_dict
-
-        saved = yaml.safe_load(path.read_text()) or {}
-        # through the dataclasses, so defaults added since the run was written compare equal
-        return _run_signature(config_from_dict(saved, str(path)))
-    except (CtrcalError, yaml.YAMLError, TypeError):
-        return None
-
-
-def _data_identity(data_dir: Path) -> Any:
-    try:
-        fm = json.loads((data_dir / "feature_map.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return fm.get("source_hash")
-
-
-def _run_data_identity(run_dir: Path) -> Any:
-    try:
-        return json.loads((run_dir / "data.json").read_text()).get("source_hash")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def ensure_run(cfg: Config, data_dir: Path, run_dir: Path, log: Callable[[str], None] = _log):
-    """Train ``cfg`` into ``run_dir`` unless a run with the same config and data is there.
-
-    A finished run is reused, an interrupted one resumed; a run with a different config or
-    trained on different data is deleted and trained again (``run_dir`` belongs to the
-    report).
-
-    Returns:
-        ``"reused"``, ``"resumed"`` or ``"trained"``.
-    """
-    from ctrcal.train.trainer import train
-
-    finished = (run_dir / "result.json").exists()
-    started = (run_dir / "checkpoints" / "last.pt").exists()
-    same = _saved_signature(run_dir) == _run_signature(cfg) and _run_data_identity(
-        run_dir
-    ) == _data_identity(data_dir)
-    if finished and same:
-        return "reused"
-    if started and same:
-        train(cfg, data_dir, run_dir, resume=True)
-        return "resumed"
-    if run_dir.exists():
-        if finished or started:
-            log(f"{run_dir}: trained with another config or data; training it again")
-        shutil.rmtree(run_dir)
-    train(cfg, data_dir, run_dir)
-    return "trained"
 
 
 @dataclass
@@ -483,17 +425,54 @@ def train_variants(
     data_dir: Path,
     runs_dir: Path,
     log: Callable[[str], None] = _log,
+    *,
+    slots: list[str] | None = None,
+    progress: bool = False,
 ) -> dict[str, int]:
-    """Train (or reuse / resume) every run the plans need; returns counts by outcome."""
+    """Train (or reuse / resume) every run the plans need; returns counts by outcome.
+
+    Args:
+        slots: one device per worker (:func:`~ctrcal.eval.sweep.worker_slots`); with two or
+            more, the pending runs train in parallel processes, else one after another here
+            (on ``slots[0]`` when given, else ``train.device``).
+        progress: a progress bar over the runs trained in parallel.
+    """
     outcomes: dict[str, int] = {}
-    for plan in (p for p in plans if p.trains):
-        for k in range(cfg.report.seeds):
-            run_dir = runs_dir / plan.name / f"seed{k}"
-            vcfg = variant_train_config(cfg, plan, k)
-            log(f"[{plan.name} seed {k} (train.seed={vcfg.train.seed})] {run_dir}")
-            status = ensure_run(vcfg, data_dir, run_dir, log)
-            log(f"[{plan.name} seed {k}] {status}")
-            outcomes[status] = outcomes.get(status, 0) + 1
+    jobs = [
+        TrainJob(plan.name, k, variant_train_config(cfg, plan, k), data_dir, run_dir)
+        for plan in plans
+        if plan.trains
+        for k in range(cfg.report.seeds)
+        for run_dir in [runs_dir / plan.name / f"seed{k}"]
+    ]
+    if slots is not None and len(slots) > 1:
+        pending = []
+        # seed-major: a sweep stopped half-way leaves complete (paired) seeds behind
+        for job in sorted(jobs, key=lambda j: j.k):
+            state = run_state(job.cfg, data_dir, job.run_dir)
+            if state == "finished":
+                outcomes["reused"] = outcomes.get("reused", 0) + 1
+                continue
+            if state == "stale":
+                log(f"{job.run_dir}: trained with another config or data; training it again")
+            pending.append(job)
+        if pending:
+            log(
+                f"training {len(pending)} run(s) in {min(len(slots), len(pending))} parallel "
+                f"process(es) on {', '.join(slots)}; reused {outcomes.get('reused', 0)}"
+            )
+            done = train_in_processes(pending, slots, log=log, progress=progress)
+            for status, n in done.items():
+                outcomes[status] = outcomes.get(status, 0) + n
+        return outcomes
+    for job in jobs:
+        vcfg = job.cfg
+        if slots and vcfg.train.device != slots[0]:
+            vcfg = dataclasses.replace(vcfg, train=dataclasses.replace(vcfg.train, device=slots[0]))
+        log(f"[{job.name} (train.seed={vcfg.train.seed})] {job.run_dir}")
+        status = ensure_run(vcfg, data_dir, job.run_dir, log)
+        log(f"[{job.name}] {status}")
+        outcomes[status] = outcomes.get(status, 0) + 1
     return outcomes
 
 
@@ -503,6 +482,8 @@ def run_shift_report(
     data_dir: str | Path | None = None,
     *,
     seeds: int | None = None,
+    workers: int | None = None,
+    devices: str | list[str] | None = None,
     progress: bool = True,
     log: Callable[[str], None] = _log,
     source: str = "config",
@@ -515,7 +496,10 @@ def run_shift_report(
         data_dir: prepared data; default ``cfg.data.prepared_dir`` or, with neither, data
             prepared from ``cfg.data`` into ``out_dir/data``.
         seeds: override ``cfg.report.seeds``.
-        progress: show a progress bar over the evaluation grid.
+        workers: override ``cfg.report.workers`` (runs training at once, each in its own
+            process; see :mod:`ctrcal.eval.sweep`).
+        devices: override ``cfg.report.devices`` (``"auto"``, ``"cuda:0,cuda:1"`` or a list).
+        progress: show progress bars over the parallel training runs and the evaluation grid.
         log: where progress lines go (stderr by default).
         source: the config's file name, for error messages.
 
@@ -529,10 +513,16 @@ def run_shift_report(
 
     t_start = time.perf_counter()
     out_dir = Path(out_dir)
-    if seeds is not None:
+    if seeds is not None or workers is not None or devices is not None:
         cfg = copy.deepcopy(cfg)
-        cfg.report.seeds = int(seeds)
+        if seeds is not None:
+            cfg.report.seeds = int(seeds)
+        if workers is not None:
+            cfg.report.workers = int(workers)
+        if devices is not None:
+            cfg.report.devices = devices
     plans = plan_variants(cfg, source)
+    slots = worker_slots(cfg, source)  # before any work: a GPU that is not there fails now
     r = cfg.report
     if data_dir is None and cfg.data.prepared_dir:
         data_dir = Path(cfg.data.prepared_dir)
@@ -554,11 +544,12 @@ def run_shift_report(
         )
 
     t_train = time.perf_counter()
-    train_variants(cfg, plans, data_dir, runs_dir, log)
+    outcomes = train_variants(cfg, plans, data_dir, runs_dir, log, slots=slots, progress=progress)
     train_s = time.perf_counter() - t_train
 
     t_eval = time.perf_counter()
-    device = resolve_device(cfg.train.device)
+    # explicit report.devices: evaluate on the first of them, as a sequential run would train
+    device = resolve_device(slots[0] if r.devices else cfg.train.device)
     bs = cfg.train.eval_batch_size
     test = _open_split(data_dir, r.split, cfg, device, bs)
     valid = (
@@ -584,12 +575,16 @@ def run_shift_report(
 
     curves = grid.curves()
     total_s = time.perf_counter() - t_start
+    device_note = str(device)
+    if len(slots) > 1:
+        device_note += f"; training in {len(slots)} parallel processes ({', '.join(slots)})"
     meta = {
         "split": r.split,
         "rows": int(test.labels.shape[0]),
         "mix_fraction": r.mix_fraction,
         "noise_seeds": r.noise_seeds,
-        "device": str(device),
+        "device": device_note,
+        "training": {"workers": slots, "runs": outcomes},
         "oracle": _oracle(data_dir, r.split),
         "elapsed": f"{_fmt_seconds(total_s)} (training {_fmt_seconds(train_s)}, evaluation "
         f"{_fmt_seconds(eval_s)})",
