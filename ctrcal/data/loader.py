@@ -9,15 +9,19 @@ A :class:`Batch` is three tensors; models read ``categorical`` and ``numeric``.
   ``shuffle`` one gather per batch through a seeded ``torch.randperm``.
 * ``device``: the same tensors live on ``device`` (e.g. the whole split on the GPU); the
   permutation is drawn there too, so no host work happens per batch.
-* ``stream``: parquet row groups are read one at a time (pyarrow); with ``shuffle`` the row
-  groups are visited in a random order and rows are shuffled within a bounded buffer of
-  ``buffer_rows`` -- for data larger than memory.
+* ``stream``: for data larger than memory. A background thread reads parquet row groups
+  (pyarrow) into blocks of about ``buffer_rows`` rows, ahead of the consumer (``prefetch``
+  blocks); with ``shuffle`` the row groups come in a seeded random order and the rows of each
+  block are permuted, so every batch is a contiguous slice of a block. Memory is a few blocks,
+  not the split.
 
 Missing numerics are NaN in ``Batch.numeric``; there is no per-row collation anywhere.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,7 +81,9 @@ class ParquetCTRData:
         split: ``train``, ``valid`` or ``test``.
         mode: ``memory``, ``device`` or ``stream`` (see the module docstring).
         device: where ``device`` mode keeps the tensors (default: CUDA if available).
-        buffer_rows: ``stream`` mode shuffle buffer size in rows.
+        buffer_rows: ``stream`` mode shuffle buffer size in rows (rows are shuffled within
+            blocks of this many rows drawn from randomly ordered row groups).
+        prefetch: ``stream`` mode: blocks read ahead by the background thread.
 
     Example::
 
@@ -93,6 +99,7 @@ class ParquetCTRData:
         mode: str = "memory",
         device: torch.device | str | None = None,
         buffer_rows: int = 1 << 20,
+        prefetch: int = 2,
     ) -> None:
         from ctrcal.data.features import FeatureMap
 
@@ -104,6 +111,11 @@ class ParquetCTRData:
         self.feature_map = FeatureMap.load(self.data_dir)
         self.files = _split_files(self.data_dir, split)
         self.buffer_rows = int(buffer_rows)
+        self.prefetch = int(prefetch)
+        if self.buffer_rows < 1 or self.prefetch < 1:
+            raise DataError(
+                f"buffer_rows and prefetch must be >= 1, got {buffer_rows} and {prefetch}"
+            )
         self._cat_cols = list(self.feature_map.categorical_fields)
         self._num_cols = list(self.feature_map.numeric_fields)
         if mode == "device":
@@ -127,18 +139,34 @@ class ParquetCTRData:
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
             raise DataError(f"{self.data_dir / self.split}: unreadable parquet: {exc}") from None
 
-    def _arrays(self, table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """pyarrow table -> (int32 [N, Fc], float32 [N, Fn] NaN = missing, float32 [N])."""
+    def _arrays_of(
+        self, table, out: tuple[np.ndarray, ...] | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """pyarrow table -> (int32 [N, Fc], float32 [N, Fn] NaN = missing, float32 [N]).
+
+        Each column is copied once, from arrow's buffer (a zero-copy numpy view where it has
+        no nulls) into its place in a contiguous row-major array (``out``'s, if given: row
+        slices of larger arrays).
+        """
         n = table.num_rows
-        cat = np.empty((n, len(self._cat_cols)), dtype=np.int32)
+        if out is None:
+            out = (
+                np.empty((n, len(self._cat_cols)), dtype=np.int32),
+                np.empty((n, len(self._num_cols)), dtype=np.float32),
+                np.empty(n, dtype=np.float32),
+            )
+        cat, num, label = out
         for j, name in enumerate(self._cat_cols):
             cat[:, j] = table.column(name).to_numpy()
-        num = np.empty((n, len(self._num_cols)), dtype=np.float32)
         for j, name in enumerate(self._num_cols):
-            # nulls come back as NaN for floating columns
-            num[:, j] = table.column(name).to_numpy()
-        label = np.array(table.column("label").to_numpy(), dtype=np.float32)  # writable copy
+            num[:, j] = table.column(name).to_numpy()  # null -> NaN for floating columns
+        label[:] = table.column("label").to_numpy()
         return cat, num, label
+
+    def _tensors_of(self, table) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`_arrays_of` as tensors (sharing the memory)."""
+        cat, num, label = self._arrays_of(table)
+        return torch.from_numpy(cat), torch.from_numpy(num), torch.from_numpy(label)
 
     def _read_table(self, files: list[Path] | None = None):
         import pyarrow as pa
@@ -152,8 +180,7 @@ class ParquetCTRData:
         return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
     def _load(self) -> None:
-        cat, num, label = self._arrays(self._read_table())
-        tensors = (torch.from_numpy(cat), torch.from_numpy(num), torch.from_numpy(label))
+        tensors = self._tensors_of(self._read_table())
         if self.device.type != "cpu":
             tensors = tuple(t.to(self.device) for t in tensors)
         self._tensors = tensors  # type: ignore[assignment]
@@ -166,9 +193,8 @@ class ParquetCTRData:
     def all(self) -> Batch:
         """The whole split as one :class:`Batch` (memory and device modes)."""
         if self._tensors is None:
-            cat, num, label = self._arrays(self._read_table())
-            return Batch(torch.from_numpy(cat).long(), torch.from_numpy(num),
-                         torch.from_numpy(label))  # fmt: skip
+            cat, num, label = self._tensors_of(self._read_table())
+            return Batch(cat.long(), num, label)
         cat, num, label = self._tensors
         return Batch(cat.long(), num, label)
 
@@ -215,47 +241,165 @@ class ParquetCTRData:
     def _stream(
         self, batch_size: int, shuffle: bool, seed: int | None, drop_last: bool
     ) -> Iterator[Batch]:
+        if shuffle and seed is None:
+            # like the other modes, an unseeded shuffle follows torch's global generator
+            seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+        blocks = _BlockReader(self, batch_size, shuffle, seed, self.prefetch)
+        try:
+            for cat, num, label in blocks:
+                # every block but the last holds a multiple of batch_size rows
+                n = label.shape[0]
+                stop = n - n % batch_size if drop_last else n
+                for i in range(0, stop, batch_size):
+                    yield Batch(cat[i : i + batch_size].long(), num[i : i + batch_size],
+                                label[i : i + batch_size])  # fmt: skip
+        finally:
+            blocks.close()
+
+
+_DONE = object()
+
+
+class _BlockReader:
+    """Background reading for ``stream`` mode: parquet row groups -> shuffled tensor blocks.
+
+    A thread plans blocks of whole row groups (in file order, or with ``shuffle`` in a seeded
+    random order) of at least ``buffer_rows`` rows, allocates each block's arrays once
+    (categoricals int32 [N, Fc], numerics float32 [N, Fn] with NaN for null, labels float32
+    [N]) and fills them: pyarrow decodes a group (without holding the GIL), its columns are
+    copied from zero-copy numpy views of arrow's buffers -- in order straight into the
+    block's rows, or with ``shuffle`` into a group array scattered to its rows of a random
+    permutation of the block (numpy, GIL released). The block minus the rows after its last
+    whole batch is queued as tensors (no copy); those rows are carried into the next block.
+    Up to ``prefetch`` blocks wait in the queue, so reading and shuffling overlap with the
+    training step on one extra thread, and memory holds about ``prefetch + 2`` blocks
+    whatever the size of the split.
+    """
+
+    def __init__(
+        self, data: ParquetCTRData, batch_size: int, shuffle: bool, seed: int | None,
+        prefetch: int,
+    ) -> None:  # fmt: skip
         import pyarrow.parquet as pq
 
-        columns = ["label", *self._cat_cols, *self._num_cols]
-        groups = [(f, g) for f in self.files for g in range(pq.ParquetFile(f).num_row_groups)]
-        rng = np.random.default_rng(seed) if shuffle else None
+        self._data = data
+        self._batch = batch_size
+        self._shuffle = shuffle
+        self._seed = seed
+        self._target = max(data.buffer_rows if shuffle else batch_size, batch_size)
+        self._columns = ["label", *data._cat_cols, *data._num_cols]
+        try:
+            handles = [pq.ParquetFile(f) for f in data.files]
+            self._groups = [(pf, g, pf.metadata.row_group(g).num_rows)
+                            for pf in handles for g in range(pf.num_row_groups)]  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
+            raise DataError(f"{data.data_dir / data.split}: unreadable parquet: {exc}") from None
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ctrcal-stream", daemon=True)
+        self._thread.start()
+
+    # -- consumer side --------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        while True:
+            item = self._queue.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        """Stop the thread (also when the consumer stops early) and drop queued blocks."""
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                while True:
+                    self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            self._thread.join(timeout=0.05)
+
+    # -- producer side --------------------------------------------------------------------
+
+    def _put(self, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            self._produce()
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            if isinstance(exc, Exception) and not isinstance(exc, DataError):
+                where = self._data.data_dir / self._data.split
+                exc = DataError(f"{where}: reading parquet failed: {exc}")
+            self._put(exc)
+            return
+        self._put(_DONE)
+
+    def _produce(self) -> None:
+        # numpy only, on this one thread: torch ops here would start a second intra-op
+        # thread team competing with the training step's (and spinning while idle)
+        groups = self._groups
+        rng = np.random.default_rng(self._seed) if self._shuffle else None
         if rng is not None:
             groups = [groups[i] for i in rng.permutation(len(groups))]
-        handles: dict[Path, pq.ParquetFile] = {}
-        buffer: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        buffered = 0
+        carry: tuple[np.ndarray, ...] | None = None
+        i = 0
+        while i < len(groups) or carry is not None:
+            # the block: the rows carried over plus whole row groups up to the target size,
+            # allocated once; each group is written straight to its (permuted) rows
+            rows = 0 if carry is None else len(carry[2])
+            take = []
+            while i < len(groups) and (rows < self._target or not take):
+                take.append(groups[i])
+                rows += groups[i][2]
+                i += 1
+            final = i == len(groups)
+            block = (
+                np.empty((rows, len(self._data._cat_cols)), dtype=np.int32),
+                np.empty((rows, len(self._data._num_cols)), dtype=np.float32),
+                np.empty(rows, dtype=np.float32),
+            )
+            dest = rng.permutation(rows) if rng is not None else None
+            pos = 0
+            if carry is not None:
+                pos = _place(block, carry, pos, dest)
+            for pf, g, n in take:
+                if self._stop.is_set():
+                    return
+                table = pf.read_row_group(g, columns=self._columns, use_threads=False)
+                if dest is None:  # in order: arrow columns straight into the block
+                    self._data._arrays_of(table, out=tuple(a[pos : pos + n] for a in block))
+                    pos += n
+                else:
+                    pos = _place(block, self._data._arrays_of(table), pos, dest)
+            full = rows if final else rows - rows % self._batch
+            if full and not self._put(tuple(torch.from_numpy(a[:full]) for a in block)):
+                return
+            carry = tuple(a[full:].copy() for a in block) if full < rows else None
+            if final:
+                return
 
-        def drain(final: bool) -> Iterator[Batch]:
-            nonlocal buffer, buffered
-            cat = np.concatenate([b[0] for b in buffer])
-            num = np.concatenate([b[1] for b in buffer])
-            lab = np.concatenate([b[2] for b in buffer])
-            if rng is not None:
-                order = rng.permutation(len(lab))
-                cat, num, lab = cat[order], num[order], lab[order]
-            n = len(lab)
-            full = n - n % batch_size
-            for i in range(0, full, batch_size):
-                yield _batch(cat[i : i + batch_size], num[i : i + batch_size],
-                             lab[i : i + batch_size])  # fmt: skip
-            rest = (cat[full:], num[full:], lab[full:])
-            buffer, buffered = ([rest], n - full) if n > full else ([], 0)
-            if final and buffered and not drop_last:
-                yield _batch(*rest)
-                buffer, buffered = [], 0
 
-        for f, g in groups:
-            pf = handles.get(f) or handles.setdefault(f, pq.ParquetFile(f))
-            buffer.append(self._arrays(pf.read_row_group(g, columns=columns)))
-            buffered += len(buffer[-1][2])
-            if buffered >= max(self.buffer_rows if shuffle else batch_size, batch_size):
-                yield from drain(final=False)
-        if buffered:
-            yield from drain(final=True)
-
-
-def _batch(cat: np.ndarray, num: np.ndarray, label: np.ndarray) -> Batch:
-    return Batch(torch.from_numpy(np.ascontiguousarray(cat)).long(),
-                 torch.from_numpy(np.ascontiguousarray(num)),
-                 torch.from_numpy(np.ascontiguousarray(label)))  # fmt: skip
+def _place(
+    block: tuple[np.ndarray, ...],
+    part: tuple[np.ndarray, ...],
+    pos: int,
+    dest: np.ndarray | None,
+) -> int:
+    """Copy ``part``'s rows to rows ``pos..`` of ``block`` -- or, with a permutation ``dest``
+    of the block's rows, to rows ``dest[pos..]`` (one scatter per array). Returns the next pos."""
+    n = len(part[2])
+    for a, x in zip(block, part, strict=True):
+        if dest is None:
+            a[pos : pos + n] = x
+        else:
+            a[dest[pos : pos + n]] = x
+    return pos + n

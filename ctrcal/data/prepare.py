@@ -11,7 +11,8 @@ A prepared directory holds::
 There is no Python loop over rows or values, and two ways to get there that write the same
 data (the same feature map, vocabulary and rows in the same order, bit for bit):
 
-* **in memory** (inputs up to :data:`IN_MEMORY_BYTES` of text): every source is parsed into
+* **in memory** (inputs up to :data:`IN_MEMORY_BYTES` of text, and at most a quarter of the
+  memory available): every source is parsed into
   one typed frame (bad rows flagged, split assigned), the
   :class:`~ctrcal.data.features.FeaturePipeline` is fitted on its train rows, and each split
   is encoded and written by a streaming sink -- fastest;
@@ -112,8 +113,11 @@ class PrepareResult:
                 + ", ".join(f"{k} {v:,}" for k, v in self.rows.items())
             )
         rate = self.summary.get("read_rows", self.total_rows) / max(self.seconds, 1e-9)
+        how = self.layout or ""
+        if self.summary.get("path") == "chunked":
+            how += f", {self.summary['chunks']} chunks"
         lines = [
-            f"prepared {self.total_rows:,} rows ({self.layout}) in {self.seconds:.1f} s "
+            f"prepared {self.total_rows:,} rows ({how}) in {self.seconds:.1f} s "
             f"({rate:,.0f} rows/s) -> {self.out_dir}"
         ]
         for k in self.rows:
@@ -293,8 +297,9 @@ def prepare_dataset(
         synthetic_info: recorded in the feature map (generated data).
         in_memory_bytes: inputs up to this many bytes of text in all are parsed into memory;
             larger ones take the chunked, bounded-memory path (default: the environment
-            variable ``CTRCAL_PREPARE_IN_MEMORY_BYTES``, else :data:`IN_MEMORY_BYTES`; 0 forces
-            the chunked path). Both paths write the same data.
+            variable ``CTRCAL_PREPARE_IN_MEMORY_BYTES``, else :data:`IN_MEMORY_BYTES` or a
+            quarter of the available memory, whichever is less; 0 forces the chunked path).
+            Both paths write the same data.
         chunk_bytes: text bytes per chunk of the chunked path (default:
             ``CTRCAL_PREPARE_CHUNK_BYTES``, else :data:`CHUNK_BYTES`).
 
@@ -305,7 +310,7 @@ def prepare_dataset(
 
     start = time.perf_counter()
     in_memory_bytes = _size_setting(in_memory_bytes, "CTRCAL_PREPARE_IN_MEMORY_BYTES",
-                                    IN_MEMORY_BYTES, 0)  # fmt: skip
+                                    _auto_in_memory_bytes(), 0)  # fmt: skip
     chunk_bytes = _size_setting(chunk_bytes, "CTRCAL_PREPARE_CHUNK_BYTES", CHUNK_BYTES, 1)
     cfg = cfg if cfg is not None else Config()
     on_bad_row = on_bad_row or cfg.data.on_bad_row
@@ -340,6 +345,19 @@ def prepare_dataset(
     result.out_dir = out_dir
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _auto_in_memory_bytes() -> int:
+    """:data:`IN_MEMORY_BYTES`, or less on a small machine: the in-memory path peaks at about
+    three times the text's size, so allow a quarter of the memory available (Linux)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return min(IN_MEMORY_BYTES, int(line.split()[1]) * 1024 // 4)
+    except (OSError, ValueError, IndexError):
+        pass
+    return IN_MEMORY_BYTES
 
 
 def _size_setting(value: int | None, env: str, default: int, minimum: int) -> int:
