@@ -121,7 +121,7 @@ def _chunk_arg(args: argparse.Namespace) -> list[str]:
 
 def rss_scan(args: argparse.Namespace) -> int:
     """Peak RSS of preparing the first N rows of one generated file, for each N."""
-    from ctrcal.data.synthetic import generate
+    from ctrcal.data.synthetic import generate, prob_path
 
     sizes = sorted(int(float(x)) for x in args.rss_sizes.split(","))
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -130,6 +130,7 @@ def rss_scan(args: argparse.Namespace) -> int:
         t = time.perf_counter()
         generate(big, sizes[-1], seed=0)
         print(f"generated {sizes[-1]:,} rows in {time.perf_counter() - t:.1f} s")
+    prob_path(big).unlink(missing_ok=True)  # like real data: no true probabilities
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; chunk "
           f"{args.chunk_mb or 'default'} MiB")  # fmt: skip
     print(f"{'rows':>10} {'MiB text':>9} {'path':>8} {'seconds':>8} {'rows/s':>9} "

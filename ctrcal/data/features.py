@@ -459,7 +459,7 @@ class _CountTable:
     small multiple of the number of distinct values, whatever the number of rows.
     """
 
-    MIN_MERGE_ROWS = 1 << 20
+    MIN_MERGE_ROWS = 1 << 16
 
     def __init__(self) -> None:
         self._merged: pl.DataFrame | None = None

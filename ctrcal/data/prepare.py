@@ -78,8 +78,9 @@ IN_MEMORY_BYTES = 1 << 30
 """Text up to this size in all is parsed into memory (~1 GiB of text is ~4.5M Criteo rows and
 about as much memory once typed); larger inputs take the chunked path, whose memory does not
 grow with the number of rows."""
-CHUNK_BYTES = 64 << 20
-"""Text bytes per chunk of the chunked path (~270k Criteo rows)."""
+CHUNK_BYTES = 16 << 20
+"""Text bytes per chunk of the chunked path (~70k Criteo rows). Measured on 1M rows: 16, 32
+and 64 MiB chunks prepare at the same speed, with peak RSS ~310, ~400 and ~530 MiB."""
 OWNER_FILE = "_owner.json"
 STALE_SECONDS = 3600
 """A temporary directory whose owner cannot be asked (another host, no record) is deleted
