@@ -163,24 +163,40 @@ class ParquetCTRData:
         label[:] = table.column("label").to_numpy()
         return cat, num, label
 
-    def _tensors_of(self, table) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`_arrays_of` as tensors (sharing the memory)."""
-        cat, num, label = self._arrays_of(table)
-        return torch.from_numpy(cat), torch.from_numpy(num), torch.from_numpy(label)
+    def _read_all(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The whole split as (int32 [N, Fc], float32 [N, Fn], float32 [N]) CPU tensors.
 
-    def _read_table(self, files: list[Path] | None = None):
-        import pyarrow as pa
+        Read row group by row group straight into the result, so the peak is the split's
+        tensors plus one row group (not twice the split, as a whole arrow table first would).
+        """
         import pyarrow.parquet as pq
 
+        n = self._num_rows
+        out = (
+            np.empty((n, len(self._cat_cols)), dtype=np.int32),
+            np.empty((n, len(self._num_cols)), dtype=np.float32),
+            np.empty(n, dtype=np.float32),
+        )
         columns = ["label", *self._cat_cols, *self._num_cols]
+        pos = 0
         try:
-            tables = [pq.read_table(f, columns=columns) for f in (files or self.files)]
-        except Exception as exc:  # noqa: BLE001
+            for f in self.files:
+                pf = pq.ParquetFile(f)
+                for g in range(pf.num_row_groups):
+                    table = pf.read_row_group(g, columns=columns)
+                    m = table.num_rows
+                    self._arrays_of(table, out=tuple(a[pos : pos + m] for a in out))
+                    pos += m
+        except DataError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
             raise DataError(f"{self.data_dir / self.split}: unreadable parquet: {exc}") from None
-        return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        if pos != n:
+            raise DataError(f"{self.data_dir / self.split}: changed while being read")
+        return tuple(torch.from_numpy(a) for a in out)  # type: ignore[return-value]
 
     def _load(self) -> None:
-        tensors = self._tensors_of(self._read_table())
+        tensors = self._read_all()
         if self.device.type != "cpu":
             tensors = tuple(t.to(self.device) for t in tensors)
         self._tensors = tensors  # type: ignore[assignment]
@@ -193,7 +209,7 @@ class ParquetCTRData:
     def all(self) -> Batch:
         """The whole split as one :class:`Batch` (memory and device modes)."""
         if self._tensors is None:
-            cat, num, label = self._tensors_of(self._read_table())
+            cat, num, label = self._read_all()
             return Batch(cat.long(), num, label)
         cat, num, label = self._tensors
         return Batch(cat.long(), num, label)
