@@ -187,9 +187,11 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
         type=_non_negative_int,
         default=None,
         metavar="N",
-        help="train N runs at once, each in its own process (report.workers; default 0 = one "
-        "per --devices entry, else 1 = one after another here); CPU processes get "
-        "cores // N threads each; the report is the same as a sequential one",
+        help="train N runs at once in N spawned worker processes, one run per worker at a "
+        "time, output in runs/<variant>/seed<k>.log (report.workers; default 0 = one per "
+        "--devices entry, else 1 = one after another in this process); CPU workers get "
+        "cores // N threads each; the runs are a sequential sweep's (bit-identical on CPU "
+        "with train.num_threads set)",
     )
     p.add_argument(
         "--devices",

@@ -11,7 +11,8 @@ data directory:
    / ``report.devices`` (``--workers N``, ``--devices cuda:0,cuda:1|auto``) the pending runs
    train in parallel: one spawned worker process per device, one run at a time each (on CPU,
    N processes with ``cores // N`` threads each), see :mod:`ctrcal.eval.sweep`; the runs, and
-   so every number of the report, are the same as when they train one after another;
+   so every number of the report, are those of a sequential sweep (on CPU bit-identical when
+   ``train.num_threads`` is set, else equal up to the rounding of multi-threaded sums);
 2. for each variant (a variant with ``from_variant`` reuses that variant's runs and changes only
    how it predicts: MC integration with ``mc_samples`` passes, temperature or Platt scaling fit
    on clean validation predictions), each seed, each noise seed and each intensity, evaluate
@@ -54,6 +55,7 @@ from ctrcal.eval.sweep import (
     ensure_run,
     run_state,
     train_in_processes,
+    training_threads,
     worker_slots,
 )
 
@@ -459,7 +461,8 @@ def train_variants(
         if pending:
             log(
                 f"training {len(pending)} run(s) in {min(len(slots), len(pending))} parallel "
-                f"process(es) on {', '.join(slots)}; reused {outcomes.get('reused', 0)}"
+                f"process(es) on {', '.join(slots)}, {training_threads(cfg, slots)} thread(s) "
+                f"per run; reused {outcomes.get('reused', 0)}"
             )
             done = train_in_processes(pending, slots, log=log, progress=progress)
             for status, n in done.items():
@@ -584,7 +587,11 @@ def run_shift_report(
         "mix_fraction": r.mix_fraction,
         "noise_seeds": r.noise_seeds,
         "device": device_note,
-        "training": {"workers": slots, "runs": outcomes},
+        "training": {
+            "workers": slots,
+            "threads_per_run": training_threads(cfg, slots),
+            "runs": outcomes,
+        },
         "oracle": _oracle(data_dir, r.split),
         "elapsed": f"{_fmt_seconds(total_s)} (training {_fmt_seconds(train_s)}, evaluation "
         f"{_fmt_seconds(eval_s)})",

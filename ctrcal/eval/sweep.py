@@ -20,11 +20,15 @@ workers))`` unless ``train.num_threads`` says otherwise. A run's output goes to
 ``runs/<variant>/seed<k>.log`` instead of the terminal. The first failure stops new runs from
 starting; the runs already training finish (their work is kept and reused next time), then one
 error names every run that failed, its device and its log (the traceback is in the log). The
-runs are the same as a sequential sweep's: training is seeded per run and a CPU run's numbers do
-not depend on the process it runs in; with the same ``train.num_threads`` they are
-bit-identical, with another thread count they can differ in the last float32 bits (the order of
-multi-threaded sums; about 1e-9 in the metrics of a tiny run). On GPUs training is not
-bit-reproducible even run after run (CUDA's atomic adds), in parallel or not.
+runs are the same as a sequential sweep's: training is seeded per run, and on CPU a run's
+numbers do not depend on the process it runs in, only on its thread count. With the same
+``train.num_threads`` they are bit-identical. Without it a sequential sweep trains with all
+cores and a worker with ``cores // workers`` threads; the order of multi-threaded float32 sums
+then differs and training amplifies it (about 1e-9 in the metrics of a one-epoch tiny run,
+up to 6e-4 in AUC after two epochs of the demo config): the same as moving a sequential sweep
+to a machine with another core count. Set ``train.num_threads`` for runs that reproduce
+across both. On GPUs bit-reproducibility is not promised even between two sequential runs
+(CUDA kernels with atomic adds), in parallel or not.
 
 Python code that calls :func:`~ctrcal.eval.report.run_shift_report` with workers must, like
 any ``spawn``-based program, do so under ``if __name__ == "__main__":`` (each worker imports
@@ -60,6 +64,7 @@ __all__ = [
     "run_state",
     "threads_per_worker",
     "train_in_processes",
+    "training_threads",
     "visible_gpus",
     "worker_slots",
 ]
@@ -200,6 +205,17 @@ def cpu_cores() -> int:
 def threads_per_worker(workers: int, cores: int | None = None) -> int:
     """Intra-op threads of each of ``workers`` processes: the cores split evenly, at least 1."""
     return max(1, (cores if cores is not None else cpu_cores()) // max(1, workers))
+
+
+def training_threads(cfg: Config, slots: Sequence[str]) -> int:
+    """Intra-op threads each run of a sweep trains with (``train.num_threads`` wins)."""
+    if cfg.train.num_threads > 0:
+        return cfg.train.num_threads
+    if len(slots) > 1:
+        return threads_per_worker(len(slots))
+    import torch
+
+    return torch.get_num_threads()
 
 
 def visible_gpus() -> list[str]:
@@ -394,7 +410,17 @@ def _failure_error(failures: list[_Failure], not_started: list[Any]) -> CtrcalEr
     return cls(text)
 
 
-def _exit_reason(code: int | None) -> str:
+def _exit_reason(code: int | None, task: Any, pid: int | None) -> str:
+    try:
+        began = f"pid {pid}" in Path(task.log_path).read_text()
+    except OSError:
+        began = False
+    if not began:  # typically a script that starts a sweep without a __main__ guard
+        return (
+            f"its worker process exited with status {code} before starting it (traceback on "
+            "stderr; Python code must start a sweep with workers under "
+            "if __name__ == '__main__':)"
+        )
     if code is not None and code < 0:
         import signal
 
@@ -428,7 +454,7 @@ def run_in_processes(
         tasks: objects with ``name`` and ``log_path``.
         slots: one device per worker (``cpu``, ``cuda:1``, ...).
         fn: returns a short status string.
-        threads: intra-op threads per worker (default: the cores split over the workers).
+        threads: intra-op threads per worker (default: the cores split over the slots).
         log: where one line per started / finished task goes.
         progress: a progress bar over the tasks.
         desc: the progress bar's label.
@@ -449,9 +475,9 @@ def run_in_processes(
     if not slots:
         raise ValueError("run_in_processes needs at least one slot")
     log = log or (lambda msg: None)
-    slots = list(slots)[: max(1, len(tasks))]
-    if threads is None:
+    if threads is None:  # from all slots, even idle ones: a run's threads follow the config
         threads = threads_per_worker(len(slots))
+    slots = list(slots)[: max(1, len(tasks))]
     ctx = mp.get_context("spawn")  # never fork: torch threads and CUDA state do not survive it
     pending = deque(tasks)
     workers: dict[int, _Worker] = {}
@@ -518,7 +544,8 @@ def run_in_processes(
                     w.process.join()
                     w.conn.close()
                     del workers[slot]
-                    failures.append(_Failure(task, device, "", _exit_reason(w.process.exitcode)))
+                    reason = _exit_reason(w.process.exitcode, task, w.process.pid)
+                    failures.append(_Failure(task, device, "", reason))
                 elif message[0] == "ok":
                     done.append((task, device, message[1], seconds))
                     log(f"[{task.name}] {message[1]} on {device} in {seconds:.1f} s")
@@ -561,6 +588,8 @@ def _train_job(job: TrainJob, device: str, threads: int) -> str:
 
     if job.cfg.train.num_threads <= 0:
         torch.set_num_threads(threads)
+    else:
+        print(f"train.num_threads = {job.cfg.train.num_threads}")
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is not None:
         torch.cuda.set_device(dev)
@@ -582,6 +611,9 @@ def train_in_processes(
 ) -> dict[str, int]:
     """Train ``jobs`` in spawned processes over ``slots``; counts of outcomes by kind."""
     outcomes: dict[str, int] = {}
-    for _, _, status, _ in run_in_processes(jobs, slots, _train_job, log=log, progress=progress):
+    done = run_in_processes(
+        jobs, slots, _train_job, threads=threads_per_worker(len(slots)), log=log, progress=progress
+    )
+    for _, _, status, _ in done:
         outcomes[status] = outcomes.get(status, 0) + 1
     return outcomes
