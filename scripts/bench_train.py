@@ -23,7 +23,8 @@ barely changes (multiply by the cores' parallel efficiency for a machine-wide es
 
 ``--auc-rows N`` also trains the same model for one epoch on N synthetic rows (``ctrcal
 synth`` generator, prepared in a temporary directory) in fp32 and in bf16 autocast with the
-same seed and reports both test AUCs: the accuracy cost of bf16 on the CPU.
+same seeds (``--auc-seeds``) and reports both test AUCs, mean and spread over the seeds: the
+accuracy cost of bf16 on the CPU next to the seed-to-seed noise.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -112,7 +114,7 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     return out
 
 
-def bench_auc(args: argparse.Namespace) -> dict[str, float]:
+def bench_auc(args: argparse.Namespace) -> dict[str, Any]:
     from ctrcal.data.prepare import prepare_from_config
 
     base = [
@@ -126,14 +128,17 @@ def bench_auc(args: argparse.Namespace) -> dict[str, float]:
         "train.epochs=1",
         "train.progress=false",
     ]
-    result = {}
+    result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-train-") as td:
         data = prepare_from_config(load_config(None, base), Path(td) / "data")
         for p in args.precisions:
-            cfg = load_config(None, [*base, f"train.precision={p}"])
-            res = trainer.train(cfg, data, Path(td) / f"run-{p}")
-            result[p] = res.test["auc"]
-            result[f"{p}_logloss"] = res.test["logloss"]
+            aucs, losses = [], []
+            for seed in range(args.auc_seeds):  # training seeds: the noise to compare against
+                cfg = load_config(None, [*base, f"train.precision={p}", f"train.seed={seed}"])
+                res = trainer.train(cfg, data, Path(td) / f"run-{p}-{seed}")
+                aucs.append(res.test["auc"])
+                losses.append(res.test["logloss"])
+            result[p] = {"auc": aucs, "logloss": losses}
     return result
 
 
@@ -142,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[4096, 10000])
     ap.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
     ap.add_argument("--norms", nargs="+", choices=list(NORMS), default=list(NORMS))
-    ap.add_argument("--rounds", type=int, default=5, help="round-robin passes")
+    ap.add_argument("--rounds", type=int, default=5, help="round-robin passes (0: skip)")
     ap.add_argument("--steps", type=int, default=8, help="steps per configuration per round")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
@@ -151,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="wall time, or this process's CPU time (robust to other load)")
     ap.add_argument("--auc-rows", type=int, default=0, help="also measure bf16's AUC cost")
+    ap.add_argument("--auc-seeds", type=int, default=3, help="training seeds per precision")
     ap.add_argument("--json", type=Path, default=None, help="write the numbers here")
     args = ap.parse_args(argv)
 
@@ -158,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{os.cpu_count()} cores, vocab {args.vocab:,} x 16, {args.clock} clock")  # fmt: skip
     print(f"load average before: {_load()}")
-    res = bench_throughput(args)
+    res = bench_throughput(args) if args.rounds > 0 else {}
     print(f"load average after:  {_load()}")
     print(f"{'batch':>6} {'precision':>9} {'norm':>12} {'ms/step':>9} {'rows/s':>9}")
     for r in res.values():
@@ -179,8 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     auc = bench_auc(args) if args.auc_rows > 0 else {}
     for p in args.precisions:
         if p in auc:
-            print(f"{p}: test AUC {auc[p]:.4f}, logloss {auc[p + '_logloss']:.4f} "
-                  f"(1 epoch on {args.auc_rows:,} synthetic rows)")  # fmt: skip
+            a, ll = auc[p]["auc"], auc[p]["logloss"]
+            sd = statistics.stdev(a) if len(a) > 1 else float("nan")
+            print(f"{p}: test AUC {statistics.mean(a):.4f} (sd {sd:.4f} over {len(a)} seeds), "
+                  f"logloss {statistics.mean(ll):.4f}; 1 epoch on {args.auc_rows:,} synthetic "
+                  "rows")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"throughput": res, "ratios": ratios, "auc": auc,
                                          "clock": args.clock, "threads": torch.get_num_threads(),
