@@ -9,10 +9,11 @@ F = Fn + Fc vectors of width D (numeric fields first, then categorical, in featu
 
   ``linear`` (default)
       ``e_j = x_j * v_j + b_j``. The per-field bias is what keeps the value's information
-      when a per-field norm follows: ``LayerNorm(x * v)`` equals ``sign(x) * LayerNorm(v)`` (the
-      norm divides the scale ``|x|`` away), while the direction of ``x * v + b`` turns with
-      ``x`` from ``-v`` through ``b`` to ``+v``, so every value maps to a different normalized
-      vector and a small numeric shift moves the prediction.
+      when a per-field norm follows: ``LayerNorm(x * v)`` depends on ``x`` only through
+      ``sign(x)`` (the norm divides the scale ``|x|`` away, up to its eps), while the
+      direction of ``x * v + b`` turns with ``x`` from ``-v`` through ``b`` to ``+v``, so every
+      value maps to a different normalized vector and a small numeric shift moves the
+      prediction.
   ``scaled``
       ``e_j = x_j * v_j`` (FuxiCTR's numeric embedding). Behind a per-field norm only the sign
       of ``x`` survives; kept for comparison with published setups that use no ``emb_norm``.
