@@ -169,10 +169,21 @@ def _amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return None
 
 
-def _data_mode(mode: str, device: torch.device) -> str:
-    if mode == "auto":
-        return "device" if device.type == "cuda" else "memory"
-    return mode
+def _data_mode(mode: str, device: torch.device, feature_map: Any = None) -> str:
+    """``auto``: the splits live on the GPU when they fit in half its free memory, else in
+    host memory (batches copied over); on the CPU memory and device mode are the same."""
+    if mode != "auto":
+        return mode
+    if device.type != "cuda":
+        return "memory"
+    splits = getattr(feature_map, "splits", None) or {}
+    rows = sum(int(splits.get(k, {}).get("rows", 0)) for k in ("train", "valid", "test"))
+    fields = len(getattr(feature_map, "vocab_sizes", [])) + len(
+        getattr(feature_map, "numeric_fields", [])
+    )
+    need = rows * 4 * (fields + 1)  # int32 ids, float32 numerics and label, as the loader keeps
+    free, _ = torch.cuda.mem_get_info(device)
+    return "device" if need < 0.5 * free else "memory"
 
 
 def make_optimizer(model: nn.Module, cfg_train: Any) -> torch.optim.Optimizer:
@@ -536,7 +547,7 @@ def _train_in_context(
     tcfg = cfg.train
     world, main = dctx.world_size, dctx.is_main
     feature_map = FeatureMap.load(data_dir)
-    mode = _data_mode(tcfg.data_mode, device)
+    mode = _data_mode(tcfg.data_mode, device, feature_map)
     if dctx.is_distributed and mode == "stream":
         raise ConfigError(
             "train.data_mode: 'stream' does not support multi-process training yet; "
@@ -849,7 +860,7 @@ def evaluate_run(
         raise DataError(f"{data_dir}: its feature map differs from the one {run_dir} used")
     dev = resolve_device(device)
     model.to(dev)
-    data = _open_split(data_dir, split, _data_mode(cfg.train.data_mode, dev), dev)
+    data = _open_split(data_dir, split, _data_mode(cfg.train.data_mode, dev, feature_map), dev)
     probs, labels = predict_probs(
         model, data, batch_size or cfg.train.eval_batch_size, dev, mc_samples=mc_samples
     )

@@ -317,3 +317,17 @@ def test_trained_model_is_handed_back_dense_and_without_grads(ln_run):
     _, res = ln_run
     assert res.model.embedding.table.sparse is False
     assert all(p.grad is None for p in res.model.parameters())
+
+
+def test_auto_data_mode_keeps_splits_on_the_gpu_only_when_they_fit(monkeypatch):
+    from types import SimpleNamespace
+
+    fm = SimpleNamespace(splits={"train": {"rows": 1000}, "valid": {"rows": 100}},
+                         vocab_sizes=[5] * 3, numeric_fields=["a"])  # fmt: skip
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**6, 10**7))
+    assert trainer._data_mode("auto", cuda, fm) == "device"  # 1100 rows * 20 B
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**4, 10**7))
+    assert trainer._data_mode("auto", cuda, fm) == "memory"
+    assert trainer._data_mode("auto", torch.device("cpu"), fm) == "memory"
+    assert trainer._data_mode("stream", cuda, fm) == "stream"
