@@ -137,6 +137,8 @@ class TrainConfig:
     row stop training; the best epoch's weights are restored. ``precision: auto`` is bf16
     autocast on CUDA and fp32 elsewhere. ``finetune_from`` names a finished run directory
     whose best weights start this run, with its norms replaced by this config's.
+    ``cpu_matmul`` picks the library of CPU float32 matrix products (``auto``: oneDNN where it
+    keeps float32 accuracy, see :mod:`ctrcal.train.cpu_matmul`; ``default``: PyTorch's BLAS).
     """
 
     seed: int = 0
@@ -157,6 +159,7 @@ class TrainConfig:
     compile: bool = False
     data_mode: Literal["memory", "device", "stream", "auto"] = "auto"
     num_threads: int = 0
+    cpu_matmul: Literal["auto", "default", "onednn"] = "auto"
     finetune_from: str | None = None
     progress: bool = True
 

@@ -46,6 +46,7 @@ from ctrcal.data.criteo import NUM_CATEGORICAL, NUM_NUMERIC
 from ctrcal.data.loader import Batch
 from ctrcal.models.masknet import MaskNet
 from ctrcal.train import trainer
+from ctrcal.train.cpu_matmul import cpu_matmul
 
 MODEL = {"hidden_units": [400, 400, 400], "embedding_dim": 16, "reduction_ratio": 0.2}
 NORMS = {"layernorm": "layernorm", "mclayernorm": {"name": "mclayernorm", "fraction": 0.8}}
@@ -127,6 +128,7 @@ def bench_auc(args: argparse.Namespace) -> dict[str, Any]:
         "train.batch_size=4096",
         "train.epochs=1",
         "train.progress=false",
+        f"train.cpu_matmul={args.cpu_matmul}",
     ]
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-train-") as td:
@@ -153,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     ap.add_argument("--vocab", type=int, default=1_000_000, help="total embedding rows")
     ap.add_argument("--emb-l2", type=float, default=1e-5)
+    ap.add_argument("--cpu-matmul", choices=["auto", "default", "onednn"], default="auto",
+                    help="library of fp32 matmuls (see ctrcal.train.cpu_matmul)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="wall time, or this process's CPU time (robust to other load)")
     ap.add_argument("--auc-rows", type=int, default=0, help="also measure bf16's AUC cost")
@@ -164,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{os.cpu_count()} cores, vocab {args.vocab:,} x 16, {args.clock} clock")  # fmt: skip
     print(f"load average before: {_load()}")
-    res = bench_throughput(args) if args.rounds > 0 else {}
+    with cpu_matmul(args.cpu_matmul) as backend:
+        print(f"fp32 matmuls: {backend}")
+        res = bench_throughput(args) if args.rounds > 0 else {}
     print(f"load average after:  {_load()}")
     print(f"{'batch':>6} {'precision':>9} {'norm':>12} {'ms/step':>9} {'rows/s':>9}")
     for r in res.values():

@@ -64,6 +64,7 @@ from ctrcal.train.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
+from ctrcal.train.cpu_matmul import cpu_matmul
 from ctrcal.train.predict import predict_logits, predict_probs, predict_with_labels
 from ctrcal.utils import resolve_device, seed_everything, write_json_atomic, write_text_atomic
 
@@ -89,7 +90,7 @@ LAST = Path("checkpoints") / "last.pt"
 # Keys that may differ between a run's snapshot and the config it is resumed with: they change
 # how fast or how visibly the run goes, not what it computes.
 _RESUME_FREE = {"train.progress", "train.num_threads", "train.device", "train.data_mode",
-                "train.epochs", "train.eval_batch_size", "out_dir"}  # fmt: skip
+                "train.epochs", "train.eval_batch_size", "train.cpu_matmul", "out_dir"}  # fmt: skip
 
 
 @dataclass
@@ -518,8 +519,11 @@ def train(
     threads = torch.get_num_threads()
     if tcfg.num_threads > 0:
         torch.set_num_threads(tcfg.num_threads)
+    # the oneDNN switch is for eager CPU runs; compiled graphs pick their own GEMM lowering
+    eager_cpu = resolve_device(tcfg.device).type == "cpu" and not tcfg.compile
     try:
-        return _train(cfg, data_dir, run_dir, resume)
+        with cpu_matmul(tcfg.cpu_matmul if eager_cpu else "default"):
+            return _train(cfg, data_dir, run_dir, resume)
     finally:
         torch.set_num_threads(threads)
 

@@ -76,7 +76,8 @@ def test_load_run_restores_the_best_model(ln_run, prepared_dir):
 
     test = ParquetCTRData(prepared_dir, "test")
     logits = predict_logits(model, test, 4096, "cpu")
-    assert auc(torch.sigmoid(logits), test.all().label) == pytest.approx(res.test["auc"])
+    # (training evaluated with its own fp32 matmul library: equal up to summation order)
+    assert auc(torch.sigmoid(logits), test.all().label) == pytest.approx(res.test["auc"], abs=1e-4)
 
 
 def test_existing_run_needs_resume(ln_run, prepared_dir):
