@@ -230,8 +230,8 @@ def test_cli_train_and_evaluate(prepared_dir, tmp_path, capsys):
     cfg_path = tmp_path / "tiny.yaml"
     cfg_path.write_text(yaml.safe_dump({"model": {"net_norm": "mclayernorm"}}))
     run = tmp_path / "run"
-    # options first: argparse cannot take them between CONFIG and the k=v overrides
-    args = ["train", "--data", str(prepared_dir), "--out", str(run), str(cfg_path), *TINY,
+    # the documented order: CONFIG, options, then the key=value overrides
+    args = ["train", str(cfg_path), "--data", str(prepared_dir), "--out", str(run), *TINY,
             "train.epochs=1"]  # fmt: skip
     assert main(args) == 0
     out = capsys.readouterr().out
