@@ -93,7 +93,9 @@ def _log(msg: str) -> None:
 
 
 # keys of the train section that do not change what a run learns
-_RUNTIME_KEYS = {"progress", "device", "num_threads", "data_mode", "compile", "eval_batch_size"}
+_RUNTIME_KEYS = {
+    "progress", "device", "num_threads", "data_mode", "compile", "eval_batch_size", "cpu_matmul"
+}
 
 
 def _run_signature(cfg: Config | dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Which library runs float32 matrix products on the CPU during training.
 
 PyTorch sends CPU float32 ``mm``/``addmm`` to its BLAS (MKL in the official wheels). On some
-processors that is far from the fastest fp32 GEMM available in the same wheel: on the AMD EPYC
-(Zen 5) machine ctrcal was developed on, MKL's sgemm reaches ~90 GFLOP/s per core while
+processors that is far from the fastest fp32 GEMM available in the same wheel: on an AMD EPYC
+(Zen 5) CPU, MKL's sgemm reaches ~90 GFLOP/s per core while
 oneDNN's fp32 matmul reaches ~205 GFLOP/s, which makes a MaskNet training step ~1.6x faster.
 
 PyTorch routes fp32 matmuls to oneDNN only when ``torch.backends.mkldnn.matmul.fp32_precision``
