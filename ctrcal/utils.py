@@ -75,3 +75,21 @@ def resolve_device(spec: str = "auto"):
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(spec)
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process in MiB (for benchmarks).
+
+    Reads ``VmHWM`` from ``/proc/self/status``: unlike ``ru_maxrss`` it is reset by exec, so a
+    child process started from a big parent reports only its own peak.
+    """
+    import resource
+
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

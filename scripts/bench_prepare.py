@@ -34,18 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
-# Peak RSS of this process image: VmHWM is reset by exec, whereas ru_maxrss keeps the parent's
-# high-water mark from before the fork (a parent that just generated the data would inflate it).
-PEAK = r"""
-def peak_rss_mib():
-    try:
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-"""
+# Children report their own peak (ctrcal.utils.peak_rss_mib reads VmHWM, which exec resets,
+# where ru_maxrss would keep the high-water mark of the parent that generated the data).
+PEAK = "from ctrcal.utils import peak_rss_mib\n"
 
 CHILD = r"""
 import sys, time, resource

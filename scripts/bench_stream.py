@@ -40,17 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-PEAK = r"""
-def peak_rss_mib():
-    try:
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-"""
+PEAK = "from ctrcal.utils import peak_rss_mib\n"
 
 ITERATE = PEAK + r"""
 import json, sys, time
