@@ -391,6 +391,7 @@ def _check_resume_config(run_dir: Path, cfg: Config) -> None:
     diff = sorted(
         k for k in set(saved) | set(now)
         if saved.get(k) != now.get(k) and k not in _RESUME_FREE
+        and not k.startswith("report.")  # the report section does not change what trains
     )  # fmt: skip
     if diff:
         shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in diff[:5])

@@ -332,3 +332,12 @@ def test_auto_data_mode_keeps_splits_on_the_gpu_only_when_they_fit(monkeypatch):
     assert trainer._data_mode("auto", cuda, fm) == "memory"
     assert trainer._data_mode("auto", torch.device("cpu"), fm) == "memory"
     assert trainer._data_mode("stream", cuda, fm) == "stream"
+
+
+def test_resume_ignores_the_report_section_but_not_training_keys(ln_run, prepared_dir):
+    run, res = ln_run
+    again = train(_cfg("report.seeds=7", "report.intensities=[0.0, 0.5]"), prepared_dir, run,
+                  resume=True)  # fmt: skip
+    assert again.best_epoch == res.best_epoch
+    with pytest.raises(ConfigError, match=r"train\.lr"):
+        train(_cfg("train.lr=0.5"), prepared_dir, run, resume=True)
