@@ -218,6 +218,13 @@ def _join(items: Sequence[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
+def _intensities_with_diffs(rows: pd.DataFrame) -> str:
+    """"6.25 % (Δ ...), 50 % (Δ ...)" for the comparison rows given."""
+    return _join(
+        [f"{format_intensity(r.intensity)} ({_fmt_diff(r._asdict())})" for r in rows.itertuples()]
+    )
+
+
 def _fmt_diff(row: Any, digits: int = 4) -> str:
     se = "n/a" if not math.isfinite(row["se"]) else f"{row['se']:.{digits}f}"
     p = "n/a" if not math.isfinite(row["p"]) else f"{row['p']:.2g}"
@@ -269,28 +276,12 @@ def verdict_paragraph(
                 continue
             bits = []
             if not better.empty:
-                bits.append(
-                    "better at "
-                    + _join(
-                        [
-                            f"{format_intensity(r.intensity)} ({_fmt_diff(r._asdict())})"
-                            for r in better.itertuples()
-                        ]
-                    )
-                )
+                bits.append("better at " + _intensities_with_diffs(better))
                 won.append(
                     f"{label} at " + _join([format_intensity(s) for s in better["intensity"]])
                 )
             if not worse.empty:
-                bits.append(
-                    "worse at "
-                    + _join(
-                        [
-                            f"{format_intensity(r.intensity)} ({_fmt_diff(r._asdict())})"
-                            for r in worse.itertuples()
-                        ]
-                    )
-                )
+                bits.append("worse at " + _intensities_with_diffs(worse))
             rest = [s for s in all_s if s not in set(better["intensity"]) | set(worse["intensity"])]
             rest = [s for s in rest if s in set(sub["intensity"])]
             if rest:
