@@ -53,7 +53,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_synth(args: argparse.Namespace) -> int:
     from ctrcal.data.synthetic import generate
 
-    res = generate(args.out, args.rows, args.seed)
+    res = generate(args.out, args.rows, args.seed, drift=args.drift)
     print(
         f"wrote {res.rows:,} rows (dac layout) to {res.path} in {res.seconds:.1f} s "
         f"({res.rows / max(res.seconds, 1e-9):,.0f} rows/s); true probabilities: {res.prob_path}"
@@ -222,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", type=Path, help="output file (dac train.txt layout)")
     p.add_argument("--rows", type=int, default=1_000_000, help="number of rows")
     p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--drift", type=float, default=0.0,
+                   help="distributions and click model drift with the row index (0 = none)")
 
     p = add("prepare", cmd_prepare, "raw Criteo file(s) -> feature_map.json + parquet splits")
     p.add_argument("inputs", nargs="+", type=Path, help="raw Criteo file(s), any layout")

@@ -67,6 +67,7 @@ class SyntheticConfig:
 
     rows: int = 200_000
     seed: int = 0
+    drift: float = 0.0  # >= 0: distributions and click model change with the row index
 
 
 @dataclass
@@ -75,7 +76,9 @@ class DataConfig:
 
     ``inputs`` are raw Criteo files in any supported layout (split ``split`` ways with
     ``split_seed``); alternatively ``train``/``valid``/``test`` name one file list each.
-    With neither, ``synthetic`` data is generated.
+    With neither, ``synthetic`` data is generated. ``split_order``: ``random`` (seeded hash of
+    each row) or ``time`` (train on the first rows, valid/test on the last; whole files for
+    Criteo 1TB ``day_N`` inputs), see :mod:`ctrcal.data.splits`.
     """
 
     inputs: list[str] = field(default_factory=list)
@@ -87,6 +90,7 @@ class DataConfig:
     ] = "auto"
     split: list[float] = field(default_factory=lambda: [0.8, 0.1, 0.1])
     split_seed: int = 2024
+    split_order: Literal["random", "time"] = "random"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     on_bad_row: Literal["error", "skip"] = "error"
     prepared_dir: str | None = None
@@ -377,8 +381,27 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     return cfg
 
 
+def _validate_data(cfg: Config, source: str) -> None:
+    """Data values that typing cannot check."""
+    data = cfg.data
+    drift = data.synthetic.drift
+    if not (drift >= 0 and drift < float("inf")):
+        raise ConfigError(f"{source}: data.synthetic.drift: expected a finite number >= 0, "
+                          f"got {drift!r}")  # fmt: skip
+    split = data.split
+    if len(split) != 3 or any(not (f >= 0) for f in split) or not split[0] > 0:
+        raise ConfigError(f"{source}: data.split: expected three fractions >= 0 with train > 0 "
+                          f"(train, valid, test), got {split}")  # fmt: skip
+    if data.split_order == "time" and (data.train or data.valid or data.test):
+        raise ConfigError(
+            f"{source}: data.split_order: 'time' splits data.inputs (or synthetic data); "
+            "data.train/valid/test are explicit splits and are kept as given"
+        )
+
+
 def validate_names(cfg: Config, source: str) -> None:
     """Check registry names that plain typing cannot (norm names)."""
+    _validate_data(cfg, source)
     known = _known_norms()
     if known is None:
         return

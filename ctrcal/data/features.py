@@ -28,7 +28,10 @@ The learned state (vocabularies and numeric statistics) is saved as ``feature_ma
 sources and pipeline config) plus ``vocab.parquet`` (the kept values and their ids).
 :class:`FeatureMap` is the read-only view models and the shift module use; its
 ``numeric_std`` is each feature's train-split standard deviation in model-input space
-(after the transform, over non-missing values), which is what the Gaussian shift scales by.
+(after the transform, over non-missing values); ``numeric_original_mean`` /
+``numeric_original_std`` are the same statistics of the values as they stand in the input file
+(original space), and :meth:`FeatureMap.numeric_codec` maps batches between the two spaces
+(:mod:`ctrcal.data.numeric`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import numpy as np
 import polars as pl
 
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
+from ctrcal.data.numeric import NumericTransform
 from ctrcal.errors import DataError
 from ctrcal.utils import atomic_path, write_json_atomic
 
@@ -84,6 +88,9 @@ class FeatureMap:
         numeric_fields: numeric column names, in the order of ``Batch.numeric``.
         numeric_mean: train-split mean per numeric field in model-input space.
         numeric_std: train-split std per numeric field in model-input space (non-missing).
+        numeric_original_mean / numeric_original_std: train-split mean / std per numeric field
+            of the values as they stand in the input file (raw counts; the given values for
+            Criteo_x1), or None for a feature map written before they were stored.
         numeric_missing_rate: fraction missing per numeric field in train.
         bucket_boundaries: per numeric field, sorted model-space boundaries (or None).
         numeric_transform: the transform applied (``log_standardize``, ...).
@@ -91,6 +98,10 @@ class FeatureMap:
         splits: per split ``{"rows": n, "positive_rate": r}``.
         source_hash: hash of the sources' identity and the pipeline config.
         extra: everything else from the JSON (per-feature details, pipeline config).
+        source: the file it was read from (for messages).
+
+    :meth:`numeric_codec` gives the invertible numeric transform
+    (:class:`~ctrcal.data.numeric.NumericTransform`: ``to_original`` / ``to_model``).
     """
 
     categorical_fields: list[str]
@@ -105,6 +116,13 @@ class FeatureMap:
     splits: dict[str, dict[str, Any]] = field(default_factory=dict)
     source_hash: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    numeric_original_mean: list[float] | None = None
+    numeric_original_std: list[float] | None = None
+    source: str = "<feature map>"
+
+    def numeric_codec(self) -> NumericTransform:
+        """The stored numeric transform, invertible on a batch (see :mod:`ctrcal.data.numeric`)."""
+        return NumericTransform.from_feature_map(self)
 
     @property
     def num_categorical(self) -> int:
@@ -141,6 +159,7 @@ class FeatureMap:
         cats = [f for f in feats if f["kind"] == "categorical"]
         nums = [f for f in feats if f["kind"] == "numeric"]
         buckets = [f.get("bucket_boundaries") for f in nums]
+        has_original = bool(nums) and all("original_std" in f for f in nums)
         return cls(
             categorical_fields=[f["name"] for f in cats],
             vocab_sizes=[int(f["vocab_size"]) for f in cats],
@@ -154,6 +173,11 @@ class FeatureMap:
             splits=data.get("splits", {}),
             source_hash=data.get("source_hash"),
             extra=data,
+            numeric_original_mean=[float(f["original_mean"]) for f in nums]
+            if has_original else None,
+            numeric_original_std=[float(f["original_std"]) for f in nums]
+            if has_original else None,
+            source=source,
         )
 
 
@@ -279,10 +303,15 @@ class FeaturePipeline:
             )
             self.categorical_missing_rate_[name] = stats.nulls[name] / rows
         mean, std = [], []
+        self.original_mean_, self.original_std_ = [], []
         for name in self.numeric_fields:
-            m, s = _weighted_moments(*self._histogram(stats.counts(name)))
+            raw, t, c = self._histogram(stats.counts(name))
+            m, s = _weighted_moments(t, c)
             mean.append(m)
             std.append(s)
+            m, s = _weighted_moments(raw, c)
+            self.original_mean_.append(m)
+            self.original_std_.append(s)
         if self.numeric_transform == "identity":
             self.center_ = [0.0] * len(self.numeric_fields)
             self.scale_ = [1.0] * len(self.numeric_fields)
@@ -298,11 +327,14 @@ class FeaturePipeline:
         self._fit_buckets(stats)
         return self
 
-    def _histogram(self, counts: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        """(pre-standardisation value t, count) per distinct raw value, in raw-value order."""
+    def _histogram(self, counts: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(raw value, pre-standardisation value t, count) per distinct raw value, in raw-value
+        order."""
         counts = counts.sort("value")
         t = counts.select(self._pre("value")).to_series().to_numpy()
-        return t.astype(np.float64), counts["count"].to_numpy().astype(np.float64)
+        raw = counts["value"].cast(pl.Float64).to_numpy()
+        c = counts["count"].to_numpy().astype(np.float64)
+        return raw.astype(np.float64), t.astype(np.float64), c
 
     def _fit_buckets(self, stats: FitStats) -> None:
         """Quantile boundaries of the encoded train numerics (model-input space).
@@ -370,6 +402,9 @@ class FeaturePipeline:
                 "transform_center": self.center_[j],
                 "transform_scale": self.scale_[j],
             }
+            if self.original_std_ is not None:
+                entry["original_mean"] = self.original_mean_[j]
+                entry["original_std"] = self.original_std_[j]
             if self.bucket_boundaries_ is not None:
                 entry["bucket_boundaries"] = self.bucket_boundaries_[j]
             features.append(entry)
@@ -432,6 +467,8 @@ class FeaturePipeline:
         pipe.scale_ = [f["transform_scale"] for f in nums]
         pipe.numeric_mean_ = [f["mean"] for f in nums]
         pipe.numeric_std_ = [f["std"] for f in nums]
+        pipe.original_mean_ = fmap.numeric_original_mean
+        pipe.original_std_ = fmap.numeric_original_std
         pipe.numeric_missing_rate_ = [f["missing_rate"] for f in nums]
         pipe.bucket_boundaries_ = fmap.bucket_boundaries
         pipe.distinct_ = {f["name"]: f["distinct_in_train"] for f in cats}

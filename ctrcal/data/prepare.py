@@ -65,11 +65,18 @@ from ctrcal.data.features import (
     FeaturePipeline,
     resolve_numeric_transform,
 )
+from ctrcal.data.splits import (
+    SPLIT_COL,
+    SPLITS,
+    SplitPlan,
+    check_fractions,
+    plan_splits,
+    read_order,
+    text_bytes,
+)
 from ctrcal.errors import DataError
 
-PREPARE_VERSION = 1
-SPLITS: tuple[str, ...] = ("train", "valid", "test")
-SPLIT_COL = "_split"
+PREPARE_VERSION = 2  # 2: original-space numeric statistics, data.split_order
 PROB_COL = "true_prob"
 ROW_GROUP_ROWS = 131_072
 PART_ROWS = 128 * ROW_GROUP_ROWS
@@ -211,7 +218,9 @@ def _params(cfg: Any, on_bad_row: str, random_split: bool) -> dict[str, Any]:
     }
     if random_split:
         out["split"] = list(data.split)
-        out["split_seed"] = data.split_seed
+        out["split_order"] = data.split_order
+        if data.split_order == "random":
+            out["split_seed"] = data.split_seed
     return out
 
 
@@ -245,33 +254,6 @@ def _check_out_dir(out_dir: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # The work
-
-
-def _split_expr(fractions: Sequence[float], seed: int) -> pl.Expr:
-    """Split code 0/1/2 from a 32-bit integer hash (lowbias32) of (file, row, seed)."""
-    m = 2**32
-    key = (pl.col(criteo.ROW_COL).cast(pl.UInt64) + pl.col(criteo.FILE_COL).cast(pl.UInt64)
-           * 0x9E3779B1 + (seed % m) * 0x85EBCA77) % m  # fmt: skip
-    x = key.xor(key // 65536)
-    x = (x * 0x7FEB352D) % m
-    x = x.xor(x // 32768)
-    x = (x * 0x846CA68B) % m
-    x = x.xor(x // 65536)
-    u = x.cast(pl.Float64) / m
-    f0, f1 = fractions[0], fractions[0] + fractions[1]
-    return (
-        pl.when(u < f0).then(pl.lit(0, pl.UInt8))
-        .when(u < f1).then(pl.lit(1, pl.UInt8))
-        .otherwise(pl.lit(2, pl.UInt8))
-    )  # fmt: skip
-
-
-def _check_split(fractions: Sequence[float]) -> list[float]:
-    fr = [float(f) for f in fractions]
-    if len(fr) != 3 or any(f < 0 for f in fr) or fr[0] <= 0 or sum(fr) <= 0:
-        raise DataError(f"data.split must be three non-negative fractions, got {list(fractions)}")
-    total = sum(fr)
-    return [f / total for f in fr]
 
 
 def prepare_dataset(
@@ -320,7 +302,10 @@ def prepare_dataset(
     out_dir = Path(out_dir)
     sources = _resolve_sources(inputs)
     random_split = sources[0].split is None
-    fractions = _check_split(cfg.data.split) if random_split else None
+    if random_split:
+        check_fractions(cfg.data.split)
+        sources = [sources[i] for i in read_order([s.path for s in sources],
+                                                  cfg.data.split_order)]  # fmt: skip
     if identity is None:
         identity = [{**_file_identity(s.path), "split": s.split} for s in sources]
     params = _params(cfg, on_bad_row, random_split)
@@ -334,7 +319,7 @@ def prepare_dataset(
     tmp = _owned_temp_dir(out_dir)
     try:
         result = _prepare_into(
-            tmp, sources, cfg, on_bad_row, fractions, key, synthetic_info or {},
+            tmp, sources, cfg, on_bad_row, key, synthetic_info or {},
             in_memory_bytes, chunk_bytes,
         )  # fmt: skip
         shutil.rmtree(tmp / "_work", ignore_errors=True)
@@ -533,24 +518,11 @@ class _Tally:
         return self.label_sum[k] / self.labelled[k] if self.labelled[k] else float("nan")
 
 
-def _text_bytes(path: Path) -> int:
-    """Size of a file's text: its size, or for gzip the larger of the trailer's (mod 2**32)
-    size and three times the compressed size (Criteo text compresses about 4:1)."""
-    size = path.stat().st_size
-    if not criteo.is_gzip(path):
-        return size
-    with open(path, "rb") as fh:
-        fh.seek(max(size - 4, 0))
-        isize = int.from_bytes(fh.read(4), "little")
-    return max(isize, 3 * size)
-
-
 def _prepare_into(
     tmp: Path,
     sources: list[_Source],
     cfg: Any,
     on_bad_row: str,
-    fractions: list[float] | None,
     key: str,
     synthetic_info: Mapping[str, Any],
     in_memory_bytes: int,
@@ -586,14 +558,16 @@ def _prepare_into(
         numeric_transform=transform,
         numeric_buckets=cfg.features.numeric_buckets,
     )
-    split_seed = cfg.data.split_seed
+    plan = plan_splits(
+        [s.path for s in sources], [s.split for s in sources], cfg.data.split,
+        cfg.data.split_seed, cfg.data.split_order, [s.fmt.header_lines for s in sources],
+    )  # fmt: skip
     clock("detect")
-    chunked = sum(_text_bytes(s.path) for s in sources) > in_memory_bytes
+    chunked = sum(text_bytes(s.path) for s in sources) > in_memory_bytes
     if chunked:
-        tally = _chunked(tmp, sources, on_bad_row, fractions, split_seed, pipe, clock,
-                         chunk_bytes)  # fmt: skip
+        tally = _chunked(tmp, sources, on_bad_row, plan, pipe, clock, chunk_bytes)
     else:
-        tally = _in_memory(tmp, sources, on_bad_row, fractions, split_seed, pipe, clock)
+        tally = _in_memory(tmp, sources, on_bad_row, plan, pipe, clock)
     rows = {name: tally.rows[k] for k, name in enumerate(SPLITS)}
     rates = {name: tally.rate(k) for k, name in enumerate(SPLITS)}
     bad = tally.bad
@@ -607,9 +581,7 @@ def _prepare_into(
              "split": SPLITS[s.split] if s.split is not None else "random"}
             for s in sources
         ],  # fmt: skip
-        "split": {"fractions": fractions, "seed": split_seed}
-        if fractions is not None
-        else "explicit",
+        "split": plan.describe(),
         "splits": {
             n: {"rows": rows[n], "positive_rate": _nan_to_none(rates[n])} for n in SPLITS
         },
@@ -649,18 +621,15 @@ def _check_rows(tally: _Tally, sources: list[_Source]) -> None:
         raise DataError("the train split is empty (all rows malformed, or data.split gives 0)")
 
 
-def _with_split(lf: pl.LazyFrame, s: _Source, fractions: list[float] | None, seed: int):
-    if s.split is None:
-        return lf.with_columns(_split_expr(fractions, seed).alias(SPLIT_COL))
-    return lf.with_columns(pl.lit(s.split, pl.UInt8).alias(SPLIT_COL))
+def _with_split(lf: pl.LazyFrame, plan: SplitPlan, index: int) -> pl.LazyFrame:
+    return lf.with_columns(plan.expr(index).alias(SPLIT_COL))
 
 
 def _in_memory(
     tmp: Path,
     sources: list[_Source],
     on_bad_row: str,
-    fractions: list[float] | None,
-    seed: int,
+    plan: SplitPlan,
     pipe: FeaturePipeline,
     clock: _Clock,
 ) -> _Tally:
@@ -671,7 +640,7 @@ def _in_memory(
 
     def typed_frame(numbers: bool) -> pl.LazyFrame:
         frames = [
-            _with_split(criteo.scan_typed(s.read_path, s.fmt, i, numbers), s, fractions, seed)
+            _with_split(criteo.scan_typed(s.read_path, s.fmt, i, numbers), plan, i)
             for i, s in enumerate(sources)
         ]
         return pl.concat(frames, how="vertical")
@@ -736,18 +705,18 @@ def _in_memory(
 
 
 def _parse_chunk(
-    chunk: bytes, s: _Source, index: int, offset: int, fractions: list[float] | None, seed: int
+    chunk: bytes, s: _Source, index: int, offset: int, plan: SplitPlan
 ) -> pl.DataFrame:
     """One chunk of a source's lines -> typed rows with ``_split`` (the in-memory columns)."""
     try:
         try:
             lf = criteo.scan_typed(chunk, s.fmt, index, True, row_offset=offset, skip_header=False)
-            return _with_split(lf, s, fractions, seed).collect()
+            return _with_split(lf, plan, index).collect()
         except pl.exceptions.ComputeError:
             # a non-numeric label or I value in this chunk: flag it row by row
             lf = criteo.scan_typed(chunk, s.fmt, index, False, row_offset=offset,
                                    skip_header=False)  # fmt: skip
-            return _with_split(lf, s, fractions, seed).collect()
+            return _with_split(lf, plan, index).collect()
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise criteo.read_error([s.path], exc) from None
 
@@ -783,8 +752,7 @@ def _chunked(
     tmp: Path,
     sources: list[_Source],
     on_bad_row: str,
-    fractions: list[float] | None,
-    seed: int,
+    plan: SplitPlan,
     pipe: FeaturePipeline,
     clock: _Clock,
     chunk_bytes: int,
@@ -803,7 +771,7 @@ def _chunked(
         probs = _ProbReader(s.prob) if tally.with_prob else None
         offset = 0
         for chunk in criteo.iter_text_chunks(s.path, chunk_bytes, s.fmt.header_lines):
-            df = _parse_chunk(chunk, s, i, offset, fractions, seed)
+            df = _parse_chunk(chunk, s, i, offset, plan)
             if tally.with_prob:
                 prob = probs.take(df.height)
                 if prob is None:  # the file was edited since it was generated
@@ -978,7 +946,8 @@ def _prepare_synthetic(cfg: Any, out_dir: str | Path, *, force: bool) -> Prepare
     from ctrcal.data.synthetic import GENERATOR_VERSION, generate
 
     syn = cfg.data.synthetic
-    info = {"rows": syn.rows, "seed": syn.seed, "generator_version": GENERATOR_VERSION}
+    info = {"rows": syn.rows, "seed": syn.seed, "drift": syn.drift,
+            "generator_version": GENERATOR_VERSION}  # fmt: skip
     identity = [{"synthetic": info}]
     params = _params(cfg, cfg.data.on_bad_row, True)
     key = source_hash(identity, params)
@@ -990,7 +959,7 @@ def _prepare_synthetic(cfg: Any, out_dir: str | Path, *, force: bool) -> Prepare
     td = _owned_temp_dir(out_dir, "synthetic")
     try:
         raw = td / "synthetic.tsv"
-        res = generate(raw, syn.rows, syn.seed)
+        res = generate(raw, syn.rows, syn.seed, drift=syn.drift)
         info = {**info, "oracle_auc": res.oracle_auc, "oracle_logloss": res.oracle_logloss,
                 "positive_rate": res.positive_rate}  # fmt: skip
         return prepare_dataset(

@@ -22,6 +22,17 @@ effect. Categorical values have random effects (larger for a few fields), and th
 numeric x numeric, a numeric x categorical and a categorical x categorical interaction. The
 intercept ``b`` is solved so that the mean click probability is ``positive_rate``.
 
+**Drift** (``drift = d > 0``, off by default): Criteo rows are in time order, and so are these.
+With ``u = row / (rows - 1)`` the position of a row in the file (0 first, 1 last), the log-scale
+medians of the numerics move by ``d·u·shift_j``, a few categorical fields rotate which values
+are popular (new ads replace old ones), and the click model's numeric slopes move by
+``d·u·slope_j``; the true probability of every row is computed with its own ``u``, so it stays
+exact, and a split by time (``data.split_order: time``) then meets a real, measurable shift with
+an oracle. ``d = 1`` moves medians by about half a log-scale std and slopes by about their size
+at the end of the file. ``d = 0`` writes exactly the rows of the generator without drift.
+:func:`true_probability` recomputes the probability of written rows from their values and
+position (an oracle for any rows, shifted ones included).
+
 Everything is numpy-vectorised and deterministic by ``seed`` (rows are generated in chunks of
 ``CHUNK_ROWS`` with per-chunk child seeds, so the output does not depend on memory).
 """
@@ -63,6 +74,8 @@ NUMERIC_LOG_MEDIAN = (0.7, 2.0, 1.9, 1.6, 7.9, 3.4, 1.4, 2.2, 3.7, 0.3, 0.7, 0.2
 NUMERIC_LOG_SCALE = (0.9, 1.3, 1.3, 0.8, 2.0, 1.5, 1.2, 0.9, 1.2, 0.5, 0.7, 0.6, 0.9)
 NUMERIC_LATENT_LOADING = (0.5, 0.3, 0.6, 0.4, 0.3, 0.5, 0.6, 0.3, 0.5, 0.4, 0.6, 0.3, 0.5)
 I2_OFFSET = 1  # I2 = count - 1: negative values as in dac
+DRIFT_FIELDS = (0, 3, 5, 13, 22)  # categorical fields whose popular values rotate with drift
+DRIFT_ROTATION = 0.3  # at drift 1 the popularity ranks of those fields rotate by 30 % by the end
 
 
 def prob_path(out: str | Path) -> Path:
@@ -86,14 +99,34 @@ class ClickModel:
     num_cat_gain: np.ndarray = field(default_factory=lambda: np.zeros(1))  # I7 x C6 slope [K6+1]
     cat_pair: np.ndarray = field(default_factory=lambda: np.zeros((1, 1)))  # C9 x C17 [K9+1,K17+1]
     intercept: float = 0.0
+    drift: float = 0.0  # d: how far distributions and click model move from first to last row
+    drift_median: np.ndarray = field(default_factory=lambda: np.zeros(NUM_NUMERIC))  # [13]
+    drift_slope: np.ndarray = field(default_factory=lambda: np.zeros(NUM_NUMERIC))  # [13]
+
+    def medians(self, u: np.ndarray) -> np.ndarray:
+        """[N, 13] log1p-space medians of the numerics at positions ``u`` [N]."""
+        return np.array(NUMERIC_LOG_MEDIAN) + self.drift * u[:, None] * self.drift_median
+
+    def slopes(self, u: np.ndarray) -> np.ndarray:
+        """[N, 13] numeric slopes of the click logit at positions ``u`` [N]."""
+        return self.numeric_linear + self.drift * u[:, None] * self.drift_slope
+
+    def rotation(self, j: int, u: np.ndarray) -> np.ndarray:
+        """[N] how many ranks the popularity of categorical field ``j`` has rotated by."""
+        if self.drift == 0 or j not in DRIFT_FIELDS:
+            return np.zeros(len(u), dtype=np.int64)
+        k = len(self.cat_probs[j])
+        return np.floor(self.drift * DRIFT_ROTATION * u * k).astype(np.int64)
 
 
 def _cardinalities(max_cardinality: int) -> list[int]:
     return [max(2, min(c, max_cardinality)) for c in CATEGORICAL_CARDINALITY]
 
 
-def make_click_model(seed: int, max_cardinality: int = 20_000) -> ClickModel:
-    """Draw the click model's parameters (deterministic by ``seed``)."""
+def make_click_model(seed: int, max_cardinality: int = 20_000, drift: float = 0.0) -> ClickModel:
+    """Draw the click model's parameters (deterministic by ``seed``; ``drift`` >= 0)."""
+    if not (0 <= drift < float("inf")):
+        raise DataError(f"synthetic drift must be a finite number >= 0, got {drift!r}")
     rng = np.random.default_rng([seed, 0xC7C1])
     signs = rng.choice([-1.0, 1.0], size=NUM_NUMERIC)
     strength = np.array([0.45, 0.35, 0.3, 0.25, 0.4, 0.2, 0.45, 0.1, 0.3, 0.35, 0.3, 0.15, 0.25])
@@ -117,6 +150,11 @@ def make_click_model(seed: int, max_cardinality: int = 20_000) -> ClickModel:
     model.num_cat_gain = rng.normal(0.0, 0.3, k6 + 1)
     shape = (len(model.cat_probs[8]) + 1, len(model.cat_probs[16]) + 1)
     model.cat_pair = rng.normal(0.0, 0.4, shape)
+    # drawn from their own stream, so that drift 0 leaves every other draw as it was
+    drng = np.random.default_rng([seed, 0xD21F7])
+    model.drift = float(drift)
+    model.drift_median = drng.choice([-1.0, 1.0], NUM_NUMERIC) * 0.5 * np.array(NUMERIC_LOG_SCALE)
+    model.drift_slope = drng.normal(0.0, 0.4, NUM_NUMERIC)
     return model
 
 
@@ -129,12 +167,16 @@ class SyntheticChunk:
     logit_wo_intercept: np.ndarray  # float64 [N]
 
 
-def _draw_chunk(model: ClickModel, rows: int, rng: np.random.Generator) -> SyntheticChunk:
+def _draw_chunk(
+    model: ClickModel, rows: int, rng: np.random.Generator, u: np.ndarray | None = None
+) -> SyntheticChunk:
+    """``rows`` rows at positions ``u`` [rows] in [0, 1] (only matters with drift)."""
+    u = np.zeros(rows) if u is None else u
     latent = rng.standard_normal(rows)
     load = np.array(NUMERIC_LATENT_LOADING)
     eps = rng.standard_normal((rows, NUM_NUMERIC))
     g = latent[:, None] * load + eps * np.sqrt(1.0 - load**2)
-    logcount = np.array(NUMERIC_LOG_MEDIAN) + np.array(NUMERIC_LOG_SCALE) * g
+    logcount = model.medians(u) + np.array(NUMERIC_LOG_SCALE) * g
     counts = np.floor(np.expm1(np.maximum(logcount, 0.0)))
     counts[:, 1] -= I2_OFFSET
     missing = rng.random((rows, NUM_NUMERIC)) < np.array(NUMERIC_MISSING)
@@ -144,25 +186,29 @@ def _draw_chunk(model: ClickModel, rows: int, rng: np.random.Generator) -> Synth
     for j in range(NUM_CATEGORICAL):
         # Active users see different popular values in a few fields: categoricals correlate
         # with the numerics as in real logs.
-        u = rng.random(rows)
+        w = rng.random(rows)
         if j in (0, 4, 13):
-            u = np.where(latent > 1.0, 1.0 - u * 0.5, u)
-        cats[:, j] = np.searchsorted(model.cat_probs[j], u, side="right").clip(
-            0, len(model.cat_probs[j]) - 1
-        )
+            w = np.where(latent > 1.0, 1.0 - w * 0.5, w)
+        k = len(model.cat_probs[j])
+        rank = np.searchsorted(model.cat_probs[j], w, side="right").clip(0, k - 1)
+        cats[:, j] = (rank + model.rotation(j, u)) % k
         cats[rng.random(rows) < CATEGORICAL_MISSING[j], j] = -1
 
-    logit = _logit(model, numeric, cats)
+    logit = _logit(model, numeric, cats, u)
     return SyntheticChunk(numeric, cats, logit)
 
 
-def _logit(model: ClickModel, numeric: np.ndarray, cats: np.ndarray) -> np.ndarray:
-    """Click logit without the intercept for raw counts (NaN missing) and category indices."""
+def _logit(
+    model: ClickModel, numeric: np.ndarray, cats: np.ndarray, u: np.ndarray | None = None
+) -> np.ndarray:
+    """Click logit without the intercept for raw counts (NaN missing), category indices and
+    positions ``u`` (only matters with drift)."""
     t = np.sign(numeric) * np.log1p(np.abs(numeric))
     z = (t - model.numeric_center) / model.numeric_scale
     isnan = np.isnan(z)
     zf = np.where(isnan, 0.0, z)
-    part = model.numeric_linear * zf + model.numeric_curve * np.tanh(1.5 * zf)
+    linear = model.numeric_linear if u is None or model.drift == 0 else model.slopes(u)
+    part = linear * zf + model.numeric_curve * np.tanh(1.5 * zf)
     part = np.where(isnan, model.numeric_missing, part)
     logit = part.sum(axis=1)
     # numeric x numeric: I1 and I5 reinforce each other; I6 has a sweet spot
@@ -192,8 +238,10 @@ def _solve_intercept(logit: np.ndarray, rate: float) -> float:
 
 
 def _calibrate(model: ClickModel, seed: int, rate: float) -> None:
-    """Set the intercept on a fixed pilot sample so the click rate is ``rate``."""
-    pilot = _draw_chunk(model, 100_000, np.random.default_rng([seed, 0x9110]))
+    """Set the intercept on a fixed pilot sample (spread over all positions) so the click rate
+    is ``rate``."""
+    n = 100_000
+    pilot = _draw_chunk(model, n, np.random.default_rng([seed, 0x9110]), np.arange(n) / (n - 1))
     model.intercept = _solve_intercept(pilot.logit_wo_intercept, rate)
 
 
@@ -234,12 +282,19 @@ def oracle_metrics(prob: np.ndarray, label: np.ndarray) -> tuple[float, float]:
     return float(roc_auc_score(label, prob)), float(log_loss(label, prob))
 
 
+def positions(rows: int, start: int = 0, count: int | None = None) -> np.ndarray:
+    """Positions ``u`` in [0, 1] of rows ``start .. start + count`` of a ``rows``-row file."""
+    count = rows - start if count is None else count
+    return (start + np.arange(count, dtype=np.float64)) / max(rows - 1, 1)
+
+
 def generate(
     out: str | Path,
     rows: int,
     seed: int = 0,
     positive_rate: float = 0.25,
     max_cardinality: int = 20_000,
+    drift: float = 0.0,
 ) -> SynthResult:
     """Write ``rows`` synthetic rows in the dac layout to ``out`` and their true probabilities.
 
@@ -250,6 +305,8 @@ def generate(
         seed: everything is deterministic by this seed.
         positive_rate: target click rate (the intercept is solved for it).
         max_cardinality: cap on each categorical field's number of distinct values.
+        drift: >= 0; how far feature distributions and the click model move from the first
+            row to the last (see the module docstring; 0 = stationary).
 
     Returns:
         :class:`SynthResult` with the oracle AUC / logloss.
@@ -258,7 +315,7 @@ def generate(
         raise DataError(f"synthetic rows must be positive, got {rows}")
     start = time.perf_counter()
     out = Path(out)
-    model = make_click_model(seed, max_cardinality)
+    model = make_click_model(seed, max_cardinality, drift)
     _calibrate(model, seed, positive_rate)
     n_chunks = -(-rows // CHUNK_ROWS)
     children = np.random.SeedSequence([seed, 0xDA7A]).spawn(n_chunks)
@@ -268,7 +325,7 @@ def generate(
         for c in range(n_chunks):
             n = min(CHUNK_ROWS, rows - c * CHUNK_ROWS)
             rng = np.random.default_rng(children[c])
-            chunk = _draw_chunk(model, n, rng)
+            chunk = _draw_chunk(model, n, rng, positions(rows, c * CHUNK_ROWS, n))
             p = _sigmoid(chunk.logit_wo_intercept + model.intercept)
             y = (rng.random(n) < p).astype(np.int8)
             _chunk_frame(model, chunk, y).write_csv(
@@ -288,7 +345,11 @@ def generate(
 
 
 def generate_frame(
-    rows: int, seed: int = 0, positive_rate: float = 0.25, max_cardinality: int = 20_000
+    rows: int,
+    seed: int = 0,
+    positive_rate: float = 0.25,
+    max_cardinality: int = 20_000,
+    drift: float = 0.0,
 ) -> tuple[pl.DataFrame, np.ndarray]:
     """In-memory variant of :func:`generate` (one chunk): the dac columns and true probs.
 
@@ -296,13 +357,57 @@ def generate_frame(
         (frame with ``label`` int8, ``I1..I13`` Int64 (null = missing), ``C1..C26`` hex
         strings (null = missing); prob float64 [N]).
     """
-    model = make_click_model(seed, max_cardinality)
+    model = make_click_model(seed, max_cardinality, drift)
     _calibrate(model, seed, positive_rate)
     rng = np.random.default_rng([seed, 0xDA7A, 1])
-    chunk = _draw_chunk(model, rows, rng)
+    chunk = _draw_chunk(model, rows, rng, positions(rows))
     p = _sigmoid(chunk.logit_wo_intercept + model.intercept)
     y = (rng.random(rows) < p).astype(np.int8)
     return _chunk_frame(model, chunk, y), p
+
+
+def true_probability(
+    frame: pl.DataFrame,
+    u: np.ndarray,
+    seed: int = 0,
+    positive_rate: float = 0.25,
+    max_cardinality: int = 20_000,
+    drift: float = 0.0,
+) -> np.ndarray:
+    """The true click probability of rows of the generator with these parameters.
+
+    Args:
+        frame: dac columns ``I1..I13`` (numbers, null = missing; any real value, e.g. shifted)
+            and ``C1..C26`` (the hex strings written, or their uint32 values as
+            :func:`~ctrcal.data.criteo.read_criteo` types them; null = missing).
+        u: [N] position of each row in its file (see :func:`positions`).
+        seed / positive_rate / max_cardinality / drift: as given to :func:`generate`.
+
+    Returns:
+        float64 [N].
+
+    Raises:
+        DataError: a categorical value the generator never produces.
+    """
+    model = make_click_model(seed, max_cardinality, drift)
+    _calibrate(model, seed, positive_rate)
+    numeric = frame.select(pl.col(NUMERIC_COLUMNS).cast(pl.Float64).fill_null(float("nan")))
+    cats = np.empty((frame.height, NUM_CATEGORICAL), dtype=np.int64)
+    for j, name in enumerate(CATEGORICAL_COLUMNS):
+        col = frame[name]
+        if col.dtype == pl.Utf8:
+            col = col.str.to_integer(base=16, dtype=pl.UInt32, strict=False)
+        col = col.cast(pl.UInt32)
+        index = col.replace_strict(
+            pl.Series(model.cat_hex[j]), pl.Series(np.arange(len(model.cat_hex[j]))),
+            default=-2, return_dtype=pl.Int64,
+        )  # fmt: skip
+        idx = np.where(col.is_null().to_numpy(), -1, index.fill_null(-1).to_numpy())
+        if (idx == -2).any():
+            raise DataError(f"{name}: values the generator with seed {seed} never produces")
+        cats[:, j] = idx
+    logit = _logit(model, numeric.to_numpy(), cats, np.asarray(u, dtype=np.float64))
+    return _sigmoid(logit + model.intercept)
 
 
 def write_criteo(frame: pl.DataFrame, path: str | Path, layout: str = "dac") -> Path:

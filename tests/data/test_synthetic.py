@@ -56,3 +56,48 @@ def test_numeric_noise_hurts_the_oracle():
     no_cats[:] = 0
     auc_num = roc_auc_score(y, syn._logit(model, chunk.numeric, no_cats))
     assert auc_num > 0.65
+
+
+def test_drift_zero_writes_the_stationary_rows():
+    a, pa = syn.generate_frame(2000, seed=3)
+    b, pb = syn.generate_frame(2000, seed=3, drift=0.0)
+    assert a.equals(b) and np.array_equal(pa, pb)
+    assert not syn.generate_frame(2000, seed=3, drift=1.0)[0].equals(a)
+
+
+def test_drift_shifts_first_rows_from_last_and_probabilities_stay_exact(tmp_path):
+    rows = 40_000
+    res = syn.generate(tmp_path / "d.txt", rows, seed=2, drift=1.5)
+    df = read_criteo(res.path).collect()
+    prob = pl.read_parquet(res.prob_path)["prob"].to_numpy()
+    # the stored probabilities are the click model at each row's own position
+    exact = syn.true_probability(df, syn.positions(rows), seed=2, drift=1.5)
+    np.testing.assert_allclose(exact, prob, rtol=1e-12, atol=0)
+    # ... and do not equal the stationary model's, which a temporal split has to learn
+    still = syn.true_probability(df, np.zeros(rows), seed=2, drift=1.5)
+    assert np.abs(still - prob)[-5000:].mean() > 0.02
+    first, last = df.head(10_000), df.tail(10_000)
+
+    def logs(frame):
+        x = frame.select(pl.col(NUMERIC_COLUMNS).cast(pl.Float64)).to_numpy()
+        return np.sign(x) * np.log1p(np.abs(x))
+
+    # numeric medians move by about half a log-scale std per unit of drift
+    gap = np.abs(np.nanmean(logs(last), axis=0) - np.nanmean(logs(first), axis=0))
+    se = np.sqrt(np.nanvar(logs(first), axis=0) / 10_000 * 2)
+    assert (gap > 6 * se).sum() >= 10
+    # popular values of the drifting fields change
+    top_first = first["C1"].drop_nulls().mode()[0]
+    top_last = last["C1"].drop_nulls().mode()[0]
+    assert top_first != top_last
+    # the labels follow the true probabilities in both halves (an honest oracle)
+    for part in (slice(0, rows // 2), slice(rows // 2, rows)):
+        y = df["label"].to_numpy()[part]
+        p = prob[part]
+        assert abs(y.mean() - p.mean()) < 4 * np.sqrt(p.mean() * (1 - p.mean()) / len(p))
+
+
+def test_true_probability_without_drift_matches_the_generator(criteo_frame):
+    frame, prob = criteo_frame
+    np.testing.assert_allclose(syn.true_probability(frame, syn.positions(frame.height), seed=0),
+                               prob, rtol=1e-12)  # fmt: skip

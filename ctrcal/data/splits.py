@@ -1,0 +1,205 @@
+"""Which split (train 0 / valid 1 / test 2) each input row goes to.
+
+Three ways, decided once per preparation by :func:`plan_splits` into a :class:`SplitPlan`:
+
+* **explicit** -- files given as ``train`` / ``valid`` / ``test`` keep their rows in that split,
+  as given (nothing is pooled or re-drawn);
+* **random** (``data.split_order: random``) -- each row of the inputs is assigned by a 32-bit
+  integer hash (lowbias32) of (file index, row, ``split_seed``) against the ``split``
+  fractions: stable across polars versions and machines, independent of chunking;
+* **time** (``data.split_order: time``) -- Criteo rows are in time order, so the train split is
+  the first rows and valid / test the last ones: rows are numbered across the inputs in the
+  order given and cut at ``floor(f_train·N)`` and ``floor((f_train + f_valid)·N)`` (N records,
+  malformed ones included, so skipping them does not move the cuts). When the inputs are
+  Criteo 1TB ``day_N`` files (at least three), whole days are assigned instead, in day order:
+  a day goes to the split its middle byte falls in (``split: [22, 1, 1]`` on 24 days gives
+  days 0-21 / 22 / 23).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from ctrcal.data import criteo
+from ctrcal.errors import DataError
+
+SPLITS: tuple[str, ...] = ("train", "valid", "test")
+SPLIT_COL = "_split"
+SPLIT_ORDERS: tuple[str, ...] = ("random", "time")
+_DAY_FILE = re.compile(r"day_(\d+)(\.gz|\.txt|\.tsv)?$")
+
+
+def check_fractions(fractions: Sequence[float]) -> list[float]:
+    """Three non-negative split fractions with a positive train share, normalised to sum 1."""
+    try:
+        fr = [float(f) for f in fractions]
+    except (TypeError, ValueError):
+        fr = []
+    if len(fr) != 3 or any(not f >= 0 for f in fr) or fr[0] <= 0:
+        raise DataError(
+            f"data.split must be three non-negative fractions (train > 0), got {list(fractions)}"
+        )
+    total = sum(fr)
+    return [f / total for f in fr]
+
+
+def day_number(path: Path) -> int | None:
+    """N of a Criteo 1TB ``day_N`` file (``day_N``, ``day_N.gz``), else None."""
+    m = _DAY_FILE.fullmatch(path.name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass
+class SplitPlan:
+    """How rows are assigned to splits (see the module docstring).
+
+    Attributes:
+        mode: ``explicit``, ``random``, ``time`` (rows) or ``time_files`` (whole day files).
+        fractions: normalised split fractions (random / time modes).
+        seed: ``split_seed`` (random mode).
+        file_split: per input file, its split (explicit / whole-file modes), else None.
+        offsets: per input file, the global index of its first record (time mode).
+        total: number of records over all inputs (time mode).
+    """
+
+    mode: str
+    fractions: list[float] | None = None
+    seed: int = 0
+    file_split: list[int | None] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    total: int = 0
+
+    def describe(self) -> dict | str:
+        """What the feature map records about the split."""
+        if self.mode == "explicit":
+            return "explicit"
+        out: dict = {"order": "random" if self.mode == "random" else "time",
+                     "fractions": self.fractions}  # fmt: skip
+        if self.mode == "random":
+            out["seed"] = self.seed
+        if self.mode == "time_files":
+            out["whole_files"] = True
+        return out
+
+    def expr(self, file_index: int) -> pl.Expr:
+        """The split code (UInt8) of the rows of input ``file_index`` (a typed frame's
+        ``_row`` and ``_file`` columns)."""
+        fixed = self.file_split[file_index] if self.file_split else None
+        if fixed is not None:
+            return pl.lit(fixed, pl.UInt8)
+        if self.mode == "random":
+            return _hash_split(self.fractions, self.seed)
+        if self.mode == "time":
+            cut1, cut2 = self.time_cuts()
+            g = pl.col(criteo.ROW_COL).cast(pl.Int64) + self.offsets[file_index]
+            return (
+                pl.when(g < cut1).then(pl.lit(0, pl.UInt8))
+                .when(g < cut2).then(pl.lit(1, pl.UInt8))
+                .otherwise(pl.lit(2, pl.UInt8))
+            )  # fmt: skip
+        raise DataError(f"no split for input {file_index} in {self.mode} mode")  # unreachable
+
+    def time_cuts(self) -> tuple[int, int]:
+        f0, f1 = self.fractions[0], self.fractions[0] + self.fractions[1]
+        return int(f0 * self.total), int(f1 * self.total)
+
+
+def read_order(paths: Sequence[Path], order: str) -> list[int]:
+    """The order to read the inputs in: Criteo ``day_N`` files in day order for a time split
+    (a shell glob puts ``day_10`` before ``day_2``), else as given."""
+    days = [day_number(p) for p in paths]
+    if order == "time" and all(d is not None for d in days):
+        return sorted(range(len(paths)), key=lambda i: days[i])
+    return list(range(len(paths)))
+
+
+def plan_splits(
+    paths: Sequence[Path],
+    explicit: Sequence[int | None],
+    fractions: Sequence[float],
+    seed: int,
+    order: str,
+    header_lines: Sequence[int],
+) -> SplitPlan:
+    """Decide the split of every input.
+
+    Args:
+        paths: the input files, in reading order (see :func:`read_order`).
+        explicit: per input, its split when given explicitly (0/1/2), else None (all or none).
+        fractions: ``data.split``; seed: ``data.split_seed``; order: ``data.split_order``.
+        header_lines: per input, lines before the first record.
+    """
+    n = len(paths)
+    if order not in SPLIT_ORDERS:
+        raise DataError(f"data.split_order must be one of {', '.join(SPLIT_ORDERS)}, got {order!r}")
+    if all(s is not None for s in explicit):
+        return SplitPlan("explicit", file_split=list(explicit))
+    fr = check_fractions(fractions)
+    if order == "random":
+        return SplitPlan("random", fractions=fr, seed=int(seed))
+    if n >= 3 and all(day_number(p) is not None for p in paths):
+        sizes = [text_bytes(p) for p in paths]
+        total, done, split = sum(sizes), 0, []
+        for size in sizes:
+            middle = (done + size / 2) / total
+            split.append(0 if middle < fr[0] else (1 if middle < fr[0] + fr[1] else 2))
+            done += size
+        for k, name in enumerate(SPLITS):
+            if fr[k] > 0 and k not in split:
+                raise DataError(
+                    f"data.split_order: time assigns whole day files; data.split "
+                    f"{list(fractions)} leaves the {name} split without a day out of {n} "
+                    f"(e.g. use [{n - 2}, 1, 1])"
+                )
+        return SplitPlan("time_files", fractions=fr, file_split=split)
+    counts = [count_records(p, h) for p, h in zip(paths, header_lines, strict=True)]
+    offsets = [sum(counts[:i]) for i in range(n)]
+    return SplitPlan("time", fractions=fr, offsets=offsets, total=sum(counts))
+
+
+def count_records(path: Path, header_lines: int = 0) -> int:
+    """Records of a (possibly gzipped) text file as the CSV reader numbers them: lines, an
+    unterminated last line included, minus the header."""
+    lines, last = 0, b"\n"
+    for block in criteo.iter_text_chunks(path, 16 << 20):
+        lines += block.count(b"\n")
+        last = block[-1:] or last
+    if last != b"\n":
+        lines += 1
+    return max(lines - header_lines, 0)
+
+
+def text_bytes(path: Path) -> int:
+    """Size of a file's text: its size, or for gzip the larger of the trailer's (mod 2**32)
+    size and three times the compressed size (Criteo text compresses about 4:1)."""
+    size = path.stat().st_size
+    if not criteo.is_gzip(path):
+        return size
+    with open(path, "rb") as fh:
+        fh.seek(max(size - 4, 0))
+        isize = int.from_bytes(fh.read(4), "little")
+    return max(isize, 3 * size)
+
+
+def _hash_split(fractions: Sequence[float], seed: int) -> pl.Expr:
+    """Split code 0/1/2 from a 32-bit integer hash (lowbias32) of (file, row, seed)."""
+    m = 2**32
+    key = (pl.col(criteo.ROW_COL).cast(pl.UInt64) + pl.col(criteo.FILE_COL).cast(pl.UInt64)
+           * 0x9E3779B1 + (seed % m) * 0x85EBCA77) % m  # fmt: skip
+    x = key.xor(key // 65536)
+    x = (x * 0x7FEB352D) % m
+    x = x.xor(x // 32768)
+    x = (x * 0x846CA68B) % m
+    x = x.xor(x // 65536)
+    u = x.cast(pl.Float64) / m
+    f0, f1 = fractions[0], fractions[0] + fractions[1]
+    return (
+        pl.when(u < f0).then(pl.lit(0, pl.UInt8))
+        .when(u < f1).then(pl.lit(1, pl.UInt8))
+        .otherwise(pl.lit(2, pl.UInt8))
+    )  # fmt: skip

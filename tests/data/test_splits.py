@@ -1,0 +1,113 @@
+"""Split assignment: data.split_order time (rows and whole day files), config checks."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from ctrcal.config import Config, load_config
+from ctrcal.data.criteo import read_criteo
+from ctrcal.data.features import FeatureMap, FeaturePipeline
+from ctrcal.data.prepare import prepare_dataset
+from ctrcal.data.splits import count_records
+from ctrcal.data.synthetic import generate_frame, write_criteo
+from ctrcal.errors import ConfigError, DataError
+
+
+def _cfg(order="time", split=(0.8, 0.1, 0.1)):
+    cfg = Config()
+    cfg.features.min_count = 1
+    cfg.data.split_order = order
+    cfg.data.split = list(split)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory):
+    frame, _ = generate_frame(1_000, seed=4)
+    return write_criteo(frame, tmp_path_factory.mktemp("time") / "train.txt")
+
+
+def _encoded_rows(out, raw_frame):
+    return FeaturePipeline.load(out).transform(raw_frame).collect()
+
+
+@pytest.mark.parametrize("in_memory", [None, 0])
+def test_time_split_trains_on_the_first_rows(raw, tmp_path, in_memory):
+    out = tmp_path / "p"
+    res = prepare_dataset([raw], out, _cfg(), in_memory_bytes=in_memory, chunk_bytes=1 << 14)
+    assert res.rows == {"train": 800, "valid": 100, "test": 100}
+    typed = read_criteo(raw).collect()
+    for name, rows in [("train", slice(0, 800)), ("valid", slice(800, 900)),
+                       ("test", slice(900, 1000))]:  # fmt: skip
+        got = pl.read_parquet(out / name)
+        assert got.equals(_encoded_rows(out, typed[rows])), name
+    fmap = FeatureMap.load(out)
+    assert fmap.extra["split"] == {"order": "time", "fractions": [0.8, 0.1, 0.1]}
+
+
+def test_time_split_cuts_do_not_move_when_bad_rows_are_skipped(raw, tmp_path):
+    lines = raw.read_bytes().splitlines(keepends=True)
+    lines[10] = b"2" + lines[10][1:]  # label 2: malformed, in the train part
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"".join(lines))
+    res = prepare_dataset([bad], tmp_path / "p", _cfg(), on_bad_row="skip")
+    assert res.rows == {"train": 799, "valid": 100, "test": 100}
+
+
+def test_time_split_of_day_files_takes_whole_days_in_day_order(tmp_path):
+    frame, _ = generate_frame(800, seed=5)
+    paths = [write_criteo(frame[200 * d : 200 * (d + 1)], tmp_path / f"day_{d}") for d in range(4)]
+    shuffled = [paths[2], paths[0], paths[3], paths[1]]
+    out = tmp_path / "p"
+    res = prepare_dataset(shuffled, out, _cfg(split=(2, 1, 1)))
+    assert res.rows == {"train": 400, "valid": 200, "test": 200}
+    typed = read_criteo(paths).collect()
+    assert pl.read_parquet(out / "valid").equals(_encoded_rows(out, typed[400:600]))
+    assert pl.read_parquet(out / "test").equals(_encoded_rows(out, typed[600:800]))
+    with pytest.raises(DataError, match="whole day files"):
+        prepare_dataset(paths[:3], tmp_path / "q", _cfg(split=(0.98, 0.01, 0.01)))
+
+
+def test_random_split_stays_the_default(raw, tmp_path):
+    res = prepare_dataset([raw], tmp_path / "p", _cfg(order="random"))
+    assert FeatureMap.load(tmp_path / "p").extra["split"]["order"] == "random"
+    assert res.rows["train"] != 800  # a seeded hash, not the first rows
+    assert sum(res.rows.values()) == 1000
+
+
+def test_count_records_matches_the_reader(tmp_path):
+    p = tmp_path / "x.txt"
+    p.write_bytes(b"1\ta\n\n0\tb\n1\tc")  # a blank line is a record; an unterminated last one too
+    assert count_records(p) == 4
+    assert count_records(p, header_lines=1) == 3
+
+
+def test_config_checks(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("data:\n  split_order: time\n  train: [a]\n  valid: [b]\n  test: [c]\n")
+    with pytest.raises(ConfigError, match="data.split_order"):
+        load_config(cfg)
+    cfg.write_text("data:\n  split_order: chronological\n")
+    with pytest.raises(ConfigError, match="split_order"):
+        load_config(cfg)
+    cfg.write_text("data:\n  synthetic: {drift: -1}\n")
+    with pytest.raises(ConfigError, match="data.synthetic.drift"):
+        load_config(cfg)
+    cfg.write_text("data:\n  split_order: time\n  synthetic: {drift: 0.5}\n")
+    assert load_config(cfg).data.synthetic.drift == 0.5
+
+
+def test_drifting_synthetic_data_split_by_time(tmp_path):
+    from ctrcal.data.prepare import prepare_config_dataset
+
+    cfg = _cfg()
+    cfg.data.synthetic.rows = 3_000
+    cfg.data.synthetic.drift = 1.0
+    res = prepare_config_dataset(cfg, tmp_path / "p")
+    fmap = FeatureMap.load(tmp_path / "p")
+    assert fmap.extra["synthetic"]["drift"] == 1.0
+    assert res.rows == {"train": 2400, "valid": 300, "test": 300}
+    assert "test" in fmap.extra["oracle"]
+    cfg.data.synthetic.drift = 0.0
+    assert not prepare_config_dataset(cfg, tmp_path / "p").reused  # drift is part of the identity
