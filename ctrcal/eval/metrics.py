@@ -22,25 +22,73 @@ Definitions (n rows, P positives, N negatives, ȳ = P / n):
   default, ``strategy="uniform"``; or equal-mass bins, ``strategy="quantile"``).
 * ``pcoc``: Σ p / Σ y, predicted over observed clicks (1 = calibrated on average; NaN when
   there is no click).
-* ``normalized_entropy``: logloss / H(ȳ) with H(q) = -q log q - (1-q) log(1-q), the logloss
-  relative to always predicting the observed base rate (< 1 beats it; NaN if ȳ is 0 or 1).
+* ``normalized_entropy``: logloss / H(q) with H(q) = -q log q - (1-q) log(1-q). By default
+  q = ȳ, the click rate *of the evaluated rows*: the logloss relative to always predicting
+  that rate (< 1 beats it; NaN if ȳ is 0 or 1). Under a shift that moves the base rate this
+  normaliser moves with it; ``base_rate=`` the training click rate gives He et al.'s NE
+  ("Practical Lessons from Predicting Clicks on Ads at Facebook", ADKDD 2014), normalised
+  by the entropy of the background (training) CTR.
+* ``calibration_free_ne``: NE after shifting every logit by one constant b so that
+  Σ sigmoid(logit p + b) = Σ y (predicted clicks equal observed clicks): the part of NE that
+  no global recalibration can fix. MCGrad's ``calibration_free_normalized_entropy`` reaches
+  the same fixed point by repeated odds rescaling; here b is solved by Newton's method.
+
+Field-level metrics (Field-RCE, Field-ECE, PCOC per value) live in
+:mod:`ctrcal.eval.field_metrics`, the bin-free ones (ECCE, multicalibration error) in
+:mod:`ctrcal.eval.ecce`; both are re-exported here, and :func:`calibration_summary` computes
+all of them at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
+from ctrcal.eval.ecce import (
+    ECCETest,
+    Multicalibration,
+    ecce,
+    ecce_pvalue_from_sigmas,
+    ecce_std,
+    ecce_test,
+    multicalibration_error,
+)
+from ctrcal.eval.field_metrics import (
+    FieldCalibration,
+    bucketize,
+    field_calibration,
+    field_ece,
+    field_rce,
+)
+from ctrcal.eval.metric_inputs import as_numpy as _as_numpy  # noqa: F401
+from ctrcal.eval.metric_inputs import check_probs_labels as _check
+
 __all__ = [
+    "CALIBRATION_DEFINITIONS",
     "DEFINITIONS",
+    "ECCETest",
+    "FieldCalibration",
+    "Multicalibration",
     "ReliabilityCurve",
     "auc",
     "brier",
+    "bucketize",
+    "calibration_free_ne",
+    "calibration_summary",
     "compute_all",
     "ece",
+    "ecce",
+    "ecce_pvalue_from_sigmas",
+    "ecce_std",
+    "ecce_test",
+    "field_calibration",
+    "field_ece",
+    "field_rce",
     "logloss",
+    "multicalibration_error",
     "normalized_entropy",
     "pcoc",
     "reliability_curve",
@@ -65,46 +113,6 @@ DEFINITIONS: dict[str, str] = {
     "ne": "normalized entropy, logloss / H(base rate): logloss relative to always predicting "
     "the observed click rate; < 1 beats that constant, lower is better.",
 }
-
-
-def _as_numpy(x: Any, name: str) -> np.ndarray:
-    if hasattr(x, "detach"):  # a torch tensor, on any device
-        x = x.detach().to("cpu")
-        if x.dtype.is_floating_point and x.element_size() == 2:
-            x = x.float()  # bf16 has no numpy twin; widening is exact
-        x = x.numpy()
-    arr = np.asarray(x)
-    if arr.ndim == 2 and arr.shape[1] == 1:  # a [n, 1] column, as some models return
-        arr = arr[:, 0]
-    if arr.ndim != 1:
-        raise ValueError(f"{name}: expected a 1-D array, got shape {arr.shape}")
-    return arr
-
-
-def _check(probs: Any, labels: Any, unit: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Validated (probs, labels) as 1-D numpy arrays; probs keep their float dtype.
-
-    ``unit=False`` accepts any finite scores (for AUC) instead of probabilities in [0, 1].
-    """
-    p = _as_numpy(probs, "probs")
-    y = _as_numpy(labels, "labels")
-    if p.shape != y.shape:
-        raise ValueError(f"probs and labels differ in length: {p.shape[0]} vs {y.shape[0]}")
-    if p.size == 0:
-        raise ValueError("probs is empty")
-    if not np.issubdtype(p.dtype, np.floating):
-        p = p.astype(np.float64)
-    if not np.isfinite(p).all():
-        raise ValueError("probs contains NaN or infinite values")
-    if unit and (p.min() < 0.0 or p.max() > 1.0):
-        raise ValueError(
-            f"probs must lie in [0, 1] (got min {p.min():.4g}, max {p.max():.4g}); "
-            "pass sigmoid(logits)"
-        )
-    y = y.astype(np.float64, copy=False)
-    if not np.isin(y, (0.0, 1.0)).all():
-        raise ValueError("labels must be 0 or 1")
-    return p, y
 
 
 def auc(probs: Any, labels: Any) -> float:
@@ -165,16 +173,78 @@ def _binary_entropy(q: float) -> float:
     return float(-(q * np.log(q) + (1.0 - q) * np.log1p(-q)))
 
 
-def normalized_entropy(probs: Any, labels: Any, eps: float = DEFAULT_EPS) -> float:
-    """Normalized entropy: logloss / H(ȳ), ȳ the observed click rate of these rows.
+def normalized_entropy(
+    probs: Any, labels: Any, eps: float = DEFAULT_EPS, base_rate: float | None = None
+) -> float:
+    """Normalized entropy: logloss / H(q), H the binary entropy.
 
-    NaN when the rows hold a single class (the constant predictor is then perfect).
+    Args:
+        probs: [n] predicted click probabilities.
+        labels: [n] 0/1.
+        eps: logloss clipping.
+        base_rate: q; ``None`` (default) is the click rate of these rows, so NE compares
+            with the best constant predictor for them. Pass the *training* click rate for
+            He et al. (2014)'s NE, whose normaliser does not move when a shift moves the
+            evaluated base rate.
+
+    Returns:
+        NE (< 1 beats the constant), or NaN when q is 0 or 1 (a single class).
     """
     p, y = _check(probs, labels)
-    h = _binary_entropy(float(y.mean()))
+    q = float(y.mean()) if base_rate is None else _check_base_rate(base_rate)
+    h = _binary_entropy(q)
     if np.isnan(h):
         return float("nan")
     return logloss(p, y, eps=eps) / h
+
+
+def _check_base_rate(base_rate: Any) -> float:
+    q = float(base_rate)
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"base_rate: expected a click rate in (0, 1), got {base_rate!r}")
+    return q
+
+
+def calibration_free_ne(
+    probs: Any,
+    labels: Any,
+    eps: float = DEFAULT_EPS,
+    base_rate: float | None = None,
+    max_iter: int = 50,
+) -> float:
+    """NE after the one logit shift b that makes Σp = Σy (see the module docstring).
+
+    Solves Σ sigmoid(logit(p_i) + b) = Σ y by Newton's method on b (the left side is
+    increasing in b), so the result does not depend on the global calibration of ``probs``;
+    O(n) per iteration, a handful of iterations.
+
+    Args:
+        probs: [n] predicted click probabilities (clipped to [eps, 1 − eps] for the logit).
+        labels: [n] 0/1.
+        eps: logit and logloss clipping.
+        base_rate: NE's normaliser, as in :func:`normalized_entropy`.
+        max_iter: Newton iterations at most.
+
+    Returns:
+        The calibration-free NE, or NaN when the rows hold a single class.
+    """
+    p, y = _check(probs, labels)
+    clicks = float(y.sum())
+    if clicks == 0.0 or clicks == y.shape[0]:
+        return float("nan")
+    pc = np.clip(p.astype(np.float64), eps, 1.0 - eps)
+    z = np.log(pc) - np.log1p(-pc)
+    b = 0.0
+    for _ in range(max_iter):
+        s = 0.5 * (1.0 + np.tanh(0.5 * (z + b)))
+        gap = float(s.sum()) - clicks
+        if abs(gap) <= 1e-10 * clicks:
+            break
+        slope = float(np.dot(s, 1.0 - s))
+        step = gap / max(slope, 1e-300)
+        b -= float(np.clip(step, -5.0, 5.0))  # a bounded step keeps extreme starts stable
+    shifted = 0.5 * (1.0 + np.tanh(0.5 * (z + b)))
+    return normalized_entropy(shifted, y, eps=eps, base_rate=base_rate)
 
 
 @dataclass(frozen=True)
@@ -294,3 +364,102 @@ def compute_all(probs: Any, labels: Any, n_bins: int = 15) -> dict[str, float]:
         "pcoc": pcoc(p, y),
         "ne": normalized_entropy(p, y),
     }
+
+
+# Definitions of what calibration_summary adds, printed in reports beside DEFINITIONS.
+CALIBRATION_DEFINITIONS: dict[str, str] = {
+    "ecce": "bin-free cumulative calibration error (Arrieta-Ibarra et al., JMLR 2022): range of "
+    "(1/n)·Σ_{i≤j}(y−p) over rows sorted by p; lower is better.",
+    "ecce_sigmas": "ECCE / σ with σ = sqrt(Σp(1−p))/n its scale under perfect calibration; "
+    "above ~2.5 miscalibration is detectable (ecce_pvalue < 0.05).",
+    "ecce_pvalue": "P(ECCE this large | perfectly calibrated): range of Brownian motion.",
+    "mce": "multicalibration error (MCGrad's noise-weighted definition): max over segments "
+    "(values of up to 3 fields, top-2 values + other per field, >= 10 rows, <= 1000 segments) "
+    "of ECCE_s/σ_s, times the global σ; lower is better.",
+    "mce_sigmas": "that worst segment's ECCE_s/σ_s.",
+    "mce_pvalue": "its p-value, Bonferroni-adjusted over the segments tested.",
+    "ne_calfree": "calibration-free NE: NE after one logit shift that makes Σp = Σy; the part "
+    "of NE no global recalibration fixes.",
+    "field_rce_mean": "Field-RCE (Pan et al., WWW 2020), (1/N)·Σ_v N_v·|Σ_v(y−p)|/Σ_v y over "
+    "the values v of a field (values below min_count rows pooled), mean over fields.",
+    "field_rce_max": "Field-RCE of the worst field.",
+    "field_ece_mean": "Field-ECE, (1/N)·Σ_v |Σ_v(y−p)|, mean over fields.",
+    "field_ece_max": "Field-ECE of the worst field.",
+}
+
+
+def calibration_summary(
+    probs: Any,
+    labels: Any,
+    fields: Any = None,
+    *,
+    names: Sequence[str] | None = None,
+    n_bins: int = 15,
+    base_rate: float | None = None,
+    min_count: int = 100,
+    with_auc: bool = True,
+    per_field: bool = True,
+    mce_max_depth: int = 3,
+    mce_max_segments: int = 1000,
+    mce_max_rows: int | None = 1_000_000,
+) -> dict[str, float]:
+    """Every global, bin-free and field-level metric of one set of predictions.
+
+    The one call a report makes per evaluation: :func:`compute_all`'s metrics plus ECCE
+    (with σ, ECCE/σ and p-value), the calibration-free NE and, with ``fields``, Field-RCE /
+    Field-ECE (mean and worst field, and per field) and the multicalibration error.
+
+    Args:
+        probs: [n] predicted click probabilities.
+        labels: [n] clicks, 0/1.
+        fields: optional [n, F] integer codes (or a mapping name -> [n] codes).
+        names: F field names for an array.
+        n_bins: ECE bins.
+        base_rate: the training click rate; adds ``ne_train`` (He et al. 2014's NE).
+        min_count: Field-RCE/ECE pool values with fewer rows.
+        with_auc: include AUC (skip it when only calibration is wanted).
+        per_field: include ``field_rce:<name>`` / ``field_ece:<name>`` per field.
+        mce_max_depth, mce_max_segments, mce_max_rows: see :func:`multicalibration_error`.
+
+    Returns:
+        Metric name -> float (keys of :data:`DEFINITIONS` and
+        :data:`CALIBRATION_DEFINITIONS`, plus ``ecce_std``, ``mce_relative``,
+        ``mce_pvalue_unadjusted``, ``mce_segments``, ``ne_train`` and per-field keys).
+    """
+    p, y = _check(probs, labels)
+    out = compute_all(p, y, n_bins=n_bins)
+    if not with_auc:
+        del out["auc"]
+    t = ecce_test(p, y)
+    out.update(ecce=t.ecce, ecce_std=t.std, ecce_sigmas=t.sigmas, ecce_pvalue=t.pvalue)
+    out["ne_calfree"] = calibration_free_ne(p, y)
+    if base_rate is not None:
+        out["ne_train"] = normalized_entropy(p, y, base_rate=base_rate)
+    if fields is None:
+        return out
+    fc = field_calibration(p, y, fields, names=names, min_count=min_count, top_k=0)
+    summary = fc.summary()
+    for key in ("field_rce_mean", "field_rce_max", "field_ece_mean", "field_ece_max"):
+        out[key] = summary[key]
+    if per_field:
+        for name, stats in fc.fields.items():
+            out[f"field_rce:{name}"] = stats.rce
+            out[f"field_ece:{name}"] = stats.ece
+    mc = multicalibration_error(
+        p,
+        y,
+        fields,
+        names=names,
+        max_depth=mce_max_depth,
+        max_segments=mce_max_segments,
+        max_rows=mce_max_rows,
+    )
+    out.update(
+        mce=mc.mce,
+        mce_sigmas=mc.sigmas,
+        mce_relative=mc.relative,
+        mce_pvalue=mc.pvalue_adjusted,
+        mce_pvalue_unadjusted=mc.pvalue,
+        mce_segments=float(mc.n_segments),
+    )
+    return out
