@@ -1,16 +1,25 @@
-"""Post-hoc calibration of click logits: temperature scaling and Platt scaling.
+"""Post-hoc calibration of click logits: temperature, Platt, isotonic and field-aware.
 
-Both are fitted on *clean validation* logits and labels by minimising the binary negative
-log-likelihood, then applied unchanged to any test logits (clean or shifted):
+Every calibrator is fitted on *clean validation* logits and labels, then applied unchanged to
+any test logits (clean or shifted); scikit-learn conventions: the constructor stores
+parameters, ``fit`` learns state ending in ``_`` and returns ``self``, ``transform`` maps
+logits to calibrated logits and ``predict_proba`` to calibrated click probabilities.
 
 * :class:`TemperatureScaling` (Guo et al. 2017): ``z / T``, one scalar T > 0. It rescales
   confidence without moving the decision order, so AUC is unchanged.
 * :class:`PlattScaling` (Platt 1999): ``a · z + b``, two scalars; also corrects a shift of
   the base rate (the intercept). AUC is unchanged when a > 0.
+* :class:`IsotonicCalibration` (Zadrozny and Elkan 2002): the non-decreasing step function of
+  z that minimises the squared error to the labels (pool-adjacent-violators, scikit-learn's),
+  interpolated linearly between its steps; no parametric shape, so it also fixes
+  miscalibration that is not a logit-linear distortion.
+* :class:`~ctrcal.eval.field_aware.FieldAwareCalibration` (in its own module, re-exported
+  here): one Platt or isotonic calibrator per value of a chosen field, shrunk toward the global
+  one by the value's row count (see there).
 
-The NLL of a logistic model in one or two scalars is convex, so both are fitted by Newton's
-method with a backtracking line search in float64 (a handful of iterations, exact to
-``tol``), with no learning rate to tune.
+The NLL of a logistic model in one or two scalars is convex, so temperature and Platt are
+fitted by Newton's method with a backtracking line search in float64 (a handful of
+iterations, exact to ``tol``), with no learning rate to tune.
 
 To calibrate a predictor that outputs probabilities (e.g. MC integration, which averages
 sigmoid outputs), pass ``logit(p)``.
@@ -27,7 +36,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PlattScaling", "TemperatureScaling", "logit"]
+__all__ = [
+    "IsotonicCalibration",
+    "PlattScaling",
+    "TemperatureScaling",
+    "logit",
+]
 
 
 def _to_float64(x: Any, name: str) -> np.ndarray:
@@ -188,3 +202,72 @@ class PlattScaling(_Scaler):
         if hasattr(logits, "detach"):
             return logits * self.coef_ + self.intercept_
         return np.asarray(logits, dtype=np.float64) * self.coef_ + self.intercept_
+
+
+def _interp(x: Any, xp: np.ndarray, fp: np.ndarray) -> Any:
+    """Piecewise-linear interpolation clipped at the ends, numpy or torch (keeps the type)."""
+    if not hasattr(x, "detach"):
+        return np.interp(np.asarray(x, dtype=np.float64), xp, fp)
+    import torch
+
+    xt = x.detach().double()
+    xpt = torch.as_tensor(xp, dtype=torch.float64, device=xt.device)
+    fpt = torch.as_tensor(fp, dtype=torch.float64, device=xt.device)
+    if xpt.numel() == 1:
+        return torch.full_like(xt, float(fp[0])).to(x.dtype)
+    xc = xt.clamp(xpt[0], xpt[-1])
+    hi = torch.searchsorted(xpt, xc).clamp(1, xpt.numel() - 1)
+    lo = hi - 1
+    span = xpt[hi] - xpt[lo]
+    t = torch.where(span > 0, (xc - xpt[lo]) / span, torch.zeros_like(xc))
+    return (fpt[lo] + t * (fpt[hi] - fpt[lo])).to(x.dtype)
+
+
+class IsotonicCalibration(_Scaler):
+    """A non-decreasing map from logit to click probability, fitted by isotonic regression.
+
+    Fitting pools adjacent violators (scikit-learn's ``IsotonicRegression``) on the
+    validation logits, O(n log n); the fitted steps are kept as two arrays and applied by
+    linear interpolation, clipped to the fitted range of logits (numpy or torch).
+
+    Args:
+        eps: ``transform`` returns ``logit(p)`` with p clipped to [eps, 1 − eps] (isotonic
+            probabilities may be exactly 0 or 1).
+
+    Attributes:
+        x_thresholds_: [k] logits of the step ends, increasing.
+        y_thresholds_: [k] calibrated probabilities there, non-decreasing.
+    """
+
+    _learned = ("x_thresholds_", "y_thresholds_")
+
+    def __init__(self, eps: float = 1e-7) -> None:
+        self.eps = eps
+
+    def fit(self, logits: Any, labels: Any) -> IsotonicCalibration:
+        """Fit on logits [n] and 0/1 labels [n]; returns self."""
+        from sklearn.isotonic import IsotonicRegression
+
+        z, y = _fit_inputs(logits, labels)
+        iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(z, y)
+        self.x_thresholds_ = np.asarray(iso.X_thresholds_, dtype=np.float64)
+        self.y_thresholds_ = np.asarray(iso.y_thresholds_, dtype=np.float64)
+        return self
+
+    def predict_proba(self, logits: Any) -> Any:
+        """Calibrated click probabilities [n], same type as the input."""
+        self._check_fitted()
+        return _interp(logits, self.x_thresholds_, self.y_thresholds_)
+
+    def transform(self, logits: Any) -> Any:
+        """``logit(predict_proba(logits))`` with p clipped to [eps, 1 − eps]."""
+        return logit(self.predict_proba(logits), eps=self.eps)
+
+
+def __getattr__(name: str) -> Any:
+    # the field-aware calibrator lives in its own module (it needs field handling)
+    if name == "FieldAwareCalibration":
+        from ctrcal.eval.field_aware import FieldAwareCalibration
+
+        return FieldAwareCalibration
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
