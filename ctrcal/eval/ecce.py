@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from ctrcal.eval.metric_inputs import check_fields, check_probs_labels, dense_codes
+from ctrcal.eval.metric_inputs import as_numpy, check_fields, check_probs_labels, dense_codes
 
 __all__ = [
     "ECCETest",
@@ -110,9 +110,12 @@ def _sigmas(e: np.ndarray, s: np.ndarray) -> np.ndarray:
     return np.where(s > 0, z, np.where(e > 0, np.inf, 0.0))
 
 
-def _sorted(p: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+def _sorted(
+    p: np.ndarray, y: np.ndarray, order: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, bool]:
     """p sorted ascending, y − p in that order, and whether any p ties."""
-    order = np.argsort(p, kind="stable")
+    if order is None:
+        order = np.argsort(p, kind="stable")
     ps = p[order].astype(np.float64, copy=False)
     ds = y[order] - ps
     ties = bool(ps.shape[0] > 1 and np.any(ps[1:] == ps[:-1]))
@@ -139,16 +142,24 @@ def ecce_std(probs: Any) -> float:
     return float(np.sqrt(np.dot(p, 1.0 - p)) / p.shape[0])
 
 
-def ecce_test(probs: Any, labels: Any) -> ECCETest:
+def ecce_test(probs: Any, labels: Any, *, order: Any = None) -> ECCETest:
     """ECCE, its σ under perfect calibration, ECCE/σ and the p-value (module docstring).
 
     Args:
         probs: [n] predicted click probabilities.
         labels: [n] clicks, 0/1.
+        order: optional [n] permutation sorting ``probs`` ascending, when the caller has one
+            (saves the sort).
     """
     p, y = check_probs_labels(probs, labels)
     n = p.shape[0]
-    ps, ds, ties = _sorted(p, y)
+    if order is not None:
+        order = as_numpy(order, "order")
+        if order.shape != p.shape or not np.issubdtype(order.dtype, np.integer):
+            raise ValueError(f"order: expected {n} integer positions, got {order.shape}")
+    ps, ds, ties = _sorted(p, y, order)
+    if order is not None and n > 1 and np.any(ps[1:] < ps[:-1]):
+        raise ValueError("order: does not sort probs ascending")
     e = _path_range(ps, ds, ties) / n
     std = float(np.sqrt(np.dot(ps, 1.0 - ps)) / n)
     z = float(_sigmas(np.array([e]), np.array([std]))[0])

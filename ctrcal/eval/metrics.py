@@ -301,13 +301,21 @@ def reliability_curve(
     if not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
         raise ValueError(f"n_bins must be a positive integer, got {n_bins!r}")
     p, y = _check(probs, labels)
+    return _curve(p, y, int(n_bins), strategy)
+
+
+def _curve(
+    p: np.ndarray, y: np.ndarray, n_bins: int, strategy: str, order: np.ndarray | None = None
+) -> ReliabilityCurve:
+    """:func:`reliability_curve` of validated arrays; ``order``: a stable argsort of p."""
     if strategy == "uniform":
         edges = _uniform_edges(int(n_bins), p.dtype)
         idx = np.searchsorted(edges, p, side="right") - 1
         nb = int(n_bins) + 1
     elif strategy == "quantile":
         n = p.shape[0]
-        order = np.argsort(p, kind="stable")
+        if order is None:
+            order = np.argsort(p, kind="stable")
         nb = min(int(n_bins), n)
         # group g gets sorted positions [g*n//nb, (g+1)*n//nb)
         idx = np.empty(n, dtype=np.int64)
@@ -355,15 +363,28 @@ def compute_all(probs: Any, labels: Any, n_bins: int = 15) -> dict[str, float]:
         ``{"auc", "logloss", "brier", "ece", "ece_mass", "pcoc", "ne"}`` -> float.
     """
     p, y = _check(probs, labels)
-    return {
-        "auc": auc(p, y),
-        "logloss": logloss(p, y),
-        "brier": brier(p, y),
-        "ece": ece(p, y, n_bins=n_bins),
-        "ece_mass": ece(p, y, n_bins=n_bins, strategy="quantile"),
-        "pcoc": pcoc(p, y),
-        "ne": normalized_entropy(p, y),
-    }
+    return _global_metrics(p, y, n_bins, None, with_auc=True)
+
+
+def _global_metrics(
+    p: np.ndarray, y: np.ndarray, n_bins: int, order: np.ndarray | None, with_auc: bool
+) -> dict[str, float]:
+    # validated once by the caller; each metric below would otherwise re-check n rows
+    p64 = p.astype(np.float64, copy=False)
+    pc = np.clip(p64, DEFAULT_EPS, 1.0 - DEFAULT_EPS)
+    ll = float(-np.mean(y * np.log(pc) + (1.0 - y) * np.log1p(-pc)))
+    h = _binary_entropy(float(y.mean()))
+    clicks = float(y.sum())
+    out = {"auc": auc(p, y)} if with_auc else {}
+    out.update(
+        logloss=ll,
+        brier=float(np.mean((p64 - y) ** 2)),
+        ece=_curve(p, y, n_bins, "uniform").ece(),
+        ece_mass=_curve(p, y, n_bins, "quantile", order).ece(),
+        pcoc=float(p64.sum() / clicks) if clicks > 0 else float("nan"),
+        ne=ll / h if not np.isnan(h) else float("nan"),
+    )
+    return out
 
 
 # Definitions of what calibration_summary adds, printed in reports beside DEFINITIONS.
@@ -427,10 +448,9 @@ def calibration_summary(
         ``mce_pvalue_unadjusted``, ``mce_segments``, ``ne_train`` and per-field keys).
     """
     p, y = _check(probs, labels)
-    out = compute_all(p, y, n_bins=n_bins)
-    if not with_auc:
-        del out["auc"]
-    t = ecce_test(p, y)
+    order = np.argsort(p, kind="stable")  # shared by equal-mass ECE and ECCE
+    out = _global_metrics(p, y, n_bins, order, with_auc)
+    t = ecce_test(p, y, order=order)
     out.update(ecce=t.ecce, ecce_std=t.std, ecce_sigmas=t.sigmas, ecce_pvalue=t.pvalue)
     out["ne_calfree"] = calibration_free_ne(p, y)
     if base_rate is not None:

@@ -65,6 +65,16 @@ def test_pvalue_series_matches_mcgrad_and_simulation():
         assert (ranges >= x).mean() == pytest.approx(M.ecce_pvalue_from_sigmas(x), abs=0.02)
 
 
+def test_ecce_with_a_given_order():
+    p, y, _ = _data(n=1000)
+    order = np.argsort(p, kind="stable")
+    assert M.ecce_test(p, y, order=order) == M.ecce_test(p, y)
+    with pytest.raises(ValueError, match="order: does not sort"):
+        M.ecce_test(p, y, order=order[::-1].copy())
+    with pytest.raises(ValueError, match="order: expected 1000"):
+        M.ecce_test(p, y, order=order[:5])
+
+
 def test_ecce_is_calibrated_under_the_null():
     # perfectly calibrated predictions: p-values roughly uniform, about 5 % below 0.05
     rng = np.random.default_rng(1)
@@ -226,6 +236,9 @@ def test_calibration_summary_holds_every_metric_consistently():
     for key in [*M.DEFINITIONS, *M.CALIBRATION_DEFINITIONS, "ne_train", "ecce_std"]:
         assert key in out, key
     assert out["ecce"] == pytest.approx(M.ecce(p, y))
+    for key, value in M.compute_all(p, y).items():  # the shared sort changes nothing
+        assert out[key] == pytest.approx(value, rel=1e-12), key
+    assert out["ne"] == pytest.approx(M.normalized_entropy(p, y), rel=1e-12)
     assert out["field_rce:b"] == pytest.approx(M.field_rce(p, y, fields[:, 1], min_count=20))
     assert out["field_rce_max"] == max(out[f"field_rce:{k}"] for k in "abc")
     assert out["mce_pvalue"] >= out["mce_pvalue_unadjusted"]
