@@ -85,9 +85,7 @@ def main() -> None:
         "Field-RCE/ECE/PCOC, all fields": lambda: M.field_calibration(
             probs, y, fields, names=names
         ),
-        "multicalibration error": lambda: M.multicalibration_error(
-            probs, y, fields, names=names
-        ),
+        "multicalibration error": lambda: M.multicalibration_error(probs, y, fields, names=names),
     }
     for label, fn in parts.items():
         print(f"  {label:<45} {timed(fn, 1):7.2f} s")

@@ -97,9 +97,7 @@ def ecce_pvalue_from_sigmas(x: Any) -> Any:
         # terms decay like exp(-2π²(k+½)²/x²): k up to ~1.4·x reaches 1e-17
         kmax = int(math.ceil(1.4 * float(xm.max()))) + 3
         k = np.arange(kmax)[:, None] + 0.5
-        terms = (8.0 / xm**2 + 2.0 / (math.pi**2 * k**2)) * np.exp(
-            -2.0 * math.pi**2 * k**2 / xm**2
-        )
+        terms = (8.0 / xm**2 + 2.0 / (math.pi**2 * k**2)) * np.exp(-2.0 * math.pi**2 * k**2 / xm**2)
         out[mid] = np.clip(1.0 - terms.sum(axis=0), 0.0, 1.0)
     return float(out[0]) if np.ndim(x) == 0 else out
 

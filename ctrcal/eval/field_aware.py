@@ -158,9 +158,10 @@ class FieldAwareCalibration:
             scale = np.minimum(1.0, 2.0 / np.maximum(np.abs(da), np.abs(db)).clip(1e-300))
             a -= scale * da
             b -= scale * db
-            if np.max(np.abs(scale * da), initial=0.0) < self.tol and np.max(
-                np.abs(scale * db), initial=0.0
-            ) < self.tol:
+            if (
+                np.max(np.abs(scale * da), initial=0.0) < self.tol
+                and np.max(np.abs(scale * db), initial=0.0) < self.tol
+            ):
                 break
         return a, b
 

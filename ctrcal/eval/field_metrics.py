@@ -124,9 +124,7 @@ def _field_stats(
     d_k = np.append(d[kept], d[rare].sum())
     clicks_k = np.append(clicks[kept], clicks[rare].sum())
     has_click = clicks_k > 0
-    rce = float(
-        np.sum(count_k[has_click] * np.abs(d_k[has_click]) / clicks_k[has_click]) / n
-    )
+    rce = float(np.sum(count_k[has_click] * np.abs(d_k[has_click]) / clicks_k[has_click]) / n)
     ece = float(np.abs(d_k).sum() / n)
     # top_k most frequent kept values; ties broken by the smaller code, deterministically
     kept_idx = np.flatnonzero(kept)

@@ -31,9 +31,7 @@ def as_numpy(x: Any, name: str, ndim: int = 1) -> np.ndarray:
     return arr
 
 
-def check_probs_labels(
-    probs: Any, labels: Any, unit: bool = True
-) -> tuple[np.ndarray, np.ndarray]:
+def check_probs_labels(probs: Any, labels: Any, unit: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Validated (probs, labels) as 1-D numpy arrays; probs keep their float dtype.
 
     ``unit=False`` accepts any finite scores (for AUC) instead of probabilities in [0, 1].
@@ -42,9 +40,7 @@ def check_probs_labels(
     p = as_numpy(probs, "probs")
     y = as_numpy(labels, "labels")
     if p.shape != y.shape:
-        raise ValueError(
-            f"probs and labels differ in length: {p.shape[0]} vs {y.shape[0]}"
-        )
+        raise ValueError(f"probs and labels differ in length: {p.shape[0]} vs {y.shape[0]}")
     if p.size == 0:
         raise ValueError("probs is empty (no rows to evaluate)")
     if not np.issubdtype(p.dtype, np.floating):
@@ -91,8 +87,8 @@ def check_fields(
         cols = [as_numpy(v, f"fields[{i}]") for i, v in enumerate(fields)]
         keys = None
     else:
-        arr = as_numpy(fields, "fields", ndim=2) if _ndim(fields) == 2 else as_numpy(
-            fields, "fields"
+        arr = (
+            as_numpy(fields, "fields", ndim=2) if _ndim(fields) == 2 else as_numpy(fields, "fields")
         )
         # one transposing copy makes every field contiguous; reading strided columns one
         # at a time would read the whole matrix once per field

@@ -17,9 +17,7 @@ mcgrad = pytest.importorskip("mcgrad.metrics")
 def _data(n=20_000, seed=0, lift=0.3):
     """Three fields; rows with field b == 2 click ``1 + lift`` times as often as predicted."""
     rng = np.random.default_rng(seed)
-    fields = np.stack(
-        [rng.zipf(1.5, n) % 50, rng.integers(0, 4, n), rng.integers(0, 7, n)], axis=1
-    )
+    fields = np.stack([rng.zipf(1.5, n) % 50, rng.integers(0, 4, n), rng.integers(0, 7, n)], axis=1)
     p = rng.beta(1, 10, n)
     true = np.clip(p * (1 + lift * (fields[:, 1] == 2)), 0, 1)
     y = (rng.random(n) < true).astype(np.float64)
@@ -111,8 +109,12 @@ def test_ecce_does_not_depend_on_the_order_of_ties():
 def _mcgrad_mce(p, y, fields, **kw):
     df = pd.DataFrame({"y": y, "p": p, **{f"f{j}": fields[:, j] for j in range(fields.shape[1])}})
     return mcgrad.MulticalibrationError(
-        df, "y", "p", categorical_segment_columns=[f"f{j}" for j in range(fields.shape[1])],
-        precision_dtype="float64", **kw,
+        df,
+        "y",
+        "p",
+        categorical_segment_columns=[f"f{j}" for j in range(fields.shape[1])],
+        precision_dtype="float64",
+        **kw,
     )
 
 
@@ -120,9 +122,7 @@ def _mcgrad_mce(p, y, fields, **kw):
 def test_multicalibration_matches_mcgrad(seed, min_count):
     p, y, fields = _data(seed=seed)
     ref = _mcgrad_mce(p, y, fields, min_samples_per_segment=min_count)
-    got = M.multicalibration_error(
-        p, y, fields, names=["f0", "f1", "f2"], min_count=min_count
-    )
+    got = M.multicalibration_error(p, y, fields, names=["f0", "f1", "f2"], min_count=min_count)
     ref_sigmas = ref.segments_ecce_sigma  # evaluates the segments (and counts them)
     assert got.n_segments == ref.total_number_segments
     assert got.sigmas == pytest.approx(ref.mce_sigma, rel=1e-9)
@@ -131,9 +131,7 @@ def test_multicalibration_matches_mcgrad(seed, min_count):
     assert got.pvalue == pytest.approx(ref.mce_pvalue, rel=1e-6, abs=1e-15)
     assert got.global_ecce == pytest.approx(ref.global_ecce, rel=1e-10)
     # the same segment values: compare the sorted per-segment statistics
-    np.testing.assert_allclose(
-        np.sort(got.segment_sigmas), np.sort(ref_sigmas), rtol=1e-9
-    )
+    np.testing.assert_allclose(np.sort(got.segment_sigmas), np.sort(ref_sigmas), rtol=1e-9)
     assert got.pvalue_adjusted == pytest.approx(min(1.0, got.pvalue * got.n_segments))
 
 
@@ -198,9 +196,7 @@ def test_multicalibration_bad_arguments(kwargs, match):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_ne_and_calibration_free_ne_match_mcgrad(seed):
     p, y, _ = _data(seed=seed, lift=0.8)
-    assert M.normalized_entropy(p, y) == pytest.approx(
-        mcgrad.normalized_entropy(y, p), rel=1e-6
-    )
+    assert M.normalized_entropy(p, y) == pytest.approx(mcgrad.normalized_entropy(y, p), rel=1e-6)
     # MCGrad iterates until Σp/Σy is within 1e-5 of 1; ours solves it to 1e-10
     assert M.calibration_free_ne(p, y) == pytest.approx(
         mcgrad.calibration_free_normalized_entropy(y, p), rel=1e-5

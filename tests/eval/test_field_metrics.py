@@ -92,8 +92,11 @@ def test_many_fields_summary_names_the_worst_and_torch_matches_numpy():
     assert s["field_rce_max"] == fc.fields["b"].rce
     assert s["field_rce_mean"] == pytest.approx(np.mean([f.rce for f in fc.fields.values()]))
     ft = M.field_calibration(
-        torch.from_numpy(p).float(), torch.from_numpy(y), torch.from_numpy(fields),
-        names=["a", "b", "c"], min_count=20,
+        torch.from_numpy(p).float(),
+        torch.from_numpy(y),
+        torch.from_numpy(fields),
+        names=["a", "b", "c"],
+        min_count=20,
     )
     assert ft.fields["b"].rce == pytest.approx(fc.fields["b"].rce, rel=1e-5)
 
