@@ -10,11 +10,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
-import pytest
+# The Triton kernels are tested on CPU tensors through Triton's interpreter, which must be
+# chosen before triton is imported (kernels are wrapped when their module loads). Only those
+# kernels run differently; set TRITON_INTERPRET=0 to keep triton compiled.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from ctrcal.data.synthetic import generate_frame, write_criteo
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from ctrcal.data.synthetic import generate_frame, write_criteo  # noqa: E402
 
 SAMPLES = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "criteo_samples"
 LAYOUT_FILES = {

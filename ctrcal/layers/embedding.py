@@ -26,7 +26,9 @@ F = Fn + Fc vectors of width D (numeric fields first, then categorical, in featu
   (``bucket``: its own bucket); NaN never reaches the arithmetic, so no NaN propagates.
 
 :class:`FieldNorm` applies a registry norm per field over D (each field its own layer, as
-FuxiCTR's ``emb_layernorm``), with a fused path for plain LayerNorms.
+FuxiCTR's ``emb_layernorm``), with fused paths for plain LayerNorms (one ``layer_norm``) and
+MC-LayerNorms (one grouped MC-LayerNorm call for all fields, see
+:mod:`ctrcal.layers.mc_grouped`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctrcal.layers.mc_grouped import grouped_layer_norm
+from ctrcal.layers.mc_layernorm import MCLayerNorm, mc_grouped_layer_norm
 from ctrcal.layers.registry import create_norm
 
 NUMERIC_EMBEDDINGS = ("linear", "scaled", "bucket")
@@ -225,8 +229,16 @@ class FieldNorm(nn.Module):
     """One norm per field over the embedding dim D (``[B, F, D] -> [B, F, D]``).
 
     Each field gets its own layer from the registry (``create_norm(spec, D)``), so each has its
-    own affine parameters and ``replace_norms`` can swap them like any other norm. When every
-    layer is a plain ``nn.LayerNorm`` the F layers run as one fused ``layer_norm`` call.
+    own affine parameters (state_dict keys ``norms.<field>.weight``/``bias``) and
+    ``replace_norms`` can swap them like any other norm. Two fused paths compute exactly what
+    the F layers compute, in one call instead of F:
+
+    * every layer a plain ``nn.LayerNorm``: one ``layer_norm`` over all fields, then the
+      stacked per-field affine;
+    * every layer an identically configured :class:`MCLayerNorm` (same eps, fraction, backend,
+      generator, affine settings and mode): one grouped MC-LayerNorm call
+      (:func:`~ctrcal.layers.mc_layernorm.mc_grouped_layer_norm`; each (row, field) still draws
+      its own subset), or the LayerNorm path when not sampling (evaluation, one-shot).
 
     Args:
         num_fields: F.
@@ -240,21 +252,52 @@ class FieldNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         norms = list(self.norms)
-        if all(type(n) is nn.LayerNorm for n in norms) and _same_layernorms(norms):
-            first = norms[0]
-            y = F.layer_norm(x, first.normalized_shape, None, None, first.eps)
-            if first.weight is not None:
-                y = y * torch.stack([n.weight for n in norms])
-            if first.bias is not None:
-                y = y + torch.stack([n.bias for n in norms])
-            return y
-        return torch.stack([n(x[:, i]) for i, n in enumerate(norms)], dim=1)
+        kind = _fusable(norms)
+        if kind is None:
+            return torch.stack([n(x[:, i]) for i, n in enumerate(norms)], dim=1)
+        first = norms[0]
+        weight = torch.stack([n.weight for n in norms]) if first.weight is not None else None
+        bias = torch.stack([n.bias for n in norms]) if first.bias is not None else None
+        if kind == "mc":
+            return mc_grouped_layer_norm(
+                x,
+                weight,
+                bias,
+                first.eps,
+                first.fraction,
+                generator=first.generator,
+                backend=first.backend,
+            )
+        return grouped_layer_norm(x, weight, bias, first.eps)
+
+
+def _fusable(norms: list[nn.Module]) -> str | None:
+    """``"ln"``/``"mc"`` when the fields' layers can run as one call, else None."""
+    first = norms[0]
+    if type(first) is nn.LayerNorm:
+        same_type = all(type(n) is nn.LayerNorm for n in norms)
+        return "ln" if same_type and _same_layernorms(norms) else None
+    if type(first) is not MCLayerNorm or len(first.normalized_shape) != 1:
+        return None
+    if not (all(type(n) is MCLayerNorm for n in norms) and _same_layernorms(norms)):
+        return None
+    sampling = first.sampling
+    if not all(
+        n.sampling == sampling
+        and n.fraction == first.fraction
+        and n.backend == first.backend
+        and n.generator is first.generator
+        for n in norms
+    ):
+        return None
+    return "mc" if sampling else "ln"
 
 
 def _same_layernorms(norms: list[nn.LayerNorm]) -> bool:
     first = norms[0]
     return all(
         n.eps == first.eps
+        and n.normalized_shape == first.normalized_shape
         and (n.weight is None) == (first.weight is None)
         and (n.bias is None) == (first.bias is None)
         for n in norms

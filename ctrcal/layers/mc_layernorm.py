@@ -58,13 +58,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ctrcal.errors import ConfigError
-from ctrcal.layers import mcln_kernel
+from ctrcal.layers import mcln_kernel, mcln_triton
 from ctrcal.layers.mcln_kernel import kernel_available, small_side
 
 __all__ = [
     "BACKENDS",
     "MCLayerNorm",
     "kernel_available",
+    "mc_grouped_layer_norm",
     "mc_layer_norm",
     "mc_mode",
     "mc_predict",
@@ -141,13 +142,18 @@ def sample_subset_mask(
         generator: torch generator to draw from (default: torch's global RNG for ``device``).
         device: device of the result.
         dtype: dtype of the result (1 for chosen, 0 otherwise).
-        backend: ``"auto"`` (default), ``"c"`` or ``"torch"``; see :data:`BACKENDS`.
+        backend: ``"auto"`` (default), ``"c"``, ``"triton"`` or ``"torch"``; see
+            :data:`BACKENDS`. With the same generator state, ``c`` and ``triton`` give the
+            subsets their layer's forward draws.
 
     Returns:
         Tensor [R, N] with exactly k ones in every row.
     """
     _check_k(n, k)
     device = torch.device(device) if device is not None else torch.device("cpu")
+    if _choose_backend(backend, device, n) == "triton":
+        seed = mcln_triton.draw_seed(device, generator)
+        return mcln_triton.subset_mask(rows, n, k, seed).to(dtype)
     if _use_kernel(backend, device):
         kernel = mcln_kernel.get_kernel()
         mask = torch.empty(rows, n, dtype=torch.uint8)
@@ -232,11 +238,15 @@ def mc_layer_norm(
         mask: optional [R, N] 0/1 mask (R = number of rows), used instead of drawing one (for
             tests and custom samplers); each row's statistics are over its ones.
         generator: torch generator for the subset draw.
-        backend: ``"auto"`` (default), ``"c"`` or ``"torch"``; see :data:`BACKENDS`.
+        backend: ``"auto"`` (default), ``"c"``, ``"triton"`` or ``"torch"``; see
+            :data:`BACKENDS`.
 
     Returns:
         Tensor of the input's shape and dtype (statistics in float32, or float64 for float64
         input).
+
+    Raises:
+        ValueError: wrong trailing shape, or weight/bias on another device than the input.
     """
     shape = _as_shape(normalized_shape)
     n = math.prod(shape)
@@ -244,22 +254,119 @@ def mc_layer_norm(
         raise ValueError(
             f"expected input with trailing shape {list(shape)}, got {list(input.shape)}"
         )
-    x = input.reshape(-1, n)
-    rows = x.shape[0]
-    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    _check_devices(input, weight, bias)
     if mask is None:
         k = mc_subset_size(n, fraction)
         if k == n:  # the full set: exactly LayerNorm, at LayerNorm's cost
             return F.layer_norm(input, shape, weight, bias, eps)
-        if rows > 0 and _use_kernel(backend, x.device):
+    else:
+        k = 0
+    w = weight.reshape(1, n) if weight is not None else None
+    b = bias.reshape(1, n) if bias is not None else None
+    y = _normalize_rows(input.reshape(-1, n), w, b, 1, k, eps, mask, generator, backend)
+    return y.reshape(input.shape)
+
+
+def mc_grouped_layer_norm(
+    input: Tensor,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+    fraction: float = 0.8,
+    *,
+    mask: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    backend: str | None = None,
+) -> Tensor:
+    """Per-field MC-LayerNorm of ``input [..., G, D]`` over D, in one call for all G fields.
+
+    Exactly what G separate :class:`MCLayerNorm` (D) layers applied to ``input[..., g, :]``
+    compute (each (row, field) draws its own k-subset of the D features, k from
+    :func:`mc_subset_size` (D, f)), with field g's affine pair ``weight[g], bias[g]``.
+
+    Args:
+        input: [..., G, D].
+        weight: [G, D] or None.
+        bias: [G, D] or None.
+        eps: added to the subset variance inside the square root.
+        fraction: the paper's f.
+        mask: optional [R * G, D] 0/1 mask (R = number of leading rows), as in
+            :func:`mc_layer_norm`.
+        generator: torch generator for the subset draw.
+        backend: see :data:`BACKENDS`.
+
+    Returns:
+        Tensor of the input's shape and dtype.
+
+    Raises:
+        ValueError: input not [..., G, D], weight/bias not [G, D], or on another device.
+    """
+    if input.dim() < 2:
+        raise ValueError(f"expected input [..., G, D], got {list(input.shape)}")
+    groups, d = int(input.shape[-2]), int(input.shape[-1])
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and tuple(p.shape) != (groups, d):
+            raise ValueError(
+                f"{name} must have shape [{groups}, {d}] for input {list(input.shape)}, "
+                f"got {list(p.shape)}"
+            )
+    _check_devices(input, weight, bias)
+    if mask is None:
+        k = mc_subset_size(d, fraction)
+        if k == d:  # the full set: per-field LayerNorm
+            y = F.layer_norm(input, (d,), None, None, eps)
+            if weight is not None:
+                y = y * weight
+            return y + bias if bias is not None else y
+    else:
+        k = 0
+    x = input.reshape(-1, d)
+    y = _normalize_rows(x, weight, bias, groups, k, eps, mask, generator, backend)
+    return y.reshape(input.shape)
+
+
+def _check_devices(input: Tensor, *params: Tensor | None) -> None:
+    for p in params:
+        if p is not None and p.device != input.device:
+            raise ValueError(
+                f"MC-LayerNorm input is on {input.device} but its weight/bias on {p.device}; "
+                "move the module to the input's device (module.to(device))"
+            )
+
+
+def _normalize_rows(
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    groups: int,
+    k: int,
+    eps: float,
+    mask: Tensor | None,
+    generator: torch.Generator | None,
+    backend: str | None,
+) -> Tensor:
+    """MC-LayerNorm of rows x [R, N]; row r takes affine row ``r % groups`` of [groups, N]."""
+    rows, n = x.shape
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if mask is None and rows > 0:
+        choice = _choose_backend(backend, x.device, n)
+        if choice == "triton":
+            try:
+                return mcln_triton.triton_mc_layer_norm(x, weight, bias, groups, k, eps, generator)
+            except Exception as exc:  # any compiler or driver failure: fall back, once
+                if _is_compiling() or _resolve_backend(backend) == "triton":
+                    raise
+                mcln_triton.mark_broken(exc)
+        elif choice == "c":
             with torch.autocast(x.device.type, enabled=False):
                 key = _draw_key(generator, x.device)
-                w = weight.reshape(n).to(compute) if weight is not None else None
-                b = bias.reshape(n).to(compute) if bias is not None else None
+                w = weight.to(compute) if weight is not None else None
+                b = bias.to(compute) if bias is not None else None
                 y = mcln_kernel.KernelMCLayerNorm.apply(
-                    x.to(compute).contiguous(), w, b, k, eps, key
+                    x.to(compute).contiguous(), w, b, k, eps, key, groups
                 )
-            return y.reshape(input.shape).to(input.dtype)
+            return y.to(x.dtype)
+    if mask is None:
         mask = _torch_subset_mask(rows, n, k, generator, x.device, compute)
         counts: int | Tensor = k
     else:
@@ -272,22 +379,26 @@ def mc_layer_norm(
         mu = (xf * mask).sum(dim=1, keepdim=True) / counts
         xc = xf - mu
         var = (xc * xc * mask).sum(dim=1, keepdim=True) / counts
-        y = (xc * torch.rsqrt(var + eps)).reshape(input.shape)
+        y = (xc * torch.rsqrt(var + eps)).reshape(-1, groups, n)
         if weight is not None:
             y = y * weight.to(compute)
         if bias is not None:
             y = y + bias.to(compute)
-    return y.to(input.dtype)
+    return y.reshape(rows, n).to(x.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
-# Backend choice (the fused kernel itself lives in ctrcal.layers.mcln_kernel)
+# Backend choice (the fused kernels live in ctrcal.layers.mcln_kernel and mcln_triton)
 
-BACKENDS = ("auto", "c", "torch")
-"""``auto``: the C kernel for CPU tensors when it builds, else ``torch``. ``c``: the kernel
-(an error if it cannot be built). ``torch``: pure torch ops (any device; the subset from a
-table of all subsets when ``C(N, d) <= 4096``, else the d smallest of i.i.d. float64 keys).
-The environment variable ``CTRCAL_MCLN_BACKEND`` sets the default."""
+BACKENDS = ("auto", "c", "triton", "torch")
+"""``auto``: the C kernel for CPU tensors when it builds (else ``torch``), the Triton kernel
+for CUDA tensors when triton is installed and compiles (else ``torch``, with one warning).
+``c``: the C kernel (CPU; an error if it cannot be built). ``triton``: the Triton kernel (CUDA
+tensors, or CPU tensors under ``TRITON_INTERPRET=1``; an error without triton). ``torch``: pure
+torch ops on any device (the subset from a table of all subsets when ``C(N, d) <= 4096``, else
+the d smallest of i.i.d. float64 keys). Rows wider than
+:data:`ctrcal.layers.mcln_triton.MAX_WIDTH` take the torch path instead of ``triton``. The
+environment variable ``CTRCAL_MCLN_BACKEND`` sets the default."""
 
 
 def _resolve_backend(backend: str | None) -> str:
@@ -300,24 +411,47 @@ def _resolve_backend(backend: str | None) -> str:
     return choice
 
 
-def _use_kernel(backend: str | None, device: torch.device) -> bool:
+def _choose_backend(backend: str | None, device: torch.device, width: int) -> str:
+    """The path that normalizes rows of ``width`` on ``device``: c, triton or torch."""
     choice = _resolve_backend(backend)
     if choice == "torch":
-        return False
+        return "torch"
     if choice == "c":
         if device.type != "cpu":
             raise ValueError(f"the 'c' MC-LayerNorm backend runs on CPU tensors, got {device}")
         mcln_kernel.get_kernel()  # raises with the build error
-        return True
+        return "c"
+    if choice == "triton":
+        if not mcln_triton.HAVE_TRITON:
+            raise RuntimeError("the 'triton' MC-LayerNorm backend needs triton installed")
+        if device.type == "cpu" and not mcln_triton.interpreting():
+            raise ValueError(
+                "the 'triton' MC-LayerNorm backend runs on CUDA tensors (CPU tensors only "
+                "under TRITON_INTERPRET=1)"
+            )
+        return "triton" if mcln_triton.triton_usable(device, width) else "torch"
+    if device.type == "cuda":
+        return "triton" if mcln_triton.triton_usable(device, width) else "torch"
     if device.type != "cpu" or _is_compiling():
-        return False  # graphs being compiled get the traceable torch ops
+        return "torch"  # graphs being compiled on CPU get the traceable torch ops
+    return "c" if _c_kernel_ready() else "torch"
+
+
+def _use_kernel(backend: str | None, device: torch.device) -> bool:
+    """Whether the C kernel draws subsets for ``device`` (see :func:`_choose_backend`)."""
+    if _resolve_backend(backend) == "triton":
+        return False
+    return _choose_backend(backend, device, 0) == "c"
+
+
+def _c_kernel_ready() -> bool:
     if not mcln_kernel.kernel_available():
         state = mcln_kernel._kernel_state
         if not state.get("warned"):
             state["warned"] = True
             warnings.warn(
                 f"{state.get('error')}; MC-LayerNorm uses the slower pure-torch path",
-                stacklevel=4,
+                stacklevel=5,
             )
         return False
     return True

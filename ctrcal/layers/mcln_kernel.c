@@ -50,12 +50,14 @@ void mcln_sample(uint8_t *m, int64_t r0, int64_t r1, int64_t n, int64_t d, int i
     }
 }
 #define DEFINE(T, SUF)                                                                       \
-void mcln_fwd_##SUF(const T *x, const T *w, const T *b, T *y, uint8_t *m, T *mean, T *rstd, \
-                    int64_t r0, int64_t r1, int64_t n, int64_t k, int64_t d, int invert,      \
-                    double eps, uint64_t key) {                                               \
+void mcln_fwd_##SUF(const T *x, const T *w0, const T *b0, T *y, uint8_t *m, T *mean,        \
+                    T *rstd, int64_t r0, int64_t r1, int64_t n, int64_t g, int64_t k,         \
+                    int64_t d, int invert, double eps, uint64_t key) {                        \
     mcln_sample(m, r0, r1, n, d, invert, key);                                                \
     for (int64_t r = r0; r < r1; ++r) {                                                       \
         const T *xr = x + r * n; T *yr = y + r * n; const uint8_t *mr = m + r * n;          \
+        /* row r = sample * g + group: the group's affine pair */                             \
+        const T *w = w0 ? w0 + (r % g) * n : 0, *b = b0 ? b0 + (r % g) * n : 0;              \
         T s = 0, v = 0;                                                                       \
         _Pragma("omp simd reduction(+:s)")                                                    \
         for (int64_t i = 0; i < n; ++i) s += xr[i] * (T)mr[i];                                \
@@ -74,11 +76,13 @@ void mcln_fwd_##SUF(const T *x, const T *w, const T *b, T *y, uint8_t *m, T *mea
             yr[i] = (xr[i] - mu) * rs; }                                                      \
     }                                                                                         \
 }                                                                                             \
-void mcln_bwd_##SUF(const T *dy, const T *x, const T *w, const uint8_t *m, const T *mean,    \
-                    const T *rstd, T *dx, T *dw, T *db, int64_t r0, int64_t r1, int64_t n,    \
-                    int64_t k) {                                                              \
+void mcln_bwd_##SUF(const T *dy, const T *x, const T *w0, const uint8_t *m, const T *mean,   \
+                    const T *rstd, T *dx, T *dw0, T *db0, int64_t r0, int64_t r1, int64_t n,  \
+                    int64_t g, int64_t k) {                                                   \
     for (int64_t r = r0; r < r1; ++r) {                                                       \
         const T *dyr = dy + r * n, *xr = x + r * n; T *dxr = dx + r * n;                      \
+        const int64_t off = (r % g) * n;                                                      \
+        const T *w = w0 ? w0 + off : 0; T *dw = dw0 ? dw0 + off : 0, *db = db0 + off;        \
         const uint8_t *mr = m + r * n;                                                        \
         T mu = mean[r], rs = rstd[r], A = 0, B = 0;                                           \
         if (w) {                                                                              \

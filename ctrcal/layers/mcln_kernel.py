@@ -50,14 +50,14 @@ class _CKernel:
         for suffix in ("f32", "f64"):
             getattr(lib, f"mcln_fwd_{suffix}").argtypes = (
                 [ptr] * 7
-                + [i64] * 5
+                + [i64] * 6
                 + [
                     ctypes.c_int,
                     ctypes.c_double,
                     ctypes.c_uint64,
                 ]
             )
-            getattr(lib, f"mcln_bwd_{suffix}").argtypes = [ptr] * 9 + [i64] * 4
+            getattr(lib, f"mcln_bwd_{suffix}").argtypes = [ptr] * 9 + [i64] * 5
         self.lib = lib
         self._pool: ThreadPoolExecutor | None = None
 
@@ -87,8 +87,16 @@ class _CKernel:
         self.lib.mcln_sample(mask.data_ptr(), r0, r1, n, d, int(inv), key)
 
     def forward(
-        self, x: Tensor, w: Tensor | None, b: Tensor | None, k: int, eps: float, key: int
+        self,
+        x: Tensor,
+        w: Tensor | None,
+        b: Tensor | None,
+        k: int,
+        eps: float,
+        key: int,
+        groups: int = 1,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Rows of x [R, N] (row r uses affine row r % groups of w, b [groups, N])."""
         rows, n = x.shape
         y = torch.empty_like(x)
         mask = torch.empty(rows, n, dtype=torch.uint8)
@@ -98,7 +106,9 @@ class _CKernel:
         fn = self.lib.mcln_fwd_f64 if x.dtype == torch.float64 else self.lib.mcln_fwd_f32
         p = self._p
         args = (p(x), p(w), p(b), p(y), p(mask), p(mean), p(rstd))
-        self.run_rows(rows, n, lambda r0, r1: fn(*args, r0, r1, n, k, d, int(invert), eps, key))
+        self.run_rows(
+            rows, n, lambda r0, r1: fn(*args, r0, r1, n, groups, k, d, int(invert), eps, key)
+        )
         return y, mask, mean, rstd
 
     def backward(
@@ -110,20 +120,21 @@ class _CKernel:
         mean: Tensor,
         rstd: Tensor,
         k: int,
+        groups: int = 1,
     ) -> tuple[Tensor, Tensor, Tensor]:
         rows, n = x.shape
         parts = self.chunks(rows, n)
         dx = torch.empty_like(x)
         # per-chunk partial sums of dweight / dbias, added up afterwards
-        dw = torch.zeros(max(len(parts), 1), n, dtype=x.dtype)
-        db = torch.zeros(max(len(parts), 1), n, dtype=x.dtype)
+        dw = torch.zeros(max(len(parts), 1), groups, n, dtype=x.dtype)
+        db = torch.zeros(max(len(parts), 1), groups, n, dtype=x.dtype)
         fn = self.lib.mcln_bwd_f64 if x.dtype == torch.float64 else self.lib.mcln_bwd_f32
         p = self._p
         head = (p(dy), p(x), p(w), p(mask), p(mean), p(rstd), p(dx))
         self.run(
             [(i, r0, r1) for i, (r0, r1) in enumerate(parts)],
             lambda i, r0, r1: fn(
-                *head, p(dw[i]) if w is not None else None, p(db[i]), r0, r1, n, k
+                *head, p(dw[i]) if w is not None else None, p(db[i]), r0, r1, n, groups, k
             ),
         )
         return dx, dw.sum(0), db.sum(0)
@@ -212,28 +223,36 @@ def kernel_available() -> bool:
 
 
 class KernelMCLayerNorm(torch.autograd.Function):
-    """Autograd wrapper of the C kernel on x [R, N] (float32/float64, contiguous)."""
+    """Autograd wrapper of the C kernel on x [R, N] (float32/float64, contiguous).
+
+    ``weight``/``bias`` are [groups, N] (or None): row r uses affine row ``r % groups``, so
+    ``groups = 1`` is the row layer and ``groups = F`` the per-field layer on [B * F, D].
+    """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, k, eps, key):  # type: ignore[override]
+    def forward(ctx, x, weight, bias, k, eps, key, groups=1):  # type: ignore[override]
         kernel = get_kernel()
         w = weight.contiguous() if weight is not None else None
         b = bias.contiguous() if bias is not None else None
-        y, mask, mean, rstd = kernel.forward(x, w, b, k, eps, key)
+        y, mask, mean, rstd = kernel.forward(x, w, b, k, eps, key, groups)
         ctx.save_for_backward(x, w, mask, mean, rstd)
         ctx.k = k
-        ctx.has_bias = b is not None
+        ctx.groups = groups
+        ctx.bias_shape = b.shape if b is not None else None
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):  # type: ignore[override]
         x, w, mask, mean, rstd = ctx.saved_tensors
-        dx, dw, db = get_kernel().backward(dy.contiguous(), x, w, mask, mean, rstd, ctx.k)
+        dx, dw, db = get_kernel().backward(
+            dy.contiguous(), x, w, mask, mean, rstd, ctx.k, ctx.groups
+        )
         return (
             dx,
-            dw if w is not None else None,
-            db if ctx.has_bias else None,
+            dw.reshape(w.shape) if w is not None else None,
+            db.reshape(ctx.bias_shape) if ctx.bias_shape is not None else None,
+            None,
             None,
             None,
             None,
