@@ -4,8 +4,11 @@
     python scripts/bench_norms.py --fraction 0.5 --threads 1 --repeats 50
     python scripts/bench_norms.py --compile            # also torch.compile (slow to build)
 
-Shapes: (4096, 400) normalized over 400 (a MaskBlock's hidden layer) and (4096, 39, 16)
-normalized over the last dim (per-field embedding norm), plus (4096, 39, 16) over (39, 16).
+Shapes: (4096, 400) normalized over 400 (a MaskBlock's hidden layer); (4096, 39, 16)
+normalized over the last dim with one affine pair (``per-field`` below: with one affine pair
+per field, as FieldNorm runs it: the LayerNorm reference is FieldNorm's fused LayerNorm path
+and MC-LN is the grouped per-field call); and (4096, 39, 16) over (39, 16). On CUDA the Triton
+kernel is timed too.
 All candidates are timed interleaved in one loop, so a busy machine slows them alike; the
 ratios are the numbers to read. Times are in milliseconds: the median and the minimum over
 the repeats (on a shared, loaded machine the minimum is the steadier of the two).
@@ -21,11 +24,13 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ctrcal.layers.mc_layernorm import MCLayerNorm, kernel_available
+from ctrcal.layers.mc_grouped import grouped_layer_norm
+from ctrcal.layers.mc_layernorm import MCLayerNorm, kernel_available, mc_grouped_layer_norm
 
 CASES = [
     ((4096, 400), (400,)),
     ((4096, 39, 16), (16,)),
+    ((4096, 39, 16), "per-field"),
     ((4096, 39, 16), (39, 16)),
 ]
 
@@ -45,7 +50,7 @@ def _step(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, g: torch.
 
 def bench_case(
     shape: tuple[int, ...],
-    normalized: tuple[int, ...],
+    normalized: tuple[int, ...] | str,
     fraction: float,
     device: torch.device,
     repeats: int,
@@ -54,17 +59,39 @@ def bench_case(
     torch.manual_seed(0)
     x = torch.randn(shape, device=device, requires_grad=True)
     g = torch.randn(shape, device=device)
+    backends = ["torch"] + (["c"] if device.type == "cpu" and kernel_available() else [])
+    if device.type == "cuda":
+        backends.append("triton")
+    if normalized == "per-field":
+        fields, dim = shape[-2], shape[-1]
+        w = torch.ones(fields, dim, device=device, requires_grad=True)
+        b = torch.zeros(fields, dim, device=device, requires_grad=True)
+        candidates = {"layer_norm": _step(lambda t: grouped_layer_norm(t, w, b, 1e-5), x, g)}
+        for backend in backends:
+            candidates[f"mc[{backend}]"] = _step(
+                lambda t, backend=backend: mc_grouped_layer_norm(
+                    t, w, b, 1e-5, fraction, backend=backend
+                ),
+                x,
+                g,
+            )
+        return _time(candidates, device, repeats)
     ln = torch.nn.LayerNorm(normalized, device=device)
     candidates: dict[str, Callable[[], None]] = {
         "layer_norm": _step(lambda t: F.layer_norm(t, normalized, ln.weight, ln.bias), x, g)
     }
-    backends = ["torch"] + (["c"] if device.type == "cpu" and kernel_available() else [])
     for backend in backends:
         mc = MCLayerNorm(normalized, fraction=fraction, backend=backend, device=device).train()
         candidates[f"mc[{backend}]"] = _step(mc, x, g)
     if use_compile:
         mc = MCLayerNorm(normalized, fraction=fraction, backend="torch", device=device).train()
         candidates["mc[torch.compile]"] = _step(torch.compile(mc), x, g)
+    return _time(candidates, device, repeats)
+
+
+def _time(
+    candidates: dict[str, Callable[[], None]], device: torch.device, repeats: int
+) -> dict[str, tuple[float, float]]:
     for run in candidates.values():  # warm up (and build / compile)
         for _ in range(3):
             run()

@@ -1,0 +1,613 @@
+"""One command that exercises every GPU path of ctrcal and prints GPU benchmarks.
+
+    python scripts/gpu_check.py                 # all checks, then the benchmarks
+    python scripts/gpu_check.py --no-bench      # checks only
+    python scripts/gpu_check.py --bench-only --batch 65536
+
+Checks (tiny generated data; each prints PASS or FAIL with a reason):
+
+* Triton MC-LayerNorm vs the masked formula and the torch path, row (N=400) and grouped
+  (39 fields x 16) shapes, fp32 and bf16: exact k per row, inclusion rates, subset-mean
+  variance against theory, forward and gradients equal to the formula on the same subsets;
+* per-field MC-LayerNorm (FieldNorm) on the grouped kernel; torch.compile keeps the kernel;
+* MaskNet forward/backward under bf16 autocast;
+* end to end through the command line: training runs with LayerNorm and MC-LayerNorm with the
+  data resident on the GPU (fp32, bf16, compiled), DDP with NCCL over the visible GPUs
+  (``--nproc``), MC integration (``evaluate --mc-samples``), a shift report with
+  ``--devices auto``.
+
+Benchmarks (median of several timed rounds, CUDA-synchronised): MC-LN / LN forward+backward
+layer ratios, serial MaskNet training rows/s (data on the device; fp32 and bf16; LN and
+MC-LN; eager and compiled) and the MC-LN / LN step ratio, evaluation rows/s (one-shot LN,
+one-shot MC-LN, 10 MC samples).
+
+Without a CUDA GPU it says so and exits 0. Exit status 1 when any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS: list[tuple[str, bool, str]] = []
+
+
+def check(name: str) -> Callable[[Callable[[], str | None]], Callable[[], None]]:
+    """Run the decorated function as one check; record and print PASS/FAIL."""
+
+    def wrap(fn: Callable[[], str | None]) -> Callable[[], None]:
+        def run() -> None:
+            start = time.perf_counter()
+            try:
+                detail = fn() or ""
+                ok = True
+            except Exception as exc:  # report every failure, keep checking the rest
+                detail = f"{type(exc).__name__}: {exc}"
+                ok = False
+                if os.environ.get("GPU_CHECK_DEBUG"):
+                    traceback.print_exc()
+            seconds = time.perf_counter() - start
+            RESULTS.append((name, ok, detail))
+            status = "PASS" if ok else "FAIL"
+            print(f"[{status}] {name} ({seconds:.1f}s) {detail}"[:2000], flush=True)
+
+        return run
+
+    return wrap
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(message)
+
+
+# ---------------------------------------------------------------------------------------------
+# kernel checks
+
+
+def _statistics_checks(backend: str, rows: int, groups: int, d: int, f: float) -> str:
+    from ctrcal.layers.mc_layernorm import (
+        mc_grouped_layer_norm,
+        mc_subset_size,
+        sample_subset_mask,
+    )
+
+    dev = torch.device("cuda")
+    k = mc_subset_size(d, f)
+    mask = sample_subset_mask(rows * groups, d, k, device=dev, backend=backend)
+    require(bool((mask.sum(1) == k).all()), f"{backend}: not exactly k={k} in every row")
+    share = mask.double().mean(0)
+    se = math.sqrt(k / d * (1 - k / d) / (rows * groups))
+    require(bool(((share - k / d).abs() < 6 * se).all()), f"{backend}: inclusion rates off")
+    # subset mean of a fixed row: variance sigma^2 (N-k)/(k(N-1)) across rows and fields
+    base = torch.randn(d, device=dev, dtype=torch.float64) * 2 + 1
+    x = base.expand(rows, groups, d).contiguous().float()
+    with torch.no_grad():
+        y = mc_grouped_layer_norm(x, eps=0.0, fraction=f, backend=backend).double()
+    s = (base[0] - base[1]) / (y[..., 0] - y[..., 1])
+    mu = (base[0] - y[..., 0] * s).reshape(-1)
+    sigma2 = base.var(unbiased=False).item()
+    theory = sigma2 * (d - k) / (k * (d - 1))
+    centred = mu - base.mean()
+    var_hat = centred.pow(2).mean().item()
+    se = math.sqrt((centred.pow(4).mean().item() - var_hat**2) / centred.numel())
+    require(abs(var_hat - theory) < 6 * se, f"{backend}: Var(subset mean) {var_hat} vs {theory}")
+    return f"k={k} var(mean)={var_hat:.4g} theory={theory:.4g}"
+
+
+def _formula_check(rows: int, groups: int, d: int, f: float, dtype: torch.dtype) -> str:
+    from ctrcal.layers.mc_layernorm import (
+        mc_grouped_layer_norm,
+        mc_subset_size,
+        sample_subset_mask,
+    )
+
+    dev = torch.device("cuda")
+    k = mc_subset_size(d, f)
+    torch.manual_seed(0)
+    x = (torch.randn(rows, groups, d, device=dev) * 3 + 2).to(dtype).requires_grad_()
+    w = torch.randn(groups, d, device=dev, requires_grad=True)
+    b = torch.randn(groups, d, device=dev, requires_grad=True)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(11)
+    mask = sample_subset_mask(rows * groups, d, k, generator=gen, device=dev, backend="triton")
+    gen.manual_seed(11)
+    out = mc_grouped_layer_norm(x, w, b, 1e-5, f, generator=gen, backend="triton")
+    require(out.dtype == dtype, f"output dtype {out.dtype}")
+    m = mask.reshape(rows, groups, d).double()
+    xd = x.detach().double().requires_grad_()
+    wd, bd = w.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    mu = (xd * m).sum(-1, keepdim=True) / k
+    var = ((xd - mu) ** 2 * m).sum(-1, keepdim=True) / k
+    ref = (xd - mu) / torch.sqrt(var + 1e-5) * wd + bd
+    tol = 2e-4 if dtype == torch.float32 else 5e-2
+    err = (out.double() - ref).abs().max().item()
+    require(err < tol * (1 + ref.abs().max().item()), f"forward error {err}")
+    g = torch.randn_like(ref)
+    grads = torch.autograd.grad(out, (x, w, b), g.to(dtype))
+    ref_grads = torch.autograd.grad(ref, (xd, wd, bd), g)
+    errs = []
+    for a, r in zip(grads, ref_grads, strict=True):
+        e = (a.double() - r).abs().max().item() / (1 + r.abs().max().item())
+        errs.append(e)
+        require(e < (1e-3 if dtype == torch.float32 else 5e-2), f"gradient error {e}")
+    return f"max forward error {err:.2e}, gradient errors {', '.join(f'{e:.1e}' for e in errs)}"
+
+
+@check("triton MC-LN row (4096x400): exact k, inclusion rates, subset-mean variance")
+def check_row_statistics() -> str:
+    return _statistics_checks("triton", 4096, 1, 400, 0.8)
+
+
+@check("torch-path MC-LN row (4096x400): same statistics")
+def check_row_statistics_torch() -> str:
+    return _statistics_checks("torch", 4096, 1, 400, 0.8)
+
+
+@check("triton MC-LN grouped (2048x39x16): exact k, inclusion rates, subset-mean variance")
+def check_grouped_statistics() -> str:
+    return _statistics_checks("triton", 2048, 39, 16, 0.8)
+
+
+@check("torch-path MC-LN grouped (2048x39x16): same statistics")
+def check_grouped_statistics_torch() -> str:
+    return _statistics_checks("torch", 2048, 39, 16, 0.8)
+
+
+@check("triton MC-LN row fp32: forward and gradients equal the formula on its subsets")
+def check_row_formula() -> str:
+    return _formula_check(512, 1, 400, 0.8, torch.float32)
+
+
+@check("triton MC-LN row bf16 input: fp32 accumulation, bf16 output")
+def check_row_formula_bf16() -> str:
+    return _formula_check(512, 1, 400, 0.8, torch.bfloat16)
+
+
+@check("triton MC-LN grouped fp32 (39 fields x 16): forward and gradients")
+def check_grouped_formula() -> str:
+    return _formula_check(256, 39, 16, 0.8, torch.float32)
+
+
+@check("triton MC-LN wide rows (N=3000) and N above one program (torch path)")
+def check_wide() -> str:
+    from ctrcal.layers import mcln_triton
+
+    out = _formula_check(64, 1, 3000, 0.5, torch.float32)
+    from ctrcal.layers.mc_layernorm import mc_layer_norm
+
+    n = mcln_triton.MAX_WIDTH + 100
+    x = torch.randn(8, n, device="cuda")
+    y = mc_layer_norm(x, n, fraction=0.5)
+    require(bool(torch.isfinite(y).all()), "non-finite output above MAX_WIDTH")
+    return out
+
+
+@check("per-field MC-LN (FieldNorm, 39x16) runs the grouped Triton kernel")
+def check_field_norm() -> str:
+    from ctrcal.layers import mcln_triton
+    from ctrcal.layers.embedding import FieldNorm
+
+    calls = []
+    real = mcln_triton.mc_layer_norm_fwd
+    norm = FieldNorm(39, 16, "mclayernorm").cuda().train()
+    x = torch.randn(1024, 39, 16, device="cuda", requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning
+        mcln_triton.mc_layer_norm_fwd = lambda *a: calls.append(a[4]) or real(*a)
+        try:
+            y = norm(x)
+        finally:
+            mcln_triton.mc_layer_norm_fwd = real
+    y.square().sum().backward()
+    require(calls == [39], f"expected one grouped launch with 39 groups, got {calls}")
+    require(all(n.weight.grad is not None for n in norm.norms), "missing field gradients")
+    return "one launch for 39 fields"
+
+
+@check("torch.compile keeps the Triton MC-LN op (fullgraph, inductor)")
+def check_compile() -> str:
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from ctrcal.layers.mc_layernorm import MCLayerNorm
+
+    layer = MCLayerNorm(400, fraction=0.8).cuda().train()
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(layer, backend=counter, fullgraph=True)
+    x = torch.randn(256, 400, device="cuda", requires_grad=True)
+    y = compiled(x)
+    y.square().sum().backward()
+    ops = {str(n.target) for g in counter.graphs for n in g.graph.nodes}
+    require(any("mc_layer_norm_fwd" in op for op in ops), f"op not in graph: {sorted(ops)}")
+    torch.manual_seed(3)
+    a = compiled(x)
+    torch.manual_seed(3)
+    b = compiled(x)
+    require(torch.equal(a, b), "compiled layer not reproducible under manual_seed")
+    return f"{counter.frame_count} graph, op kept"
+
+
+@check("MaskNet forward/backward under bf16 autocast (LN and MC-LN everywhere)")
+def check_bf16() -> str:
+    from ctrcal.config import NormSpec
+    from ctrcal.models.masknet import MaskNet
+
+    vocab = [1000] * 26
+    for norm in ("layernorm", "mclayernorm"):
+        torch.manual_seed(0)
+        model = MaskNet(
+            vocab, 13, embedding_dim=16, hidden_units=[400, 400, 400], net_norm=NormSpec(norm),
+            emb_norm=NormSpec(norm),
+        ).cuda()  # fmt: skip
+        cat, num, label = _batch(4096, vocab)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(cat, num)
+        loss = F.binary_cross_entropy_with_logits(logits.float().reshape(-1), label)
+        loss.backward()
+        require(bool(torch.isfinite(loss)), f"{norm}: non-finite loss")
+    return "finite loss and gradients"
+
+
+@check("MC integration on the GPU (mc_predict: 20 samples)")
+def check_mc_predict() -> str:
+    from ctrcal.config import NormSpec
+    from ctrcal.layers.mc_layernorm import mc_predict
+    from ctrcal.models.masknet import MaskNet
+
+    vocab = [1000] * 26
+    model = MaskNet(
+        vocab, 13, embedding_dim=16, hidden_units=[64, 64], net_norm=NormSpec("mclayernorm"),
+        emb_norm=NormSpec("mclayernorm"),
+    ).cuda()  # fmt: skip
+    cat, num, _ = _batch(512, vocab)
+    mean, std = mc_predict(model, cat, num, n_samples=20)
+    require(bool((std > 0).all()), "no spread between MC samples")
+    require(bool(((mean >= 0) & (mean <= 1)).all()), "mean outside [0, 1]")
+    return f"mean std {std.mean().item():.2e}"
+
+
+def _batch(rows: int, vocab: list[int], seed: int = 0):
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    cat = torch.stack(
+        [torch.randint(0, v, (rows,), device="cuda", generator=g) for v in vocab], 1
+    )
+    num = torch.randn(rows, 13, device="cuda", generator=g)
+    num[torch.rand(rows, 13, device="cuda", generator=g) < 0.1] = float("nan")
+    label = (torch.rand(rows, device="cuda", generator=g) < 0.25).float()
+    return cat, num, label
+
+
+# ---------------------------------------------------------------------------------------------
+# end to end through the command line
+
+
+def _cli(args: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "ctrcal", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"ctrcal {' '.join(args[:2])} exited {proc.returncode}: "
+            f"{(proc.stderr or proc.stdout)[-1500:]}"
+        )
+    return proc
+
+
+class EndToEnd:
+    def __init__(self, work: Path, rows: int) -> None:
+        self.work = work
+        self.rows = rows
+        self.data = work / "data"
+        self.base = [
+            "train.device=cuda",
+            "train.data_mode=device",
+            "train.epochs=1",
+            "train.progress=false",
+            "train.batch_size=4096",
+            "model.hidden_units=[400,400,400]",
+            "model.embedding_dim=16",
+        ]
+        self.mc = ["model.net_norm=mclayernorm", "model.emb_norm=mclayernorm"]
+
+    def prepare(self) -> str:
+        _cli(["synth", str(self.work / "raw.txt"), "--rows", str(self.rows), "--seed", "0"])
+        _cli(["prepare", str(self.work / "raw.txt"), "--out", str(self.data)])
+        return f"{self.rows} synthetic rows prepared"
+
+    def train(self, name: str, extra: list[str], nproc: int = 1) -> str:
+        out = self.work / name
+        args = ["train", "configs/demo.yaml", *self.base, *extra]
+        args += ["--data", str(self.data), "--out", str(out)]
+        if nproc > 1:
+            args += ["--nproc", str(nproc)]
+        start = time.perf_counter()
+        _cli(args)
+        require((out / "result.json").exists(), f"no result.json in {out}")
+        import json
+
+        result = json.loads((out / "result.json").read_text())
+        test = result.get("test") or result.get("valid") or {}
+        return f"test AUC {test.get('auc', float('nan')):.4f} in {time.perf_counter() - start:.0f}s"
+
+
+def end_to_end_checks(work: Path, rows: int) -> None:
+    e2e = EndToEnd(work, rows)
+    check("prepare tiny synthetic data (ctrcal synth + prepare)")(e2e.prepare)()
+    if not (e2e.data / "feature_map.json").exists():
+        return
+    for run_name, name, extra in [
+        ("run_ln", "train LN, fp32, data on device",
+         ["model.net_norm=layernorm", "train.precision=fp32"]),
+        ("run_mc", "train MC-LN (MaskBlocks + per-field), fp32, data on device",
+         [*e2e.mc, "train.precision=fp32"]),
+        ("run_mc_bf16", "train MC-LN, bf16 autocast, data on device",
+         [*e2e.mc, "train.precision=bf16"]),
+        ("run_mc_compile", "train MC-LN, torch.compile", [*e2e.mc, "train.compile=true"]),
+    ]:  # fmt: skip
+        check(name)(lambda run_name=run_name, extra=extra: e2e.train(run_name, extra))()
+    gpus = torch.cuda.device_count()
+    check(f"DDP with NCCL over {gpus} GPU(s)")(lambda: _ddp(e2e))()
+
+    def evaluate_mc() -> str:
+        run = work / "run_mc"
+        require((run / "result.json").exists(), "no MC-LN run to evaluate")
+        proc = _cli(["evaluate", str(run), "--mc-samples", "10", "--data", str(e2e.data)])
+        return proc.stdout.strip().splitlines()[-1][:200] if proc.stdout.strip() else ""
+
+    check("MC integration: ctrcal evaluate --mc-samples 10")(evaluate_mc)()
+
+    def shift_report() -> str:
+        out = work / "report"
+        _cli(
+            [
+                "shift-report", "configs/demo.yaml", *e2e.base, "report.intensities=[0.0,0.25]",
+                "--data", str(e2e.data), "--out", str(out), "--seeds", "1", "--devices", "auto",
+            ]  # fmt: skip
+        )
+        produced = sorted(p.name for p in out.iterdir())
+        require(any(p.endswith(".json") for p in produced), f"no summary in {produced}")
+        return f"wrote {', '.join(produced[:6])}"
+
+    check("shift report with --devices auto")(shift_report)()
+
+
+def _ddp(e2e: EndToEnd) -> str:
+    """``ctrcal train --nproc N`` over the N visible GPUs; with one GPU, a one-process NCCL
+    group under torchrun (DDP's wrapping and all-reduces still run)."""
+    gpus = torch.cuda.device_count()
+    if gpus > 1:
+        return e2e.train("run_ddp", e2e.mc, nproc=gpus) + f" ({gpus} processes)"
+    out = e2e.work / "run_ddp"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+        "-m", "ctrcal", "train", "configs/demo.yaml", *e2e.base, *e2e.mc,
+        "--data", str(e2e.data), "--out", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"torchrun exited {proc.returncode}: {proc.stderr[-1500:]}")
+    require((out / "result.json").exists(), "no result.json from the DDP run")
+    return "1 process (one GPU visible)"
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmarks
+
+
+def _time_cuda(fn: Callable[[], None], repeats: int, rounds: int = 5) -> float:
+    """Median over rounds of the mean seconds per call (CUDA events)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / repeats)
+    return statistics.median(times)
+
+
+def bench_layers(rows: int) -> None:
+    print(f"\nlayer forward+backward, {rows} rows (ms; ratio to LayerNorm)")
+    for label, shape, dtype in [
+        ("row 400 fp32", (rows, 400), torch.float32),
+        ("row 400 bf16", (rows, 400), torch.bfloat16),
+        ("grouped 39x16 fp32", (rows, 39, 16), torch.float32),
+        ("grouped 39x16 bf16", (rows, 39, 16), torch.bfloat16),
+    ]:
+        _bench_layer(label, shape, dtype)
+
+
+def _bench_layer(label: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    from ctrcal.layers.mc_layernorm import mc_grouped_layer_norm
+
+    d = shape[-1]
+    groups = shape[1] if len(shape) == 3 else 1
+    x = torch.randn(shape, device="cuda", dtype=dtype).reshape(-1, groups, d)
+    x.requires_grad_()
+    g = torch.randn_like(x)
+    w = torch.ones(groups, d, device="cuda", requires_grad=True)
+    b = torch.zeros(groups, d, device="cuda", requires_grad=True)
+
+    def ln() -> None:  # what nn.LayerNorm / FieldNorm's LayerNorm path run
+        if groups == 1:
+            F.layer_norm(x, (d,), w[0], b[0], 1e-5).backward(g)
+        else:
+            (F.layer_norm(x, (d,), None, None, 1e-5) * w + b).backward(g)
+
+    def mc_triton() -> None:
+        mc_grouped_layer_norm(x, w, b, 1e-5, 0.8).backward(g)
+
+    def mc_torch() -> None:
+        mc_grouped_layer_norm(x, w, b, 1e-5, 0.8, backend="torch").backward(g)
+
+    t_ln = _time_cuda(ln, 20)
+    t_mc = _time_cuda(mc_triton, 20)
+    t_torch = _time_cuda(mc_torch, 5)
+    print(
+        f"  {label:<20} LN {t_ln * 1e3:7.3f}  MC-LN triton {t_mc * 1e3:7.3f} "
+        f"({t_mc / t_ln:4.2f}x)  MC-LN torch path {t_torch * 1e3:7.3f} ({t_torch / t_ln:4.2f}x)"
+    )
+
+
+def _masknet(norm: str, emb_norm: str = "none"):
+    from ctrcal.config import NormSpec
+    from ctrcal.models.masknet import MaskNet
+
+    torch.manual_seed(0)
+    return MaskNet(
+        [40_000] * 26, 13, embedding_dim=16, hidden_units=[400, 400, 400], reduction_ratio=0.2,
+        net_norm=NormSpec(norm), emb_norm=NormSpec(emb_norm),
+    ).cuda()  # fmt: skip
+
+
+def bench_training(batch: int, compiled: bool) -> dict[tuple[str, str], float]:
+    vocab = [40_000] * 26
+    batches = [_batch(batch, vocab, seed) for seed in range(4)]
+    out: dict[tuple[str, str], float] = {}
+    for norm in ("layernorm", "mclayernorm"):
+        model = _masknet(norm)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+        for precision in ("fp32", "bf16"):
+            amp = precision == "bf16"
+
+            def step(model=model, opt=opt, amp=amp) -> torch.Tensor:
+                cat, num, label = batches[step.i % 4]
+                step.i += 1
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+                    logits = model(cat, num).reshape(-1)
+                loss = F.binary_cross_entropy_with_logits(logits.float(), label)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                return loss
+
+            step.i = 0
+            fn = torch.compile(step) if compiled else step
+            seconds = _time_cuda(fn, 20)
+            out[(norm, precision)] = seconds
+    return out
+
+
+def bench_eval(batch: int) -> None:
+    from ctrcal.layers.mc_layernorm import mc_mode
+
+    vocab = [40_000] * 26
+    cat, num, _ = _batch(batch, vocab)
+    print(f"\nevaluation rows/s (batch {batch}, no_grad, bf16 autocast off)")
+    results = {}
+    for label, norm, mc in [
+        ("LN one-shot", "layernorm", False),
+        ("MC-LN one-shot", "mclayernorm", False),
+        ("MC-LN 1 MC sample", "mclayernorm", True),
+    ]:
+        model = _masknet(norm).eval()
+
+        @torch.no_grad()
+        def run(model=model) -> None:
+            model(cat, num)
+
+        if mc:
+            with mc_mode(model):
+                seconds = _time_cuda(run, 20)
+        else:
+            seconds = _time_cuda(run, 20)
+        results[label] = seconds
+        print(f"  {label:<20} {batch / seconds:>14,.0f} rows/s")
+    ratio = results["MC-LN one-shot"] / results["LN one-shot"]
+    print(f"  one-shot MC-LN / LN evaluation time: {ratio:.3f}")
+
+
+def benchmarks(batch: int) -> None:
+    props = torch.cuda.get_device_properties(0)
+    print(f"\n=== GPU benchmarks on {props.name} ({torch.cuda.device_count()} visible) ===")
+    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}")
+    bench_layers(batch)
+    for compiled in (False, True):
+        try:
+            res = bench_training(batch, compiled)
+        except Exception as exc:  # compiled training may fail where eager works: say so
+            print(f"\ntraining ({'compiled' if compiled else 'eager'}) failed: {exc}"[:800])
+            continue
+        mode = "torch.compile" if compiled else "eager"
+        print(f"\nserial MaskNet [400,400,400] emb 16 training, batch {batch}, {mode}")
+        for (norm, precision), seconds in res.items():
+            print(
+                f"  {norm:<12} {precision:<5} {seconds * 1e3:8.2f} ms/step "
+                f"{batch / seconds:>14,.0f} rows/s"
+            )
+        for precision in ("fp32", "bf16"):
+            ratio = res[("mclayernorm", precision)] / res[("layernorm", precision)]
+            print(f"  MC-LN / LN step time, {precision}: {ratio:.3f}")
+    bench_eval(batch)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--no-bench", action="store_true", help="checks only")
+    ap.add_argument("--bench-only", action="store_true", help="benchmarks only")
+    ap.add_argument("--no-e2e", action="store_true", help="skip the command-line runs")
+    ap.add_argument("--rows", type=int, default=40_000, help="synthetic rows end to end")
+    ap.add_argument("--batch", type=int, default=65_536, help="benchmark batch size")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA GPU is visible here; nothing to check (exit 0)")
+        return 0
+    sys.path.insert(0, str(ROOT))
+    props = torch.cuda.get_device_properties(0)
+    print(f"gpu_check on {props.name}, {torch.cuda.device_count()} GPU(s), torch "
+          f"{torch.__version__}")  # fmt: skip
+    try:
+        import triton
+
+        print(f"triton {triton.__version__}")
+    except ImportError:
+        print("triton not installed: MC-LayerNorm takes the torch path on CUDA")
+    if not args.bench_only:
+        for fn in [
+            check_row_statistics, check_row_statistics_torch, check_grouped_statistics,
+            check_grouped_statistics_torch, check_row_formula, check_row_formula_bf16,
+            check_grouped_formula, check_wide, check_field_norm, check_compile, check_bf16,
+            check_mc_predict,
+        ]:  # fmt: skip
+            fn()
+        if not args.no_e2e:
+            with tempfile.TemporaryDirectory(prefix="gpu-check-") as td:
+                end_to_end_checks(Path(td), args.rows)
+        failed = [name for name, ok, _ in RESULTS if not ok]
+        print(f"\n{len(RESULTS) - len(failed)}/{len(RESULTS)} checks passed")
+        for name in failed:
+            print(f"  FAILED: {name}")
+    if not args.no_bench:
+        benchmarks(args.batch)
+    return 1 if any(not ok for _, ok, _ in RESULTS) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
