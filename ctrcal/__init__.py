@@ -42,6 +42,9 @@ _EXPORTS = {
     "read_criteo": "ctrcal.data.criteo",
     # evaluation
     "GaussianShift": "ctrcal.eval.shift",
+    "create_shift": "ctrcal.eval.shifts",
+    "register_shift": "ctrcal.eval.shifts",
+    "available_shifts": "ctrcal.eval.shifts",
     "TemperatureScaling": "ctrcal.eval.calibration",
     "PlattScaling": "ctrcal.eval.calibration",
     # config

@@ -42,7 +42,10 @@ def _load(args: argparse.Namespace):
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from ctrcal.eval.plan import check_report
+
     cfg = _load(args)
+    check_report(cfg, str(args.config))
     print(
         f"{args.config}: OK (model {cfg.model.name}/{cfg.model.variant}, "
         f"net_norm {cfg.model.net_norm.name}, {len(cfg.report.variants)} report variants)"
@@ -136,7 +139,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     import time
 
     from ctrcal.data.prepare import prepare_from_config
-    from ctrcal.eval.report import finish_message, plan_variants, run_shift_report
+    from ctrcal.eval.plan import check_report
+    from ctrcal.eval.report import finish_message, run_shift_report
     from ctrcal.eval.sweep import worker_slots
 
     start = time.perf_counter()
@@ -146,7 +150,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg.report.workers = args.workers
     if args.devices is not None:
         cfg.report.devices = args.devices
-    plan_variants(cfg, str(args.config))  # a bad report section fails before any work
+    check_report(cfg, str(args.config))  # a bad report section fails before any work
     worker_slots(cfg, str(args.config))  # so does a GPU that is not there
     if cfg.data.prepared_dir:
         data_dir = Path(cfg.data.prepared_dir)

@@ -175,16 +175,38 @@ class VariantConfig:
     ``from_variant`` reuses that variant's trained runs (its norms) and changes only the
     prediction: ``mc_samples`` > 0 averages that many MC-sampling passes (MC integration),
     ``temperature_scaling`` / ``platt_scaling`` fit a post-hoc calibration on clean validation
-    predictions.
+    predictions. ``mc_dropout`` keeps the model's dropout layers on during the
+    ``mc_samples`` passes (MC-Dropout). ``ensemble: M`` (M >= 2) averages the probabilities of
+    M runs trained with different seeds (a deep ensemble; replicate k uses the run of seed k
+    plus M - 1 runs of seeds no other replicate uses).
     """
 
     name: str
     net_norm: NormSpec = field(default_factory=lambda: NormSpec("layernorm"))
     emb_norm: NormSpec | None = None
     mc_samples: int = 0
+    mc_dropout: bool = False
+    ensemble: int = 0
     temperature_scaling: bool = False
     platt_scaling: bool = False
     from_variant: str | None = None
+
+
+@dataclass
+class ShiftConfig:
+    """One shift of a report by registry name (see :mod:`ctrcal.eval.shifts`).
+
+    ``intensities`` is the shift's own grid (default: the shift's default grid; for
+    ``gaussian_numeric`` ``report.intensities``); ``space`` (``gaussian_numeric`` only) is
+    ``original`` (default: noise in units of the std of the values as they stand in the
+    input file) or ``model`` (noise on the model-input values); ``label`` names the shift in
+    tables when one kind appears twice.
+    """
+
+    name: str
+    intensities: list[float] | None = None
+    space: str | None = None
+    label: str | None = None
 
 
 @dataclass
@@ -206,13 +228,19 @@ class ReportConfig:
     seeds: int = 3
     noise_seeds: int = 1
     intensities: list[float] = field(default_factory=lambda: [0.0, 0.0625, 0.125, 0.25, 0.5])
+    # the shifts evaluated, each with its own intensity grid; empty = one gaussian_numeric
+    # shift over `intensities`
+    shifts: list[ShiftConfig] = field(default_factory=list)
     mix_fraction: float = 1.0
     split: Literal["valid", "test"] = "test"
     ece_bins: int = 15
     # the variant every other one is compared with (paired by training seed); None = the first
     baseline: str | None = None
-    # a paired difference counts as significant when the two-sided paired t-test p < alpha
+    # family-wise error rate of the primary comparisons (every variant vs the baseline on AUC
+    # and ECE at every intensity of every shift, Holm-adjusted together)
     alpha: float = 0.05
+    # power at which the report states the smallest difference the design could detect
+    power: float = 0.8
     figures: bool = True
     # parallel sweeps (ctrcal.eval.sweep): training runs at once, each in its own process;
     # 0 = one per device in `devices` (1 without them)

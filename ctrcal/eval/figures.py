@@ -60,6 +60,8 @@ def plot_metrics_vs_intensity(
     path: str | Path,
     variants: Sequence[str] | None = None,
     title: str | None = None,
+    xlabel: str = "shift intensity (% of feature std)",
+    x_scale: float = 100.0,
 ) -> Path:
     """Panels of metric vs shift intensity with standard-error bars.
 
@@ -69,6 +71,8 @@ def plot_metrics_vs_intensity(
         path: PNG to write.
         variants: order and subset of lines (default: as they appear).
         title: figure title.
+        xlabel: the x axis label (the shift's unit).
+        x_scale: intensities are drawn as ``x_scale · intensity`` (100 for percent).
 
     Returns:
         ``path``.
@@ -78,7 +82,7 @@ def plot_metrics_vs_intensity(
         raise ValueError("none of the requested metrics is in the summary")
     variants = list(variants) if variants is not None else list(dict.fromkeys(summary["variant"]))
     fig, axes = _figure(len(metrics))
-    levels = np.unique(100.0 * summary["intensity"].to_numpy(dtype=float))
+    levels = np.unique(x_scale * summary["intensity"].to_numpy(dtype=float))
     gap = float(np.min(np.diff(levels))) if levels.size > 1 else 1.0
     # dodge the lines sideways a little so overlapping error bars stay readable
     offsets = (np.arange(len(variants)) - (len(variants) - 1) / 2) * min(0.6, 0.12 * gap)
@@ -88,7 +92,7 @@ def plot_metrics_vs_intensity(
             sub = rows[rows["variant"] == variant].sort_values("intensity")
             if sub.empty:
                 continue
-            x = 100.0 * sub["intensity"].to_numpy() + offsets[i]
+            x = x_scale * sub["intensity"].to_numpy() + offsets[i]
             err = np.nan_to_num(sub["se"].to_numpy(dtype=float))
             ax.errorbar(
                 x,
@@ -99,7 +103,7 @@ def plot_metrics_vs_intensity(
                 markersize=4,
                 label=variant,
             )
-        ax.set_xlabel("shift intensity (% of feature std)")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(METRIC_LABELS.get(metric, metric))
         ax.grid(alpha=0.3)
         if metric == "pcoc":
@@ -113,9 +117,10 @@ def plot_metrics_vs_intensity(
 def plot_reliability(
     curves: dict[str, dict[float, dict[str, Any]]],
     path: str | Path,
-    intensities: Sequence[float],
+    intensities: Sequence[Any],
     title: str | None = None,
     min_count: int = 20,
+    panel_titles: Sequence[str] | None = None,
 ) -> Path:
     """Reliability diagrams, one panel per intensity, one line per variant.
 
@@ -125,15 +130,21 @@ def plot_reliability(
         curves: ``{variant: {intensity: {"mean_prob": [...], "frac_pos": [...],
             "counts": [...]}}}`` (bins with no rows are skipped).
         path: PNG to write.
-        intensities: one panel each.
+        intensities: the keys of ``curves[variant]`` to draw, one panel each.
         title: figure title.
         min_count: smallest bin drawn.
+        panel_titles: one title per panel (default: "shift <intensity> %").
 
     Returns:
         ``path``.
     """
     fig, axes = _figure(len(intensities), width=4.0, height=3.8)
-    for ax, intensity in zip(axes, intensities, strict=True):
+    titles = (
+        list(panel_titles)
+        if panel_titles is not None
+        else [f"shift {100 * float(s):g} %" for s in intensities]
+    )
+    for ax, intensity, panel in zip(axes, intensities, titles, strict=True):
         top = 0.0
         for i, (variant, by_intensity) in enumerate(curves.items()):
             curve = by_intensity.get(intensity)
@@ -151,7 +162,7 @@ def plot_reliability(
         ax.set_ylim(0, top)
         ax.set_xlabel("mean predicted click probability")
         ax.set_ylabel("observed click rate")
-        ax.set_title(f"shift {100 * intensity:g} %", fontsize=9)
+        ax.set_title(panel, fontsize=9)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     if title:

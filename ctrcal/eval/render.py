@@ -19,6 +19,7 @@ import pandas as pd
 
 from ctrcal.eval import metrics as M
 from ctrcal.eval.stats import (
+    CLEAN,
     RESULT_COLUMNS,
     format_intensity,
     paired_differences,
@@ -32,13 +33,23 @@ __all__ = ["ReportPaths", "finish_message", "metric_table", "render_markdown", "
 TABLE_METRICS = ["auc", "auc_retained", "ece", "ece_mass", "logloss", "brier", "pcoc", "ne"]
 UNCERTAINTY_METRICS = ["pred_std", "std_auroc"]
 EXTRA_DEFINITIONS = {
-    "auc_retained": "AUC at this intensity divided by the clean AUC of the same run "
+    "auc_retained": "AUC under the shift divided by the clean AUC of the same run "
     "(per seed, then averaged); higher means more of the clean ranking quality survives.",
-    "pred_std": "MC integration only: mean over rows of the per-row standard deviation of the "
-    "click probability across the MC-sampling passes.",
-    "std_auroc": "MC integration only: AUROC of the per-row predictive std at telling shifted "
-    "rows (positive) from the same rows clean (negative); 0.5 = no signal.",
+    "pred_std": "variants with several samples per row (MC passes or ensemble members): mean "
+    "over rows of the per-row standard deviation of the click probability across samples.",
+    "std_auroc": "AUROC of the per-row predictive std at telling shifted rows (positive) from "
+    "the same rows clean (negative); 0.5 = no signal.",
 }
+SECTIONS = [
+    ("AUC", "auc"),
+    ("AUC retained vs clean (AUC_s / AUC_0)", "auc_retained"),
+    ("ECE (15 equal-width bins)", "ece"),
+    ("ECE (15 equal-mass bins)", "ece_mass"),
+    ("Logloss", "logloss"),
+    ("Brier score", "brier"),
+    ("PCOC (Σp / Σy)", "pcoc"),
+    ("Normalized entropy", "ne"),
+]
 
 
 def _markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -55,15 +66,29 @@ def _mean_se(mean: float, se: float, digits: int = 4) -> str:
     return f"{mean:.{digits}f} ± {se:.{digits}f}"
 
 
-def metric_table(summary: pd.DataFrame, metric: str, variants: Sequence[str]) -> str:
-    """Markdown table of one metric: variants × intensities, mean ± SE."""
-    sub = summary[summary["metric"] == metric]
-    intensities = sorted(set(sub["intensity"]))
+def _shift_frame(summary: pd.DataFrame, shift: str | None) -> pd.DataFrame:
+    """The clean point plus one shift's points (``shift=None``: every row)."""
+    if shift is None or "shift" not in summary.columns:
+        return summary
+    return summary[summary["shift"].isin([CLEAN, shift])]
+
+
+def metric_table(
+    summary: pd.DataFrame,
+    metric: str,
+    variants: Sequence[str],
+    shift: str | None = None,
+    unit: str = "std",
+) -> str:
+    """Markdown table of one metric: variants × (clean, the shift's intensities), mean ± SE."""
+    sub = _shift_frame(summary, shift)
+    sub = sub[sub["metric"] == metric]
+    points = sorted(set(zip(sub["shift"], sub["intensity"], strict=True)), key=_point_order)
     rows = []
     for v in variants:
         cells = [v]
-        for s in intensities:
-            hit = sub[(sub["variant"] == v) & (sub["intensity"] == s)]
+        for sh, s in points:
+            hit = sub[(sub["variant"] == v) & (sub["shift"] == sh) & (sub["intensity"] == s)]
             cells.append(
                 _mean_se(float(hit["mean"].iloc[0]), float(hit["se"].iloc[0]))
                 if not hit.empty
@@ -71,7 +96,12 @@ def metric_table(summary: pd.DataFrame, metric: str, variants: Sequence[str]) ->
             )
         if len(cells) > 1 and any(c != "–" for c in cells[1:]):
             rows.append(cells)
-    return _markdown_table(["variant", *[format_intensity(s) for s in intensities]], rows)
+    header = ["clean" if sh == CLEAN else format_intensity(s, unit) for sh, s in points]
+    return _markdown_table(["variant", *header], rows)
+
+
+def _point_order(point: tuple[str, float]) -> tuple[int, float]:
+    return (0 if point[0] == CLEAN else 1, float(point[1]))
 
 
 @dataclass
@@ -86,7 +116,71 @@ class ReportPaths:
 
     @property
     def main_figure(self) -> Path | None:
-        return self.figures.get("auc_ece")
+        return next((p for k, p in self.figures.items() if k.startswith("auc_ece")), None)
+
+
+def _shift_infos(meta: dict[str, Any], summary: pd.DataFrame) -> list[dict[str, Any]]:
+    """One dict per shift (label, unit, ...): from meta, or inferred from the table."""
+    infos = list(meta.get("shifts") or [])
+    known = {i["label"] for i in infos}
+    for label in dict.fromkeys(summary["shift"]):
+        if label != CLEAN and label not in known:
+            infos.append({"label": label, "name": label, "unit": "std", "description": ""})
+    return infos
+
+
+def _fmt_stds(values: Sequence[float] | None) -> str:
+    if not values:
+        return "n/a"
+    return ", ".join(f"{float(v):.4g}" for v in values)
+
+
+def _shift_paragraph(info: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    unit = info.get("unit", "std")
+    grid = ", ".join(format_intensity(s, unit) for s in info.get("intensities", []))
+    lines = [
+        f"- **{info['label']}** ({info.get('name', info['label'])}): "
+        f"{info.get('description', '')}; levels {grid or 'n/a'}."
+    ]
+    if info.get("name") == "gaussian_numeric":
+        space = info.get("space", "model")
+        where = (
+            "the value as it stands in the input file (the stored transform is inverted on "
+            "the batch, the noise added, the transform applied again)"
+            if space == "original"
+            else "the model-input value"
+        )
+        lines[0] += (
+            f" Space: **{space}**: N(0, (s·σ_j)²) is added to {where}; missing values stay missing."
+        )
+        fields = info.get("numeric_fields") or []
+        if fields:
+            lines += [
+                "",
+                f"σ_j per numeric feature (train split) in both spaces ({info['label']}):",
+                "",
+                _markdown_table(
+                    ["space", *fields],
+                    [
+                        [
+                            "original" + (" (used)" if space == "original" else ""),
+                            *_cells(info.get("original_std"), len(fields)),
+                        ],
+                        [
+                            "model input" + (" (used)" if space == "model" else ""),
+                            *_cells(info.get("model_std"), len(fields)),
+                        ],
+                    ],
+                ),
+                "",
+            ]
+    return lines
+
+
+def _cells(values: Sequence[float] | None, n: int) -> list[str]:
+    if not values:
+        return ["n/a"] * n
+    return [f"{float(v):.4g}" for v in values]
 
 
 def render_markdown(
@@ -100,122 +194,90 @@ def render_markdown(
     """The text of report.md."""
     variants = meta["variant_names"]
     n = meta["n_seeds"]
+    shifts = _shift_infos(meta, summary)
     lines = [
         "# Shift-robustness report",
         "",
-        f"Gaussian noise N(0, (s·std_j)²) added to every numeric feature j of the "
-        f"{meta['split']} split ({meta['rows']:,} rows; std_j = train-split std in model-input "
-        f"space; missing values stay missing"
+        f"The {meta['split']} split ({meta['rows']:,} rows) evaluated clean and under "
+        f"{len(shifts)} shift(s)"
         + (
             f"; only {100 * meta['mix_fraction']:g} % of the rows of each batch shifted, metrics "
             "on those rows"
             if meta["mix_fraction"] < 1
             else ""
         )
-        + f"). Variants: {', '.join(meta['variant_descriptions'])}. "
+        + f". Variants: {', '.join(meta['variant_descriptions'])}. "
         f"{n} training seed(s) × {meta['noise_seeds']} noise seed(s); tables show mean ± "
-        f"standard error over training seeds (after averaging noise seeds). "
+        f"standard error over training seeds (after averaging noise seeds). Every variant "
+        f"sees the same shifted rows (the noise depends on the shift's seed only). "
         f"Device: {meta['device']}; wall time {meta['elapsed']}.",
         "",
+        "## Shifts",
+        "",
     ]
+    for info in shifts:
+        lines += _shift_paragraph(info, meta)
+    lines += [""]
     oracle = meta.get("oracle") or {}
     if "auc" in oracle and "logloss" in oracle:
         lines += [
             f"Synthetic data: the true click probabilities reach AUC {oracle['auc']:.4f} and "
-            f"logloss {oracle['logloss']:.4f} on these rows, the reference no model can beat "
-            "in expectation.",
+            f"logloss {oracle['logloss']:.4f} on the clean rows, the reference no model can "
+            "beat in expectation.",
             "",
         ]
-    lines += [
-        "## Verdict",
-        "",
-        verdict,
-        "",
-    ]
-    if "auc_ece" in figures:
-        lines += [f"![AUC and ECE vs shift intensity]({figures['auc_ece'].name})", ""]
-    sections = [
-        ("AUC", "auc"),
-        ("AUC retained vs clean (AUC_s / AUC_0)", "auc_retained"),
-        ("ECE (15 equal-width bins)", "ece"),
-        ("ECE (15 equal-mass bins)", "ece_mass"),
-        ("Logloss", "logloss"),
-        ("Brier score", "brier"),
-        ("PCOC (Σp / Σy)", "pcoc"),
-        ("Normalized entropy", "ne"),
-    ]
+    lines += ["## Verdict", "", verdict, ""]
+    main = next((p for k, p in figures.items() if k.startswith("auc_ece")), None)
+    if main is not None:
+        lines += [f"![AUC and ECE vs shift intensity]({main.name})", ""]
     present = set(summary["metric"])
-    for title, metric in sections:
-        if metric in present:
-            lines += [f"## {title}", "", metric_table(summary, metric, variants), ""]
-    if not diffs.empty:
-        lines += [
-            f"## Paired differences vs {meta['baseline']}",
-            "",
-            f"Δ = variant − {meta['baseline']} per training seed, mean ± SE over seeds; p from a "
-            f"two-sided paired t-test (n − 1 degrees of freedom), p_Holm adjusted over the "
-            f"intensities of each variant and metric; ✓ better / ✗ worse at p_Holm < "
-            f"{meta['alpha']:g}, otherwise n.s. PCOC is compared as |PCOC − 1|.",
-            "",
-        ]
-        rows = []
-        for r in diffs.itertuples():
-            mark = "✓ better" if r.better is True else "✗ worse" if r.better is False else "n.s."
-            se = f"{r.se:.4f}" if math.isfinite(r.se) else "n/a"
-            p = f"{r.p:.3g}" if math.isfinite(r.p) else "n/a"
-            ph = f"{r.p_holm:.3g}" if math.isfinite(r.p_holm) else "n/a"
-            rows.append(
-                [
-                    r.variant,
-                    r.metric,
-                    format_intensity(r.intensity),
-                    f"{r.diff:+.4f} ± {se}",
-                    p,
-                    ph,
-                    mark,
+    for info in shifts:
+        label, unit = info["label"], info.get("unit", "std")
+        lines += [f"## Shift: {label}", ""]
+        for title, metric in SECTIONS:
+            if metric in present:
+                lines += [
+                    f"### {title}",
+                    "",
+                    metric_table(summary, metric, variants, label, unit),
+                    "",
                 ]
-            )
-        lines += [
-            _markdown_table(["variant", "metric", "shift", "Δ ± SE", "p", "p_Holm", ""], rows),
-            "",
-        ]
+    units = {i["label"]: i.get("unit", "std") for i in shifts}
+    if not diffs.empty:
+        lines += _difference_tables(diffs, meta, units)
     if present & set(UNCERTAINTY_METRICS):
-        mc_variants = [
+        std_variants = [
             v
             for v in variants
             if not summary[(summary["variant"] == v) & (summary["metric"] == "pred_std")].empty
         ]
         lines += [
-            "## Predictive uncertainty (MC integration)",
+            "## Uncertainty quality",
             "",
-            "Per-row standard deviation of the click probability across MC-sampling passes, "
-            "and how well it tells shifted rows from the same rows clean (AUROC; 0.5 = no "
-            "signal). The paper did not measure this.",
-            "",
-            "Mean predictive std:",
-            "",
-            metric_table(summary, "pred_std", mc_variants),
+            "For every variant with a per-row predictive std (MC passes, ensembles): how well "
+            "the std tells shifted rows from the same rows clean (AUROC; 0.5 = no signal), and "
+            "the mean std. The paper did not measure this.",
             "",
         ]
-        if "std_auroc" in present:
+        for info in shifts:
+            label, unit = info["label"], info.get("unit", "std")
+            if "std_auroc" in present:
+                lines += [
+                    f"AUROC of the std, shifted vs clean rows — {label}:",
+                    "",
+                    metric_table(summary, "std_auroc", std_variants, label, unit),
+                    "",
+                ]
             lines += [
-                "AUROC of the std, shifted vs clean rows:",
+                f"Mean predictive std — {label}:",
                 "",
-                metric_table(summary, "std_auroc", mc_variants),
+                metric_table(summary, "pred_std", std_variants, label, unit),
                 "",
             ]
     if figures:
         lines += ["## Figures", ""]
-        captions = {
-            "auc_ece": "AUC and ECE vs shift intensity, mean ± SE over seeds (cf. the paper's "
-            "Figure 3)",
-            "calibration": "Logloss, Brier score, PCOC and normalized entropy vs shift intensity",
-            "reliability": "Reliability diagrams, clean and at the strongest shift (pooled "
-            "over seeds; bins with < 20 rows not drawn)",
-            "uncertainty": "MC-integration predictive std and its AUROC at detecting shift",
-        }
         for key, path in figures.items():
-            lines += [f"- [{path.name}]({path.name}): {captions.get(key, key)}"]
+            lines += [f"- [{path.name}]({path.name}): {_caption(key)}"]
         lines += [""]
     lines += ["## Metric definitions", ""]
     lines += [f"- **{k}**: {v}" for k, v in {**M.DEFINITIONS, **EXTRA_DEFINITIONS}.items()]
@@ -230,40 +292,126 @@ def render_markdown(
     return "\n".join(lines)
 
 
+def _caption(key: str) -> str:
+    kind, _, shift = key.partition(":")
+    text = {
+        "auc_ece": "AUC and ECE vs shift intensity, mean ± SE over seeds (cf. the paper's "
+        "Figure 3)",
+        "calibration": "Logloss, Brier score, PCOC and normalized entropy vs shift intensity",
+        "reliability": "Reliability diagrams, clean and at the strongest level of each shift "
+        "(pooled over seeds; bins with < 20 rows not drawn)",
+        "uncertainty": "Predictive std and its AUROC at detecting shifted rows",
+    }.get(kind, kind)
+    return f"{text} — {shift}" if shift else text
+
+
+def _difference_tables(diffs: pd.DataFrame, meta: dict[str, Any], units: dict) -> list[str]:
+    base = meta["baseline"]
+    alpha = meta["alpha"]
+    power = meta.get("power", 0.8)
+
+    def point(r) -> str:
+        if r.shift == CLEAN:
+            return "clean"
+        return f"{r.shift} {format_intensity(r.intensity, units.get(r.shift, 'std'))}"
+
+    def num(x: float, fmt: str) -> str:
+        return format(x, fmt) if math.isfinite(x) else "n/a"
+
+    prim = diffs[diffs["primary"] == True]  # noqa: E712
+    expl = diffs[diffs["primary"] != True]  # noqa: E712
+    m = int(np.isfinite(prim["p"].to_numpy(dtype=float)).sum())
+    lines = [
+        f"## Paired differences vs {base}",
+        "",
+        f"Δ = variant − {base} per training seed, mean ± SE over seeds; p from a two-sided "
+        f"paired t-test (n − 1 degrees of freedom).",
+        "",
+        f"### Primary family ({m} tests, Holm-adjusted together)",
+        "",
+        f"✓ better / ✗ worse at p_Holm < {alpha:g}, otherwise n.s. *Detectable* is the "
+        f"smallest true |Δ| this design detects with {100 * power:g} % power at α/m = "
+        f"{alpha / max(m, 1):.2g} (the level the smallest p must pass under Holm), from the "
+        "observed between-seed std of the paired differences.",
+        "",
+    ]
+    rows = []
+    for r in prim.itertuples():
+        mark = "✓ better" if r.better is True else "✗ worse" if r.better is False else "n.s."
+        rows.append(
+            [
+                r.variant,
+                r.metric,
+                point(r),
+                f"{r.diff:+.4f} ± {num(r.se, '.4f')}",
+                num(r.p, ".3g"),
+                num(r.p_holm, ".3g"),
+                num(r.detectable, ".4f"),
+                mark,
+            ]
+        )
+    header = ["variant", "metric", "point", "Δ ± SE", "p", "p_Holm", "detectable", ""]
+    lines += [_markdown_table(header, rows), ""]
+    if not expl.empty:
+        lines += [
+            "### Exploratory (not corrected; not findings)",
+            "",
+            "Other metrics, p unadjusted; PCOC is compared as |PCOC − 1|. A small p here is a "
+            "hint for a new experiment, not a result.",
+            "",
+        ]
+        rows = [
+            [
+                r.variant,
+                r.metric,
+                point(r),
+                f"{r.diff:+.4f} ± {num(r.se, '.4f')}",
+                num(r.p, ".3g"),
+            ]
+            for r in expl.itertuples()
+        ]
+        lines += [_markdown_table(["variant", "metric", "point", "Δ ± SE", "p"], rows), ""]
+    return lines
+
+
 def write_report(
     results: pd.DataFrame,
     out_dir: str | Path,
     *,
     baseline: str | None = None,
     alpha: float = 0.05,
+    power: float = 0.8,
     meta: dict[str, Any] | None = None,
-    reliability: dict[str, dict[float, dict[str, Any]]] | None = None,
+    reliability: dict[str, dict[Any, dict[str, Any]]] | None = None,
     figures: bool = True,
     variants: Sequence[str] | None = None,
 ) -> ReportPaths:
     """Aggregate a results table and write results.csv, summary.json, report.md and figures.
 
     Args:
-        results: long table with :data:`RESULT_COLUMNS`.
+        results: long table with :data:`RESULT_COLUMNS` (a table without ``shift`` is read as
+            one Gaussian shift plus the clean point).
         out_dir: report directory (created).
         baseline: the reference variant (default: the first variant in ``results``).
-        alpha: significance level of the paired t-tests.
-        meta: facts about the run shown in the report (split, rows, device, ...).
-        reliability: pooled reliability-curve data ``{variant: {intensity: {...}}}``.
+        alpha: family-wise error rate of the primary comparisons.
+        power: power of the detectable-difference figures.
+        meta: facts about the run shown in the report (split, rows, device, shifts, ...).
+        reliability: pooled reliability-curve data ``{variant: {(shift, intensity): {...}}}``.
         figures: write PNG figures.
         variants: order of the variants in tables, figures and the verdict (default: as they
             first appear in ``results``).
     """
+    from ctrcal.eval.stats import _with_shift
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    results = results[RESULT_COLUMNS].copy()
+    results = _with_shift(results)[RESULT_COLUMNS].copy()
     present = list(dict.fromkeys(results["variant"]))
     variants = [v for v in (variants or present) if v in present]
     variants += [v for v in present if v not in variants]
     rank = {v: i for i, v in enumerate(variants)}
     results = results.sort_values("variant", key=lambda c: c.map(rank), kind="stable")
     baseline = baseline or variants[0]
-    intensities = sorted(set(results["intensity"].astype(float)))
     n_seeds = int(results.groupby("variant")["seed"].nunique().min())
     meta = {
         "split": "test",
@@ -279,27 +427,35 @@ def write_report(
         "n_seeds": n_seeds,
         "baseline": baseline,
         "alpha": alpha,
+        "power": power,
     }
     summary = summarize(results)
-    diffs = paired_differences(results, baseline, alpha)
-    verdict = verdict_paragraph(diffs, baseline, intensities, n_seeds, alpha)
+    shifts = _shift_infos(meta, summary)
+    units = {i["label"]: i.get("unit", "std") for i in shifts}
+    diffs = paired_differences(results, baseline, alpha, power=power)
+    verdict = verdict_paragraph(diffs, baseline, n_seeds, alpha, units=units, power=power)
 
     paths = ReportPaths(
         out_dir, out_dir / "results.csv", out_dir / "summary.json", out_dir / "report.md"
     )
     write_text_atomic(paths.results_csv, results.to_csv(index=False))
     if figures:
-        paths.figures = _write_figures(summary, reliability, out_dir, variants, intensities)
+        paths.figures = _write_figures(summary, reliability, out_dir, variants, shifts)
     text = render_markdown(summary, diffs, verdict, meta, paths.figures, out_dir)
     write_text_atomic(paths.report_md, text)
     payload = {
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         **meta,
-        "intensities": intensities,
+        "shifts": shifts,
         "verdict": verdict,
         "summary": _records(summary),
         "paired": _records(diffs),
-        "reliability": _jsonable(reliability or {}),
+        "reliability": _jsonable(
+            {
+                v: {f"{k[0]}@{k[1]:g}" if isinstance(k, tuple) else k: c for k, c in by.items()}
+                for v, by in (reliability or {}).items()
+            }
+        ),
         "files": {
             "results_csv": paths.results_csv.name,
             "report_md": paths.report_md.name,
@@ -310,41 +466,73 @@ def write_report(
     return paths
 
 
+_XLABEL = {
+    "std": ("shift intensity (% of feature std)", 100.0),
+    "p": ("replacement probability p", 1.0),
+    "natural": ("clean (0) vs natural shift (1)", 1.0),
+}
+
+
 def _write_figures(
     summary: pd.DataFrame,
-    reliability: dict[str, dict[float, dict[str, Any]]] | None,
+    reliability: dict[str, dict[Any, dict[str, Any]]] | None,
     out_dir: Path,
     variants: list[str],
-    intensities: list[float],
+    shifts: list[dict[str, Any]],
 ) -> dict[str, Path]:
     from ctrcal.eval import figures as F
 
     out: dict[str, Path] = {}
-    out["auc_ece"] = F.plot_metrics_vs_intensity(
-        summary,
-        ["auc", "ece"],
-        out_dir / "fig_auc_ece.png",
-        variants,
-        title="AUC and ECE under Gaussian numeric shift (mean ± SE over seeds)",
-    )
-    out["calibration"] = F.plot_metrics_vs_intensity(
-        summary,
-        ["logloss", "brier", "pcoc", "ne"],
-        out_dir / "fig_calibration.png",
-        variants,
-    )
+    present = set(summary["metric"])
+    for info in shifts:
+        label = info["label"]
+        sub = _shift_frame(summary, label)
+        xlabel, scale = _XLABEL.get(info.get("unit", "std"), _XLABEL["std"])
+        slug = "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in label)
+        out[f"auc_ece:{label}"] = F.plot_metrics_vs_intensity(
+            sub,
+            ["auc", "ece"],
+            out_dir / f"fig_{slug}_auc_ece.png",
+            variants,
+            title=f"AUC and ECE under {label} (mean ± SE over seeds)",
+            xlabel=xlabel,
+            x_scale=scale,
+        )
+        if present & {"logloss", "brier", "pcoc", "ne"}:
+            out[f"calibration:{label}"] = F.plot_metrics_vs_intensity(
+                sub,
+                ["logloss", "brier", "pcoc", "ne"],
+                out_dir / f"fig_{slug}_calibration.png",
+                variants,
+                xlabel=xlabel,
+                x_scale=scale,
+            )
+        has_std = set(sub[sub["metric"] == "pred_std"]["variant"])
+        std_variants = [v for v in variants if v in has_std]
+        if std_variants:
+            out[f"uncertainty:{label}"] = F.plot_metrics_vs_intensity(
+                sub,
+                ["pred_std", "std_auroc"],
+                out_dir / f"fig_{slug}_uncertainty.png",
+                std_variants,
+                xlabel=xlabel,
+                x_scale=scale,
+            )
     if reliability:
-        shown = [s for s in (0.0, max(intensities)) if s in intensities]
-        shown = list(dict.fromkeys(shown))
-        out["reliability"] = F.plot_reliability(reliability, out_dir / "fig_reliability.png", shown)
-    if "pred_std" in set(summary["metric"]):
-        mc = [
-            v
-            for v in variants
-            if not summary[(summary["variant"] == v) & (summary["metric"] == "pred_std")].empty
+        keys: list[Any] = []
+        titles: list[str] = []
+        for by in reliability.values():
+            for key in by:
+                if key not in keys:
+                    keys.append(key)
+        keys.sort(key=lambda k: (k[0] != CLEAN, str(k[0]), float(k[1])))
+        units = {i["label"]: i.get("unit", "std") for i in shifts}
+        titles = [
+            "clean" if k[0] == CLEAN else f"{k[0]} {format_intensity(k[1], units.get(k[0], 'std'))}"
+            for k in keys
         ]
-        out["uncertainty"] = F.plot_metrics_vs_intensity(
-            summary, ["pred_std", "std_auroc"], out_dir / "fig_uncertainty.png", mc
+        out["reliability"] = F.plot_reliability(
+            reliability, out_dir / "fig_reliability.png", keys, panel_titles=titles
         )
     return out
 

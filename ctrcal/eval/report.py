@@ -1,31 +1,31 @@
-"""The shift-robustness report: variants × training seeds × noise seeds × shift intensities.
+"""The shift-robustness report: variants × training seeds × shifts × noise seeds × intensities.
 
-The protocol of the MC-LayerNorm paper's Criteo experiment (its Figure 3), on any prepared
-data directory:
+The protocol of the MC-LayerNorm paper's Criteo experiment (its Figure 3), generalised to the
+shifts and baselines of the uncertainty literature, on any prepared data directory:
 
 1. train every variant that owns its runs (``from_variant`` unset) once per training seed
-   ``train.seed + k`` (k < ``report.seeds``), reusing finished runs under
+   ``train.seed + k`` (k < ``report.seeds``), plus the extra member seeds of its deep
+   ensembles (:meth:`~ctrcal.eval.plan.VariantPlan.member_seeds`), reusing finished runs under
    ``OUT/runs/<variant>/seed<k>`` (runs trained with ``ctrcal train`` elsewhere can be placed
-   there: a run is reused when its config and data match); LayerNorm and MC-LayerNorm runs of
-   the same k share the seed, so they are compared *paired by seed*. With ``report.workers``
-   / ``report.devices`` (``--workers N``, ``--devices cuda:0,cuda:1|auto``) the pending runs
-   train in parallel: one spawned worker process per device, one run at a time each (on CPU,
-   N processes with ``cores // N`` threads each), see :mod:`ctrcal.eval.sweep`; the runs, and
-   so every number of the report, are those of a sequential sweep (on CPU bit-identical when
-   ``train.num_threads`` is set, else equal up to the rounding of multi-threaded sums);
+   there: a run is reused when its config and data match); the variants of the same k share
+   the seed, so they are compared *paired by seed*. With ``report.workers`` /
+   ``report.devices`` the pending runs train in parallel (see :mod:`ctrcal.eval.sweep`);
 2. for each variant (a variant with ``from_variant`` reuses that variant's runs and changes only
-   how it predicts: MC integration with ``mc_samples`` passes, temperature or Platt scaling fit
-   on clean validation predictions), each seed, each noise seed and each intensity, evaluate
-   the test split with :class:`~ctrcal.eval.shift.GaussianShift` applied batch by batch
-   (intensity 0 is evaluated once per seed: there is no noise to re-draw);
-3. write ``results.csv`` (long: variant, seed, noise_seed, intensity, metric, value),
-   ``summary.json``, ``report.md`` (tables of mean ± standard error over seeds, AUC retained vs
-   clean, paired differences vs the baseline with a t-test, the verdict, metric definitions)
-   and PNG figures.
+   how it predicts: MC integration over ``mc_samples`` passes with MC-LayerNorm sampling
+   and/or dropout on (``mc_dropout``), an ensemble of ``ensemble`` runs, temperature or Platt
+   scaling fit on clean validation predictions) and each seed, evaluate the clean test split
+   once, then every shift of ``report.shifts`` (:mod:`ctrcal.eval.shifts`) at every intensity
+   of its own grid and every noise seed. A shift's noise depends only on its seed, never on the
+   variant: all variants see the same shifted rows;
+3. write ``results.csv`` (long: variant, shift, seed, noise_seed, intensity, metric, value),
+   ``summary.json``, ``report.md`` (tables per shift, paired differences with the family-wise
+   correction and the detectable difference, the verdict, uncertainty quality, metric
+   definitions) and PNG figures.
 
-The statistics (mean ± SE over seeds, paired t-tests with Holm adjustment, the verdict) live in
-:mod:`ctrcal.eval.stats`, the files in :mod:`ctrcal.eval.render`, the figures in
-:mod:`ctrcal.eval.figures`; this module runs the protocol.
+The plan (config checks) lives in :mod:`ctrcal.eval.plan`, predictions in
+:mod:`ctrcal.eval.predictive`, the statistics in :mod:`ctrcal.eval.stats`, the files in
+:mod:`ctrcal.eval.render`, the figures in :mod:`ctrcal.eval.figures`; this module runs the
+protocol.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import math
 import sys
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,11 +44,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ctrcal.config import Config, VariantConfig, config_to_dict
+from ctrcal.config import Config, config_to_dict
 from ctrcal.errors import ConfigError, DataError
 from ctrcal.eval import metrics as M
+from ctrcal.eval.plan import (
+    ShiftPlan,
+    VariantPlan,
+    check_report,
+    plan_shifts,
+    plan_variants,
+    variant_train_config,
+)
+from ctrcal.eval.predictive import Prediction, predict_split
 from ctrcal.eval.render import ReportPaths, _fmt_seconds, finish_message, write_report
-from ctrcal.eval.stats import RESULT_COLUMNS
+from ctrcal.eval.stats import CLEAN, RESULT_COLUMNS
 from ctrcal.eval.sweep import (
     TrainJob,
     check_workers,
@@ -61,9 +70,12 @@ from ctrcal.eval.sweep import (
 
 __all__ = [
     "ReportPaths",
+    "ShiftPlan",
     "VariantPlan",
+    "check_report",
     "ensure_run",
     "finish_message",
+    "plan_shifts",
     "plan_variants",
     "run_shift_report",
     "run_state",
@@ -72,159 +84,9 @@ __all__ = [
     "write_report",
 ]
 
-# ---------------------------------------------------------------------------------------------
-# Plan
-
-
-@dataclass(frozen=True)
-class VariantPlan:
-    """A variant resolved against the config: whose runs it uses and how it predicts."""
-
-    name: str
-    run_variant: str  # the variant whose trained runs this one evaluates
-    config: VariantConfig
-    mc_samples: int
-    calibration: str | None  # None | "temperature" | "platt"
-
-    @property
-    def trains(self) -> bool:
-        return self.run_variant == self.name
-
-
-def plan_variants(cfg: Config, source: str = "config") -> list[VariantPlan]:
-    """Resolve ``cfg.report.variants`` (``from_variant`` chains, calibration) or raise.
-
-    Raises:
-        ConfigError: naming ``report.variants[i]`` and what is wrong.
-    """
-    variants = cfg.report.variants
-    if not variants:
-        raise ConfigError(f"{source}: report.variants: at least one variant is needed")
-    by_name = {v.name: v for v in variants}
-    if len(by_name) != len(variants):
-        names = [v.name for v in variants]
-        raise ConfigError(f"{source}: report.variants: variant names must be unique, got {names}")
-    plans = []
-    for i, v in enumerate(variants):
-        key = f"{source}: report.variants[{i}]"
-        if not v.name or "/" in v.name or v.name.startswith("."):
-            raise ConfigError(f"{key}.name: {v.name!r} is not usable as a directory name")
-        if v.mc_samples < 0 or v.mc_samples == 1:
-            raise ConfigError(f"{key}.mc_samples: expected 0 (off) or >= 2, got {v.mc_samples}")
-        if v.temperature_scaling and v.platt_scaling:
-            raise ConfigError(f"{key}: choose temperature_scaling or platt_scaling, not both")
-        root, seen = v, {v.name}
-        while root.from_variant is not None:
-            if root.from_variant not in by_name:
-                raise ConfigError(
-                    f"{key}.from_variant: unknown variant {root.from_variant!r} "
-                    f"(valid: {', '.join(by_name)})"
-                )
-            root = by_name[root.from_variant]
-            if root.name in seen:
-                raise ConfigError(f"{key}.from_variant: variants refer to each other in a cycle")
-            seen.add(root.name)
-        calibration = (
-            "temperature" if v.temperature_scaling else "platt" if v.platt_scaling else None
-        )
-        plans.append(VariantPlan(v.name, root.name, v, v.mc_samples, calibration))
-    baseline = cfg.report.baseline
-    if baseline is not None and baseline not in by_name:
-        raise ConfigError(
-            f"{source}: report.baseline: unknown variant {baseline!r} (valid: {', '.join(by_name)})"
-        )
-    r = cfg.report
-    if r.seeds < 1:
-        raise ConfigError(f"{source}: report.seeds: expected >= 1, got {r.seeds}")
-    if r.noise_seeds < 1:
-        raise ConfigError(f"{source}: report.noise_seeds: expected >= 1, got {r.noise_seeds}")
-    if not r.intensities or any((not math.isfinite(s)) or s < 0 for s in r.intensities):
-        raise ConfigError(
-            f"{source}: report.intensities: expected non-negative numbers, got {r.intensities}"
-        )
-    if not 0.0 < r.mix_fraction <= 1.0:
-        raise ConfigError(f"{source}: report.mix_fraction: expected (0, 1], got {r.mix_fraction}")
-    if not 0.0 < r.alpha < 1.0:
-        raise ConfigError(f"{source}: report.alpha: expected (0, 1), got {r.alpha}")
-    if r.ece_bins < 1:
-        raise ConfigError(f"{source}: report.ece_bins: expected >= 1, got {r.ece_bins}")
-    check_workers(cfg, source)
-    return plans
-
-
-def variant_train_config(cfg: Config, plan: VariantPlan, k: int) -> Config:
-    """The training config of variant ``plan`` for seed index ``k``."""
-    out = copy.deepcopy(cfg)
-    out.model = dataclasses.replace(out.model, net_norm=plan.config.net_norm)
-    if plan.config.emb_norm is not None:
-        out.model = dataclasses.replace(out.model, emb_norm=plan.config.emb_norm)
-    out.train = dataclasses.replace(out.train, seed=cfg.train.seed + k)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Running the protocol
-
-
-# ---------------------------------------------------------------------------------------------
-# Training and prediction
-
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-@dataclass
-class _Prediction:
-    probs: np.ndarray  # [n] float64
-    logits: np.ndarray | None  # [n] float64 (None for MC integration)
-    std: np.ndarray | None  # [n] per-row predictive std (MC integration)
-    rows: np.ndarray  # [n] bool, True = shifted
-
-
-def _predict(model, data, *, batch_size, device, shift, mc_samples) -> _Prediction:
-    """Predictions on a split, the shift applied per batch where the batch lives."""
-    import torch
-
-    from ctrcal.train.predict import iter_batches, predict_logits
-
-    masks: list[torch.Tensor] = []
-
-    def transform(numeric: torch.Tensor) -> torch.Tensor:
-        out, rows = shift.apply(numeric)
-        masks.append(rows.cpu())
-        return out
-
-    hook = transform if shift is not None else None
-    if mc_samples > 0:
-        from ctrcal.layers.mc_layernorm import mc_predict
-
-        means, stds = [], []
-        with torch.no_grad():
-            for batch in iter_batches(data, batch_size):
-                numeric = batch.numeric if hook is None else hook(batch.numeric)
-                mean, std = mc_predict(
-                    model,
-                    batch.categorical.to(device),
-                    numeric.to(device),
-                    n_samples=mc_samples,
-                    max_rows=4 * batch_size,
-                )
-                means.append(mean.double().cpu())
-                stds.append(std.double().cpu())
-        probs = torch.cat(means).numpy()
-        std = torch.cat(stds).numpy()
-        logits = None
-    else:
-        z = predict_logits(model, data, batch_size, device, transform=hook)
-        logits = z.detach().double().cpu().numpy()
-        probs = 1.0 / (1.0 + np.exp(-logits))
-        std = None
-    n = probs.shape[0]
-    rows = torch.cat(masks).numpy() if masks else np.ones(n, dtype=bool)
-    if rows.shape[0] != n:
-        raise RuntimeError(f"shift saw {rows.shape[0]} rows but {n} predictions came back")
-    return _Prediction(probs, logits, std, rows)
 
 
 def _labels(data, batch_size: int) -> np.ndarray:
@@ -236,7 +98,7 @@ def _labels(data, batch_size: int) -> np.ndarray:
     return torch.cat(parts).numpy()
 
 
-def _calibrated(pred: _Prediction, scaler) -> np.ndarray:
+def _calibrated(pred: Prediction, scaler) -> np.ndarray:
     from ctrcal.eval.calibration import logit
 
     z = pred.logits if pred.logits is not None else logit(pred.probs)
@@ -250,19 +112,36 @@ def _data_mode(cfg: Config, device) -> str:
     return mode
 
 
-def _describe_variant(plan: VariantPlan) -> str:
-    spec = plan.config.net_norm
-    norm = spec.name + (
+def _norm_text(spec) -> str:
+    if spec is None:
+        return "none"
+    return spec.name + (
         "(" + ", ".join(f"{k}={v}" for k, v in spec.kwargs.items()) + ")" if spec.kwargs else ""
     )
-    bits = [norm if plan.trains else f"runs of {plan.run_variant}"]
+
+
+def _describe_variant(plan: VariantPlan, cfg: Config) -> str:
+    bits = []
+    if plan.trains:
+        emb = plan.config.emb_norm if plan.config.emb_norm is not None else cfg.model.emb_norm
+        bits.append(f"MaskBlocks {_norm_text(plan.config.net_norm)}, fields {_norm_text(emb)}")
+    else:
+        bits.append(f"runs of {plan.run_variant}")
+    if plan.ensemble:
+        bits.append(f"deep ensemble of {plan.ensemble} runs")
     if plan.mc_samples:
-        bits.append(f"MC integration, {plan.mc_samples} passes")
-    elif plan.trains:
+        what = "dropout on" if plan.mc_dropout else "MC-LayerNorm sampling"
+        bits.append(f"MC integration, {plan.mc_samples} passes ({what})")
+    elif not plan.ensemble:
         bits.append("one-shot")
     if plan.calibration:
         bits.append(f"{plan.calibration} scaling on clean validation")
     return f"{plan.name} ({'; '.join(bits)})"
+
+
+def shift_seed(label: str, noise_seed: int) -> int:
+    """The seed of a shift's stream: by shift label and noise seed, never by variant or model."""
+    return (zlib.crc32(label.encode()) + 1_000_003 * noise_seed) % (2**31)
 
 
 @dataclass
@@ -278,45 +157,59 @@ class _Grid:
     """The evaluation grid and what it has produced so far."""
 
     cfg: Config
+    shifts: list[ShiftPlan]
     test: _Split
     valid: _Split | None
-    std: np.ndarray  # [Fn] train-split stds of the numerics (model-input space)
+    feature_map: Any
     device: Any
     batch_size: int
+    # a natural shift (temporal): this grid's clean split *is* the shifted data, recorded
+    # under the shift's label at intensity 1
+    natural: ShiftPlan | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
-    # variant -> intensity -> summed reliability bins (pooled over seeds)
-    bins: dict[str, dict[float, dict[str, np.ndarray]]] = field(default_factory=dict)
+    # variant -> (shift, intensity) -> summed reliability bins (pooled over seeds)
+    bins: dict[str, dict[tuple[str, float], dict[str, np.ndarray]]] = field(default_factory=dict)
 
-    @property
-    def shifted_levels(self) -> list[float]:
-        return [float(s) for s in self.cfg.report.intensities if s > 0]
-
-    @property
-    def has_clean(self) -> bool:
-        return any(s == 0 for s in self.cfg.report.intensities)
-
-    def points(self) -> list[tuple[int, float]]:
-        """(noise seed, intensity) pairs evaluated per variant and seed; clean only once."""
+    def points(self) -> list[tuple[ShiftPlan | None, int, float]]:
+        """(shift, noise seed, intensity) evaluated per variant and seed; clean only once."""
         r = self.cfg.report
-        clean = [(0, 0.0)] if self.has_clean else []
-        return clean + [(ns, s) for ns in range(r.noise_seeds) for s in self.shifted_levels]
+        out: list[tuple[ShiftPlan | None, int, float]] = [(None, 0, 0.0)]
+        if self.natural is not None:
+            return out
+        for sp in self.shifts:
+            if not sp.kind.needs_time_split:
+                out += [(sp, ns, s) for ns in range(r.noise_seeds) for s in sp.intensities]
+        return out
 
-    def predict(self, model, split: _Split, shift, mc_samples: int) -> _Prediction:
-        return _predict(
-            model,
+    def make_shift(self, sp: ShiftPlan, noise_seed: int, s: float):
+        from ctrcal.eval.shifts import create_shift
+
+        return create_shift(
+            sp.spec,
+            self.feature_map,
+            intensity=s,
+            seed=shift_seed(sp.label, noise_seed),
+            mix_fraction=self.cfg.report.mix_fraction,
+        )
+
+    def predict(self, models, plan: VariantPlan, split: _Split, shift) -> Prediction:
+        return predict_split(
+            models,
             split.data,
             batch_size=self.batch_size,
             device=self.device,
             shift=shift,
-            mc_samples=mc_samples,
+            mc_samples=plan.mc_samples,
+            mc_dropout_on=plan.mc_dropout,
         )
 
-    def record(self, variant: str, k: int, noise_seed: int, s: float, values: dict) -> None:
+    def record(self, variant: str, shift: str, k: int, ns: int, s: float, values: dict) -> None:
         self.rows.extend(
             {
                 "variant": variant,
+                "shift": shift,
                 "seed": k,
-                "noise_seed": noise_seed,
+                "noise_seed": ns,
                 "intensity": s,
                 "metric": metric,
                 "value": float(value),
@@ -324,24 +217,25 @@ class _Grid:
             for metric, value in values.items()
         )
 
-    def accumulate(self, variant: str, s: float, probs: np.ndarray, y: np.ndarray) -> None:
+    def accumulate(self, variant: str, key: tuple[str, float], probs, y) -> None:
         curve = M.reliability_curve(probs, y, n_bins=self.cfg.report.ece_bins)
         zeros = np.zeros_like(curve.counts)
         acc = self.bins.setdefault(variant, {}).setdefault(
-            s, {"edges": curve.edges, "counts": zeros, "sum_p": zeros.copy(), "sum_y": zeros.copy()}
+            key,
+            {"edges": curve.edges, "counts": zeros, "sum_p": zeros.copy(), "sum_y": zeros.copy()},
         )
         acc["counts"] += curve.counts
         acc["sum_p"] += np.nan_to_num(curve.mean_prob) * curve.counts
         acc["sum_y"] += np.nan_to_num(curve.frac_pos) * curve.counts
 
-    def curves(self) -> dict[str, dict[float, dict[str, np.ndarray]]]:
-        """Pooled reliability curves: {variant: {intensity: edges/counts/mean_prob/frac_pos}}."""
-        out: dict[str, dict[float, dict[str, np.ndarray]]] = {}
-        for variant, by_s in self.bins.items():
-            for s, a in by_s.items():
+    def curves(self) -> dict[str, dict[tuple[str, float], dict[str, np.ndarray]]]:
+        """Pooled reliability curves: {variant: {(shift, intensity): edges/counts/...}}."""
+        out: dict[str, dict[tuple[str, float], dict[str, np.ndarray]]] = {}
+        for variant, by_point in self.bins.items():
+            for key, a in by_point.items():
                 n = a["counts"]
                 with np.errstate(invalid="ignore", divide="ignore"):
-                    out.setdefault(variant, {})[s] = {
+                    out.setdefault(variant, {})[key] = {
                         "edges": a["edges"],
                         "counts": n,
                         "mean_prob": np.where(n > 0, a["sum_p"] / n, np.nan),
@@ -349,7 +243,7 @@ class _Grid:
                     }
         return out
 
-    def fit_calibration(self, model, plan: VariantPlan, k: int):
+    def fit_calibration(self, models, plan: VariantPlan, k: int):
         """Temperature or Platt scaling fitted on the clean validation split (or None)."""
         from ctrcal.eval.calibration import PlattScaling, TemperatureScaling, logit
         from ctrcal.utils import seed_everything
@@ -359,47 +253,47 @@ class _Grid:
         if self.valid is None:  # pragma: no cover - run_shift_report loads it when needed
             raise RuntimeError("calibration needs the validation split")
         seed_everything(7919 * (k + 1))
-        pred = self.predict(model, self.valid, None, plan.mc_samples)
+        pred = self.predict(models, plan, self.valid, None)
         z = pred.logits if pred.logits is not None else logit(pred.probs)
         scaler = TemperatureScaling() if plan.calibration == "temperature" else PlattScaling()
         return scaler.fit(z, self.valid.labels)
 
-    def evaluate(self, model, plan: VariantPlan, k: int, bar) -> None:
-        """Every (noise seed, intensity) of one variant and training seed."""
-        from ctrcal.eval.shift import GaussianShift
+    def evaluate(self, models, plan: VariantPlan, k: int, bar) -> None:
+        """The clean point and every (shift, noise seed, intensity) of one variant and seed."""
         from ctrcal.utils import seed_everything
 
         r = self.cfg.report
-        scaler = self.fit_calibration(model, plan, k)
+        scaler = self.fit_calibration(models, plan, k)
         labels = self.test.labels
-        max_s = max(float(s) for s in r.intensities)
         clean_std: np.ndarray | None = None
-        for noise_seed, s in self.points():
+        for sp, noise_seed, s in self.points():
+            label = CLEAN if sp is None else sp.label
             # MC sampling draws from the global RNG: seed it per evaluation for reproducibility
-            seed_everything(1_000_003 * (k + 1) + 1009 * noise_seed + int(s * 1e6))
-            shift = None
-            if s > 0:
-                shift = GaussianShift(self.std, s, seed=noise_seed, mix_fraction=r.mix_fraction)
-                if plan.mc_samples and r.mix_fraction >= 1.0 and clean_std is None:
-                    # the AUROC of the std pools shifted rows with the same rows clean
-                    clean_std = self.predict(model, self.test, None, plan.mc_samples).std
-            pred = self.predict(model, self.test, shift, plan.mc_samples)
+            seed_everything(
+                1_000_003 * (k + 1) + 1009 * noise_seed + int(s * 1e6) + zlib.crc32(label.encode())
+            )
+            shift = None if sp is None else self.make_shift(sp, noise_seed, s)
+            pred = self.predict(models, plan, self.test, shift)
             probs = _calibrated(pred, scaler) if scaler is not None else pred.probs
-            sel = pred.rows if s > 0 else np.ones_like(pred.rows)
+            sel = pred.rows if sp is not None else np.ones_like(pred.rows)
             values = M.compute_all(probs[sel], labels[sel], n_bins=r.ece_bins)
             if pred.std is not None:
                 values["pred_std"] = float(pred.std[sel].mean())
-                if s == 0:
+                if sp is None:
                     clean_std = pred.std
                 elif r.mix_fraction < 1.0:
                     values["std_auroc"] = M.auc(pred.std, pred.rows.astype(np.float64))
                 elif clean_std is not None:
+                    # the same rows clean (negative) vs shifted (positive)
                     both = np.concatenate([clean_std, pred.std])
                     which = np.concatenate([np.zeros(clean_std.size), np.ones(pred.std.size)])
                     values["std_auroc"] = M.auc(both, which)
-            self.record(plan.name, k, noise_seed, s, values)
-            if noise_seed == 0 and s in (0.0, max_s):
-                self.accumulate(plan.name, s, probs[sel], labels[sel])
+            if self.natural is not None:
+                label, s = self.natural.label, 1.0
+            self.record(plan.name, label, k, noise_seed, s, values)
+            strongest = sp is not None and s == max(sp.intensities)
+            if noise_seed == 0 and (sp is None or strongest):
+                self.accumulate(plan.name, (label, s), probs[sel], labels[sel])
             bar.update(1)
 
 
@@ -421,6 +315,15 @@ def _open_split(data_dir: Path, split: str, cfg: Config, device, batch_size: int
     return _Split(data, _labels(data, batch_size))
 
 
+def run_seeds(plans: list[VariantPlan], n_seeds: int) -> dict[str, list[int]]:
+    """Seed indices each training variant must have runs for (ensemble members included)."""
+    out: dict[str, set[int]] = {p.name: set() for p in plans if p.trains}
+    for plan in plans:
+        for k in range(n_seeds):
+            out[plan.run_variant].update(plan.member_seeds(k, n_seeds))
+    return {name: sorted(seeds) for name, seeds in out.items()}
+
+
 def train_variants(
     cfg: Config,
     plans: list[VariantPlan],
@@ -440,11 +343,12 @@ def train_variants(
         progress: a progress bar over the runs trained in parallel.
     """
     outcomes: dict[str, int] = {}
+    needed = run_seeds(plans, cfg.report.seeds)
     jobs = [
         TrainJob(plan.name, k, variant_train_config(cfg, plan, k), data_dir, run_dir)
         for plan in plans
         if plan.trains
-        for k in range(cfg.report.seeds)
+        for k in needed[plan.name]
         for run_dir in [runs_dir / plan.name / f"seed{k}"]
     ]
     if slots is not None and len(slots) > 1:
@@ -511,7 +415,7 @@ def run_shift_report(
     """
     from tqdm.auto import tqdm
 
-    from ctrcal.train.trainer import load_run
+    from ctrcal.data.features import FeatureMap
     from ctrcal.utils import resolve_device
 
     t_start = time.perf_counter()
@@ -524,7 +428,8 @@ def run_shift_report(
             cfg.report.workers = int(workers)
         if devices is not None:
             cfg.report.devices = devices
-    plans = plan_variants(cfg, source)
+    plans, shift_plans = check_report(cfg, source)
+    check_workers(cfg, source)
     slots = worker_slots(cfg, source)  # before any work: a GPU that is not there fails now
     r = cfg.report
     if data_dir is None and cfg.data.prepared_dir:
@@ -539,6 +444,8 @@ def run_shift_report(
             f"{data_dir}: not a prepared data directory (no feature_map.json); "
             "prepare it with 'ctrcal prepare' or leave out --data"
         )
+    feature_map = FeatureMap.load(data_dir)
+    _check_data_for_shifts(shift_plans, feature_map, data_dir, source)
     runs_dir = out_dir / "runs"
     if r.split == "valid" and any(p.calibration for p in plans):
         log(
@@ -548,6 +455,11 @@ def run_shift_report(
 
     t_train = time.perf_counter()
     outcomes = train_variants(cfg, plans, data_dir, runs_dir, log, slots=slots, progress=progress)
+    temporal = _prepare_temporal(cfg, shift_plans, feature_map, out_dir, log)
+    for _, cfg_t, data_t, runs_t in temporal:
+        more = train_variants(cfg_t, plans, data_t, runs_t, log, slots=slots, progress=progress)
+        for status, n in more.items():
+            outcomes[status] = outcomes.get(status, 0) + n
     train_s = time.perf_counter() - t_train
 
     t_eval = time.perf_counter()
@@ -560,23 +472,28 @@ def run_shift_report(
         if any(p.calibration for p in plans)
         else None
     )
-    grid = _Grid(cfg, test, valid, np.asarray(test.data.feature_map.numeric_std), device, bs)
-    total = len(plans) * r.seeds * len(grid.points())
+    grid = _Grid(cfg, shift_plans, test, valid, feature_map, device, bs)
+    grids = [(grid, runs_dir)]
+    for sp, cfg_t, data_t, runs_t in temporal:
+        fm_t = FeatureMap.load(data_t)
+        test_t = _open_split(data_t, r.split, cfg_t, device, bs)
+        valid_t = (
+            _open_split(data_t, "valid", cfg_t, device, bs)
+            if any(p.calibration for p in plans)
+            else None
+        )
+        grids.append((_Grid(cfg_t, [], test_t, valid_t, fm_t, device, bs, natural=sp), runs_t))
+    total = len(plans) * r.seeds * sum(len(g.points()) for g, _ in grids)
     bar = tqdm(total=total, desc="shift report", unit="eval", disable=not progress, file=sys.stderr)
-    by_run: dict[str, list[VariantPlan]] = {}
-    for plan in plans:
-        by_run.setdefault(plan.run_variant, []).append(plan)
-    for run_variant, group in by_run.items():
-        for k in range(r.seeds):
-            model = load_run(runs_dir / run_variant / f"seed{k}")[0].to(device).eval()
-            for plan in group:
-                bar.set_postfix_str(f"{plan.name} seed {k}")
-                grid.evaluate(model, plan, k, bar)
-            del model
+    for g, g_runs in grids:
+        _evaluate_grid(g, plans, g_runs, device, bar, source)
+        if g is not grid:
+            grid.rows += g.rows
+            for variant, by in g.bins.items():
+                grid.bins.setdefault(variant, {}).update(by)
     bar.close()
     eval_s = time.perf_counter() - t_eval
 
-    curves = grid.curves()
     total_s = time.perf_counter() - t_start
     device_note = str(device)
     if len(slots) > 1:
@@ -595,18 +512,21 @@ def run_shift_report(
         "oracle": _oracle(data_dir, r.split),
         "elapsed": f"{_fmt_seconds(total_s)} (training {_fmt_seconds(train_s)}, evaluation "
         f"{_fmt_seconds(eval_s)})",
-        "variant_descriptions": [_describe_variant(p) for p in plans],
+        "variant_descriptions": [_describe_variant(p, cfg) for p in plans],
+        "shifts": [_describe_shift(sp, grid) for sp in shift_plans],
         "runs_dir": str(runs_dir),
         "data_dir": str(data_dir),
         "train_seeds": [cfg.train.seed + k for k in range(r.seeds)],
         "timing_s": {"train": train_s, "eval": eval_s, "total": total_s},
         "config": config_to_dict(cfg),
     }
+    curves = grid.curves()
     paths = write_report(
         pd.DataFrame(grid.rows, columns=RESULT_COLUMNS),
         out_dir,
         baseline=r.baseline or plans[0].name,
         alpha=r.alpha,
+        power=r.power,
         meta=meta,
         reliability={p.name: curves[p.name] for p in plans if p.name in curves},
         figures=r.figures,
@@ -614,3 +534,113 @@ def run_shift_report(
     )
     log(f"shift report: {total} evaluations, total time {_fmt_seconds(total_s)}")
     return paths
+
+
+def _evaluate_grid(grid: _Grid, plans, runs_dir: Path, device, bar, source: str) -> None:
+    """Every variant and seed of one grid, one seed's models in memory at a time."""
+    from ctrcal.train.trainer import load_run
+
+    r = grid.cfg.report
+    loaded: dict[tuple[str, int], Any] = {}
+
+    def model(run_variant: str, j: int):
+        key = (run_variant, j)
+        if key not in loaded:
+            loaded[key] = load_run(runs_dir / run_variant / f"seed{j}")[0].to(device).eval()
+        return loaded[key]
+
+    by_run: dict[str, list[VariantPlan]] = {}
+    for plan in plans:
+        by_run.setdefault(plan.run_variant, []).append(plan)
+    for run_variant, group in by_run.items():
+        for k in range(r.seeds):
+            for plan in group:
+                members = [model(run_variant, j) for j in plan.member_seeds(k, r.seeds)]
+                _check_stochastic(plan, members, source)
+                bar.set_postfix_str(f"{plan.name} seed {k}")
+                grid.evaluate(members, plan, k, bar)
+            loaded.clear()
+
+
+def _prepare_temporal(
+    cfg: Config, shifts: list[ShiftPlan], feature_map, out_dir: Path, log
+) -> list[tuple[ShiftPlan, Config, Path, Path]]:
+    """For a temporal shift: the same data prepared in time order, and where its runs go.
+
+    The report's own data is the random split (the clean reference); the temporal shift trains
+    every variant again on the first rows of the same inputs and tests on the last ones.
+    """
+    from ctrcal.data.prepare import prepare_from_config
+
+    out: list[tuple[ShiftPlan, Config, Path, Path]] = []
+    for sp in shifts:
+        if not sp.kind.needs_time_split:
+            continue
+        cfg_t = copy.deepcopy(cfg)
+        cfg_t.data.split_order = "time"
+        cfg_t.data.prepared_dir = None
+        data_t = out_dir / f"data_{sp.label}"
+        log(f"{sp.label}: preparing the inputs in time order into {data_t}")
+        data_t = Path(prepare_from_config(cfg_t, data_t))
+        from ctrcal.data.features import FeatureMap
+
+        rows = sum(int(v.get("rows", 0)) for v in feature_map.splits.values())
+        rows_t = sum(int(v.get("rows", 0)) for v in FeatureMap.load(data_t).splits.values())
+        if rows and rows_t and rows != rows_t:
+            raise DataError(
+                f"{data_t}: the time-ordered preparation of data.* has {rows_t:,} rows but the "
+                f"report's data has {rows:,}: the report's data is not the random split of the "
+                f"same inputs [{sp.key}]"
+            )
+        out.append((sp, cfg_t, data_t, out_dir / f"runs_{sp.label}"))
+    return out
+
+
+def _check_data_for_shifts(shifts: list[ShiftPlan], feature_map, data_dir: Path, source: str):
+    """What the prepared data must hold for the shifts (checked before any training)."""
+    from ctrcal.eval.shift import original_space_codec
+
+    for sp in shifts:
+        if sp.options.get("space") == "original":
+            try:
+                original_space_codec(feature_map, str(data_dir / "feature_map.json"))
+            except DataError as exc:
+                where = f"{sp.key}.space" if sp.key.startswith("report.shifts") else sp.key
+                raise DataError(f"{exc} [{source}: {where}]") from None
+
+
+def _check_stochastic(plan: VariantPlan, models, source: str) -> None:
+    """MC passes need something that samples: MC-LayerNorm layers or (MC-Dropout) dropout."""
+    from ctrcal.eval.predictive import dropout_modules
+
+    if not plan.mc_samples:
+        return
+    for m in models:
+        mc_layers = [x for x in m.modules() if hasattr(x, "mc_sampling")]
+        if plan.mc_dropout and not dropout_modules(m):
+            raise ConfigError(
+                f"{source}: report.variants: {plan.name}: mc_dropout but the runs of "
+                f"{plan.run_variant} have no dropout layer"
+            )
+        if not plan.mc_dropout and not mc_layers:
+            raise ConfigError(
+                f"{source}: report.variants: {plan.name}: mc_samples but the runs of "
+                f"{plan.run_variant} have no MC layer (every pass would be the same); use "
+                "MC-LayerNorm runs or mc_dropout"
+            )
+
+
+def _describe_shift(sp: ShiftPlan, grid: _Grid) -> dict[str, Any]:
+    """What the report states about a shift: kind, grid, unit, space and the stds used."""
+    info: dict[str, Any] = {
+        "label": sp.label,
+        "name": sp.name,
+        "description": sp.kind.description,
+        "unit": sp.kind.unit,
+        "intensities": list(sp.intensities),
+        **sp.options,
+    }
+    if sp.intensities:
+        info.update(grid.make_shift(sp, 0, sp.intensities[0]).describe())
+    info["numeric_fields"] = list(grid.feature_map.numeric_fields)
+    return info

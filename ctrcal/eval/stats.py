@@ -1,15 +1,26 @@
-"""Statistics of the shift report: per-seed values, mean ± SE, paired tests, the verdict.
+"""Statistics of the shift report: per-seed values, mean ± SE, paired tests, power, the verdict.
 
 Everything here works on the long results table (:data:`RESULT_COLUMNS`: one row per variant,
-training seed, noise seed, intensity and metric), so it can be unit-tested on synthetic tables
-and reused on results from elsewhere.
+shift, training seed, noise seed, intensity and metric), so it can be unit-tested on synthetic
+tables and reused on results from elsewhere. The clean evaluation (no shift) is stored once per
+variant and seed under the shift name :data:`CLEAN` at intensity 0.
 
 Values are first averaged over noise seeds within a training seed; mean and standard error
-(sample std / √n) are then taken over training seeds. A variant differs significantly from the
-baseline at an intensity when the two-sided paired t-test over seeds, Holm-adjusted over the
-intensities of that variant and metric (several intensities are tested at once; unadjusted, one
-of five tests comes out "significant" by chance far more often than ``alpha``), gives
-p < ``alpha``; the verdict never claims more.
+(sample std / √n) are then taken over training seeds. Each variant is compared with the
+baseline by a two-sided paired t-test over training seeds.
+
+**Primary family.** Every (variant vs baseline) × {AUC, ECE} × intensity × shift comparison
+(the clean point included once) is one family, Holm-adjusted together: the chance that *any*
+of them comes out "significant" when nothing differs stays below ``alpha``, however many
+variants, shifts and intensities the report has. Only these comparisons can enter the verdict.
+Every other comparison (logloss, Brier, ...) is **exploratory**: its p-value is shown
+unadjusted and never counts as a finding.
+
+**Power.** For each primary comparison :func:`detectable_difference` gives the smallest true
+difference the design would detect with probability ``power`` (80 %) at the level the smallest
+p-value of the family has to pass under Holm (alpha / m), from the observed between-seed std of
+the paired differences: "no significant difference" comes with "and differences smaller than
+X could not have been seen".
 """
 
 from __future__ import annotations
@@ -22,8 +33,11 @@ import numpy as np
 import pandas as pd
 
 __all__ = [
+    "CLEAN",
     "HIGHER_IS_BETTER",
+    "PRIMARY_METRICS",
     "RESULT_COLUMNS",
+    "detectable_difference",
     "format_intensity",
     "holm",
     "paired_differences",
@@ -32,7 +46,9 @@ __all__ = [
     "verdict_paragraph",
 ]
 
-RESULT_COLUMNS = ["variant", "seed", "noise_seed", "intensity", "metric", "value"]
+RESULT_COLUMNS = ["variant", "shift", "seed", "noise_seed", "intensity", "metric", "value"]
+CLEAN = "clean"
+PRIMARY_METRICS = ("auc", "ece")
 
 # direction of "better" for the paired comparison; PCOC is compared through |PCOC − 1|
 HIGHER_IS_BETTER: dict[str, bool] = {
@@ -46,39 +62,54 @@ HIGHER_IS_BETTER: dict[str, bool] = {
     "pcoc_error": False,
 }
 
+_KEY = ["variant", "shift", "seed", "intensity", "metric"]
 
-def format_intensity(s: float) -> str:
-    """0.0625 -> '6.25 %'."""
+
+def format_intensity(s: float, unit: str = "std") -> str:
+    """0.0625 -> '6.25 %'; with unit 'p': 'p = 0.2'; 'natural' for a natural shift."""
+    if unit == "p":
+        return f"p = {float(s):g}"
+    if unit == "natural":
+        return "natural"
     return f"{100.0 * float(s):g} %"
 
 
-def per_seed_values(results: pd.DataFrame) -> pd.DataFrame:
-    """Average over noise seeds and add derived metrics, one value per (variant, seed, s, metric).
+def _with_shift(results: pd.DataFrame) -> pd.DataFrame:
+    """Tables without a shift column (older results) are one Gaussian shift plus clean."""
+    missing = set(RESULT_COLUMNS) - {"shift"} - set(results.columns)
+    if missing:
+        raise ValueError(f"results lack columns {sorted(missing)}")
+    if "shift" in results.columns and results["shift"].notna().all():
+        return results
+    shift = np.where(results["intensity"].astype(float) == 0.0, CLEAN, "gaussian_numeric")
+    if "shift" in results.columns:
+        shift = results["shift"].where(results["shift"].notna(), pd.Series(shift, results.index))
+    return results.assign(shift=shift)
 
-    Adds ``auc_retained`` (AUC_s / AUC_0 of the same variant and seed) and ``pcoc_error``
-    (|PCOC − 1|).
+
+def per_seed_values(results: pd.DataFrame) -> pd.DataFrame:
+    """Average over noise seeds and add derived metrics, one value per (variant, shift, seed, s).
+
+    Adds ``auc_retained`` (AUC at the point / the clean AUC of the same variant and seed) and
+    ``pcoc_error`` (|PCOC − 1|).
 
     Args:
         results: long table with :data:`RESULT_COLUMNS`.
 
     Returns:
-        columns ``variant, seed, intensity, metric, value``.
+        columns ``variant, shift, seed, intensity, metric, value``.
     """
-    missing = set(RESULT_COLUMNS) - set(results.columns)
-    if missing:
-        raise ValueError(f"results lack columns {sorted(missing)}")
-    ps = results.groupby(["variant", "seed", "intensity", "metric"], as_index=False, sort=False)[
-        "value"
-    ].mean()
+    results = _with_shift(results)
+    ps = results.groupby(_KEY, as_index=False, sort=False)["value"].mean()
     extra = []
     auc = ps[ps["metric"] == "auc"]
-    clean = auc[auc["intensity"] == 0.0][["variant", "seed", "value"]].rename(
+    clean = auc[auc["shift"] == CLEAN][["variant", "seed", "value"]].rename(
         columns={"value": "clean"}
     )
     if not clean.empty:
         ret = auc.merge(clean, on=["variant", "seed"])
         ret = ret.assign(metric="auc_retained", value=ret["value"] / ret["clean"])
-        extra.append(ret[["variant", "seed", "intensity", "metric", "value"]])
+        extra.append(ret[_KEY + ["value"]])
     pc = ps[ps["metric"] == "pcoc"]
     if not pc.empty:
         extra.append(pc.assign(metric="pcoc_error", value=(pc["value"] - 1.0).abs()))
@@ -94,13 +125,13 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
     """Mean and standard error over training seeds.
 
     Returns:
-        columns ``variant, intensity, metric, mean, se, n`` (se NaN with a single seed).
+        columns ``variant, shift, intensity, metric, mean, se, n`` (se NaN with one seed).
     """
     ps = per_seed_values(results)
-    grouped = ps.groupby(["variant", "intensity", "metric"], sort=False)["value"]
+    grouped = ps.groupby(["variant", "shift", "intensity", "metric"], sort=False)["value"]
     out = grouped.agg(mean="mean", n="count").reset_index()
     out["se"] = grouped.agg(_se).to_numpy()
-    return out[["variant", "intensity", "metric", "mean", "se", "n"]]
+    return out[["variant", "shift", "intensity", "metric", "mean", "se", "n"]]
 
 
 def _t_pvalue(t: float, dof: int) -> float:
@@ -109,46 +140,77 @@ def _t_pvalue(t: float, dof: int) -> float:
     return float(2.0 * stats.t.sf(abs(t), dof))
 
 
+def detectable_difference(sd: float, n: int, alpha: float, power: float = 0.8) -> float:
+    """Smallest true mean difference a two-sided paired t-test detects with this power.
+
+    The standard approximation ``(t_{1−α/2, n−1} + t_{power, n−1}) · sd / √n`` with ``sd``
+    the std of the paired differences (ddof 1) and ``n`` pairs.
+
+    Returns:
+        The difference (same unit as the metric); NaN when ``n < 2`` or ``sd`` is not finite.
+    """
+    from scipy import stats
+
+    if n < 2 or not math.isfinite(sd):
+        return float("nan")
+    if not 0.0 < alpha < 1.0 or not 0.0 < power < 1.0:
+        raise ValueError(f"alpha and power must lie in (0, 1), got {alpha}, {power}")
+    dof = n - 1
+    z = stats.t.ppf(1.0 - alpha / 2.0, dof) + stats.t.ppf(power, dof)
+    return float(z * sd / math.sqrt(n))
+
+
 def paired_differences(
     results: pd.DataFrame,
     baseline: str,
     alpha: float = 0.05,
     metrics: Sequence[str] | None = None,
+    *,
+    primary: Sequence[str] = PRIMARY_METRICS,
+    power: float = 0.8,
 ) -> pd.DataFrame:
-    """Variant − baseline per training seed, with a two-sided paired t-test over seeds.
+    """Variant − baseline per training seed, a two-sided paired t-test over seeds, Holm, power.
 
     Args:
         results: long table with :data:`RESULT_COLUMNS`.
         baseline: the variant everything is compared with.
-        alpha: significance level of the test.
+        alpha: family-wise error rate of the primary family.
         metrics: which metrics (default: every one in :data:`HIGHER_IS_BETTER`).
+        primary: the metrics of the primary family (every variant, shift and intensity).
+        power: power of the detectable-difference figure.
 
     Returns:
-        columns ``variant, baseline, metric, intensity, n, diff, se, t, p, p_holm,
-        significant, better`` where ``diff`` is the mean of per-seed differences, ``se`` its
-        standard error, ``p`` the paired t-test's, ``p_holm`` that p Holm-adjusted over the
-        intensities of the same variant and metric, ``significant`` means p_holm < alpha
-        (needs n ≥ 2), and ``better`` is True/False for a significant improvement /
-        deterioration of the variant and None otherwise.
+        columns ``variant, baseline, shift, metric, intensity, n, diff, se, t, p, primary,
+        p_holm, detectable, significant, better``: ``diff`` the mean of per-seed differences,
+        ``se`` its standard error, ``p`` the paired t-test's; for primary rows ``p_holm`` is
+        adjusted over the whole primary family, ``significant`` means p_holm < alpha (needs
+        n ≥ 2) and ``detectable`` is :func:`detectable_difference` at alpha / m. Exploratory
+        rows have NaN ``p_holm`` and ``detectable``; their ``significant`` is p < alpha,
+        unadjusted. ``better`` is True/False for a significant improvement / deterioration.
     """
     ps = per_seed_values(results)
     metrics = list(metrics) if metrics is not None else list(HIGHER_IS_BETTER)
+    primary = set(primary)
     base = ps[(ps["variant"] == baseline) & ps["metric"].isin(metrics)]
     rows = []
     for variant in dict.fromkeys(ps["variant"]):
         if variant == baseline:
             continue
         other = ps[(ps["variant"] == variant) & ps["metric"].isin(metrics)]
-        merged = other.merge(base, on=["seed", "intensity", "metric"], suffixes=("", "_b"))
-        for (metric, intensity), grp in merged.groupby(["metric", "intensity"], sort=False):
-            if metric == "auc_retained" and intensity == 0.0:
+        on = ["shift", "seed", "intensity", "metric"]
+        merged = other.merge(base, on=on, suffixes=("", "_b"))
+        for (shift, metric, intensity), grp in merged.groupby(
+            ["shift", "metric", "intensity"], sort=False
+        ):
+            if metric == "auc_retained" and shift == CLEAN:
                 continue  # 1 by definition
             d = (grp["value"] - grp["value_b"]).dropna().to_numpy(dtype=float)
             n = d.size
             if n == 0:
                 continue
             diff = float(d.mean())
-            se = float(d.std(ddof=1) / math.sqrt(n)) if n >= 2 else float("nan")
+            sd = float(d.std(ddof=1)) if n >= 2 else float("nan")
+            se = sd / math.sqrt(n) if n >= 2 else float("nan")
             if n < 2:
                 t, p = float("nan"), float("nan")
             elif se == 0.0:
@@ -161,6 +223,7 @@ def paired_differences(
                 {
                     "variant": variant,
                     "baseline": baseline,
+                    "shift": shift,
                     "metric": metric,
                     "intensity": float(intensity),
                     "n": n,
@@ -168,33 +231,44 @@ def paired_differences(
                     "se": se,
                     "t": t,
                     "p": p,
+                    "primary": metric in primary,
                     "p_holm": float("nan"),
+                    "detectable": float("nan"),
                     "significant": False,
                     "better": None,
+                    "_sd": sd,
                 }
             )
-    cols = ["variant", "baseline", "metric", "intensity", "n", "diff", "se", "t", "p", "p_holm"]
-    out = pd.DataFrame(rows, columns=[*cols, "significant", "better"])
+    cols = ["variant", "baseline", "shift", "metric", "intensity", "n", "diff", "se", "t", "p"]
+    cols += ["primary", "p_holm", "detectable", "significant", "better"]
+    out = pd.DataFrame(rows, columns=[*cols, "_sd"])
     if not out.empty:
-        # Holm-adjust within each (variant, metric) family: one test per intensity
-        for _, idx in out.groupby(["variant", "metric"], sort=False).groups.items():
-            out.loc[idx, "p_holm"] = holm(out.loc[idx, "p"].to_numpy(dtype=float))
-        out["significant"] = out["p_holm"] < alpha
-        direction = out["metric"].map(lambda m: HIGHER_IS_BETTER.get(m, True))
+        fam = out["primary"].to_numpy(dtype=bool)
+        out.loc[fam, "p_holm"] = holm(out.loc[fam, "p"].to_numpy(dtype=float))
+        m = int(np.isfinite(out.loc[fam, "p"].to_numpy(dtype=float)).sum())
+        if m:
+            out.loc[fam, "detectable"] = [
+                detectable_difference(sd, int(n), alpha / m, power)
+                for sd, n in zip(out.loc[fam, "_sd"], out.loc[fam, "n"], strict=True)
+            ]
+        test_p = np.where(fam, out["p_holm"], out["p"]).astype(float)
+        out["significant"] = test_p < alpha
+        direction = out["metric"].map(lambda x: HIGHER_IS_BETTER.get(x, True))
         out["better"] = [
             ((d > 0) == up) if sig else None
             for d, up, sig in zip(out["diff"], direction, out["significant"], strict=True)
         ]
-    if not out.empty:
-        order = {m: i for i, m in enumerate(metrics)}
+        out["better"] = out["better"].astype(object)
+        order = {x: i for i, x in enumerate(metrics)}
         rank = {v: i for i, v in enumerate(dict.fromkeys(ps["variant"]))}
-        keys = {"metric": order, "variant": rank}
+        shifts = {s: i for i, s in enumerate(dict.fromkeys([CLEAN, *ps["shift"]]))}
+        keys = {"metric": order, "variant": rank, "shift": shifts}
         out = out.sort_values(
-            ["variant", "metric", "intensity"],
+            ["variant", "metric", "shift", "intensity"],
             key=lambda c: c.map(keys[c.name]) if c.name in keys else c,
             kind="stable",
         ).reset_index(drop=True)
-    return out
+    return out.drop(columns="_sd")
 
 
 def holm(pvalues: np.ndarray) -> np.ndarray:
@@ -218,97 +292,121 @@ def _join(items: Sequence[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _intensities_with_diffs(rows: pd.DataFrame) -> str:
-    """"6.25 % (Δ ...), 50 % (Δ ...)" for the comparison rows given."""
-    return _join(
-        [f"{format_intensity(r.intensity)} ({_fmt_diff(r._asdict())})" for r in rows.itertuples()]
-    )
+def _fmt_num(x: float, digits: int = 4) -> str:
+    return "n/a" if not math.isfinite(x) else f"{x:.{digits}f}"
 
 
 def _fmt_diff(row: Any, digits: int = 4) -> str:
-    se = "n/a" if not math.isfinite(row["se"]) else f"{row['se']:.{digits}f}"
     p = "n/a" if not math.isfinite(row["p"]) else f"{row['p']:.2g}"
     ph = row.get("p_holm", float("nan"))
     ph = "n/a" if not math.isfinite(ph) else f"{ph:.2g}"
-    return f"Δ {row['diff']:+.{digits}f} ± {se}, p = {p}, p_Holm = {ph}"
+    return f"Δ {row['diff']:+.{digits}f} ± {_fmt_num(row['se'], digits)}, p = {p}, p_Holm = {ph}"
+
+
+_NAMES = {"auc": "AUC", "ece": "ECE", "logloss": "logloss", "brier": "Brier"}
+
+
+def _point(row: Any, units: dict[str, str]) -> str:
+    if row["shift"] == CLEAN:
+        return "clean"
+    return f"{row['shift']} {format_intensity(row['intensity'], units.get(row['shift'], 'std'))}"
 
 
 def verdict_paragraph(
     diffs: pd.DataFrame,
     baseline: str,
-    intensities: Sequence[float],
     n_seeds: int,
     alpha: float = 0.05,
-    metrics: Sequence[str] = ("auc", "ece"),
+    units: dict[str, str] | None = None,
+    power: float = 0.8,
 ) -> str:
-    """One paragraph that says, per variant and intensity, whether it beat the baseline.
+    """The verdict: what survives the family-wise correction, and what the design could see.
 
-    A statement of "better" or "worse" is made only for significant paired differences
-    (Holm-adjusted p < alpha); everything else is reported as no significant difference.
+    A statement of "better" or "worse" is made only for primary comparisons whose
+    Holm-adjusted p (over the whole primary family) is below ``alpha``; the "In short"
+    sentence names only those.
+
+    Args:
+        diffs: :func:`paired_differences` output.
+        baseline: the reference variant.
+        n_seeds: training seeds (pairs).
+        alpha: family-wise error rate.
+        units: shift -> intensity unit (``std``, ``p``, ``natural``) for the wording.
+        power: the power of the ``detectable`` column.
     """
-    names = {"auc": "AUC", "ece": "ECE", "logloss": "logloss", "brier": "Brier"}
+    units = units or {}
+    fam = diffs[diffs["primary"] == True] if not diffs.empty else diffs  # noqa: E712
+    m = int(np.isfinite(fam["p"].to_numpy(dtype=float)).sum()) if not fam.empty else 0
     head = (
-        f"Compared with {baseline}, paired by training seed (n = {n_seeds} seeds; Δ = variant − "
-        f"{baseline}, mean ± standard error over seeds; a difference counts only when a "
-        f"two-sided paired t-test, Holm-adjusted over the {len(intensities)} intensities, gives "
-        f"p < {alpha:g}):"
+        f"Compared with {baseline}, paired by training seed (n = {n_seeds}; Δ = variant − "
+        f"{baseline}, mean ± standard error over seeds). The primary family is every variant × "
+        f"{{AUC, ECE}} × shift × intensity ({m} paired t-tests), Holm-adjusted together at a "
+        f"family-wise error rate of {alpha:g}; everything else in this report is exploratory."
     )
-    if n_seeds < 2:
+    if n_seeds < 2 or fam.empty:
         return (
-            f"{head} with a single training seed there is no standard error, so no variant can "
-            "be said to beat the baseline at any intensity."
+            f"{head} With a single training seed there is no standard error, so no variant can "
+            "be said to differ from the baseline anywhere."
         )
     sentences = [head]
-    summary_bits = []
-    all_s = [float(s) for s in intensities]
-    for variant in dict.fromkeys(diffs["variant"]):
+    short = []
+    for variant in dict.fromkeys(fam["variant"]):
+        sub = fam[fam["variant"] == variant]
         parts = []
-        won: list[str] = []
-        for metric in metrics:
-            sub = diffs[(diffs["variant"] == variant) & (diffs["metric"] == metric)]
-            if sub.empty:
+        won, lost = [], []
+        for metric in PRIMARY_METRICS:
+            mrows = sub[sub["metric"] == metric]
+            if mrows.empty:
                 continue
-            better = sub[sub["better"] == True]  # noqa: E712 - object column with None
-            worse = sub[sub["better"] == False]  # noqa: E712
-            label = names.get(metric, metric)
-            if bool((sub["diff"] == 0).all() & (sub["se"].fillna(0) == 0).all()):
-                parts.append(f"{label}: identical at every intensity")
+            label = _NAMES.get(metric, metric)
+            if bool((mrows["diff"] == 0).all() & (mrows["se"].fillna(0) == 0).all()):
+                parts.append(f"{label}: identical everywhere")
                 continue
+            better = mrows[mrows["better"] == True]  # noqa: E712 - object column with None
+            worse = mrows[mrows["better"] == False]  # noqa: E712
             bits = []
             if not better.empty:
-                bits.append("better at " + _intensities_with_diffs(better))
-                won.append(
-                    f"{label} at " + _join([format_intensity(s) for s in better["intensity"]])
-                )
+                where = [f"{_point(r, units)} ({_fmt_diff(r)})" for _, r in better.iterrows()]
+                bits.append("better at " + _join(where))
+                won.append(f"{label} at " + _join([_point(r, units) for _, r in better.iterrows()]))
             if not worse.empty:
-                bits.append("worse at " + _intensities_with_diffs(worse))
-            rest = [s for s in all_s if s not in set(better["intensity"]) | set(worse["intensity"])]
-            rest = [s for s in rest if s in set(sub["intensity"])]
-            if rest:
-                where = (
-                    "at any intensity"
-                    if len(rest) == len(sub) and len(rest) > 1
-                    else "at " + _join([format_intensity(s) for s in rest])
+                where = [f"{_point(r, units)} ({_fmt_diff(r)})" for _, r in worse.iterrows()]
+                bits.append("worse at " + _join(where))
+                lost.append(f"{label} at " + _join([_point(r, units) for _, r in worse.iterrows()]))
+            rest = mrows[mrows["better"].isna()]
+            if not rest.empty:
+                big = rest.iloc[int(np.argmax(np.abs(rest["diff"].to_numpy(dtype=float))))]
+                det = rest["detectable"].to_numpy(dtype=float)
+                det = det[np.isfinite(det)]
+                could = (
+                    f"; with these seeds only differences above {np.min(det):.4f}–"
+                    f"{np.max(det):.4f} were detectable with {100 * power:g} % power"
+                    if det.size
+                    else ""
                 )
-                largest = sub[sub["intensity"].isin(rest)].iloc[
-                    int(np.argmax(np.abs(sub[sub["intensity"].isin(rest)]["diff"].to_numpy())))
-                ]
+                scope = "anywhere" if len(rest) == len(mrows) else "elsewhere"
                 bits.append(
-                    f"no significant difference {where} (largest: {_fmt_diff(largest)} at "
-                    f"{format_intensity(largest['intensity'])})"
+                    f"no significant difference {scope} (largest: {_fmt_diff(big)} at "
+                    f"{_point(big, units)}{could})"
                 )
             parts.append(f"{label}: " + "; ".join(bits))
-        if parts:
-            sentences.append(f"**{variant}** — " + ". ".join(parts) + ".")
-            summary_bits.append(
-                f"{variant} beat {baseline} on " + _join(won)
-                if won
-                else f"{variant} did not significantly beat {baseline} on "
-                + " or ".join(names.get(m, m) for m in metrics)
-                + " at any intensity"
-            )
-    if summary_bits:
-        sentences.append("In short: " + "; ".join(summary_bits) + ".")
+        sentences.append(f"**{variant}** — " + ". ".join(parts) + ".")
+        if won or lost:
+            bits = []
+            if won:
+                bits.append(f"{variant} beat {baseline} on " + _join(won))
+            if lost:
+                bits.append(f"{variant} was worse than {baseline} on " + _join(lost))
+            short.append("; ".join(bits))
+    if short:
+        sentences.append(
+            "In short (only what survives the family-wise correction): " + "; ".join(short) + "."
+        )
+    else:
+        sentences.append(
+            f"In short: no variant differs significantly from {baseline} on AUC or ECE under "
+            "any shift after the family-wise correction."
+        )
     if n_seeds < 5:
         sentences.append(
             f"With {n_seeds} seeds the test detects only large, consistent differences; "

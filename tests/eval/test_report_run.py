@@ -19,6 +19,7 @@ features: {min_count: 2}
 model:
   embedding_dim: 4
   hidden_units: [16]
+  dropout: 0.1
 train:
   epochs: 1
   batch_size: 256
@@ -26,13 +27,23 @@ train:
   progress: false
 report:
   seeds: 2
-  intensities: [0.0, 0.125, 0.5]
+  shifts:
+    - {name: gaussian_numeric, intensities: [0.125, 0.5], space: model}
+    - {name: categorical_corruption, intensities: [0.2, 0.6]}
   variants:
     - {name: layernorm, net_norm: layernorm}
     - {name: mclayernorm, net_norm: {name: mclayernorm, fraction: 0.8}}
     - {name: mclayernorm_mc, mc_samples: 3, from_variant: mclayernorm}
     - {name: mclayernorm_ts, temperature_scaling: true, from_variant: mclayernorm}
+    - {name: ensemble, ensemble: 2, from_variant: layernorm}
+    - {name: mc_dropout, mc_samples: 3, mc_dropout: true, from_variant: layernorm}
+    - name: mcln_fields
+      net_norm: layernorm
+      emb_norm: {name: mclayernorm, fraction: 0.8}
+    - {name: mcln_fields_mc, mc_samples: 3, from_variant: mcln_fields}
 """
+VARIANTS = 8
+POINTS = 1 + 2 + 2  # clean + gaussian x 2 + categorical x 2
 
 
 @pytest.fixture(scope="module")
@@ -58,52 +69,97 @@ def _tables(text: str) -> list[list[list[str]]]:
 
 def test_files_exist_and_figure_is_png(tiny_report, capsys):
     _, out = tiny_report
-    for name in ("report.md", "results.csv", "summary.json", "fig_auc_ece.png"):
+    for name in ("report.md", "results.csv", "summary.json", "fig_gaussian_numeric_auc_ece.png"):
         assert (out / name).stat().st_size > 0, name
     for png in out.glob("fig_*.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert {p.name for p in out.glob("fig_*.png")} >= {
-        "fig_auc_ece.png",
-        "fig_calibration.png",
-        "fig_reliability.png",
-        "fig_uncertainty.png",
-    }
-    for variant in ("layernorm", "mclayernorm"):
+    for shift in ("gaussian_numeric", "categorical_corruption"):
+        for kind in ("auc_ece", "calibration", "uncertainty"):
+            assert (out / f"fig_{shift}_{kind}.png").exists()
+    assert (out / "fig_reliability.png").exists()
+    for variant in ("layernorm", "mclayernorm", "mcln_fields"):
         for k in (0, 1):
             assert (out / "runs" / variant / f"seed{k}" / "result.json").exists()
+    # the ensemble's extra members: seeds 2 (replicate 0) and 3 (replicate 1) of layernorm
+    assert (out / "runs" / "layernorm" / "seed3" / "result.json").exists()
+    assert not (out / "runs" / "layernorm" / "seed4").exists()
+    assert not (out / "runs" / "mclayernorm" / "seed2").exists()
     assert not (out / "runs" / "mclayernorm_mc").exists()  # reuses mclayernorm's runs
 
 
 def test_results_grid_is_complete(tiny_report):
     _, out = tiny_report
     df = pd.read_csv(out / "results.csv")
-    assert list(df.columns) == ["variant", "seed", "noise_seed", "intensity", "metric", "value"]
+    assert list(df.columns) == [
+        "variant", "shift", "seed", "noise_seed", "intensity", "metric", "value"
+    ]
     auc = df[df.metric == "auc"]
-    assert len(auc) == 4 * 2 * 3  # variants x seeds x intensities
+    assert len(auc) == VARIANTS * 2 * POINTS
+    assert set(auc["shift"]) == {"clean", "gaussian_numeric", "categorical_corruption"}
     assert auc["value"].between(0, 1).all()
-    mc = df[df.variant == "mclayernorm_mc"]
-    assert {"pred_std", "std_auroc"} <= set(mc.metric)
+    for variant in ("mclayernorm_mc", "ensemble", "mc_dropout", "mcln_fields_mc"):
+        sub = df[df.variant == variant]
+        assert {"pred_std", "std_auroc"} <= set(sub.metric), variant
+        assert (sub[sub.metric == "pred_std"]["value"] > 0).all(), variant
     assert "pred_std" not in set(df[df.variant == "layernorm"].metric)
-    # the shift changes predictions: metrics move away from the clean values
-    ln = auc[auc.variant == "layernorm"].set_index(["seed", "intensity"])["value"]
-    assert any(ln[(k, 0.5)] != ln[(k, 0.0)] for k in (0, 1))
+    # every shift changes predictions: metrics move away from the clean values
+    for shift in ("gaussian_numeric", "categorical_corruption"):
+        ln = auc[(auc.variant == "layernorm") & auc["shift"].isin(["clean", shift])]
+        ln = ln.set_index(["seed", "intensity"])["value"]
+        top = max(ln.index.get_level_values("intensity"))
+        assert any(ln[(k, top)] != ln[(k, 0.0)] for k in (0, 1)), shift
     # temperature scaling keeps the ranking of the runs it calibrates
-    ts = auc[auc.variant == "mclayernorm_ts"].set_index(["seed", "intensity"])["value"]
-    one = auc[auc.variant == "mclayernorm"].set_index(["seed", "intensity"])["value"]
+    key = ["shift", "seed", "intensity"]
+    ts = auc[auc.variant == "mclayernorm_ts"].set_index(key)["value"]
+    one = auc[auc.variant == "mclayernorm"].set_index(key)["value"]
     pd.testing.assert_series_equal(ts, one, check_names=False, atol=1e-9)
+
+
+def test_ensemble_averages_its_members_and_mc_variants_sample(tiny_report):
+    import numpy as np
+    import torch
+
+    from ctrcal.data.loader import ParquetCTRData
+    from ctrcal.eval import metrics as M
+    from ctrcal.eval.predictive import dropout_modules
+    from ctrcal.train.trainer import load_run, predict_logits
+
+    _, out = tiny_report
+    data = ParquetCTRData(out / "data", "test")
+    runs = out / "runs" / "layernorm"
+    probs = [
+        torch.sigmoid(predict_logits(load_run(runs / f"seed{j}")[0], data, 1024, "cpu"))
+        for j in (1, 3)  # replicate 1: the run of seed 1 and its own extra member
+    ]
+    mean = torch.stack(probs).double().mean(0).numpy()
+    labels = np.concatenate([b.label.numpy() for b in data.batches(1024, shuffle=False)])
+    df = pd.read_csv(out / "results.csv")
+    got = df[(df.variant == "ensemble") & (df.seed == 1) & (df["shift"] == "clean")]
+    got = got.set_index("metric")["value"]
+    assert got["auc"] == pytest.approx(M.auc(mean, labels), abs=1e-6)
+    model = load_run(out / "runs" / "mcln_fields" / "seed0")[0]
+    assert any(hasattr(m, "mc_sampling") for m in model.emb_norm.modules())
+    assert not any(hasattr(m, "mc_sampling") for m in model.blocks.modules())
+    assert dropout_modules(load_run(runs / "seed0")[0])
 
 
 def test_report_tables_parse_and_verdict_present(tiny_report):
     _, out = tiny_report
     text = (out / "report.md").read_text()
-    assert "## Verdict" in text and "Holm" in text
+    assert "## Verdict" in text and "Holm" in text and "## Shift: categorical_corruption" in text
+    assert "Space: **model**" in text
     tables = _tables(text)
-    assert tables and tables[0][0] == ["variant", "0 %", "12.5 %", "50 %"]
+    assert tables[0][0][0] == "space"  # the stds of the gaussian shift in both spaces
+    assert tables[1][0] == ["variant", "clean", "12.5 %", "50 %"]
+    assert ["variant", "clean", "p = 0.2", "p = 0.6"] in [t[0] for t in tables]
     for table in tables:
         assert len({len(r) for r in table}) == 1
     summary = json.loads((out / "summary.json").read_text())
     assert summary["verdict"] and summary["verdict"] in text
     assert summary["n_seeds"] == 2 and summary["baseline"] == "layernorm"
+    # the primary family: 7 variants x {AUC, ECE} x 5 points
+    primary = [r for r in summary["paired"] if r["primary"]]
+    assert len(primary) == (VARIANTS - 1) * 2 * POINTS
 
 
 def test_rerun_reuses_runs_and_is_deterministic(tiny_report, capsys):
@@ -112,7 +168,7 @@ def test_rerun_reuses_runs_and_is_deterministic(tiny_report, capsys):
     stamp = (out / "runs" / "layernorm" / "seed0" / "result.json").stat().st_mtime_ns
     assert main(["shift-report", str(cfg), "--out", str(out), "--data", str(out / "data")]) == 0
     printed = capsys.readouterr().out
-    assert "report.md" in printed and "fig_auc_ece.png" in printed and "total time" in printed
+    assert "report.md" in printed and "_auc_ece.png" in printed and "total time" in printed
     assert (out / "runs" / "layernorm" / "seed0" / "result.json").stat().st_mtime_ns == stamp
     assert (out / "results.csv").read_text() == before
 
@@ -128,14 +184,14 @@ def test_mix_fraction_scores_the_shifted_rows(tiny_report, tmp_path, capsys):
     assert main(args) == 0
     assert (out2 / "runs" / "mclayernorm" / "seed1" / "result.json").stat().st_mtime_ns == stamp
     mix = pd.read_csv(out2 / "results.csv").set_index(
-        ["variant", "seed", "noise_seed", "intensity", "metric"]
+        ["variant", "shift", "seed", "noise_seed", "intensity", "metric"]
     )["value"]
     full = pd.read_csv(out / "results.csv").set_index(mix.index.names)["value"]
     clean = mix.index.get_level_values("intensity") == 0.0
     pd.testing.assert_series_equal(mix[clean], full.loc[mix[clean].index])  # all rows, no noise
-    key = ("layernorm", 0, 0, 0.5, "auc")
+    key = ("layernorm", "gaussian_numeric", 0, 0, 0.5, "auc")
     assert mix[key] != full[key]  # half the rows, each shifted
-    assert ("mclayernorm_mc", 0, 0, 0.5, "std_auroc") in mix.index
+    assert ("mclayernorm_mc", "gaussian_numeric", 0, 0, 0.5, "std_auroc") in mix.index
     assert "only 50 % of the rows" in (out2 / "report.md").read_text()
 
 
@@ -175,3 +231,30 @@ def test_bad_report_config_names_the_key(tmp_path, capsys):
     assert main(["shift-report", str(cfg), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "report.baseline" in err and "nope" in err
+
+
+def _strip_original_stats(obj):
+    if isinstance(obj, dict):
+        return {k: _strip_original_stats(v) for k, v in obj.items() if "original" not in k}
+    if isinstance(obj, list):
+        return [_strip_original_stats(v) for v in obj]
+    return obj
+
+
+def test_original_space_on_data_without_raw_statistics_fails_before_training(
+    tiny_report, tmp_path, capsys
+):
+    _, out = tiny_report
+    data = tmp_path / "data"
+    shutil.copytree(out / "data", data)
+    fm = data / "feature_map.json"
+    fm.write_text(json.dumps(_strip_original_stats(json.loads(fm.read_text()))))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(TINY.replace(", space: model}", "}"))
+    args = ["shift-report", str(cfg), "--out", str(tmp_path / "o"), "--data", str(data)]
+    assert main(args) == 1  # a data error
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "feature_map.json" in err and "original-space" in err
+    assert "report.shifts[0].space" in err and str(cfg) in err
+    assert not (tmp_path / "o" / "runs").exists()  # nothing trained

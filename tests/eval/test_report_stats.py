@@ -40,7 +40,8 @@ def _results(n_seeds=5, mc_gain=0.02, noise=0.001, seed=0, noise_seeds=1):
                         "pcoc": 1.0 + s,
                         "ne": 0.8 + s / 5,
                     }.items():
-                        rows.append((variant, k, ns, s, metric, value))
+                        shift = "clean" if s == 0 else "gaussian_numeric"
+                        rows.append((variant, shift, k, ns, s, metric, value))
     return pd.DataFrame(rows, columns=S.RESULT_COLUMNS)
 
 
@@ -94,18 +95,27 @@ def test_paired_differences_detect_a_real_gain():
 def test_verdict_says_no_significant_difference_when_there_is_none():
     df = _results(n_seeds=3, mc_gain=0.0, noise=0.01, seed=1)
     diffs = S.paired_differences(df, "layernorm")
-    assert not diffs["significant"].any()
-    text = S.verdict_paragraph(diffs, "layernorm", INTENSITIES, 3)
-    assert "did not significantly beat layernorm" in text
+    assert not diffs["significant"][diffs["primary"]].any()
+    text = S.verdict_paragraph(diffs, "layernorm", 3)
+    assert "no variant differs significantly from layernorm" in text
     assert "better at" not in text
+    assert "were detectable with 80 % power" in text
     assert "not evidence" in text  # few seeds caveat
 
 
-def test_verdict_names_the_winning_intensities():
+def test_verdict_names_only_what_survives_the_family():
     diffs = S.paired_differences(_results(n_seeds=6, mc_gain=0.03, noise=0.0005), "layernorm")
-    text = S.verdict_paragraph(diffs, "layernorm", INTENSITIES, 6)
-    assert "mclayernorm beat layernorm on AUC at" in text
-    assert "50 %" in text and "p = " in text
+    text = S.verdict_paragraph(diffs, "layernorm", 6)
+    short = text.split("In short")[1]
+    assert "mclayernorm beat layernorm on AUC at" in short
+    assert "gaussian_numeric 50 %" in short and "p = " in text
+    survivors = diffs[diffs["primary"] & diffs["significant"]]
+    for r in diffs[diffs["primary"] & ~diffs["significant"]].itertuples():
+        # a point that does not survive is never named in the short sentence for its metric
+        if r.shift != "clean" and not (
+            (survivors.metric == r.metric) & (survivors.intensity == r.intensity)
+        ).any():
+            assert f"gaussian_numeric {S.format_intensity(r.intensity)} (" not in short
 
 
 def test_holm_adjustment():
@@ -114,11 +124,87 @@ def test_holm_adjustment():
     assert np.isnan(got[3])
 
 
+def _family_table():
+    """Two variants, two shifts: per-seed AUC/ECE/logloss with chosen paired differences."""
+    rows = []
+    diffs = {  # (variant, shift, intensity, metric) -> per-seed differences vs the baseline
+        ("a", "clean", 0.0, "auc"): [0.010, 0.012, 0.011, 0.009],
+        ("a", "g", 0.5, "auc"): [0.020, 0.010, 0.030, 0.020],
+        ("a", "c", 0.2, "ece"): [-0.001, 0.002, -0.002, 0.001],
+        ("b", "g", 0.5, "auc"): [0.001, -0.002, 0.003, 0.000],
+        ("b", "c", 0.2, "logloss"): [0.05, 0.051, 0.049, 0.05],
+    }
+    for (variant, shift, s, metric), ds in diffs.items():
+        for k, d in enumerate(ds):
+            base = 0.7 + 0.01 * k
+            rows.append(("base", shift, k, 0, s, metric, base))
+            rows.append((variant, shift, k, 0, s, metric, base + d))
+    return pd.DataFrame(rows, columns=S.RESULT_COLUMNS), diffs
+
+
+def test_holm_runs_over_the_whole_primary_family_by_hand():
+    from scipy import stats
+
+    df, chosen = _family_table()
+    out = S.paired_differences(df, "base", alpha=0.05, metrics=["auc", "ece", "logloss"])
+    prim = out[out["primary"]]
+    assert len(prim) == 4 and set(prim["metric"]) == {"auc", "ece"}  # logloss: exploratory
+    raw = {
+        key: stats.ttest_1samp(np.array(ds), 0.0).pvalue
+        for key, ds in chosen.items()
+        if key[3] in ("auc", "ece")
+    }
+    # Holm by hand: sort, multiply by m, m-1, ..., take the running max, cap at 1
+    order = sorted(raw, key=raw.get)
+    m, running, expected = len(order), 0.0, {}
+    for i, key in enumerate(order):
+        running = max(running, (m - i) * raw[key])
+        expected[key] = min(1.0, running)
+    for r in prim.itertuples():
+        key = (r.variant, r.shift, r.intensity, r.metric)
+        assert r.p == pytest.approx(raw[key], rel=1e-9)
+        assert r.p_holm == pytest.approx(expected[key], rel=1e-9)
+        assert r.significant == (expected[key] < 0.05)
+    expl = out[~out["primary"]].iloc[0]
+    assert math.isnan(expl["p_holm"]) and math.isnan(expl["detectable"])
+    # the same comparison alone in its family would have a smaller adjusted p
+    alone = S.paired_differences(
+        df[df.variant.isin(["base", "a"]) & (df["shift"] == "g")], "base", metrics=["auc"]
+    )
+    assert alone["p_holm"].iloc[0] < prim[(prim.variant == "a") & (prim["shift"] == "g")][
+        "p_holm"
+    ].iloc[0]
+
+
+def test_detectable_difference_by_hand():
+    # n = 10 pairs, sd 1, alpha 0.05, 80 % power: (t_.975,9 + t_.80,9) / sqrt(10), with the
+    # t quantiles from a table: 2.262157 and 0.883404
+    got = S.detectable_difference(1.0, 10, 0.05, 0.8)
+    assert got == pytest.approx((2.262157 + 0.883404) / math.sqrt(10), rel=1e-5)
+    # n = 5, sd 0.02, alpha 0.01: t_.995,4 = 4.604095, t_.80,4 = 0.940965
+    assert S.detectable_difference(0.02, 5, 0.01) == pytest.approx(
+        (4.604095 + 0.940965) * 0.02 / math.sqrt(5), rel=1e-5
+    )
+    assert math.isnan(S.detectable_difference(1.0, 1, 0.05))
+    # in the table: at alpha / m with the observed sd of the paired differences
+    df, chosen = _family_table()
+    out = S.paired_differences(df, "base", alpha=0.05, metrics=["auc", "ece"])
+    r = out[(out.variant == "a") & (out["shift"] == "g")].iloc[0]
+    sd = float(np.std(chosen[("a", "g", 0.5, "auc")], ddof=1))
+    assert r["detectable"] == pytest.approx(S.detectable_difference(sd, 4, 0.05 / 4), rel=1e-9)
+
+
 def test_verdict_single_seed():
     diffs = S.paired_differences(_results(n_seeds=1), "layernorm")
     assert diffs["significant"].sum() == 0
-    text = S.verdict_paragraph(diffs, "layernorm", INTENSITIES, 1)
+    text = S.verdict_paragraph(diffs, "layernorm", 1)
     assert "single training seed" in text
+
+
+def test_tables_without_a_shift_column_read_as_one_gaussian_shift():
+    df = _results(n_seeds=2).drop(columns="shift")
+    ps = S.per_seed_values(df)
+    assert set(ps["shift"]) == {"clean", "gaussian_numeric"}
 
 
 def _parse_markdown_tables(text):
@@ -138,7 +224,7 @@ def test_write_report_files_tables_and_figures(tmp_path):
     df = _results(n_seeds=3)
     # MC-style uncertainty rows for one variant
     extra = [
-        ("mclayernorm", k, 0, s, m, v)
+        ("mclayernorm", "clean" if s == 0 else "gaussian_numeric", k, 0, s, m, v)
         for k in range(3)
         for s in INTENSITIES
         for m, v in (("pred_std", 0.01 + s / 10), ("std_auroc", 0.5 + s / 2))
@@ -146,34 +232,63 @@ def test_write_report_files_tables_and_figures(tmp_path):
     ]
     df = pd.concat([df, pd.DataFrame(extra, columns=S.RESULT_COLUMNS)], ignore_index=True)
     curve = {"counts": [10, 5, 0], "mean_prob": [0.1, 0.5, np.nan], "frac_pos": [0.12, 0.4, np.nan]}
-    reliability = {v: {0.0: curve, 0.5: curve} for v in ("layernorm", "mclayernorm")}
-    paths = W.write_report(df, tmp_path, meta={"rows": 1234}, reliability=reliability)
+    reliability = {
+        v: {("clean", 0.0): curve, ("gaussian_numeric", 0.5): curve}
+        for v in ("layernorm", "mclayernorm")
+    }
+    meta = {
+        "rows": 1234,
+        "shifts": [
+            {
+                "label": "gaussian_numeric",
+                "name": "gaussian_numeric",
+                "unit": "std",
+                "description": "noise",
+                "intensities": INTENSITIES[1:],
+                "space": "original",
+                "original_std": [3.0, 40.0],
+                "model_std": [1.0, 1.0],
+                "numeric_fields": ["I1", "I2"],
+            }
+        ],
+    }
+    paths = W.write_report(df, tmp_path, meta=meta, reliability=reliability)
     for p in (paths.report_md, paths.results_csv, paths.summary_json, *paths.figures.values()):
         assert p.exists() and p.stat().st_size > 0
-    assert set(paths.figures) == {"auc_ece", "calibration", "reliability", "uncertainty"}
+    assert set(paths.figures) == {
+        "auc_ece:gaussian_numeric",
+        "calibration:gaussian_numeric",
+        "uncertainty:gaussian_numeric",
+        "reliability",
+    }
     for fig in paths.figures.values():
         assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert paths.main_figure == tmp_path / "fig_auc_ece.png"
+    assert paths.main_figure == tmp_path / "fig_gaussian_numeric_auc_ece.png"
 
     back = pd.read_csv(paths.results_csv)
     assert list(back.columns) == S.RESULT_COLUMNS and len(back) == len(df)
 
     text = paths.report_md.read_text()
     assert "## Verdict" in text and "## Metric definitions" in text
+    assert "Space: **original**" in text and "40" in text  # the space and both stds
     tables = _parse_markdown_tables(text)
     assert len(tables) >= 8
-    auc_table = tables[0]
-    assert auc_table[0] == ["variant", "0 %", "6.25 %", "12.5 %", "25 %", "50 %"]
+    std_table = tables[0]
+    assert std_table[0] == ["space", "I1", "I2"] and std_table[2] == ["original (used)", "3", "40"]
+    auc_table = tables[1]
+    assert auc_table[0] == ["variant", "clean", "6.25 %", "12.5 %", "25 %", "50 %"]
     assert [r[0] for r in auc_table[2:]] == ["layernorm", "mclayernorm"]
     mean, se = (float(x) for x in auc_table[2][1].split("±"))
     assert 0.5 < mean < 1 and se >= 0
     for table in tables:
         assert len({len(r) for r in table}) == 1  # every row has the header's width
+    assert "### Primary family" in text and "### Exploratory" in text and "detectable" in text
 
     summary = json.loads(paths.summary_json.read_text())
     assert summary["verdict"] in text
     assert summary["n_seeds"] == 3 and summary["baseline"] == "layernorm"
     assert any(r["metric"] == "auc_retained" for r in summary["summary"])
+    assert summary["shifts"][0]["space"] == "original"
 
 
 def test_write_report_without_figures(tmp_path):
