@@ -55,7 +55,6 @@ def test_every_shipped_config_validates(path, capsys):
             "report.shifts[1].label",
             "appears twice",
         ),
-        ("  shifts: [{name: temporal}]", "report.shifts[0].name", "data.split_order: time"),
         (
             "  variants: [{name: ln}, {name: ens, ensemble: 1, from_variant: ln}]",
             "report.variants[1].ensemble",
@@ -89,3 +88,21 @@ def test_default_shift_is_the_gaussian_in_original_space_over_report_intensities
     (shift,) = plan_shifts(cfg)
     assert shift.name == "gaussian_numeric" and shift.options == {"space": "original"}
     assert shift.intensities == (0.0625, 0.125, 0.25, 0.5)  # 0 is the shared clean point
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ("data: {split_order: time}", "keep data.split_order: random"),
+        ("data: {train: [a.csv], valid: [b.csv], test: [c.csv]}", "cannot be re-split in time"),
+    ],
+)
+def test_temporal_needs_inputs_it_can_split_in_time(tmp_path, capsys, data, message):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(data + "\nreport:\n  shifts: [{name: temporal}]\n")
+    assert main(["validate", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "report.shifts[0].name" in err and message in err, err
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("report:\n  shifts: [{name: gaussian_numeric}, {name: temporal}]\n")
+    assert main(["validate", str(ok)]) == 0

@@ -28,7 +28,7 @@ train:
 report:
   seeds: 2
   shifts:
-    - {name: gaussian_numeric, intensities: [0.125, 0.5], space: model}
+    - {name: gaussian_numeric, intensities: [0.125, 0.5]}
     - {name: categorical_corruption, intensities: [0.2, 0.6]}
   variants:
     - {name: layernorm, net_norm: layernorm}
@@ -147,7 +147,7 @@ def test_report_tables_parse_and_verdict_present(tiny_report):
     _, out = tiny_report
     text = (out / "report.md").read_text()
     assert "## Verdict" in text and "Holm" in text and "## Shift: categorical_corruption" in text
-    assert "Space: **model**" in text
+    assert "Space: **original**" in text
     tables = _tables(text)
     assert tables[0][0][0] == "space"  # the stds of the gaussian shift in both spaces
     assert tables[1][0] == ["variant", "clean", "12.5 %", "50 %"]
@@ -250,7 +250,7 @@ def test_original_space_on_data_without_raw_statistics_fails_before_training(
     fm = data / "feature_map.json"
     fm.write_text(json.dumps(_strip_original_stats(json.loads(fm.read_text()))))
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(TINY.replace(", space: model}", "}"))
+    cfg.write_text(TINY)
     args = ["shift-report", str(cfg), "--out", str(tmp_path / "o"), "--data", str(data)]
     assert main(args) == 1  # a data error
     err = capsys.readouterr().err.strip()
@@ -258,3 +258,30 @@ def test_original_space_on_data_without_raw_statistics_fails_before_training(
     assert "feature_map.json" in err and "original-space" in err
     assert "report.shifts[0].space" in err and str(cfg) in err
     assert not (tmp_path / "o" / "runs").exists()  # nothing trained
+
+
+def test_original_space_noise_on_prepared_data(tiny_report):
+    """On a real feature map: the realised noise in original space is s·σ_j, s = 0 round-trips."""
+    import torch
+
+    from ctrcal.data.features import FeatureMap
+    from ctrcal.data.loader import Batch, ParquetCTRData
+    from ctrcal.eval.shifts import create_shift
+
+    _, out = tiny_report
+    fm = FeatureMap.load(out / "data")
+    parts = list(ParquetCTRData(out / "data", "train").batches(100_000, shuffle=False))
+    batch = Batch(*(torch.cat([getattr(b, k) for b in parts]) for k in Batch.__annotations__))
+    codec = fm.numeric_codec()
+    x0 = codec.to_original(batch.numeric).double()
+    shifted = create_shift("gaussian_numeric", fm, intensity=0.5, seed=0)(batch)
+    noise = codec.to_original(shifted.numeric).double() - x0
+    for j, sigma in enumerate(fm.numeric_original_std):
+        col = noise[:, j][torch.isfinite(noise[:, j])]
+        if col.numel() < 500 or sigma == 0:
+            continue
+        assert float(col.std()) == pytest.approx(0.5 * sigma, rel=0.1), fm.numeric_fields[j]
+    same = create_shift("gaussian_numeric", fm, intensity=0.0, seed=0)(batch).numeric
+    ok = torch.isfinite(batch.numeric)
+    assert torch.equal(torch.isfinite(same), ok)
+    torch.testing.assert_close(same[ok], batch.numeric[ok], rtol=1e-5, atol=1e-5)

@@ -35,7 +35,7 @@ train:
   progress: false
 report:
   seeds: 2
-  shifts: [{name: gaussian_numeric, space: model, intensities: [0.5]}]
+  intensities: [0.0, 0.5]
   figures: false
   variants:
     - {name: layernorm, net_norm: layernorm}
