@@ -8,7 +8,6 @@ import pytest
 
 from ctrcal.cli import main
 from ctrcal.config import load_config
-from ctrcal.errors import ConfigError
 from ctrcal.eval.plan import check_report, plan_shifts
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
