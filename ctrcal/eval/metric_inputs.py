@@ -9,11 +9,23 @@ input raises ``ValueError`` naming the argument (``probs``, ``labels``, ``fields
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["as_numpy", "check_fields", "check_probs_labels", "dense_codes"]
+__all__ = ["CheckedFields", "as_numpy", "check_fields", "check_probs_labels", "dense_codes"]
+
+
+class CheckedFields(NamedTuple):
+    """Validated fields: names, contiguous integer columns and each column's (min, max).
+
+    Passing one back to :func:`check_fields` (e.g. to several metrics of the same rows) skips
+    the checks and the copy.
+    """
+
+    names: list[str]
+    columns: list[np.ndarray]
+    ranges: list[tuple[int, int]]
 
 
 def as_numpy(x: Any, name: str, ndim: int = 1) -> np.ndarray:
@@ -59,9 +71,7 @@ def check_probs_labels(probs: Any, labels: Any, unit: bool = True) -> tuple[np.n
     return p, y
 
 
-def check_fields(
-    fields: Any, n: int, names: Sequence[str] | None = None
-) -> tuple[list[str], list[np.ndarray], list[tuple[int, int]]]:
+def check_fields(fields: Any, n: int, names: Sequence[str] | None = None) -> CheckedFields:
     """Split ``fields`` into named, contiguous 1-D integer columns of length ``n``.
 
     Args:
@@ -72,12 +82,19 @@ def check_fields(
             a mapping brings its own.
 
     Returns:
-        ``(names, columns, ranges)``: ``ranges[j]`` is (min, max) of column j.
+        :class:`CheckedFields` ``(names, columns, ranges)``; ``ranges[j]`` is (min, max) of
+        column j.
 
     Raises:
         ValueError: naming ``fields[...]`` for a wrong length, non-integer codes, a field
             with a single value, or ``names`` of the wrong length.
     """
+    if isinstance(fields, CheckedFields):
+        if fields.columns and fields.columns[0].shape[0] != n:
+            raise ValueError(
+                f"fields: expected {n} values per field, got {fields.columns[0].shape[0]}"
+            )
+        return fields
     if isinstance(fields, Mapping):
         if names is not None:
             raise ValueError("names: leave it out when fields is a mapping (its keys name them)")
@@ -124,7 +141,7 @@ def check_fields(
                 "least two values to say anything beyond the global calibration"
             )
         ranges.append((lo, hi))
-    return keys, cols, ranges
+    return CheckedFields(keys, cols, ranges)
 
 
 def _ndim(x: Any) -> int:

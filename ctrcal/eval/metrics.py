@@ -64,6 +64,7 @@ from ctrcal.eval.field_metrics import (
     field_rce,
 )
 from ctrcal.eval.metric_inputs import as_numpy as _as_numpy  # noqa: F401
+from ctrcal.eval.metric_inputs import check_fields
 from ctrcal.eval.metric_inputs import check_probs_labels as _check
 
 __all__ = [
@@ -457,7 +458,8 @@ def calibration_summary(
         out["ne_train"] = normalized_entropy(p, y, base_rate=base_rate)
     if fields is None:
         return out
-    fc = field_calibration(p, y, fields, names=names, min_count=min_count, top_k=0)
+    checked = check_fields(fields, p.shape[0], names)  # once for both field metrics
+    fc = field_calibration(p, y, checked, min_count=min_count, top_k=0)
     summary = fc.summary()
     for key in ("field_rce_mean", "field_rce_max", "field_ece_mean", "field_ece_max"):
         out[key] = summary[key]
@@ -468,8 +470,7 @@ def calibration_summary(
     mc = multicalibration_error(
         p,
         y,
-        fields,
-        names=names,
+        checked,
         max_depth=mce_max_depth,
         max_segments=mce_max_segments,
         max_rows=mce_max_rows,
