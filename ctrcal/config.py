@@ -178,7 +178,10 @@ class VariantConfig:
     predictions. ``mc_dropout`` keeps the model's dropout layers on during the
     ``mc_samples`` passes (MC-Dropout). ``ensemble: M`` (M >= 2) averages the probabilities of
     M runs trained with different seeds (a deep ensemble; replicate k uses the run of seed k
-    plus M - 1 runs of seeds no other replicate uses).
+    plus M - 1 runs of seeds no other replicate uses). ``isotonic_calibration`` fits isotonic
+    regression, ``field_calibration: C14`` a calibrator per value of that categorical field
+    (``field_calibration_method`` platt or isotonic, shrunk toward the global one by
+    n_v / (n_v + ``field_calibration_shrinkage``); see :mod:`ctrcal.eval.field_aware`).
     """
 
     name: str
@@ -189,6 +192,10 @@ class VariantConfig:
     ensemble: int = 0
     temperature_scaling: bool = False
     platt_scaling: bool = False
+    isotonic_calibration: bool = False
+    field_calibration: str | None = None
+    field_calibration_method: Literal["platt", "isotonic"] = "platt"
+    field_calibration_shrinkage: float = 1000.0
     from_variant: str | None = None
 
 
@@ -242,6 +249,12 @@ class ReportConfig:
     # power at which the report states the smallest difference the design could detect
     power: float = 0.8
     figures: bool = True
+    # Field-RCE/ECE of every field (categoricals and numerics in `field_numeric_buckets`
+    # equal-mass buckets; 0 = categoricals only) and the multicalibration error per evaluation;
+    # field values with fewer than `field_min_count` rows are pooled
+    field_metrics: bool = True
+    field_min_count: int = 100
+    field_numeric_buckets: int = 10
     # parallel sweeps (ctrcal.eval.sweep): training runs at once, each in its own process;
     # 0 = one per device in `devices` (1 without them)
     workers: int = 0

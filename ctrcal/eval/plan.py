@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ctrcal.config import Config, VariantConfig
 from ctrcal.errors import ConfigError
+from ctrcal.eval.report_calibration import calibration_kind, check_calibration_keys
 from ctrcal.eval.shifts import ShiftKind, check_shift_spec
 
 __all__ = [
@@ -36,7 +37,7 @@ class VariantPlan:
     run_variant: str  # the variant whose trained runs this one evaluates
     config: VariantConfig
     mc_samples: int
-    calibration: str | None  # None | "temperature" | "platt"
+    calibration: str | None  # None | "temperature" | "platt" | "isotonic" | "field"
     mc_dropout: bool = False
     ensemble: int = 0  # members per replicate (0 = a single run)
 
@@ -153,8 +154,6 @@ def plan_variants(cfg: Config, source: str = "config") -> list[VariantPlan]:
                 f"{key}.ensemble: expected 0 (a single run) or >= 2 members, got {v.ensemble} "
                 "(an ensemble of one run is the run itself)"
             )
-        if v.temperature_scaling and v.platt_scaling:
-            raise ConfigError(f"{key}: choose temperature_scaling or platt_scaling, not both")
         root, seen = v, {v.name}
         while root.from_variant is not None:
             if root.from_variant not in by_name:
@@ -176,9 +175,7 @@ def plan_variants(cfg: Config, source: str = "config") -> list[VariantPlan]:
                     f"{key}.mc_dropout: the model has no dropout to keep on (model.dropout is "
                     f"{_model_dropout(cfg):g}); set model.dropout > 0"
                 )
-        calibration = (
-            "temperature" if v.temperature_scaling else "platt" if v.platt_scaling else None
-        )
+        calibration = calibration_kind(v)
         plans.append(
             VariantPlan(v.name, root.name, v, v.mc_samples, calibration, v.mc_dropout, v.ensemble)
         )
@@ -188,6 +185,7 @@ def plan_variants(cfg: Config, source: str = "config") -> list[VariantPlan]:
             f"{source}: report.baseline: unknown variant {baseline!r} (valid: {', '.join(by_name)})"
         )
     r = cfg.report
+    check_calibration_keys(cfg, source)
     if r.seeds < 1:
         raise ConfigError(f"{source}: report.seeds: expected >= 1, got {r.seeds}")
     if r.noise_seeds < 1:

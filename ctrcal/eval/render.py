@@ -49,6 +49,13 @@ SECTIONS = [
     ("Brier score", "brier"),
     ("PCOC (Σp / Σy)", "pcoc"),
     ("Normalized entropy", "ne"),
+    # field-level and bin-free calibration (ctrcal.eval.report_calibration)
+    ("ECCE (bin-free cumulative calibration error)", "ecce"),
+    ("ECCE / σ (its significance: > 2.5 is detectable at p < 0.05)", "ecce_sigmas"),
+    ("Field-RCE, mean over fields", "field_rce_mean"),
+    ("Field-RCE, worst field", "field_rce_max"),
+    ("Multicalibration error (noise-weighted worst segment)", "mce"),
+    ("Multicalibration error / σ", "mce_sigmas"),
 ]
 
 
@@ -226,6 +233,7 @@ def render_markdown(
             "beat in expectation.",
             "",
         ]
+    lines += _oracle_calibration_lines(meta.get("oracle_calibration"))
     lines += ["## Verdict", "", verdict, ""]
     main = next((p for k, p in figures.items() if k.startswith("auc_ece")), None)
     if main is not None:
@@ -280,7 +288,13 @@ def render_markdown(
             lines += [f"- [{path.name}]({path.name}): {_caption(key)}"]
         lines += [""]
     lines += ["## Metric definitions", ""]
-    lines += [f"- **{k}**: {v}" for k, v in {**M.DEFINITIONS, **EXTRA_DEFINITIONS}.items()]
+    definitions = {**M.DEFINITIONS, **M.CALIBRATION_DEFINITIONS, **EXTRA_DEFINITIONS}
+    lines += [f"- **{k}**: {v}" for k, v in definitions.items()]
+    lines += [
+        "- per field: `results.csv` holds `field_rce:<field>` and `field_ece:<field>` of every "
+        "categorical field and bucketised numeric (report.field_numeric_buckets equal-mass "
+        "buckets) at every point; segments use the clean field values of each row.",
+    ]
     lines += [
         "",
         "Predicted probability p = sigmoid(logit); ECE bins the predicted *click* probability "
@@ -292,6 +306,25 @@ def render_markdown(
     return "\n".join(lines)
 
 
+def _oracle_calibration_lines(oracle: dict[str, float] | None) -> list[str]:
+    """The calibration floor of the generator's true probabilities (synthetic data)."""
+    if not oracle or "ecce" not in oracle:
+        return []
+    bits = [f"ECCE {oracle['ecce']:.4f} ({oracle['ecce_sigmas']:.1f} σ)"]
+    if "field_rce_mean" in oracle:
+        bits += [
+            f"Field-RCE {oracle['field_rce_mean']:.4f} mean / {oracle['field_rce_max']:.4f} "
+            "worst field",
+            f"multicalibration error {oracle['mce']:.4f} ({oracle['mce_sigmas']:.1f} σ)",
+        ]
+    return [
+        "The true probabilities, on the clean rows, have " + ", ".join(bits) + ": the "
+        "calibration floor of this sample (finite-sample noise), which no model beats in "
+        "expectation.",
+        "",
+    ]
+
+
 def _caption(key: str) -> str:
     kind, _, shift = key.partition(":")
     text = {
@@ -301,6 +334,10 @@ def _caption(key: str) -> str:
         "reliability": "Reliability diagrams, clean and at the strongest level of each shift "
         "(pooled over seeds; bins with < 20 rows not drawn)",
         "uncertainty": "Predictive std and its AUROC at detecting shifted rows",
+        "field_calibration": "ECCE, Field-RCE (mean and worst field) and the multicalibration "
+        "error vs shift intensity",
+        "field_rce": "Field-RCE by field and shift intensity for the baseline and the variant "
+        "with the lowest mean Field-RCE under the shift",
     }.get(kind, kind)
     return f"{text} — {shift}" if shift else text
 
@@ -440,7 +477,7 @@ def write_report(
     )
     write_text_atomic(paths.results_csv, results.to_csv(index=False))
     if figures:
-        paths.figures = _write_figures(summary, reliability, out_dir, variants, shifts)
+        paths.figures = _write_figures(summary, reliability, out_dir, variants, shifts, baseline)
     text = render_markdown(summary, diffs, verdict, meta, paths.figures, out_dir)
     write_text_atomic(paths.report_md, text)
     payload = {
@@ -479,8 +516,10 @@ def _write_figures(
     out_dir: Path,
     variants: list[str],
     shifts: list[dict[str, Any]],
+    baseline: str | None = None,
 ) -> dict[str, Path]:
     from ctrcal.eval import figures as F
+    from ctrcal.eval.report_calibration import best_variant, plot_field_rce
 
     out: dict[str, Path] = {}
     present = set(summary["metric"])
@@ -507,6 +546,26 @@ def _write_figures(
                 xlabel=xlabel,
                 x_scale=scale,
             )
+        if present & {"ecce", "field_rce_mean", "mce"}:
+            out[f"field_calibration:{label}"] = F.plot_metrics_vs_intensity(
+                sub,
+                ["ecce", "field_rce_mean", "field_rce_max", "mce"],
+                out_dir / f"fig_{slug}_field_calibration.png",
+                variants,
+                xlabel=xlabel,
+                x_scale=scale,
+            )
+        base = baseline or variants[0]
+        best = best_variant(sub, base)
+        heat = plot_field_rce(
+            sub,
+            [base] + ([best] if best else []),
+            out_dir / f"fig_{slug}_field_rce.png",
+            label,
+            info.get("unit", "std"),
+        )
+        if heat is not None:
+            out[f"field_rce:{label}"] = heat
         has_std = set(sub[sub["metric"] == "pred_std"]["variant"])
         std_variants = [v for v in variants if v in has_std]
         if std_variants:

@@ -57,6 +57,13 @@ from ctrcal.eval.plan import (
 )
 from ctrcal.eval.predictive import Prediction, predict_split
 from ctrcal.eval.render import ReportPaths, _fmt_seconds, finish_message, write_report
+from ctrcal.eval.report_calibration import (
+    ReportCalibrator,
+    SplitFields,
+    evaluation_metrics,
+    load_split_fields,
+    oracle_calibration,
+)
 from ctrcal.eval.stats import CLEAN, RESULT_COLUMNS
 from ctrcal.eval.sweep import (
     TrainJob,
@@ -98,11 +105,13 @@ def _labels(data, batch_size: int) -> np.ndarray:
     return torch.cat(parts).numpy()
 
 
-def _calibrated(pred: Prediction, scaler) -> np.ndarray:
+def _calibrated(pred: Prediction, scaler, fields) -> np.ndarray:
     from ctrcal.eval.calibration import logit
 
+    if scaler is None:
+        return pred.probs
     z = pred.logits if pred.logits is not None else logit(pred.probs)
-    return np.asarray(scaler.predict_proba(z), dtype=np.float64)
+    return scaler.predict_proba(z, fields)
 
 
 def _data_mode(cfg: Config, device) -> str:
@@ -135,7 +144,7 @@ def _describe_variant(plan: VariantPlan, cfg: Config) -> str:
     elif not plan.ensemble:
         bits.append("one-shot")
     if plan.calibration:
-        bits.append(f"{plan.calibration} scaling on clean validation")
+        bits.append(ReportCalibrator.for_variant(plan.config).describe())
     return f"{plan.name} ({'; '.join(bits)})"
 
 
@@ -150,6 +159,7 @@ class _Split:
 
     data: Any
     labels: np.ndarray
+    fields: SplitFields | None = None  # clean field codes (segments of the field metrics)
 
 
 @dataclass
@@ -244,8 +254,8 @@ class _Grid:
         return out
 
     def fit_calibration(self, models, plan: VariantPlan, k: int):
-        """Temperature or Platt scaling fitted on the clean validation split (or None)."""
-        from ctrcal.eval.calibration import PlattScaling, TemperatureScaling, logit
+        """The variant's calibrator fitted on the clean validation split (or None)."""
+        from ctrcal.eval.calibration import logit
         from ctrcal.utils import seed_everything
 
         if plan.calibration is None:
@@ -255,8 +265,8 @@ class _Grid:
         seed_everything(7919 * (k + 1))
         pred = self.predict(models, plan, self.valid, None)
         z = pred.logits if pred.logits is not None else logit(pred.probs)
-        scaler = TemperatureScaling() if plan.calibration == "temperature" else PlattScaling()
-        return scaler.fit(z, self.valid.labels)
+        scaler = ReportCalibrator.for_variant(plan.config)
+        return scaler.fit(z, self.valid.labels, self.valid.fields)
 
     def evaluate(self, models, plan: VariantPlan, k: int, bar) -> None:
         """The clean point and every (shift, noise seed, intensity) of one variant and seed."""
@@ -274,9 +284,9 @@ class _Grid:
             )
             shift = None if sp is None else self.make_shift(sp, noise_seed, s)
             pred = self.predict(models, plan, self.test, shift)
-            probs = _calibrated(pred, scaler) if scaler is not None else pred.probs
+            probs = _calibrated(pred, scaler, self.test.fields)
             sel = pred.rows if sp is not None else np.ones_like(pred.rows)
-            values = M.compute_all(probs[sel], labels[sel], n_bins=r.ece_bins)
+            values = evaluation_metrics(probs, labels, self.test.fields, r, rows=sel)
             if pred.std is not None:
                 values["pred_std"] = float(pred.std[sel].mean())
                 if sp is None:
@@ -312,7 +322,10 @@ def _open_split(data_dir: Path, split: str, cfg: Config, device, batch_size: int
 
     mode = _data_mode(cfg, device)
     data = ParquetCTRData(data_dir, split, mode=mode, device=device if mode == "device" else None)
-    return _Split(data, _labels(data, batch_size))
+    r = cfg.report
+    needs_fields = r.field_metrics or any(v.field_calibration for v in r.variants)
+    fields = load_split_fields(data, batch_size, r.field_numeric_buckets) if needs_fields else None
+    return _Split(data, _labels(data, batch_size), fields)
 
 
 def run_seeds(plans: list[VariantPlan], n_seeds: int) -> dict[str, list[int]]:
@@ -510,6 +523,7 @@ def run_shift_report(
             "runs": outcomes,
         },
         "oracle": _oracle(data_dir, r.split),
+        "oracle_calibration": oracle_calibration(data_dir, r.split, test.labels, test.fields, r),
         "elapsed": f"{_fmt_seconds(total_s)} (training {_fmt_seconds(train_s)}, evaluation "
         f"{_fmt_seconds(eval_s)})",
         "variant_descriptions": [_describe_variant(p, cfg) for p in plans],

@@ -60,6 +60,11 @@ HIGHER_IS_BETTER: dict[str, bool] = {
     "brier": False,
     "ne": False,
     "pcoc_error": False,
+    # field-level and bin-free calibration (exploratory; see ctrcal.eval.report_calibration)
+    "ecce": False,
+    "field_rce_mean": False,
+    "field_rce_max": False,
+    "mce": False,
 }
 
 _KEY = ["variant", "shift", "seed", "intensity", "metric"]
