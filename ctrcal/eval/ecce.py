@@ -287,7 +287,10 @@ def multicalibration_error(
     ps = p[order].astype(np.float64, copy=False)
     ds = y[order] - ps
     vs = ps * (1.0 - ps)
-    ties = bool(n > 1 and np.any(ps[1:] == ps[:-1]))
+    new_run = ps[1:] != ps[:-1]
+    ties = bool(n > 1 and not new_run.all())
+    # runs of equal p, numbered in p order (int32 keeps the per-partition gather small)
+    block = np.concatenate([[0], np.cumsum(new_run, dtype=np.int32)]) if ties else None
     global_ecce = _path_range(ps, ds, ties) / n
     global_std = float(np.sqrt(vs.sum()) / n)
 
@@ -314,7 +317,7 @@ def multicalibration_error(
             ok = count >= min_count
             if not ok.any():
                 continue
-            e, s = _segments_range(key, count, ds, vs, ps if ties else None)
+            e, s = _segments_range(key, count, ds, vs, block)
             nonempty = np.flatnonzero(count)
             sel = np.flatnonzero(ok[nonempty])[: max_segments - total]
             seg_e.append(e[sel])
@@ -354,33 +357,39 @@ def _segments_range(
     count: np.ndarray,
     ds: np.ndarray,
     vs: np.ndarray,
-    ps_if_ties: np.ndarray | None,
+    block: np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """ECCE_s and σ_s of every non-empty group of ``key`` (rows already sorted by p).
 
     A stable sort by group keeps each group's rows in p order, so one cumulative sum holds
     every group's path back to back: group g's path is C[start_g − 1 ..] minus its first
-    value, and its range comes from per-group max/min (``reduceat``).
+    value, and its range comes from per-group max/min (``reduceat``). ``block`` numbers the
+    runs of equal p (None: no ties); within a group only the last row of a run is a point of
+    the path.
     """
     order = np.argsort(key, kind="stable")  # radix sort for these small integer keys
     c = np.cumsum(ds[order])
     nonempty = count > 0
-    cnt = count[nonempty].astype(np.float64)
-    ends_cum = np.cumsum(count[nonempty])
-    starts = ends_cum - count[nonempty]
-    if ps_if_ties is None:
+    sizes = count[nonempty]
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    if block is None:
         hi = np.maximum.reduceat(c, starts)
         lo = np.minimum.reduceat(c, starts)
-    else:  # only the last row of each run of equal p within a group is a point of the path
-        pg, kg = ps_if_ties[order], key[order]
-        end = np.ones(c.shape[0], dtype=bool)
-        end[:-1] = (pg[1:] != pg[:-1]) | (kg[1:] != kg[:-1])
-        hi = np.maximum.reduceat(np.where(end, c, -np.inf), starts)
-        lo = np.minimum.reduceat(np.where(end, c, np.inf), starts)
+    else:
+        b = block[order]
+        last = np.empty(c.shape[0], dtype=bool)
+        np.not_equal(b[1:], b[:-1], out=last[:-1])
+        last[ends - 1] = True  # a group's last row ends its run even if p ties across groups
+        keep = np.flatnonzero(last)
+        ck = c[keep]
+        first = np.searchsorted(keep, starts)  # every group keeps its last row, so in range
+        hi = np.maximum.reduceat(ck, first)
+        lo = np.minimum.reduceat(ck, first)
     base = np.where(starts > 0, c[np.maximum(starts - 1, 0)], 0.0)
-    e = (np.maximum(hi, base) - np.minimum(lo, base)) / cnt
+    e = (np.maximum(hi, base) - np.minimum(lo, base)) / sizes
     var = np.bincount(key, weights=vs, minlength=count.shape[0])[nonempty]
-    return e, np.sqrt(var) / cnt
+    return e, np.sqrt(var) / sizes
 
 
 def _describe(
