@@ -55,7 +55,7 @@ SECTIONS = [
     ("Field-RCE, mean over fields", "field_rce_mean"),
     ("Field-RCE, worst field", "field_rce_max"),
     ("Multicalibration error (noise-weighted worst segment)", "mce"),
-    ("Multicalibration error / σ", "mce_sigmas"),
+    ("Multicalibration error: p-value, Bonferroni-adjusted over the segments", "mce_pvalue"),
 ]
 
 
@@ -315,7 +315,8 @@ def _oracle_calibration_lines(oracle: dict[str, float] | None) -> list[str]:
         bits += [
             f"Field-RCE {oracle['field_rce_mean']:.4f} mean / {oracle['field_rce_max']:.4f} "
             "worst field",
-            f"multicalibration error {oracle['mce']:.4f} ({oracle['mce_sigmas']:.1f} σ)",
+            f"multicalibration error {oracle['mce']:.4f} (p = {oracle['mce_pvalue']:.2g}, "
+            "Bonferroni-adjusted)",
         ]
     return [
         "The true probabilities, on the clean rows, have " + ", ".join(bits) + ": the "

@@ -32,7 +32,6 @@ if TYPE_CHECKING:  # pandas loads only where a report is written, not for `ctrca
     import pandas as pd
 
 __all__ = [
-    "FIELD_METRICS",
     "ReportCalibrator",
     "SplitFields",
     "best_variant",
@@ -44,9 +43,6 @@ __all__ = [
     "plot_field_rce",
 ]
 
-# the per-seed summary metrics shown in the report's tables (per-field values stay in
-# results.csv as "field_rce:<field>" / "field_ece:<field>")
-FIELD_METRICS = ("ecce", "ecce_sigmas", "field_rce_mean", "field_rce_max", "mce", "mce_sigmas")
 CALIBRATIONS = ("temperature", "platt", "isotonic", "field")
 
 
