@@ -42,10 +42,14 @@ def _load(args: argparse.Namespace):
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from ctrcal.eval.plan import check_report
+    from ctrcal.validation import ConfigProblems
 
-    cfg = _load(args)
-    check_report(cfg, str(args.config))
+    try:
+        cfg = _load(args)
+    except ConfigProblems as exc:
+        for problem in exc.problems:  # every problem, one per line
+            print(f"ctrcal validate: error: {problem}", file=sys.stderr)
+        return exc.exit_code
     print(
         f"{args.config}: OK (model {cfg.model.name}/{cfg.model.variant}, "
         f"net_norm {cfg.model.net_norm.name}, {len(cfg.report.variants)} report variants)"

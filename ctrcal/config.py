@@ -31,30 +31,11 @@ from typing import Any, Literal, Union
 import yaml
 
 from ctrcal.errors import ConfigError
+from ctrcal.layers.spec import NormSpec
 from ctrcal.utils import closest
 
 # ---------------------------------------------------------------------------------------------
 # Special value types
-
-
-@dataclass(frozen=True)
-class NormSpec:
-    """A normalization layer by registry name plus constructor keyword arguments.
-
-    In YAML either a bare name (``net_norm: layernorm``) or a mapping with ``name`` and the
-    layer's own keyword arguments (``net_norm: {name: mclayernorm, fraction: 0.8}``).
-    ``none`` means no normalization at that position.
-    """
-
-    name: str = "none"
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def is_none(self) -> bool:
-        return self.name in ("none", "identity")
-
-    def to_yaml(self) -> Any:
-        return self.name if not self.kwargs else {"name": self.name, **self.kwargs}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,26 +257,6 @@ class Config:
 
 
 # ---------------------------------------------------------------------------------------------
-# Registry-name checks: set here so config.py does not import torch at import time.
-
-
-def _known_norms() -> list[str] | None:
-    try:
-        from ctrcal.layers.registry import available_norms
-    except ImportError:  # the layers package is optional for config checking
-        return None
-    return list(available_norms()) + ["none"]
-
-
-def _normalise_norm_name(name: str) -> str:
-    try:
-        from ctrcal.layers.registry import normalize_name
-    except ImportError:
-        return name.lower().replace("-", "").replace("_", "")
-    return normalize_name(name)
-
-
-# ---------------------------------------------------------------------------------------------
 # Loading
 
 
@@ -401,7 +362,8 @@ def load_config(
     Args:
         path: YAML file; ``None`` starts from the defaults.
         overrides: ``section.key=value`` strings applied after the file.
-        check_names: also check registry names (norms); needs the layers package.
+        check_names: also run every data-free check (:mod:`ctrcal.validation`): registry
+            names and arguments, value domains, the report plan.
 
     Raises:
         ConfigError: naming the file, the dotted key, what was expected and the closest key.
@@ -410,9 +372,27 @@ def load_config(
     raw = apply_overrides(raw, overrides or [])
     source = str(path) if path is not None else "<defaults>"
     cfg = _build(Config, raw, "", source)
+    cfg._key_sources = _key_sources(raw)  # type: ignore[attr-defined]
     if check_names:
         validate_names(cfg, source)
     return cfg
+
+
+def _key_sources(raw: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Dotted key -> the file (or override) that set it, from the tags of :func:`_tag`."""
+    out: dict[str, str] = {}
+    for key, where in raw.get(_SOURCE, {}).items():
+        out[prefix + key] = where
+    for key, value in raw.items():
+        if key == _SOURCE:
+            continue
+        if isinstance(value, dict):
+            out.update(_key_sources(value, f"{prefix}{key}."))
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, dict):
+                    out.update(_key_sources(item, f"{prefix}{key}[{i}]."))
+    return out
 
 
 def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
@@ -422,55 +402,11 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     return cfg
 
 
-def _validate_data(cfg: Config, source: str) -> None:
-    """Data values that typing cannot check."""
-    data = cfg.data
-    drift = data.synthetic.drift
-    if not (drift >= 0 and drift < float("inf")):
-        raise ConfigError(f"{source}: data.synthetic.drift: expected a finite number >= 0, "
-                          f"got {drift!r}")  # fmt: skip
-    split = data.split
-    if len(split) != 3 or any(not (f >= 0) for f in split) or not split[0] > 0:
-        raise ConfigError(f"{source}: data.split: expected three fractions >= 0 with train > 0 "
-                          f"(train, valid, test), got {split}")  # fmt: skip
-    if data.split_order == "time" and (data.train or data.valid or data.test):
-        raise ConfigError(
-            f"{source}: data.split_order: 'time' splits data.inputs (or synthetic data); "
-            "data.train/valid/test are explicit splits and are kept as given"
-        )
-
-
 def validate_names(cfg: Config, source: str) -> None:
-    """Check registry names that plain typing cannot (norm names)."""
-    _validate_data(cfg, source)
-    known = _known_norms()
-    if known is None:
-        return
-    norms: list[tuple[str, NormSpec | None]] = [
-        ("model.emb_norm", cfg.model.emb_norm),
-        ("model.net_norm", cfg.model.net_norm),
-    ]
-    for i, variant in enumerate(cfg.report.variants):
-        norms.append((f"report.variants[{i}].net_norm", variant.net_norm))
-        norms.append((f"report.variants[{i}].emb_norm", variant.emb_norm))
-    normalised = {_normalise_norm_name(n): n for n in known}
-    for key, spec in norms:
-        if spec is None or _normalise_norm_name(spec.name) in normalised:
-            continue
-        hint = closest(spec.name, known)
-        did = f"; did you mean {hint!r}?" if hint else ""
-        raise ConfigError(
-            f"{source}: {key}: unknown norm {spec.name!r}{did} (valid: {', '.join(sorted(known))})"
-        )
-    names = [v.name for v in cfg.report.variants]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"{source}: report.variants: variant names must be unique, got {names}")
-    for i, variant in enumerate(cfg.report.variants):
-        if variant.from_variant is not None and variant.from_variant not in names:
-            raise ConfigError(
-                f"{source}: report.variants[{i}].from_variant: unknown variant "
-                f"{variant.from_variant!r} (valid: {', '.join(names)})"
-            )
+    """Run every data-free check (:mod:`ctrcal.validation`); one error lists all problems."""
+    from ctrcal.validation import validate_config
+
+    validate_config(cfg, source)
 
 
 def config_to_dict(cfg: Any) -> Any:

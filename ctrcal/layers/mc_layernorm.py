@@ -51,7 +51,6 @@ import numbers
 import os
 import warnings
 from collections.abc import Sequence
-from fractions import Fraction
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +59,7 @@ from torch import Tensor, nn
 from ctrcal.errors import ConfigError
 from ctrcal.layers import mcln_kernel, mcln_triton
 from ctrcal.layers.mcln_kernel import kernel_available, small_side
+from ctrcal.layers.spec import MC_BACKENDS, mc_subset_size
 
 __all__ = [
     "BACKENDS",
@@ -75,45 +75,6 @@ __all__ = [
 ]
 
 _ShapeLike = int | Sequence[int] | torch.Size
-
-# |f*N - round(f*N)| at or below this counts as the integer: a float fraction is the nearest
-# binary number to what the user wrote (0.3 is stored as 0.29999999999999998889...), and the
-# product's representation error is ~N * 2**-53, far below this for any realistic N.
-_INTEGER_TOLERANCE = Fraction(1, 10**9)
-
-
-def mc_subset_size(n: int, fraction: float | Fraction) -> int:
-    """Subset size ``k = max(2, floor(fraction * n))`` in exact rational arithmetic.
-
-    The float ``fraction`` is converted to its exact rational value; a product within 1e-9 of
-    an integer is taken as that integer, so ``fraction=0.3, n=10`` gives 3 and
-    ``fraction=0.29, n=100`` gives 29 (naive float code gives 2 and 28).
-
-    Args:
-        n: number of normalized elements N (>= 2).
-        fraction: the paper's f, ``0 < f <= 1``.
-
-    Raises:
-        ConfigError (a ValueError): f outside (0, 1], or f * N < 2 (fewer than two features
-            would make the subset variance meaningless).
-    """
-    if isinstance(fraction, bool) or not isinstance(fraction, (numbers.Real, Fraction)):
-        raise ConfigError(f"MC-LayerNorm fraction must be a number in (0, 1], got {fraction!r}")
-    if isinstance(fraction, float) and not math.isfinite(fraction):
-        raise ConfigError(f"MC-LayerNorm fraction must be in (0, 1], got {fraction!r}")
-    f = Fraction(fraction)
-    if not 0 < f <= 1:
-        raise ConfigError(f"MC-LayerNorm fraction must be in (0, 1], got {fraction!r}")
-    product = f * int(n)
-    nearest = round(product)
-    k = nearest if abs(product - nearest) <= _INTEGER_TOLERANCE else math.floor(product)
-    if k < 2:
-        raise ConfigError(
-            f"MC-LayerNorm needs fraction * N >= 2, got fraction={fraction!r} with N={n} "
-            f"(f*N={float(product):.6g}); use a larger fraction or a wider layer"
-        )
-    return max(2, k)
-
 
 def _check_k(n: int, k: int) -> None:
     if not 0 <= k <= n:
@@ -390,7 +351,7 @@ def _normalize_rows(
 # ---------------------------------------------------------------------------------------------
 # Backend choice (the fused kernels live in ctrcal.layers.mcln_kernel and mcln_triton)
 
-BACKENDS = ("auto", "c", "triton", "torch")
+BACKENDS = MC_BACKENDS  # named once, in ctrcal.layers.spec (config checks need them)
 """``auto``: the C kernel for CPU tensors when it builds (else ``torch``), the Triton kernel
 for CUDA tensors when triton is installed and compiles (else ``torch``, with one warning).
 ``c``: the C kernel (CPU; an error if it cannot be built). ``triton``: the Triton kernel (CUDA

@@ -25,12 +25,15 @@ import torch
 from torch import nn
 
 from ctrcal.errors import ConfigError
+from ctrcal.layers.spec import NormSpec, is_no_norm, normalize_name
 from ctrcal.utils import closest
 
 __all__ = [
+    "NormSpec",
     "available_norms",
     "create_norm",
     "get_norm",
+    "is_no_norm",
     "normalize_name",
     "register_norm",
     "replace_norms",
@@ -42,13 +45,6 @@ Width = int | Sequence[int] | torch.Size
 _REGISTRY: dict[str, NormFactory] = {}
 _ALIASES: dict[str, str] = {}
 _BUILTINS_LOADED = False
-
-
-def normalize_name(name: str) -> str:
-    """Canonical form of a norm name: lower case without ``-``, ``_``, spaces or dots."""
-    if not isinstance(name, str):
-        raise TypeError(f"a norm name must be a string, got {type(name).__name__}")
-    return "".join(ch for ch in name.strip().lower() if ch not in "-_ .")
 
 
 def _ensure_builtins() -> None:
@@ -154,7 +150,7 @@ def create_norm(spec: Any, width: Width, **kwargs: Any) -> nn.Module:
 
     Args:
         spec: a registered name (``"layernorm"``, ``"MC_LayerNorm"``, ``"none"``, ...), a
-            :class:`ctrcal.config.NormSpec` (name + kwargs), a class or callable taking the
+            :class:`~ctrcal.layers.spec.NormSpec` (name + kwargs), a class or callable taking the
             width first (``functools.partial`` included), or None (no normalization).
         width: normalized width N, or a shape tuple for norms over several trailing dims.
         **kwargs: the layer's own keyword arguments (override a NormSpec's kwargs).
@@ -165,8 +161,6 @@ def create_norm(spec: Any, width: Width, **kwargs: Any) -> nn.Module:
     Raises:
         ConfigError (a ValueError): unknown name (listing all names) or unknown argument.
     """
-    from ctrcal.config import NormSpec
-
     if spec is None or spec is False:
         return nn.Identity()
     if isinstance(spec, NormSpec):
@@ -254,8 +248,6 @@ def replace_norms(
         Number of distinct modules replaced (a module shared by several parents counts once
         and stays shared).
     """
-    from ctrcal.config import NormSpec
-
     if isinstance(spec, NormSpec):
         kwargs = {**spec.kwargs, **kwargs}
         spec = spec.name
