@@ -8,8 +8,8 @@ Subcommands::
     ctrcal evaluate RUN_DIR [--split test] [--mc-samples N]
     ctrcal shift-report CONFIG [--data DIR] [--out DIR] [--seeds N] [--workers N]
                         [--devices cuda:0,cuda:1|auto] [k=v ...]
-    ctrcal run CONFIG [--out DIR] [--workers N] [--devices ...] [k=v ...]
-                                               prepare + train every variant + shift report
+                                               prepare (unless --data) + train every variant
+                                               + shift report; ``ctrcal run`` is an alias
     ctrcal validate CONFIG [k=v ...]           check a config without running anything
 
 User errors print one line on stderr and exit non-zero (2 for configs and usage);
@@ -83,11 +83,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ctrcal.train.trainer import resolve_data_dir, train
+    from ctrcal.runs import prepared_data_dir
+    from ctrcal.train.trainer import train
 
     cfg = _load(args)
-    data_dir = resolve_data_dir(cfg, args.data)
     run_dir = args.out if args.out is not None else Path(cfg.out_dir)
+    data_dir = prepared_data_dir(cfg, run_dir, args.data)
     if args.nproc > 1:
         from ctrcal.train.distributed import env_world_size, launch
 
@@ -103,7 +104,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from ctrcal.train.trainer import evaluate_run
+    from ctrcal.train.evaluate import evaluate_run
 
     metrics = evaluate_run(args.run_dir, args.split, args.data, mc_samples=args.mc_samples)
     mc = f", MC average of {args.mc_samples} passes" if args.mc_samples > 0 else ""
@@ -134,35 +135,6 @@ def cmd_shift_report(args: argparse.Namespace) -> int:
         devices=args.devices,
         progress=cfg.train.progress,
         source=str(args.config),
-    )
-    print(finish_message(paths, time.perf_counter() - start))
-    return 0
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    import time
-
-    from ctrcal.data.prepare import prepare_from_config
-    from ctrcal.eval.plan import check_report
-    from ctrcal.eval.report import finish_message, run_shift_report
-    from ctrcal.eval.sweep import worker_slots
-
-    start = time.perf_counter()
-    cfg = _load(args)
-    out = args.out if args.out is not None else Path(cfg.out_dir)
-    if args.workers is not None:
-        cfg.report.workers = args.workers
-    if args.devices is not None:
-        cfg.report.devices = args.devices
-    check_report(cfg, str(args.config))  # a bad report section fails before any work
-    worker_slots(cfg, str(args.config))  # so does a GPU that is not there
-    if cfg.data.prepared_dir:
-        data_dir = Path(cfg.data.prepared_dir)
-    else:
-        print(f"preparing data into {out / 'data'}", file=sys.stderr, flush=True)
-        data_dir = prepare_from_config(cfg, out / "data")
-    paths = run_shift_report(
-        cfg, out, data_dir, progress=cfg.train.progress, source=str(args.config)
     )
     print(finish_message(paths, time.perf_counter() - start))
     return 0
@@ -220,9 +192,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def add(name: str, handler: Callable[[argparse.Namespace], int], help_: str):
-        p = sub.add_parser(name, help=help_, description=help_)
-        p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    def add(
+        name: str,
+        handler: Callable[[argparse.Namespace], int],
+        help_: str,
+        aliases: Sequence[str] = (),
+    ):
+        p = sub.add_parser(name, help=help_, description=help_, aliases=aliases)
+        # SUPPRESS: no default of its own, so `ctrcal --debug CMD` keeps the top-level flag
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show tracebacks on errors")  # fmt: skip
         p.set_defaults(handler=handler)
         return p
 
@@ -258,16 +237,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mc-samples", type=int, default=0, help="MC-integration passes (0: off)")
     p.add_argument("--data", type=Path, default=None, help="prepared data directory")
 
-    p = add("shift-report", cmd_shift_report, "LN vs MC-LN under Gaussian numeric shift")
+    p = add(
+        "shift-report",
+        cmd_shift_report,
+        "prepare the data (unless --data), train every variant's runs (reusing finished ones) "
+        "and write the shift-robustness report; 'run' is the same command",
+        aliases=["run"],
+    )
     _add_config(p)
     p.add_argument("--data", type=Path, default=None, help="prepared data directory")
     p.add_argument("--out", type=Path, default=None, help="report directory")
     p.add_argument("--seeds", type=int, default=None, help="training seeds per variant")
-    _add_sweep_options(p)
-
-    p = add("run", cmd_run, "prepare + train every variant + shift report from one config")
-    _add_config(p)
-    p.add_argument("--out", type=Path, default=None, help="output directory")
     _add_sweep_options(p)
 
     p = add("validate", cmd_validate, "check a config without running anything")

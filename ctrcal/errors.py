@@ -20,6 +20,23 @@ class ConfigError(CtrcalError, ValueError):
     exit_code = 2
 
 
+class ConfigProblems(ConfigError):
+    """A :class:`ConfigError` listing every problem a config check found (``.problems``:
+    items whose ``str`` is ``"file: key: message"``)."""
+
+    def __init__(self, problems: list | str) -> None:
+        if isinstance(problems, str):  # rebuilt from its message (e.g. in another process)
+            self.problems = []
+            super().__init__(problems)
+            return
+        self.problems = list(problems)
+        if len(self.problems) == 1:
+            text = str(self.problems[0])
+        else:
+            text = f"{len(self.problems)} problems: " + "; ".join(map(str, self.problems))
+        super().__init__(text)
+
+
 class DataError(CtrcalError, ValueError):
     """Unreadable, malformed or unexpected input data (names the file and, where known, line)."""
 

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ctrcal.errors import ConfigError
+from ctrcal.errors import ConfigProblems
 
 if TYPE_CHECKING:
     from ctrcal.config import Config
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECK_MODULES",
+    "ConfigProblems",
     "Problem",
     "Problems",
     "check_config",
@@ -173,18 +174,6 @@ def check_config(cfg: Config, source: str = "config") -> list[Problem]:
     for fn in _CHECKS.values():
         fn(cfg, problems)
     return problems.items
-
-
-class ConfigProblems(ConfigError):
-    """A :class:`ConfigError` holding every problem found (``.problems``)."""
-
-    def __init__(self, problems: list[Problem]) -> None:
-        self.problems = list(problems)
-        if len(problems) == 1:
-            text = str(problems[0])
-        else:
-            text = f"{len(problems)} problems: " + "; ".join(str(p) for p in problems)
-        super().__init__(text)
 
 
 def validate_config(cfg: Config, source: str = "config") -> None:

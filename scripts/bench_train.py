@@ -9,7 +9,7 @@ Usage::
 The model is the one the throughput goal is stated for: serial MaskNet [400, 400, 400],
 embedding dim 16, reduction ratio 0.2, 13 numeric + 26 categorical fields (≈5.3 MFLOP per
 row forward + backward), ``net_norm`` layernorm or mclayernorm (fraction 0.8). Every step is
-the trainer's own (:func:`ctrcal.train.trainer._train_step`: BCE, backward, whole-table
+the trainer's own (:func:`ctrcal.train.step.train_step`: BCE, backward, whole-table
 embedding L2, gradient clipping, fused Adam) on random in-memory batches (10 % NaN
 numerics), so the numbers are the training loop's, not a bare forward pass.
 
@@ -45,7 +45,7 @@ from ctrcal.config import load_config
 from ctrcal.data.criteo import NUM_CATEGORICAL, NUM_NUMERIC
 from ctrcal.data.loader import Batch
 from ctrcal.models.masknet import MaskNet
-from ctrcal.train import trainer
+from ctrcal.train import step, trainer
 from ctrcal.train.cpu_matmul import cpu_matmul
 
 MODEL = {"hidden_units": [400, 400, 400], "embedding_dim": 16, "reduction_ratio": 0.2}
@@ -68,17 +68,17 @@ def _batch(batch_size: int, vocab: list[int], seed: int) -> Batch:
     return Batch(cat, num, label)
 
 
-def _context(norm: str, vocab: list[int], precision: str, emb_l2: float) -> trainer._StepContext:
-    from ctrcal.config import NormSpec
+def _context(norm: str, vocab: list[int], precision: str, emb_l2: float) -> step.StepContext:
+    from ctrcal.layers.spec import NormSpec
 
     spec = NORMS[norm]
     spec = NormSpec(spec) if isinstance(spec, str) else NormSpec(spec["name"], {"fraction": 0.8})
     torch.manual_seed(0)
     model = MaskNet(vocab, NUM_NUMERIC, net_norm=spec, **MODEL)
     cfg = load_config(None, [f"train.emb_l2={emb_l2}", "train.grad_clip=10.0"])
-    opt = trainer.make_optimizer(model, cfg.train)
+    opt = step.make_optimizer(model, cfg.train)
     amp = torch.bfloat16 if precision == "bf16" else None
-    return trainer.make_step_context(model, opt, cfg.train, torch.device("cpu"), amp)
+    return step.make_step_context(model, opt, cfg.train, torch.device("cpu"), amp)
 
 
 def bench_throughput(args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -88,7 +88,7 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     for n in args.norms:
         shared = _context(n, vocab, "fp32", args.emb_l2)
         for p in args.precisions:  # one model per norm; autocast is a per-step switch
-            ctx = trainer._StepContext(**{**shared.__dict__})
+            ctx = step.StepContext(**{**shared.__dict__})
             ctx.amp_dtype = torch.bfloat16 if p == "bf16" else None
             contexts[n][p] = ctx
     batches = {b: [_batch(b, vocab, s) for s in range(2)] for b in args.batch_sizes}
@@ -97,7 +97,7 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     for c in configs:  # warm-up: allocator, oneDNN kernels, optimizer state
         b, p, n = c
         for i in range(args.warmup):
-            trainer._train_step(contexts[n][p], batches[b][i % 2])
+            step.train_step(contexts[n][p], batches[b][i % 2])
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     for r in range(args.rounds):
         for c in configs if r % 2 == 0 else reversed(configs):
@@ -105,7 +105,7 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             ctx = contexts[n][p]
             start = clock()
             for i in range(args.steps):
-                trainer._train_step(ctx, batches[b][i % 2])
+                step.train_step(ctx, batches[b][i % 2])
             times[c].append((clock() - start) / args.steps)
     out: dict[str, dict[str, float]] = {}
     for (b, p, n), ts in times.items():

@@ -114,13 +114,6 @@ def _calibrated(pred: Prediction, scaler, fields) -> np.ndarray:
     return scaler.predict_proba(z, fields)
 
 
-def _data_mode(cfg: Config, device) -> str:
-    mode = cfg.train.data_mode
-    if mode == "auto":
-        return "device" if getattr(device, "type", "cpu") == "cuda" else "memory"
-    return mode
-
-
 def _norm_text(spec) -> str:
     if spec is None:
         return "none"
@@ -318,10 +311,11 @@ def _oracle(data_dir: Path, split: str) -> dict[str, float] | None:
 
 
 def _open_split(data_dir: Path, split: str, cfg: Config, device, batch_size: int) -> _Split:
-    from ctrcal.data.loader import ParquetCTRData
+    from ctrcal.data.features import FeatureMap
+    from ctrcal.train.splits import open_split, resolve_data_mode
 
-    mode = _data_mode(cfg, device)
-    data = ParquetCTRData(data_dir, split, mode=mode, device=device if mode == "device" else None)
+    mode = resolve_data_mode(cfg.train.data_mode, device, FeatureMap.load(data_dir))
+    data = open_split(data_dir, split, mode, device)
     r = cfg.report
     needs_fields = r.field_metrics or any(v.field_calibration for v in r.variants)
     fields = load_split_fields(data, batch_size, r.field_numeric_buckets) if needs_fields else None
@@ -429,6 +423,8 @@ def run_shift_report(
     from tqdm.auto import tqdm
 
     from ctrcal.data.features import FeatureMap
+    from ctrcal.runs import prepared_data_dir
+    from ctrcal.train.splits import require_labelled
     from ctrcal.utils import resolve_device
 
     t_start = time.perf_counter()
@@ -445,20 +441,12 @@ def run_shift_report(
     check_workers(cfg, source)
     slots = worker_slots(cfg, source)  # before any work: a GPU that is not there fails now
     r = cfg.report
-    if data_dir is None and cfg.data.prepared_dir:
-        data_dir = Path(cfg.data.prepared_dir)
-    if data_dir is None:
-        from ctrcal.data.prepare import prepare_from_config
-
-        data_dir = prepare_from_config(cfg, out_dir / "data")
-    data_dir = Path(data_dir)
-    if not (data_dir / "feature_map.json").is_file():
-        raise DataError(
-            f"{data_dir}: not a prepared data directory (no feature_map.json); "
-            "prepare it with 'ctrcal prepare' or leave out --data"
-        )
+    data_dir = prepared_data_dir(cfg, out_dir, data_dir)
     feature_map = FeatureMap.load(data_dir)
     _check_data_for_shifts(shift_plans, feature_map, data_dir, source)
+    require_labelled(feature_map, r.split, data_dir, f"the shift report (report.split: {r.split})")
+    if any(p.calibration for p in plans):
+        require_labelled(feature_map, "valid", data_dir, "temperature/Platt scaling")
     runs_dir = out_dir / "runs"
     if r.split == "valid" and any(p.calibration for p in plans):
         log(
@@ -552,7 +540,7 @@ def run_shift_report(
 
 def _evaluate_grid(grid: _Grid, plans, runs_dir: Path, device, bar, source: str) -> None:
     """Every variant and seed of one grid, one seed's models in memory at a time."""
-    from ctrcal.train.trainer import load_run
+    from ctrcal.train.results import load_run
 
     r = grid.cfg.report
     loaded: dict[tuple[str, int], Any] = {}

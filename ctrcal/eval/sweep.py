@@ -40,7 +40,6 @@ With a single worker, runs train one after another in the calling process.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import sys
@@ -53,8 +52,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ctrcal import errors
-from ctrcal.config import Config, config_to_dict
+from ctrcal.config import Config
 from ctrcal.errors import ConfigError, CtrcalError
+from ctrcal.runs import run_state
 
 __all__ = [
     "TrainJob",
@@ -92,54 +92,6 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-# keys of the train section that do not change what a run learns
-_RUNTIME_KEYS = {
-    "progress", "device", "num_threads", "data_mode", "compile", "eval_batch_size", "cpu_matmul"
-}
-
-
-def _run_signature(cfg: Config | dict[str, Any]) -> dict[str, Any]:
-    d = cfg if isinstance(cfg, dict) else config_to_dict(cfg)
-    data = {k: v for k, v in (d.get("data") or {}).items() if k != "prepared_dir"}
-    train = {k: v for k, v in (d.get("train") or {}).items() if k not in _RUNTIME_KEYS}
-    return {"data": data, "features": d.get("features"), "model": d.get("model"), "train": train}
-
-
-def _saved_config(run_dir: Path) -> Config | None:
-    import yaml
-
-    path = run_dir / "config.yaml"
-    if not path.exists():
-        return None
-    try:
-        from ctrcal.config import config_from_dict
-
-        # through the dataclasses, so defaults added since the run was written compare equal
-        return config_from_dict(yaml.safe_load(path.read_text()) or {}, str(path))
-    except (CtrcalError, yaml.YAMLError, TypeError):
-        return None
-
-
-def _saved_signature(run_dir: Path) -> dict[str, Any] | None:
-    saved = _saved_config(run_dir)
-    return _run_signature(saved) if saved is not None else None
-
-
-def _data_identity(data_dir: Path) -> Any:
-    try:
-        fm = json.loads((data_dir / "feature_map.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return fm.get("source_hash")
-
-
-def _run_data_identity(run_dir: Path) -> Any:
-    try:
-        return json.loads((run_dir / "data.json").read_text()).get("source_hash")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
 def ensure_run(
     cfg: Config, data_dir: Path, run_dir: Path, log: Callable[[str], None] = _log
 ) -> str:
@@ -158,11 +110,6 @@ def ensure_run(
     if state == "finished":
         return "reused"
     if state == "started":
-        saved = _saved_config(run_dir)
-        if saved is not None:
-            # the report section (seeds, workers, ...) does not change what a run learns, but
-            # the trainer resumes only a config equal to its snapshot outside runtime keys
-            cfg = dataclasses.replace(cfg, report=saved.report)
         train(cfg, data_dir, run_dir, resume=True)
         return "resumed"
     if run_dir.exists():
@@ -171,25 +118,6 @@ def ensure_run(
         shutil.rmtree(run_dir)
     train(cfg, data_dir, run_dir)
     return "trained"
-
-
-def run_state(cfg: Config, data_dir: Path, run_dir: Path) -> str:
-    """What :func:`ensure_run` would find in ``run_dir``.
-
-    Returns:
-        ``"finished"`` (reusable as it is), ``"started"`` (same config and data, resumable),
-        ``"stale"`` (a run of another config or data) or ``"none"``.
-    """
-    finished = (run_dir / "result.json").exists()
-    started = (run_dir / "checkpoints" / "last.pt").exists()
-    if not (finished or started):
-        return "none"
-    same = _saved_signature(run_dir) == _run_signature(cfg) and _run_data_identity(
-        run_dir
-    ) == _data_identity(data_dir)
-    if not same:
-        return "stale"
-    return "finished" if finished else "started"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -586,7 +514,7 @@ def _train_job(job: TrainJob, device: str, threads: int) -> str:
     """Worker body: pin the device and threads, then train (or resume) one run."""
     import torch
 
-    from ctrcal.train.trainer import read_result
+    from ctrcal.train.results import read_result
 
     if job.cfg.train.num_threads <= 0:
         torch.set_num_threads(threads)

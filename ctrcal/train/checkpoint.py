@@ -3,11 +3,23 @@
 Every checkpoint is written to a temporary file and renamed, so an interrupted save never leaves
 a truncated file that a resumed run would trust. Everything in one is a tensor, a number, a
 string, or a list/tuple/dict of those, so ``torch.load(path, weights_only=True)`` reads it
-without executing pickled code.
+without executing pickled code (a file replaced by a pickle that would run code is refused).
+
+A run's two checkpoints are written in an order that survives a kill at any instant:
+
+1. an improved epoch writes ``best.pt`` (:func:`save_best`), keeping the previous best as
+   ``best.prev.pt`` until step 2 is done;
+2. every epoch then writes ``last.pt``, which records the best epoch, its score and the bad
+   epoch count itself; after it, ``best.prev.pt`` is dropped (:func:`commit_best`).
+
+A resumed run takes the schedule from ``last.pt`` alone and the best weights from whichever
+of the two best files holds the epoch ``last.pt`` names (:func:`load_best`), so it goes on
+exactly as the uninterrupted run would, wherever the kill landed.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 import random
 from pathlib import Path
@@ -17,9 +29,59 @@ import numpy as np
 import torch
 
 from ctrcal.errors import CtrcalError
+from ctrcal.runs import BEST
 from ctrcal.utils import atomic_path
 
-__all__ = ["capture_rng_state", "load_checkpoint", "restore_rng_state", "save_checkpoint"]
+__all__ = [
+    "capture_rng_state",
+    "commit_best",
+    "load_best",
+    "load_checkpoint",
+    "restore_rng_state",
+    "save_best",
+    "save_checkpoint",
+]
+
+_PREV_SUFFIX = ".prev"  # best.pt -> best.prev.pt while the new best is not yet committed
+
+
+def _prev(best: Path) -> Path:
+    return best.with_name(best.stem + _PREV_SUFFIX + best.suffix)
+
+
+def save_best(run_dir: str | Path, payload: dict[str, Any]) -> None:
+    """Write a new ``best.pt``, keeping the old one as ``best.prev.pt`` (see module doc)."""
+    best = Path(run_dir) / BEST
+    best.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(best.with_name(".next-" + best.name)) as tmp:
+        torch.save(payload, tmp)
+    nxt = best.with_name(".next-" + best.name)
+    if best.exists():
+        os.replace(best, _prev(best))
+    os.replace(nxt, best)
+
+
+def commit_best(run_dir: str | Path) -> None:
+    """Drop ``best.prev.pt`` once ``last.pt`` names the new best epoch."""
+    _prev(Path(run_dir) / BEST).unlink(missing_ok=True)
+
+
+def load_best(run_dir: str | Path, epoch: int | None = None) -> dict[str, Any] | None:
+    """The best checkpoint of ``epoch`` (None: whichever there is), or None.
+
+    ``best.pt`` may hold an epoch newer than the last finished one (a kill between the two
+    writes); the best of ``epoch`` is then still in ``best.prev.pt``, which is moved back onto
+    ``best.pt`` so the files are as the last finished epoch left them.
+    """
+    best = Path(run_dir) / BEST
+    for path in (best, _prev(best)):
+        if path.exists():
+            state = load_checkpoint(path)
+            if epoch is None or int(state.get("epoch", -1)) == int(epoch):
+                if path != best and epoch is not None:
+                    os.replace(path, best)  # back to the committed state before going on
+                return state
+    return None
 
 
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ from ctrcal.config import load_config
 from ctrcal.data.loader import ParquetCTRData
 from ctrcal.errors import ConfigError, CtrcalError
 from ctrcal.layers.mc_layernorm import MCLayerNorm
+from ctrcal.train import evaluate, finetune, splits, step
 from ctrcal.train.trainer import load_run, predict_logits, train
 
 TINY = [
@@ -102,7 +103,7 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(
                "model.net_norm=mclayernorm", "train.emb_l2=1e-4")  # fmt: skip
     full = train(cfg, prepared_dir, tmp_path / "full")
 
-    real_step, calls = trainer._train_step, []
+    real_step, calls = trainer.train_step, []
 
     def crashing_step(ctx, batch):
         calls.append(1)
@@ -110,10 +111,10 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(
             raise KeyboardInterrupt
         return real_step(ctx, batch)
 
-    monkeypatch.setattr(trainer, "_train_step", crashing_step)
+    monkeypatch.setattr(trainer, "train_step", crashing_step)
     with pytest.raises(KeyboardInterrupt):
         train(cfg, prepared_dir, tmp_path / "cut")
-    monkeypatch.setattr(trainer, "_train_step", real_step)
+    monkeypatch.setattr(trainer, "train_step", real_step)
     assert not (tmp_path / "cut" / "result.json").exists()
     resumed = train(cfg, prepared_dir, tmp_path / "cut", resume=True)
 
@@ -137,7 +138,7 @@ def test_plateau_schedule_early_stopping_and_best_weights(
     aucs, stop_after, best, lrs, prepared_dir, tmp_path, monkeypatch
 ):
     script = iter(aucs)
-    monkeypatch.setattr(trainer, "_valid_metrics", lambda logits, labels: (next(script), 0.5))
+    monkeypatch.setattr(trainer, "valid_metrics", lambda logits, labels: (next(script), 0.5))
     cfg = _cfg(f"train.epochs={len(aucs)}", "train.batch_size=8192", "train.monitor=auc",
                "train.min_lr=5e-6")  # fmt: skip
     res = train(cfg, prepared_dir, tmp_path / "run")
@@ -153,10 +154,10 @@ def test_plateau_schedule_early_stopping_and_best_weights(
 
 
 def test_monitor_values():
-    assert trainer._monitor_value("auc", 0.8, 0.4) == 0.8
-    assert trainer._monitor_value("logloss", 0.8, 0.4) == -0.4
-    assert trainer._monitor_value("auc_logloss", 0.8, 0.4) == pytest.approx(0.4)
-    assert trainer._monitor_value("auc", math.nan, 0.4) == -math.inf
+    assert evaluate.monitor_value("auc", 0.8, 0.4) == 0.8
+    assert evaluate.monitor_value("logloss", 0.8, 0.4) == -0.4
+    assert evaluate.monitor_value("auc_logloss", 0.8, 0.4) == pytest.approx(0.4)
+    assert evaluate.monitor_value("auc", math.nan, 0.4) == -math.inf
 
 
 def test_emb_l2_is_the_gradient_of_half_lambda_squared_norm_of_the_whole_table():
@@ -171,9 +172,9 @@ def test_emb_l2_is_the_gradient_of_half_lambda_squared_norm_of_the_whole_table()
         models.append(MaskNet([6, 4], 3, 4, hidden_units=[8]))
     a, b = models
     opt_a = torch.optim.SGD(a.parameters(), lr=1.0)
-    ctx = trainer._StepContext(a, a, opt_a, list(a.parameters()), trainer._embedding_tables(a),
+    ctx = step.StepContext(a, a, opt_a, list(a.parameters()), step.embedding_tables(a),
                                lam, 0.0, "cpu", None)  # fmt: skip
-    trainer._train_step(ctx, batch)
+    step.train_step(ctx, batch)
     opt_b = torch.optim.SGD(b.parameters(), lr=1.0)
     loss = torch.nn.functional.binary_cross_entropy_with_logits(b(batch.categorical,
                                                                   batch.numeric), batch.label)
@@ -191,7 +192,7 @@ def test_finetune_swaps_norms_and_starts_from_the_source_weights(ln_run, prepare
     cfg = _cfg("model.net_norm={name: mclayernorm, fraction: 0.5}", f"train.finetune_from={src}",
                "train.epochs=1", "train.lr=1e-4")  # fmt: skip
     fm = ParquetCTRData(prepared_dir, "valid").feature_map
-    start = trainer._finetune_model(cfg, fm)
+    start = finetune.finetune_model(cfg, fm)
     assert all(type(b.norm) is MCLayerNorm and b.norm.fraction == 0.5 for b in start.blocks)
     source, _, _ = load_run(src)
     src_state = source.state_dict()
@@ -208,10 +209,10 @@ def test_finetune_rejects_another_architecture(ln_run, prepared_dir):
     fm = ParquetCTRData(prepared_dir, "valid").feature_map
     cfg = _cfg("model.hidden_units=[8]", f"train.finetune_from={src}")
     with pytest.raises(ConfigError, match="architecture"):
-        trainer._finetune_model(cfg, fm)
+        finetune.finetune_model(cfg, fm)
     cfg = _cfg("model.emb_norm=layernorm", f"train.finetune_from={src}")
     with pytest.raises(ConfigError, match="emb_norm"):
-        trainer._finetune_model(cfg, fm)
+        finetune.finetune_model(cfg, fm)
 
 
 PARALLEL = ["model.variant=parallel", "model.block_dim=8", "model.mlp_hidden_units=[8]"]
@@ -284,12 +285,12 @@ def test_sparse_table_gradients_give_the_same_training_as_dense(optimizer):
     cfg = _cfg(f"train.optimizer={optimizer}", "train.emb_l2=1e-2", "train.grad_clip=0.5")
     states = []
     for model, sparse in zip(_pair_of_models(), (False, True), strict=True):
-        opt = trainer.make_optimizer(model, cfg.train)
-        ctx = trainer.make_step_context(model, opt, cfg.train, torch.device("cpu"), None,
+        opt = step.make_optimizer(model, cfg.train)
+        ctx = step.make_step_context(model, opt, cfg.train, torch.device("cpu"), None,
                                         sparse_tables=sparse)  # fmt: skip
         assert model.embedding.table.sparse is sparse
         for batch in _batches():
-            trainer._train_step(ctx, batch)
+            step.train_step(ctx, batch)
         assert not model.embedding.table.weight.grad.is_sparse
         states.append(model.state_dict())
     for k in states[0]:
@@ -299,13 +300,13 @@ def test_sparse_table_gradients_give_the_same_training_as_dense(optimizer):
 def test_adam_applies_emb_l2_as_the_l2_gradient_of_the_whole_table():
     cfg = _cfg("train.optimizer=adam", "train.emb_l2=0.1", "train.grad_clip=0")
     a, b = _pair_of_models()
-    opt_a = trainer.make_optimizer(a, cfg.train)
+    opt_a = step.make_optimizer(a, cfg.train)
     assert opt_a.param_groups[1]["weight_decay"] == 0.1
-    ctx = trainer.make_step_context(a, opt_a, cfg.train, torch.device("cpu"), None)
+    ctx = step.make_step_context(a, opt_a, cfg.train, torch.device("cpu"), None)
     assert ctx.emb_l2 == 0.0  # the optimizer adds it, not the step
     opt_b = torch.optim.Adam(b.parameters(), lr=cfg.train.lr)
     for batch in _batches():
-        trainer._train_step(ctx, batch)
+        step.train_step(ctx, batch)
         opt_b.zero_grad()
         logits = b(batch.categorical, batch.numeric)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.label)
@@ -327,11 +328,11 @@ def test_auto_data_mode_keeps_splits_on_the_gpu_only_when_they_fit(monkeypatch):
                          vocab_sizes=[5] * 3, numeric_fields=["a"])  # fmt: skip
     cuda = torch.device("cuda")
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**6, 10**7))
-    assert trainer._data_mode("auto", cuda, fm) == "device"  # 1100 rows * 20 B
+    assert splits.resolve_data_mode("auto", cuda, fm) == "device"  # 1100 rows * 20 B
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**4, 10**7))
-    assert trainer._data_mode("auto", cuda, fm) == "memory"
-    assert trainer._data_mode("auto", torch.device("cpu"), fm) == "memory"
-    assert trainer._data_mode("stream", cuda, fm) == "stream"
+    assert splits.resolve_data_mode("auto", cuda, fm) == "memory"
+    assert splits.resolve_data_mode("auto", torch.device("cpu"), fm) == "memory"
+    assert splits.resolve_data_mode("stream", cuda, fm) == "stream"
 
 
 def test_resume_ignores_the_report_section_but_not_training_keys(ln_run, prepared_dir):

@@ -1,0 +1,271 @@
+"""The run directory: its file names, which config keys define a run, and the data it used.
+
+The trainer, the sweep, the report and the command line all ask this module; none of them
+restates a rule written here. A run directory holds::
+
+    RUN/config.yaml              the resolved config (load_config reads it back)
+    RUN/feature_map.json         copy of the data's feature map (the model's input contract)
+    RUN/data.json                where the data was, its identity and its splits
+    RUN/metrics.jsonl            one JSON line per finished epoch
+    RUN/checkpoints/last.pt      everything to resume: weights, optimizer, RNG, schedule, best
+    RUN/checkpoints/best.pt      the best epoch's weights
+    RUN/result.json              the outcome; present = the run is finished
+
+Rules owned here:
+
+* :data:`RUNTIME_KEYS` / :func:`is_runtime_key`: the config keys that change how fast, where
+  or how visibly a run goes, never what it learns. Everything else is the run's
+  :func:`run_signature`: a finished run is reused and an interrupted run resumed only under
+  an equal signature, and only on the same data (:func:`data_identity`).
+* :func:`prepared_data_dir`: the prepared directory a command works on (``--data``, else
+  ``data.prepared_dir``, else the config's data prepared into ``OUT/data``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ctrcal.errors import ConfigError, CtrcalError, DataError
+
+if TYPE_CHECKING:
+    from ctrcal.config import Config
+
+__all__ = [
+    "BEST",
+    "CONFIG_FILE",
+    "DATA_FILE",
+    "FEATURE_MAP_FILE",
+    "LAST",
+    "METRICS_FILE",
+    "RESULT_FILE",
+    "RUNTIME_KEYS",
+    "check_resumable",
+    "data_identity",
+    "is_runtime_key",
+    "prepared_data_dir",
+    "run_data_dir",
+    "run_progress",
+    "run_signature",
+    "run_state",
+    "saved_config",
+    "signature_diff",
+    "write_run_files",
+]
+
+CONFIG_FILE = "config.yaml"
+FEATURE_MAP_FILE = "feature_map.json"
+DATA_FILE = "data.json"
+METRICS_FILE = "metrics.jsonl"
+RESULT_FILE = "result.json"
+CHECKPOINTS = "checkpoints"
+BEST = f"{CHECKPOINTS}/best.pt"
+LAST = f"{CHECKPOINTS}/last.pt"
+DATA_SUBDIR = "data"  # where a command prepares the config's data under its output directory
+
+# Keys that change how fast, where or how visibly a run goes, not what it learns. A key ending
+# in "." covers its whole section. Compiled graphs, oneDNN GEMMs and device placement compute
+# the same model up to float rounding, as a different thread count does.
+RUNTIME_KEYS: tuple[str, ...] = (
+    "out_dir",
+    "data.prepared_dir",  # where the data lives; the data itself is checked by identity
+    "train.progress",
+    "train.device",
+    "train.num_threads",
+    "train.data_mode",
+    "train.compile",
+    "train.eval_batch_size",
+    "train.cpu_matmul",
+    "report.",  # the report's protocol (seeds, intensities, workers) never changes a run
+)
+
+
+def is_runtime_key(key: str) -> bool:
+    """Whether dotted ``key`` is free to differ between runs that are the same run."""
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in RUNTIME_KEYS)
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict) and d:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+def run_signature(cfg: Config | dict[str, Any]) -> dict[str, Any]:
+    """Dotted key -> value for every key that defines what a run learns."""
+    from ctrcal.config import config_to_dict
+
+    d = cfg if isinstance(cfg, dict) else config_to_dict(cfg)
+    return {k: v for k, v in _flatten(d).items() if not is_runtime_key(k)}
+
+
+def signature_diff(
+    saved: Config | dict[str, Any], now: Config | dict[str, Any]
+) -> list[tuple[str, Any, Any]]:
+    """``(key, saved value, new value)`` for every signature key that differs."""
+    a, b = run_signature(saved), run_signature(now)
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def data_identity(directory: str | Path) -> str | None:
+    """A hash of what a model learns from a prepared directory (or a run's copy of it).
+
+    Covers the source hash (raw files and pipeline settings), the splits' sizes, the
+    vocabularies and the numeric statistics of ``feature_map.json``: two directories with the
+    same identity hold the same data. None when there is no readable feature map.
+    """
+    try:
+        fm = json.loads((Path(directory) / FEATURE_MAP_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(fm, dict):
+        return None
+    keys = ("source_hash", "splits", "vocab_sizes", "categorical_fields", "numeric_fields",
+            "numeric_mean", "numeric_std", "numeric_transform", "bucket_boundaries")  # fmt: skip
+    text = json.dumps({k: fm.get(k) for k in keys}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def run_progress(run_dir: str | Path) -> str:
+    """``"finished"`` (result.json), ``"started"`` (a resumable last.pt) or ``"none"``."""
+    run_dir = Path(run_dir)
+    if (run_dir / RESULT_FILE).exists():
+        return "finished"
+    if (run_dir / LAST).exists():
+        return "started"
+    return "none"
+
+
+def saved_config(run_dir: str | Path) -> Config | None:
+    """The config a run was written with (None when missing or no longer valid)."""
+    import yaml
+
+    from ctrcal.config import config_from_dict
+
+    path = Path(run_dir) / CONFIG_FILE
+    try:
+        # through the dataclasses, so defaults added since the run was written compare equal
+        return config_from_dict(yaml.safe_load(path.read_text()) or {}, str(path))
+    except (OSError, CtrcalError, yaml.YAMLError, TypeError):
+        return None
+
+
+def run_state(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> str:
+    """What ``run_dir`` holds for ``cfg`` on ``data_dir``.
+
+    Returns:
+        ``"finished"`` (reusable as it is), ``"started"`` (same run, resumable), ``"stale"``
+        (a run of another config or other data) or ``"none"``.
+    """
+    progress = run_progress(run_dir)
+    if progress == "none":
+        return "none"
+    saved = saved_config(run_dir)
+    same = (
+        saved is not None
+        and not signature_diff(saved, cfg)
+        and data_identity(run_dir) == data_identity(data_dir)
+    )
+    return progress if same else "stale"
+
+
+def check_resumable(run_dir: str | Path, cfg: Config, data_dir: str | Path) -> None:
+    """Raise unless ``cfg`` on ``data_dir`` is the run already in ``run_dir``.
+
+    Raises:
+        ConfigError: the signatures differ (the first keys that do are named).
+        DataError: the data differs from the data the run was trained on.
+    """
+    run_dir = Path(run_dir)
+    saved = saved_config(run_dir)
+    if saved is None:
+        raise ConfigError(f"{run_dir / CONFIG_FILE}: missing or unreadable; cannot resume")
+    diff = signature_diff(saved, cfg)
+    if diff:
+        shown = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diff[:5])
+        raise ConfigError(
+            f"{run_dir}: cannot resume with a different config ({shown}); "
+            "resume with the same config or train into a new --out"
+        )
+    if data_identity(run_dir) != data_identity(data_dir):
+        raise DataError(
+            f"{run_dir}: cannot resume on {data_dir}: it is not the data the run was trained on "
+            f"({run_data_dir(run_dir, missing_ok=True) or 'see data.json'}); resume on that "
+            "data or train into a new --out"
+        )
+
+
+def write_run_files(run_dir: str | Path, cfg: Config, data_dir: str | Path) -> None:
+    """Write a new run's ``config.yaml``, ``feature_map.json`` and ``data.json`` atomically."""
+    from ctrcal.config import dump_config
+    from ctrcal.utils import write_json_atomic, write_text_atomic
+
+    run_dir, data_dir = Path(run_dir), Path(data_dir)
+    fm_text = (data_dir / FEATURE_MAP_FILE).read_text()
+    fm = json.loads(fm_text)
+    write_text_atomic(run_dir / CONFIG_FILE, dump_config(cfg))
+    write_text_atomic(run_dir / FEATURE_MAP_FILE, fm_text)
+    write_json_atomic(
+        run_dir / DATA_FILE,
+        {
+            "data_dir": str(data_dir.resolve()),
+            "source_hash": fm.get("source_hash"),
+            "identity": data_identity(data_dir),
+            "splits": fm.get("splits", {}),
+        },
+    )
+
+
+def run_data_dir(run_dir: str | Path, missing_ok: bool = False) -> Path | None:
+    """The prepared directory a run was trained on (from ``data.json``)."""
+    path = Path(run_dir) / DATA_FILE
+    try:
+        return Path(json.loads(path.read_text())["data_dir"])
+    except (OSError, ValueError, KeyError, TypeError):
+        if missing_ok:
+            return None
+        raise CtrcalError(f"{path}: missing; pass the data directory explicitly") from None
+
+
+def prepared_data_dir(
+    cfg: Config, out_dir: str | Path, data_dir: str | Path | None = None
+) -> Path:
+    """The prepared directory a command works on; prepares it when needed.
+
+    ``data_dir`` (``--data``) if given; else ``data.prepared_dir`` as it is when it holds
+    prepared data, or with the config's data prepared into it when it does not exist yet;
+    else the data the config names (raw files, or the synthetic default) prepared into
+    ``OUT/data``, where ``OUT`` is the command's output directory (a run directory for
+    ``train``, a report directory for ``shift-report``). An unchanged prepared directory is
+    reused, not rebuilt.
+
+    Raises:
+        DataError: a given directory that is not a prepared one.
+    """
+    if data_dir is None and cfg.data.prepared_dir:
+        data_dir = Path(cfg.data.prepared_dir)
+        if not data_dir.exists():
+            return _prepare(cfg, data_dir)
+    if data_dir is None:
+        return _prepare(cfg, Path(out_dir) / DATA_SUBDIR)
+    data_dir = Path(data_dir)
+    if not (data_dir / FEATURE_MAP_FILE).is_file():
+        raise DataError(
+            f"{data_dir}: not a prepared data directory (no {FEATURE_MAP_FILE}); prepare it "
+            "with 'ctrcal prepare' or leave out --data"
+        )
+    return data_dir
+
+
+def _prepare(cfg: Config, target: Path) -> Path:
+    import sys
+
+    from ctrcal.data.prepare import prepare_from_config
+
+    print(f"preparing data into {target}", file=sys.stderr, flush=True)
+    return Path(prepare_from_config(cfg, target))
