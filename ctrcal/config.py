@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -356,6 +357,7 @@ def load_config(
     overrides: list[str] | None = None,
     *,
     check_names: bool = True,
+    skip_checks: Sequence[str] = (),
 ) -> Config:
     """Load, merge, override and validate a config file into a :class:`Config`.
 
@@ -364,6 +366,7 @@ def load_config(
         overrides: ``section.key=value`` strings applied after the file.
         check_names: also run every data-free check (:mod:`ctrcal.validation`): registry
             names and arguments, value domains, the report plan.
+        skip_checks: names of checks not to run (a run's snapshot skips ``report``).
 
     Raises:
         ConfigError: naming the file, the dotted key, what was expected and the closest key.
@@ -374,7 +377,7 @@ def load_config(
     cfg = _build(Config, raw, "", source)
     cfg._key_sources = _key_sources(raw)  # type: ignore[attr-defined]
     if check_names:
-        validate_names(cfg, source)
+        validate_names(cfg, source, skip_checks)
     return cfg
 
 
@@ -395,18 +398,21 @@ def _key_sources(raw: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
+def config_from_dict(
+    data: dict[str, Any], source: str = "<dict>", skip_checks: Sequence[str] = ()
+) -> Config:
     """Validate a plain mapping (e.g. a saved snapshot) into a :class:`Config`."""
     cfg = _build(Config, data, "", source)
-    validate_names(cfg, source)
+    validate_names(cfg, source, skip_checks)
     return cfg
 
 
-def validate_names(cfg: Config, source: str) -> None:
-    """Run every data-free check (:mod:`ctrcal.validation`); one error lists all problems."""
+def validate_names(cfg: Config, source: str, skip: Sequence[str] = ()) -> None:
+    """Run every data-free check (:mod:`ctrcal.validation`) but those named in ``skip``; one
+    error lists all problems."""
     from ctrcal.validation import validate_config
 
-    validate_config(cfg, source)
+    validate_config(cfg, source, skip)
 
 
 def config_to_dict(cfg: Any) -> Any:

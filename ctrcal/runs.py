@@ -45,6 +45,7 @@ __all__ = [
     "check_resumable",
     "data_identity",
     "is_runtime_key",
+    "load_run_config",
     "prepared_data_dir",
     "run_data_dir",
     "run_progress",
@@ -141,17 +142,30 @@ def run_progress(run_dir: str | Path) -> str:
     return "none"
 
 
-def saved_config(run_dir: str | Path) -> Config | None:
-    """The config a run was written with (None when missing or no longer valid)."""
-    import yaml
+# checks a run's own config snapshot skips: the report it was trained for is not part of it
+SNAPSHOT_SKIPS = ("report",)
 
-    from ctrcal.config import config_from_dict
+
+def load_run_config(run_dir: str | Path) -> Config:
+    """The config a run was written with (``config.yaml``), checked as a run's config.
+
+    Raises:
+        ConfigError: missing, unreadable or no longer valid.
+    """
+    from ctrcal.config import load_config
 
     path = Path(run_dir) / CONFIG_FILE
+    if not path.exists():
+        raise CtrcalError(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
+    # through the dataclasses, so defaults added since the run was written compare equal
+    return load_config(path, skip_checks=SNAPSHOT_SKIPS)
+
+
+def saved_config(run_dir: str | Path) -> Config | None:
+    """:func:`load_run_config`, or None when missing or no longer valid."""
     try:
-        # through the dataclasses, so defaults added since the run was written compare equal
-        return config_from_dict(yaml.safe_load(path.read_text()) or {}, str(path))
-    except (OSError, CtrcalError, yaml.YAMLError, TypeError):
+        return load_run_config(run_dir)
+    except (OSError, CtrcalError, TypeError):
         return None
 
 

@@ -167,17 +167,25 @@ def _load_checks() -> None:
             importlib.import_module(module)
 
 
-def check_config(cfg: Config, source: str = "config") -> list[Problem]:
-    """Every problem the registered checks find in ``cfg`` (empty: valid)."""
+def check_config(
+    cfg: Config, source: str = "config", skip: Sequence[str] = ()
+) -> list[Problem]:
+    """Every problem the registered checks (except those named in ``skip``) find in ``cfg``."""
     _load_checks()
     problems = Problems(cfg, source)
-    for fn in _CHECKS.values():
-        fn(cfg, problems)
+    for name, fn in _CHECKS.items():
+        if name not in skip:
+            fn(cfg, problems)
     return problems.items
 
 
-def validate_config(cfg: Config, source: str = "config") -> None:
-    """Raise one :class:`ConfigError` listing every problem of ``cfg`` (nothing if valid)."""
-    problems = check_config(cfg, source)
+def validate_config(cfg: Config, source: str = "config", skip: Sequence[str] = ()) -> None:
+    """Raise one :class:`ConfigError` listing every problem of ``cfg`` (nothing if valid).
+
+    Args:
+        skip: names of checks not to run (the trainer skips ``report``: a run is the same
+            whatever report it belongs to).
+    """
+    problems = check_config(cfg, source, skip)
     if problems:
         raise ConfigProblems(problems)

@@ -13,9 +13,9 @@ from typing import Any
 
 from torch import nn
 
-from ctrcal.config import Config, load_config
+from ctrcal.config import Config
 from ctrcal.errors import CtrcalError
-from ctrcal.runs import CONFIG_FILE, FEATURE_MAP_FILE, METRICS_FILE, RESULT_FILE
+from ctrcal.runs import FEATURE_MAP_FILE, METRICS_FILE, RESULT_FILE, load_run_config
 from ctrcal.utils import write_json_atomic, write_text_atomic
 
 __all__ = ["TrainResult", "load_run", "read_result", "write_history", "write_result"]
@@ -99,9 +99,7 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Config, Any]:
     from ctrcal.train.checkpoint import load_best
 
     run_dir = Path(run_dir)
-    if not (run_dir / CONFIG_FILE).exists():
-        raise CtrcalError(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
-    cfg = load_config(run_dir / CONFIG_FILE)
+    cfg = load_run_config(run_dir)
     feature_map = FeatureMap.load(run_dir / FEATURE_MAP_FILE)
     state = load_best(run_dir)
     if state is None:

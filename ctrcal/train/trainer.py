@@ -126,7 +126,8 @@ def train(
             return result
     from ctrcal.validation import validate_config
 
-    validate_config(cfg, "train")  # a Config built in Python skipped load_config's checks
+    # a Config built in Python skipped load_config's checks; the report section is not the run's
+    validate_config(cfg, "train", skip=("report",))
     threads = torch.get_num_threads()
     if tcfg.num_threads > 0:
         torch.set_num_threads(tcfg.num_threads)
