@@ -107,9 +107,14 @@ def check_fields(fields: Any, n: int, names: Sequence[str] | None = None) -> Che
         arr = (
             as_numpy(fields, "fields", ndim=2) if _ndim(fields) == 2 else as_numpy(fields, "fields")
         )
-        # one transposing copy makes every field contiguous; reading strided columns one
-        # at a time would read the whole matrix once per field
-        cols = [arr] if arr.ndim == 1 else list(np.ascontiguousarray(arr.T))
+        if arr.ndim == 1:
+            cols = [arr]
+        elif arr.flags.f_contiguous:  # column-major: every field is already contiguous
+            cols = list(arr.T)
+        else:
+            # one transposing copy makes every field contiguous; reading strided columns
+            # one at a time would read the whole matrix once per field
+            cols = list(np.ascontiguousarray(arr.T))
         keys = None
     if keys is None:
         if names is None:

@@ -51,7 +51,7 @@ class SplitFields:
     """Clean field codes of a split, row-aligned with its predictions.
 
     Attributes:
-        codes: [n, F] int32 codes (categoricals, then bucketised numerics).
+        codes: [n, F] int32 codes (categoricals, then bucketised numerics), column-major.
         names: F field names (``C1`` ..., then ``I1`` ...).
     """
 
@@ -67,7 +67,10 @@ class SplitFields:
         if codes.shape[0] == 0:
             return SplitFields(codes, list(self.names))
         keep = codes.min(axis=0) != codes.max(axis=0)
-        return SplitFields(codes[:, keep], [n for n, k in zip(self.names, keep, strict=True) if k])
+        if not keep.all():
+            codes = codes[:, keep]
+        names = [n for n, k in zip(self.names, keep, strict=True) if k]
+        return SplitFields(np.asfortranarray(codes), names)
 
 
 def load_split_fields(data: Any, batch_size: int, numeric_buckets: int = 10) -> SplitFields:
@@ -99,7 +102,8 @@ def load_split_fields(data: Any, batch_size: int, numeric_buckets: int = 10) -> 
             ).astype(np.int32)
         )
         names += list(fm.numeric_fields)
-    return SplitFields(np.ascontiguousarray(np.concatenate(codes, axis=1)), names)
+    # column-major: each field contiguous, as the field metrics read them
+    return SplitFields(np.asfortranarray(np.concatenate(codes, axis=1)), names)
 
 
 def calibration_kind(variant: Any) -> str | None:

@@ -203,6 +203,14 @@ def test_ne_and_calibration_free_ne_match_mcgrad(seed):
     )
 
 
+def test_calibration_free_ne_on_many_rows_matches_mcgrad():
+    # above 400k rows the logit shift starts from a subsample's solution
+    p, y, _ = _data(n=500_000, seed=4, lift=0.8)
+    assert M.calibration_free_ne(p, y) == pytest.approx(
+        mcgrad.calibration_free_normalized_entropy(y, p), rel=1e-5
+    )
+
+
 def test_calibration_free_ne_ignores_a_global_logit_shift():
     p, y, _ = _data(seed=3)
     z = np.log(p / (1 - p))
@@ -241,3 +249,30 @@ def test_calibration_summary_holds_every_metric_consistently():
     assert all(isinstance(v, float) for v in out.values())
     bare = M.calibration_summary(p, y, with_auc=False)
     assert "auc" not in bare and "field_rce_mean" not in bare and "ecce" in bare
+
+
+@pytest.mark.parametrize(
+    "probs, labels, match",
+    [
+        ([0.1, np.nan], [0, 1], "probs contains NaN"),
+        ([0.1, -np.inf], [0, 1], "probs contains NaN or infinite"),
+        ([0.1, 1.5], [0, 1], r"probs must lie in \[0, 1\]"),
+        ([0.1, 0.5], [0, 0.5], "labels must be 0 or 1"),
+        ([0.1, 0.5], [0, 1, 1], "probs and labels differ in length"),
+        ([], [], "probs is empty"),
+    ],
+)
+@pytest.mark.parametrize(
+    "fn", [M.ecce_test, M.calibration_free_ne, M.normalized_entropy, M.calibration_summary]
+)
+def test_bad_input_names_the_argument(fn, probs, labels, match):
+    with pytest.raises(ValueError, match=match):
+        fn(np.asarray(probs, dtype=float), np.asarray(labels, dtype=float))
+
+
+def test_calibration_summary_names_a_bad_field():
+    p, y, fields = _data(n=200)
+    with pytest.raises(ValueError, match=r"fields\['b'\]: expected 200 values"):
+        M.calibration_summary(p, y, {"a": fields[:, 0], "b": fields[:-1, 1]})
+    with pytest.raises(ValueError, match=r"fields\['c'\]: a single value"):
+        M.calibration_summary(p, y, {"a": fields[:, 0], "c": np.zeros(200, dtype=int)})
