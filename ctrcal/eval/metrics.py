@@ -407,8 +407,9 @@ CALIBRATION_DEFINITIONS: dict[str, str] = {
     "above ~2.5 miscalibration is detectable (ecce_pvalue < 0.05).",
     "ecce_pvalue": "P(ECCE this large | perfectly calibrated): range of Brownian motion.",
     "mce": "multicalibration error (MCGrad's noise-weighted definition): max over segments "
-    "(values of up to 3 fields, top-2 values + other per field, >= 10 rows, <= 1000 segments) "
-    "of ECCE_s/σ_s, times the global σ; lower is better.",
+    "(values of up to 3 fields, top-2 values + other per field, >= 10 rows, <= 1000 segments; "
+    "a fixed 250k-row subsample of larger splits) of ECCE_s/σ_s, times the global σ; lower "
+    "is better.",
     "mce_sigmas": "that worst segment's ECCE_s/σ_s.",
     "mce_pvalue": "its p-value, Bonferroni-adjusted over the segments tested.",
     "ne_calfree": "calibration-free NE: NE after one logit shift that makes Σp = Σy; the part "
@@ -434,7 +435,7 @@ def calibration_summary(
     per_field: bool = True,
     mce_max_depth: int = 3,
     mce_max_segments: int = 1000,
-    mce_max_rows: int | None = 1_000_000,
+    mce_max_rows: int | None = 250_000,
 ) -> dict[str, float]:
     """Every global, bin-free and field-level metric of one set of predictions.
 
