@@ -47,6 +47,8 @@ _EXPORTS = {
     "available_shifts": "ctrcal.eval.shifts",
     "TemperatureScaling": "ctrcal.eval.calibration",
     "PlattScaling": "ctrcal.eval.calibration",
+    "IsotonicCalibration": "ctrcal.eval.calibration",
+    "FieldAwareCalibration": "ctrcal.eval.field_aware",
     # config
     "Config": "ctrcal.config",
     "load_config": "ctrcal.config",
