@@ -14,7 +14,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from ctrcal.config import Config, VariantConfig
+from ctrcal.config import Config, ReportConfig, VariantConfig
 from ctrcal.errors import ConfigError
 from ctrcal.eval.report_calibration import calibration_kind, check_calibration_keys
 from ctrcal.eval.shifts import ShiftKind, check_shift_spec
@@ -90,6 +90,11 @@ def plan_shifts(cfg: Config, source: str = "config") -> list[ShiftPlan]:
     """
     r = cfg.report
     entries = list(r.shifts)
+    if entries and list(r.intensities) != list(ReportConfig().intensities):
+        raise ConfigError(
+            f"{source}: report.intensities: applies only without report.shifts (each shift has "
+            "its own grid: report.shifts[i].intensities)"
+        )
     if not entries:
         grid = list(r.intensities)
         if not grid or any(isinstance(s, bool) or not math.isfinite(s) or s < 0 for s in grid):

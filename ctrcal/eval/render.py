@@ -391,24 +391,28 @@ def _difference_tables(diffs: pd.DataFrame, meta: dict[str, Any], units: dict) -
     header = ["variant", "metric", "point", "Δ ± SE", "p", "p_Holm", "detectable", ""]
     lines += [_markdown_table(header, rows), ""]
     if not expl.empty:
+        hints = expl[expl["p"].astype(float) < alpha]
         lines += [
             "### Exploratory (not corrected; not findings)",
             "",
-            "Other metrics, p unadjusted; PCOC is compared as |PCOC − 1|. A small p here is a "
-            "hint for a new experiment, not a result.",
+            f"{len(expl)} further comparisons (other metrics; PCOC as |PCOC − 1|), each with an "
+            f"unadjusted p; {len(hints)} of them have p < {alpha:g}, listed here — about "
+            f"{alpha * len(expl):.0f} would by chance alone. A hint for a new experiment, not a "
+            "result; every value is in `summary.json`.",
             "",
         ]
-        rows = [
-            [
-                r.variant,
-                r.metric,
-                point(r),
-                f"{r.diff:+.4f} ± {num(r.se, '.4f')}",
-                num(r.p, ".3g"),
+        if not hints.empty:
+            rows = [
+                [
+                    r.variant,
+                    r.metric,
+                    point(r),
+                    f"{r.diff:+.4f} ± {num(r.se, '.4f')}",
+                    num(r.p, ".3g"),
+                ]
+                for r in hints.itertuples()
             ]
-            for r in expl.itertuples()
-        ]
-        lines += [_markdown_table(["variant", "metric", "point", "Δ ± SE", "p"], rows), ""]
+            lines += [_markdown_table(["variant", "metric", "point", "Δ ± SE", "p"], rows), ""]
     return lines
 
 

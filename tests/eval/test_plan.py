@@ -71,6 +71,11 @@ def test_every_shipped_config_validates(path, capsys):
             "mc_samples >= 2",
         ),
         ("  power: 1.5", "report.power", "(0, 1)"),
+        (
+            "  intensities: [0.5]\n  shifts: [{name: gaussian_numeric}]",
+            "report.intensities",
+            "applies only without report.shifts",
+        ),
     ],
 )
 def test_validate_names_file_and_key(tmp_path, capsys, report, key, message):
