@@ -1,0 +1,177 @@
+"""`ctrcal validate`: every data-free rule checked in one pass, naming file and key."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ctrcal.cli import main
+from ctrcal.config import load_config
+from ctrcal.errors import ConfigError
+from ctrcal.layers.spec import NormSpec, check_norm_spec, declared_norms, is_no_norm
+from ctrcal.validation import Problems, check_config, register_check
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = """\
+model:
+  embedding_dim: 8
+  hidden_units: [64, 3]
+  net_norm: layernorm
+train:
+  epochs: 1
+"""
+
+
+def _write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("model.net_norm={name: mclayernorm, fracton: 0.8}",
+         ["model.net_norm", "fracton", "did you mean 'fraction'"]),
+        # fraction * N < 2 at the second MaskBlock only (N = 3)
+        ("model.net_norm={name: mclayernorm, fraction: 0.5}",
+         ["model.net_norm", "width 3", "fraction * N >= 2"]),
+        ("model.emb_norm={name: mclayernorm, fraction: 0.2}", ["model.emb_norm", "width 8"]),
+        ("train.batch_size=0", ["train.batch_size", ">= 1", "got 0"]),
+        ("train.lr=-0.001", ["train.lr", "-0.001"]),
+        ("train.lr=.nan", ["train.lr", "nan"]),
+        ("train.eval_batch_size=0", ["train.eval_batch_size"]),
+        ("train.lr_factor=0", ["train.lr_factor"]),
+        ("train.device=gpu", ["train.device", "'gpu'"]),
+        ("report.intensities=[0.0, -0.1]", ["report", "-0.1"]),
+        ("report.seeds=0", ["report.seeds"]),
+        ("model.dropout=1.0", ["model.dropout"]),
+        ("model.net_norm={name: batchnorm, momentum: 2}", ["model.net_norm", "momentum"]),
+        ("model.net_norm={name: nomorelization, gamma: -1}", ["model.net_norm", "gamma"]),
+        ("features.min_count=0", ["features.min_count"]),
+    ],
+)
+def test_validate_names_file_and_key(tmp_path, capsys, override, words):
+    path = _write(tmp_path, BASE)
+    assert main(["validate", str(path), override]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and all(line.startswith("ctrcal validate: error: ") for line in err)
+    text = "\n".join(err)
+    assert f"override {override!r}" in text or str(path) in text
+    for word in words:
+        assert word in text, (word, text)
+
+
+def test_validate_reports_every_problem_with_the_file_that_set_it(tmp_path, capsys):
+    base = _write(tmp_path, BASE, "base.yaml")
+    top = _write(
+        tmp_path,
+        "extends: base.yaml\nmodel:\n  net_norm: {name: mclayernorm, fracton: 0.8}\n"
+        "train:\n  batch_size: 0\n",
+        "top.yaml",
+    )
+    assert main(["validate", str(top), "train.lr=-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3
+    assert any(f"{top}: model.net_norm" in line and "fracton" in line for line in err)
+    assert any(f"{top}: train.batch_size" in line for line in err)
+    assert any("override 'train.lr=-1': train.lr" in line for line in err)
+    # epochs: 1 came from base.yaml and is fine; a problem there would name base.yaml
+    assert main(["validate", str(top), "train.epochs=0"]) == 2
+    assert f"{base}: train.epochs" not in capsys.readouterr().err  # set by the override
+
+
+def test_shipped_configs_validate_without_torch():
+    configs = sorted((ROOT / "configs").glob("*.yaml"))
+    code = (
+        "import sys\nfrom ctrcal.cli import main\n"
+        f"for c in {[str(c) for c in configs]!r}:\n"
+        "    assert main(['validate', c]) == 0, c\n"
+        "assert 'torch' not in sys.modules, 'validate imported torch'\n"
+        "assert 'pandas' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True)
+
+
+def test_help_imports_nothing_heavy():
+    code = (
+        "import sys\nfrom ctrcal.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = {'torch', 'numpy', 'pandas', 'polars'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True)
+
+
+def test_a_plugged_in_check_runs_and_names_its_key():
+    def batch_multiple_of_64(cfg, problems: Problems) -> None:
+        if cfg.train.batch_size % 64:
+            problems.add("train.batch_size", "expected a multiple of 64")
+
+    register_check("test_multiple_of_64", batch_multiple_of_64, overwrite=True)
+    try:
+        cfg = load_config(None, check_names=False, overrides=["train.batch_size=100"])
+        problems = check_config(cfg, "x.yaml")
+        assert [str(p) for p in problems] == [
+            "override 'train.batch_size=100': train.batch_size: expected a multiple of 64"
+        ]
+        with pytest.raises(ConfigError, match="multiple of 64"):
+            load_config(None, ["train.batch_size=100"])
+    finally:
+        from ctrcal import validation
+
+        validation._CHECKS.pop("test_multiple_of_64")
+
+
+def test_every_registered_norm_declares_its_config_arguments():
+    from ctrcal.layers.registry import available_norms, get_norm
+
+    declared = declared_norms()
+    for name in available_norms():
+        assert name in declared, f"norm {name!r} has no declare_norm_args(...) in layers.spec"
+        params = list(inspect.signature(get_norm(name)).parameters.values())[1:]
+        settable = {
+            p.name for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.name not in ("device", "dtype", "generator")  # not expressible in YAML
+        }  # fmt: skip
+        assert set(declared[name].params) == settable, name
+
+
+def test_norm_checks_agree_with_building_the_layer():
+    from ctrcal.layers.registry import create_norm
+
+    cases = [
+        (NormSpec("mclayernorm", {"fraction": 0.25}), 8),  # k = 2: fine
+        (NormSpec("mclayernorm", {"fraction": 0.2}), 8),  # f*N = 1.6 < 2
+        (NormSpec("mclayernorm", {"fraction": 1.5}), 8),
+        (NormSpec("layernorm", {"epsilon": 1e-5}), 8),
+        (NormSpec("MC-LayerNorm", {"fraction": 0.5}), 4),
+    ]
+    for spec, width in cases:
+        try:
+            create_norm(spec, width)
+            built = True
+        except ValueError:
+            built = False
+        try:
+            check_norm_spec(spec, width)
+            checked = True
+        except ValueError:
+            checked = False
+        assert built == checked, spec
+
+
+def test_one_no_norm_predicate():
+    import torch
+
+    for spec in (None, False, "none", "NONE", "Identity", "identity", NormSpec("Identity"),
+                 NormSpec("none"), torch.nn.Identity, torch.nn.Identity()):  # fmt: skip
+        assert is_no_norm(spec), spec
+    for spec in ("layernorm", NormSpec("mclayernorm"), torch.nn.LayerNorm):
+        assert not is_no_norm(spec), spec
+    assert NormSpec("Identity").is_none  # the dataclass's property asks the same function

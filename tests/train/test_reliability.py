@@ -1,0 +1,171 @@
+"""A run survives a kill at any instant, refuses foreign checkpoints, and says what it skips."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import ctrcal.train.trainer as trainer
+from ctrcal.config import load_config
+from ctrcal.errors import CtrcalError, DataError
+from ctrcal.train.checkpoint import load_checkpoint
+from ctrcal.train.trainer import train
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = [
+    "model.embedding_dim=4",
+    "model.hidden_units=[16]",
+    "train.batch_size=2048",
+    "train.eval_batch_size=8192",
+    "train.progress=false",
+    "train.num_threads=1",
+]
+TIMING = ("rows_per_s", "seconds")
+
+
+def _cfg(*overrides: str):
+    return load_config(None, [*TINY, *overrides])
+
+
+def _history(run: Path) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(x).items() if k not in TIMING} for x in lines]
+
+
+def _same_outcome(a: Path, b: Path) -> None:
+    ra, rb = (json.loads((r / "result.json").read_text()) for r in (a, b))
+    for key in ("best_epoch", "epochs_completed", "stopped_early", "valid", "test"):
+        assert ra[key] == rb[key], key
+    assert _history(a) == _history(b)
+    wa = load_checkpoint(a / "checkpoints" / "best.pt")["model"]
+    wb = load_checkpoint(b / "checkpoints" / "best.pt")["model"]
+    assert wa.keys() == wb.keys()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_kill_between_best_and_last_checkpoint_resumes_exactly(prepared_dir, tmp_path, monkeypatch):
+    # patience 1: a replayed epoch that saw "no improvement" would cut the LR and stop
+    cfg = _cfg("train.epochs=3", "train.patience=1", "model.dropout=0.1")
+    full = train(cfg, prepared_dir, tmp_path / "full")
+    assert full.best_epoch >= 2, "needs an improving second epoch to test the window"
+
+    real_save, calls = trainer.save_checkpoint, []
+
+    def dies_before_last(path, payload):
+        calls.append(path)
+        if len(calls) == 2:  # epoch 2: best.pt has just been replaced, last.pt not yet
+            raise KeyboardInterrupt
+        real_save(path, payload)
+
+    monkeypatch.setattr(trainer, "save_checkpoint", dies_before_last)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, prepared_dir, tmp_path / "cut")
+    monkeypatch.setattr(trainer, "save_checkpoint", real_save)
+    assert load_checkpoint(tmp_path / "cut" / "checkpoints" / "best.pt")["epoch"] == 2
+    assert load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.pt")["epoch"] == 1
+    train(cfg, prepared_dir, tmp_path / "cut", resume=True)
+    _same_outcome(tmp_path / "full", tmp_path / "cut")
+
+
+def _write_config(tmp_path: Path, prepared_dir: Path) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "model: {embedding_dim: 4, hidden_units: [16], dropout: 0.1}\n"
+        "train: {batch_size: 1024, eval_batch_size: 8192, epochs: 2, patience: 3, "
+        "progress: false, num_threads: 1}\n"
+        f"data: {{prepared_dir: {prepared_dir}}}\n"
+    )
+    return path
+
+
+def _ctrcal(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ctrcal", *args]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def test_kill_9_at_several_moments_then_resume_equals_uninterrupted(prepared_dir, tmp_path):
+    cfg = _write_config(tmp_path, prepared_dir)
+    full = tmp_path / "full"
+    subprocess.run(_ctrcal("train", str(cfg), "--out", str(full)), env=_env(), check=True,
+                   capture_output=True)  # fmt: skip
+    # kill when these files appear: right at the start, after the first best, after an epoch
+    moments = [None, "checkpoints/best.pt", "checkpoints/last.pt"]
+    for i, marker in enumerate(moments):
+        run = tmp_path / f"cut{i}"
+        proc = subprocess.Popen(_ctrcal("train", str(cfg), "--out", str(run)), env=_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.monotonic() + 120
+        while marker is not None and not (run / marker).exists() and proc.poll() is None:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        again = subprocess.run(_ctrcal("train", str(cfg), "--out", str(run), "--resume"),
+                               env=_env(), capture_output=True, text=True)  # fmt: skip
+        assert again.returncode == 0, again.stderr
+        _same_outcome(full, run)
+
+
+def test_a_checkpoint_replaced_by_a_malicious_pickle_is_refused_unexecuted(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    path = tmp_path / "last.pt"
+    torch.save({"model": Evil()}, path)  # pickled, as an attacker would write it
+    with pytest.raises(CtrcalError, match="unreadable checkpoint"):
+        load_checkpoint(path)
+    assert not marker.exists()
+
+
+def _unlabelled_test_dir(criteo_files, tmp_path) -> Path:
+    from ctrcal.config import Config
+    from ctrcal.data.prepare import prepare_dataset
+
+    cfg = Config()
+    cfg.features.min_count = 1
+    splits = {"train": [criteo_files["dac"]], "valid": [criteo_files["dac"]],
+              "test": [criteo_files["dac_test"]]}  # fmt: skip
+    return prepare_dataset(splits, tmp_path / "prep", cfg).out_dir
+
+
+def test_unlabelled_test_split_is_skipped_by_train_and_refused_by_evaluate(
+    criteo_files, tmp_path, capsys
+):
+    from ctrcal.train.evaluate import evaluate_run
+
+    data = _unlabelled_test_dir(criteo_files, tmp_path)
+    res = train(_cfg("train.epochs=1"), data, tmp_path / "run")
+    assert res.test is None and (tmp_path / "run" / "result.json").exists()
+    assert "test split has no labels" in capsys.readouterr().err
+    again = train(_cfg("train.epochs=1"), data, tmp_path / "run", resume=True)
+    assert again.test is None
+    with pytest.raises(DataError, match="no labels"):
+        evaluate_run(tmp_path / "run", "test")
+    assert set(evaluate_run(tmp_path / "run", "valid")) >= {"auc", "ece"}
+
+
+def test_shift_report_on_an_unlabelled_test_split_refuses_before_training(
+    criteo_files, tmp_path
+):
+    from ctrcal.eval.report import run_shift_report
+
+    data = _unlabelled_test_dir(criteo_files, tmp_path)
+    cfg = _cfg("train.epochs=1", "report.seeds=1")
+    with pytest.raises(DataError, match="no labels"):
+        run_shift_report(cfg, tmp_path / "out", data, progress=False, log=lambda m: None)
+    assert not (tmp_path / "out" / "runs").exists()
