@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrcal.data.loader import Batch
+from ctrcal.train.cpu_memory import retain_freed_memory
 
 __all__ = [
     "StepContext",
@@ -106,6 +107,8 @@ def make_step_context(
     still sees an ordinary dense gradient, so Adam's update of every row is unchanged.
     """
     tables = embedding_tables(model)
+    if device.type == "cpu":
+        retain_freed_memory()  # no page faults on the activations every step
     if sparse_tables:
         for module in model.modules():
             if isinstance(module, nn.Embedding):

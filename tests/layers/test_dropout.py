@@ -1,0 +1,127 @@
+"""Fused ReLU + inverted dropout: a correct dropout in law, exact gradients, seeded masks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ctrcal.layers.dropout import dropout_keep_mask, relu_dropout
+from ctrcal.layers.mask_block import MaskBlock
+
+
+@pytest.mark.parametrize("p", [0.2, 0.5, 0.9, 0.01])
+def test_keep_rate_is_one_minus_p(p):
+    torch.manual_seed(0)
+    n = 2_000_000
+    kept = int(dropout_keep_mask((n,), p).sum())
+    sd = math.sqrt(n * p * (1 - p))
+    assert abs(kept - n * (1 - p)) < 5 * sd  # a binomial count within 5 standard deviations
+
+
+def test_mask_elements_are_independent_and_unbiased_over_positions():
+    torch.manual_seed(1)
+    rows, cols, p = 4000, 400, 0.2
+    keep = dropout_keep_mask((rows, cols), p).float()
+    # neighbours (the two halves of one 64-bit draw, and adjacent words) are uncorrelated
+    a, b = keep[:, :-1].flatten(), keep[:, 1:].flatten()
+    corr = torch.corrcoef(torch.stack([a, b]))[0, 1]
+    assert abs(float(corr)) < 5 / math.sqrt(a.numel())
+    # every column keeps its share: a chi-square over columns is not extreme
+    counts = keep.sum(0)
+    expected, var = rows * (1 - p), rows * p * (1 - p)
+    chi2 = float(((counts - expected) ** 2 / var).sum())
+    assert chi2 < cols + 6 * math.sqrt(2 * cols)
+
+
+def test_kept_values_are_scaled_and_dropped_ones_zero():
+    torch.manual_seed(2)
+    p = 0.2
+    x = torch.rand(1000, 300) + 0.1  # all positive: only dropout zeroes
+    y = relu_dropout(x, p, training=True)
+    kept = y != 0
+    torch.testing.assert_close(y[kept], x[kept] / (1 - p), rtol=1e-6, atol=0)
+    assert abs(kept.float().mean().item() - 0.8) < 0.01
+    # inverted dropout preserves the mean
+    assert abs(y.mean().item() / x.mean().item() - 1) < 0.01
+
+
+def test_relu_is_applied_before_dropout():
+    torch.manual_seed(3)
+    x = torch.randn(500, 100)
+    y = relu_dropout(x, 0.3, training=True)
+    assert (y[x <= 0] == 0).all()
+    assert (y >= 0).all()
+
+
+def test_gradient_is_the_gradient_of_relu_then_masked_scaling():
+    torch.manual_seed(4)
+    p = 0.25
+    x = torch.randn(64, 50, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(5)
+    y = relu_dropout(x, p, training=True)
+    torch.manual_seed(5)
+    keep = dropout_keep_mask(x.shape, p)  # the same draw: the same mask
+    reference = F.relu(x) * keep / (1 - p)
+    torch.testing.assert_close(y, reference)
+    g = torch.randn_like(y)
+    (gx,) = torch.autograd.grad(y, x, g)
+    (gref,) = torch.autograd.grad(reference, x, g)
+    torch.testing.assert_close(gx, gref)
+
+
+def test_same_seed_same_mask_other_seed_other_mask():
+    x = torch.randn(200, 64).abs() + 0.1
+    torch.manual_seed(7)
+    a = relu_dropout(x, 0.5, training=True)
+    b = relu_dropout(x, 0.5, training=True)  # the next call draws a new mask
+    torch.manual_seed(7)
+    c = relu_dropout(x, 0.5, training=True)
+    torch.manual_seed(8)
+    d = relu_dropout(x, 0.5, training=True)
+    assert torch.equal(a, c)
+    assert not torch.equal(a, b) and not torch.equal(a, d)
+
+
+def test_eval_mode_and_zero_rate_are_a_plain_relu():
+    x = torch.randn(10, 7)
+    torch.testing.assert_close(relu_dropout(x, 0.4, training=False), F.relu(x))
+    torch.testing.assert_close(relu_dropout(x, 0.0, training=True), F.relu(x))
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.0, 1.5])
+def test_invalid_rate_is_an_error(p):
+    with pytest.raises(ValueError, match="dropout"):
+        relu_dropout(torch.randn(3), p)
+
+
+def test_bf16_input_keeps_its_dtype():
+    torch.manual_seed(9)
+    x = torch.randn(100, 40, dtype=torch.bfloat16, requires_grad=True)
+    y = relu_dropout(x, 0.2, training=True)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad is not None and x.grad.dtype == torch.bfloat16
+
+
+def test_mask_block_uses_its_dropout_module_rate_and_mode():
+    torch.manual_seed(10)
+    blk = MaskBlock(8, 8, 400, dropout=0.5)
+    v = torch.randn(2000, 8)
+    blk.eval()
+    clean = blk(v, v)
+    blk.train()
+    noisy = blk(v, v)
+    positive = clean > 0
+    dropped = (noisy[positive] == 0).float().mean().item()
+    assert abs(dropped - 0.5) < 0.02
+    # kept activations are the eval ones scaled by 1 / (1 - p) (same weights, LayerNorm has
+    # no batch state)
+    kept = positive & (noisy != 0)
+    torch.testing.assert_close(noisy[kept], clean[kept] * 2, rtol=1e-5, atol=1e-6)
+    # switching the nn.Dropout module alone (as MC-Dropout does) turns the noise on
+    blk.eval()
+    blk.dropout.train()
+    assert (blk(v, v)[positive] == 0).any()
