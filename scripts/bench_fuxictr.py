@@ -68,33 +68,43 @@ MODELS: dict[str, dict[str, Any]] = {
             "net_regularizer": 0,
         },
     },
+    "dcnv2": {
+        "config": "configs/dcnv2_criteo_x1.yaml",
+        "fuxictr_dir": "DCNv2",
+        "fuxictr_class": "DCNv2",
+        "fuxictr_kwargs": {
+            "embedding_dim": 10,
+            "model_structure": "parallel",
+            "use_low_rank_mixture": False,
+            "num_cross_layers": 3,
+            "parallel_dnn_hidden_units": [500, 500, 500],
+            "dnn_activations": "ReLU",
+            "net_dropout": 0.1,
+            "batch_norm": False,
+            "embedding_regularizer": 1e-5,
+            "net_regularizer": 0,
+        },
+    },
+    "dnn": {
+        "config": "configs/dnn_criteo_x1.yaml",
+        "fuxictr_dir": "DNN/DNN_torch",
+        "fuxictr_class": "DNN",
+        "fuxictr_kwargs": {
+            "embedding_dim": 10,
+            "hidden_units": [400, 400, 400],
+            "hidden_activations": "ReLU",
+            "net_dropout": 0.1,
+            "batch_norm": False,
+            "embedding_regularizer": 1e-5,
+            "net_regularizer": 0,
+        },
+    },
 }
 
 
 def _fail(message: str) -> None:
     print(f"bench_fuxictr: {message}", file=sys.stderr)
     sys.exit(2)
-
-
-def cpu_model() -> str:
-    """The ``lscpu`` model name, with the family/model numbers when the name is generic."""
-    name = "unknown CPU"
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
-        fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-        fields = {k.strip(): v.strip() for k, v in fields.items()}
-        name += f" (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
-    except OSError:
-        pass
-    return name
 
 
 def load_average() -> str:
@@ -304,10 +314,6 @@ def _widen(vocab: list[int], total: int) -> list[int]:
 def bench_model(name: str, args: argparse.Namespace, data_dir: Path, work: Path,
                 fmap: Any) -> dict[str, Any]:  # fmt: skip
     entry = MODELS[name]
-    zoo_dir = args.model_zoo / entry["fuxictr_dir"] / "src"
-    if not zoo_dir.is_dir():
-        _fail(f"--model-zoo {args.model_zoo}: no {entry['fuxictr_dir']}/src folder in it "
-              "(the model_zoo folder of FuxiCTR's source repository)")  # fmt: skip
     spec = {
         "config": entry["config"],
         "fuxictr_dir": entry["fuxictr_dir"],
@@ -363,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fuxictr-python", type=Path, help="python of the FuxiCTR environment")
     ap.add_argument("--model-zoo", type=Path, help="FuxiCTR source repository's model_zoo")
-    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--models", nargs="+", choices=list(MODELS),
+                    help="default: every model whose config is in this checkout")  # fmt: skip
     ap.add_argument("--batch-size", type=int, default=10_000)
     ap.add_argument("--batches", type=int, default=3, help="distinct batches cycled through")
     ap.add_argument("--rows", type=int, default=50_000, help="synthetic rows generated")
@@ -396,6 +403,16 @@ def main(argv: list[str] | None = None) -> int:
         why = probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else "no output"
         _fail(f"--fuxictr-python {args.fuxictr_python}: cannot import fuxictr and torch ({why})")
     fuxictr_version = probe.stdout.strip()
+    if not args.models:
+        args.models = [m for m in MODELS if (REPO / MODELS[m]["config"]).is_file()]
+    for name in args.models:
+        if not (REPO / MODELS[name]["config"]).is_file():
+            _fail(f"{MODELS[name]['config']}: missing from this checkout (model {name})")
+        if not (args.model_zoo / MODELS[name]["fuxictr_dir"] / "src").is_dir():
+            _fail(
+                f"--model-zoo {args.model_zoo}: no {MODELS[name]['fuxictr_dir']}/src folder in "
+                "it (the model_zoo folder of FuxiCTR's source repository)"
+            )
     if args.batch_size < 1 or args.rounds < 1 or args.steps < 1 or args.batches < 1:
         _fail("--batch-size, --rounds, --steps and --batches must be >= 1")
     if args.rows * 0.8 < args.batches * args.batch_size:
@@ -406,8 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from ctrcal.data.features import FeatureMap
+    from ctrcal.utils import cpu_model_name
 
-    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; torch {torch.__version__}, "
+    print(f"CPU: {cpu_model_name()}, {os.cpu_count()} cores; torch {torch.__version__}, "
           f"{args.threads} threads per worker; FuxiCTR {fuxictr_version}")  # fmt: skip
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-fuxictr-") as td:
@@ -430,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{res['ratio_wall_range'][1]:.2f}), {res['ratio_cpu']:.2f}x CPU time; "
                   f"load after: {res['load_after']}", flush=True)  # fmt: skip
     if args.json:
-        args.json.write_text(json.dumps({"cpu": cpu_model(), "threads": args.threads,
+        args.json.write_text(json.dumps({"cpu": cpu_model_name(), "threads": args.threads,
                                          "batch_size": args.batch_size, "results": results},
                                         indent=2))  # fmt: skip
     return 0

@@ -3,8 +3,8 @@
 Usage::
 
     python scripts/bench_train.py [--batch-sizes 4096 10000] [--precisions fp32 bf16]
-                                  [--rounds 5] [--steps 8] [--threads N] [--vocab 1000000]
-                                  [--auc-rows 200000] [--json out.json]
+                                  [--dropout 0 0.2] [--rounds 5] [--steps 8] [--threads N]
+                                  [--vocab 1000000] [--auc-rows 200000] [--json out.json]
 
 The model is the one the throughput goal is stated for: serial MaskNet [400, 400, 400],
 embedding dim 16, reduction ratio 0.2, 13 numeric + 26 categorical fields (≈5.3 MFLOP per
@@ -12,6 +12,16 @@ row forward + backward), ``net_norm`` layernorm or mclayernorm (fraction 0.8). E
 the trainer's own (:func:`ctrcal.train.step.train_step`: BCE, backward, whole-table
 embedding L2, gradient clipping, fused Adam) on random in-memory batches (10 % NaN
 numerics), so the numbers are the training loop's, not a bare forward pass.
+
+``--dropout`` adds the dropout after every MaskBlock (0.2 in the BARS settings); with several
+rates the step-time ratio to no dropout is printed.
+
+Every figure comes with a reference measured in the same run: besides the ratios between
+configurations, each round also times one float32 matrix product ``[batch, 400] @ [400,
+400]`` with the same matmul library, and the step is reported as a share of the *GEMM-bound
+limit*: the rows/s the step's matrix products alone (6 x the FLOPs of its linear layers per
+row: forward, input gradient, weight gradient) would allow at that product's rate. The CPU
+model is printed first (``lscpu``, with family and model numbers).
 
 The configurations are measured round-robin (``--rounds`` times ``--steps`` steps each) and
 the median per configuration is reported: when other processes load the machine, all
@@ -47,6 +57,7 @@ from ctrcal.data.loader import Batch
 from ctrcal.models.masknet import MaskNet
 from ctrcal.train import step, trainer
 from ctrcal.train.cpu_matmul import cpu_matmul
+from ctrcal.utils import cpu_model_name
 
 MODEL = {"hidden_units": [400, 400, 400], "embedding_dim": 16, "reduction_ratio": 0.2}
 NORMS = {"layernorm": "layernorm", "mclayernorm": {"name": "mclayernorm", "fraction": 0.8}}
@@ -68,50 +79,78 @@ def _batch(batch_size: int, vocab: list[int], seed: int) -> Batch:
     return Batch(cat, num, label)
 
 
-def _context(norm: str, vocab: list[int], precision: str, emb_l2: float) -> step.StepContext:
+def _context(
+    norm: str, vocab: list[int], precision: str, emb_l2: float, dropout: float = 0.0
+) -> step.StepContext:
     from ctrcal.layers.spec import NormSpec
 
     spec = NORMS[norm]
     spec = NormSpec(spec) if isinstance(spec, str) else NormSpec(spec["name"], {"fraction": 0.8})
     torch.manual_seed(0)
-    model = MaskNet(vocab, NUM_NUMERIC, net_norm=spec, **MODEL)
+    model = MaskNet(vocab, NUM_NUMERIC, net_norm=spec, dropout=dropout, **MODEL)
     cfg = load_config(None, [f"train.emb_l2={emb_l2}", "train.grad_clip=10.0"])
     opt = step.make_optimizer(model, cfg.train)
     amp = torch.bfloat16 if precision == "bf16" else None
     return step.make_step_context(model, opt, cfg.train, torch.device("cpu"), amp)
 
 
+def gemm_flops_per_row(model: torch.nn.Module) -> int:
+    """FLOPs per row of a training step's matrix products: 3 products of 2*in*out per linear."""
+    return sum(6 * m.in_features * m.out_features for m in model.modules()
+               if isinstance(m, torch.nn.Linear))  # fmt: skip
+
+
+def _gemm_seconds(a: torch.Tensor, w: torch.Tensor, clock, reps: int = 3) -> float:
+    start = clock()
+    for _ in range(reps):
+        a @ w
+    return (clock() - start) / reps
+
+
 def bench_throughput(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     per_field = max(1, args.vocab // NUM_CATEGORICAL)
     vocab = [per_field] * NUM_CATEGORICAL
-    contexts = {n: {p: None for p in args.precisions} for n in args.norms}
+    contexts: dict[tuple, step.StepContext] = {}
     for n in args.norms:
-        shared = _context(n, vocab, "fp32", args.emb_l2)
-        for p in args.precisions:  # one model per norm; autocast is a per-step switch
-            ctx = step.StepContext(**{**shared.__dict__})
-            ctx.amp_dtype = torch.bfloat16 if p == "bf16" else None
-            contexts[n][p] = ctx
+        for d in args.dropout:
+            shared = _context(n, vocab, "fp32", args.emb_l2, d)
+            for p in args.precisions:  # one model per norm; autocast is a per-step switch
+                ctx = step.StepContext(**{**shared.__dict__})
+                ctx.amp_dtype = torch.bfloat16 if p == "bf16" else None
+                contexts[n, d, p] = ctx
     batches = {b: [_batch(b, vocab, s) for s in range(2)] for b in args.batch_sizes}
-    configs = [(b, p, n) for b in args.batch_sizes for p in args.precisions for n in args.norms]
+    configs = [(b, p, n, d) for b in args.batch_sizes for p in args.precisions
+               for n in args.norms for d in args.dropout]  # fmt: skip
     times: dict[tuple, list[float]] = {c: [] for c in configs}
+    gemm = {b: (torch.randn(b, 400), torch.randn(400, 400)) for b in args.batch_sizes}
+    gemm_times: dict[int, list[float]] = {b: [] for b in args.batch_sizes}
     for c in configs:  # warm-up: allocator, oneDNN kernels, optimizer state
-        b, p, n = c
+        b, p, n, d = c
         for i in range(args.warmup):
-            step.train_step(contexts[n][p], batches[b][i % 2])
+            step.train_step(contexts[n, d, p], batches[b][i % 2])
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    for b in args.batch_sizes:
+        _gemm_seconds(*gemm[b], clock, reps=1)
     for r in range(args.rounds):
+        for b in args.batch_sizes:
+            gemm_times[b].append(_gemm_seconds(*gemm[b], clock))
         for c in configs if r % 2 == 0 else reversed(configs):
-            b, p, n = c
-            ctx = contexts[n][p]
+            b, p, n, d = c
+            ctx = contexts[n, d, p]
             start = clock()
             for i in range(args.steps):
                 step.train_step(ctx, batches[b][i % 2])
             times[c].append((clock() - start) / args.steps)
+    flops_row = gemm_flops_per_row(next(iter(contexts.values())).model)
     out: dict[str, dict[str, float]] = {}
-    for (b, p, n), ts in times.items():
+    for (b, p, n, d), ts in times.items():
         med = statistics.median(ts)
-        out[f"{b}/{p}/{n}"] = {"batch": b, "precision": p, "norm": n,
-                               "step_ms": med * 1e3, "rows_per_s": b / med}  # fmt: skip
+        gemm_rate = 2 * b * 400 * 400 / statistics.median(gemm_times[b])
+        limit = gemm_rate / flops_row
+        out[f"{b}/{p}/{n}/{d}"] = {"batch": b, "precision": p, "norm": n, "dropout": d,
+                                   "step_ms": med * 1e3, "rows_per_s": b / med,
+                                   "gemm_gflops": gemm_rate / 1e9,
+                                   "share_of_gemm_limit": (b / med) / limit}  # fmt: skip
     return out
 
 
@@ -149,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[4096, 10000])
     ap.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
     ap.add_argument("--norms", nargs="+", choices=list(NORMS), default=list(NORMS))
+    ap.add_argument("--dropout", nargs="+", type=float, default=[0.0],
+                    help="dropout rates after every MaskBlock")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=5, help="round-robin passes (0: skip)")
     ap.add_argument("--steps", type=int, default=8, help="steps per configuration per round")
     ap.add_argument("--warmup", type=int, default=3)
@@ -165,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    print(f"CPU: {cpu_model_name()}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{os.cpu_count()} cores, vocab {args.vocab:,} x 16, {args.clock} clock")  # fmt: skip
     print(f"load average before: {_load()}")
@@ -172,22 +214,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fp32 matmuls: {backend}")
         res = bench_throughput(args) if args.rounds > 0 else {}
     print(f"load average after:  {_load()}")
-    print(f"{'batch':>6} {'precision':>9} {'norm':>12} {'ms/step':>9} {'rows/s':>9}")
+    print(f"{'batch':>6} {'precision':>9} {'norm':>12} {'dropout':>7} {'ms/step':>9} "
+          f"{'rows/s':>9} {'GEMM GFLOP/s':>12} {'of GEMM limit':>13}")  # fmt: skip
     for r in res.values():
-        print(f"{r['batch']:>6} {r['precision']:>9} {r['norm']:>12} {r['step_ms']:>9.1f} "
-              f"{r['rows_per_s']:>9,.0f}")  # fmt: skip
+        print(f"{r['batch']:>6} {r['precision']:>9} {r['norm']:>12} {r['dropout']:>7} "
+              f"{r['step_ms']:>9.1f} {r['rows_per_s']:>9,.0f} {r['gemm_gflops']:>12.0f} "
+              f"{r['share_of_gemm_limit']:>13.2f}")  # fmt: skip
     ratios = {}
     for b in args.batch_sizes:
         for p in args.precisions:
-            ln, mc = res.get(f"{b}/{p}/layernorm"), res.get(f"{b}/{p}/mclayernorm")
-            if ln and mc:
-                ratios[f"mc_over_ln/{b}/{p}"] = mc["step_ms"] / ln["step_ms"]
-                print(f"MC-LN / LN step time, batch {b}, {p}: {ratios[f'mc_over_ln/{b}/{p}']:.3f}")
+            for d in args.dropout:
+                ln, mc = res.get(f"{b}/{p}/layernorm/{d}"), res.get(f"{b}/{p}/mclayernorm/{d}")
+                if ln and mc:
+                    key = f"mc_over_ln/{b}/{p}/{d}"
+                    ratios[key] = mc["step_ms"] / ln["step_ms"]
+                    print(f"MC-LN / LN step time, batch {b}, {p}, dropout {d}: {ratios[key]:.3f}")
+            for n in args.norms:
+                base = res.get(f"{b}/{p}/{n}/{args.dropout[0]}")
+                for d in args.dropout[1:]:
+                    other = res.get(f"{b}/{p}/{n}/{d}")
+                    key = f"dropout_cost/{b}/{p}/{n}/{d}"
+                    ratios[key] = other["step_ms"] / base["step_ms"]
+                    print(f"dropout {d} / dropout {args.dropout[0]} step time, batch {b}, {p}, "
+                          f"{n}: {ratios[key]:.3f}")  # fmt: skip
         for n in args.norms:
-            f32, b16 = res.get(f"{b}/fp32/{n}"), res.get(f"{b}/bf16/{n}")
-            if f32 and b16:
-                ratios[f"bf16_speedup/{b}/{n}"] = f32["step_ms"] / b16["step_ms"]
-                print(f"bf16 speed-up, batch {b}, {n}: {ratios[f'bf16_speedup/{b}/{n}']:.2f}x")
+            for d in args.dropout:
+                f32, b16 = res.get(f"{b}/fp32/{n}/{d}"), res.get(f"{b}/bf16/{n}/{d}")
+                if f32 and b16:
+                    key = f"bf16_speedup/{b}/{n}/{d}"
+                    ratios[key] = f32["step_ms"] / b16["step_ms"]
+                    print(f"bf16 speed-up, batch {b}, {n}, dropout {d}: {ratios[key]:.2f}x")
     auc = bench_auc(args) if args.auc_rows > 0 else {}
     for p in args.precisions:
         if p in auc:
@@ -197,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"logloss {statistics.mean(ll):.4f}; 1 epoch on {args.auc_rows:,} synthetic "
                   "rows")  # fmt: skip
     if args.json:
-        args.json.write_text(json.dumps({"throughput": res, "ratios": ratios, "auc": auc,
+        args.json.write_text(json.dumps({"cpu": cpu_model_name(), "throughput": res,
+                                         "ratios": ratios, "auc": auc,
                                          "clock": args.clock, "threads": torch.get_num_threads(),
                                          "load": _load()}, indent=2))  # fmt: skip
     return 0
