@@ -27,9 +27,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["dropout_keep_mask", "relu_dropout"]
+__all__ = ["dropout_keep_mask", "relu_dropout", "run_sequential"]
 
 _INT32_OFFSET = 1 << 31
 
@@ -79,3 +79,19 @@ def relu_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     if x.device.type != "cpu" or not x.is_floating_point():
         return F.dropout(F.relu(x), p, training=True)
     return _ReLUDropoutFn.apply(x.contiguous(), p)
+
+
+def run_sequential(layers: nn.Sequential, x: Tensor) -> Tensor:
+    """``layers(x)``, with every ``nn.ReLU`` directly followed by an ``nn.Dropout`` run as one
+    :func:`relu_dropout` (the dropout module's ``p`` and ``training`` decide, as they would)."""
+    mods = list(layers)
+    i = 0
+    while i < len(mods):
+        nxt = mods[i + 1] if i + 1 < len(mods) else None
+        if type(mods[i]) is nn.ReLU and type(nxt) is nn.Dropout:
+            x = relu_dropout(x, nxt.p, nxt.training)
+            i += 2
+        else:
+            x = mods[i](x)
+            i += 1
+    return x

@@ -125,3 +125,22 @@ def test_mask_block_uses_its_dropout_module_rate_and_mode():
     blk.eval()
     blk.dropout.train()
     assert (blk(v, v)[positive] == 0).any()
+
+
+def test_run_sequential_fuses_relu_dropout_pairs_only():
+    from torch import nn
+
+    from ctrcal.layers.dropout import run_sequential
+
+    torch.manual_seed(11)
+    seq = nn.Sequential(nn.Linear(6, 300), nn.ReLU(), nn.Dropout(0.5), nn.Linear(300, 300),
+                        nn.ReLU(), nn.Linear(300, 2))  # fmt: skip
+    x = torch.randn(400, 6)
+    seq.eval()
+    torch.testing.assert_close(run_sequential(seq, x), seq(x))
+    seq.train()
+    torch.manual_seed(12)
+    out = run_sequential(seq, x)
+    torch.manual_seed(12)
+    h = relu_dropout(seq[0](x), 0.5, training=True)
+    torch.testing.assert_close(out, seq[5](torch.relu(seq[3](h))))
