@@ -498,7 +498,8 @@ class _CountTable:
 
     MIN_MERGE_ROWS = 1 << 16
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: pl.DataType) -> None:
+        self.dtype = dtype
         self._merged: pl.DataFrame | None = None
         self._pending: list[pl.DataFrame] = []
         self._pending_rows = 0
@@ -524,7 +525,8 @@ class _CountTable:
         """The merged table (columns ``value``, ``count`` u64; row order unspecified)."""
         self._merge()
         if self._merged is None:
-            return pl.DataFrame(schema={"value": pl.Float64, "count": pl.UInt64})
+            # a field without a single value in train (all missing)
+            return pl.DataFrame(schema={"value": self.dtype, "count": pl.UInt64})
         return self._merged
 
 
@@ -548,7 +550,8 @@ class FitStats:
         self.numeric_fields = list(numeric_fields)
         self.rows = 0
         self.nulls: dict[str, int] = {n: 0 for n in self.categorical_fields + self.numeric_fields}
-        self._tables = {n: _CountTable() for n in self.categorical_fields + self.numeric_fields}
+        self._tables = {n: _CountTable(pl.UInt32) for n in self.categorical_fields}
+        self._tables.update({n: _CountTable(pl.Float64) for n in self.numeric_fields})
 
     def update(self, frame: pl.LazyFrame | pl.DataFrame) -> FitStats:
         """Add the rows of ``frame`` (typed columns); returns self."""

@@ -87,3 +87,37 @@ def test_prepare_truncated_gzip_and_empty_leave_nothing(criteo_files, tmp_path):
             prepare_dataset([path], out)
         assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["day_1.gz", "empty.txt"]
+
+
+NON_FINITE = ["inf", "nan", "-inf", "NaN", "Infinity", "1e400"]
+
+
+@pytest.mark.parametrize("value", NON_FINITE)
+def test_non_finite_integer_fields_are_malformed(tmp_path, value):
+    path = _write(tmp_path / "train.txt", [GOOD, GOOD, _with(4, value), GOOD])
+    with pytest.raises(DataError, match=rf"{path}: line 3: malformed row: I4 is not an integer"):
+        read_criteo(path)
+
+
+@pytest.mark.parametrize("in_memory", [None, 0])
+def test_prepare_rejects_or_skips_non_finite_numerics(tmp_path, in_memory):
+    rows = [GOOD] * 20 + [_with(4, v) for v in NON_FINITE] + [_with(2, "260.0")]
+    path = _write(tmp_path / "train.txt", rows)
+    with pytest.raises(DataError, match="line 21: malformed row: I4 is not an integer"):
+        prepare_dataset([path], tmp_path / "p", in_memory_bytes=in_memory)
+    res = prepare_dataset([path], tmp_path / "q", on_bad_row="skip", in_memory_bytes=in_memory)
+    assert res.bad_rows == len(NON_FINITE) and res.total_rows == 21
+
+
+@pytest.mark.parametrize("in_memory", [None, 0])
+def test_one_row_files(tmp_path, in_memory):
+    one = [_with(30, "")]  # C17 missing: a field without a single value in train
+    paths = {s: [_write(tmp_path / f"{s}.txt", one)] for s in ("train", "valid", "test")}
+    res = prepare_dataset(paths, tmp_path / "p", in_memory_bytes=in_memory)
+    assert res.rows == {"train": 1, "valid": 1, "test": 1}
+    from ctrcal.config import Config
+
+    cfg = Config()
+    cfg.data.split = [1, 0, 0]
+    res = prepare_dataset(paths["train"], tmp_path / "q", cfg, in_memory_bytes=in_memory)
+    assert res.rows == {"train": 1, "valid": 0, "test": 0}
