@@ -74,10 +74,31 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     from ctrcal.config import Config, load_config
-    from ctrcal.data.prepare import prepare_dataset
+    from ctrcal.data.prepare import prepare
+    from ctrcal.errors import ConfigError
 
     cfg = load_config(args.config) if args.config is not None else Config()
-    res = prepare_dataset(list(args.inputs), args.out, cfg, args.on_bad_row)
+    explicit = {"train": args.train, "valid": args.valid, "test": args.test}
+    named = cfg.data.inputs or cfg.data.train or cfg.data.valid or cfg.data.test
+    inputs: list[Path] | dict[str, list[Path]] | None = None
+    if any(explicit.values()):
+        if args.inputs:
+            raise ConfigError("give input files either to split (INPUT ...) or as "
+                              "--train/--valid/--test, not both")  # fmt: skip
+        missing = [f"--{k}" for k, v in explicit.items() if not v]
+        if missing:
+            raise ConfigError(f"explicit splits need --train, --valid and --test; missing "
+                              f"{', '.join(missing)}")  # fmt: skip
+        inputs = explicit
+    elif args.inputs:
+        inputs = list(args.inputs)
+    elif args.config is None:
+        raise ConfigError("nothing to prepare: give raw files (INPUT ... or --train/--valid/"
+                          "--test) or a --config whose data section names them")  # fmt: skip
+    if inputs is not None and named:
+        raise ConfigError(f"{args.config}: data names input files and so does the command line; "
+                          "keep one of them")  # fmt: skip
+    res = prepare(inputs, args.out, cfg, args.on_bad_row, resplit=args.resplit)
     print(res.describe())
     return 0
 
@@ -213,10 +234,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="distributions and click model drift with the row index (0 = none)")
 
     p = add("prepare", cmd_prepare, "raw Criteo file(s) -> feature_map.json + parquet splits")
-    p.add_argument("inputs", nargs="+", type=Path, help="raw Criteo file(s), any layout")
+    p.add_argument("inputs", nargs="*", type=Path,
+                   help="raw Criteo file(s), any layout, split by data.split (or use "
+                        "--train/--valid/--test, or a config's data section)")  # fmt: skip
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--config", type=Path, default=None, help="YAML config (data/features)")
     p.add_argument("--on-bad-row", choices=["error", "skip"], default=None)
+    for split in ("train", "valid", "test"):
+        p.add_argument(f"--{split}", nargs="+", type=Path, default=[],
+                       help=f"file(s) of the {split} split, kept as given")  # fmt: skip
+    p.add_argument("--resplit", action="store_true",
+                   help="pool files named as splits (train.csv valid.csv ...) and split again")
 
     p = add("train", cmd_train, "train a model from a config")
     _add_config(p)

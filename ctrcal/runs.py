@@ -279,7 +279,7 @@ def prepared_data_dir(
 def _prepare(cfg: Config, target: Path) -> Path:
     import sys
 
-    from ctrcal.data.prepare import prepare_from_config
+    from ctrcal.data.prepare import prepare
 
     print(f"preparing data into {target}", file=sys.stderr, flush=True)
-    return Path(prepare_from_config(cfg, target))
+    return prepare(None, target, cfg).out_dir

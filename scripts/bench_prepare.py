@@ -42,10 +42,10 @@ CHILD = r"""
 import sys, time, resource
 {PEAK}
 from ctrcal.config import Config
-from ctrcal.data.prepare import prepare_dataset
+from ctrcal.data.prepare import prepare
 cfg = Config()
 start = time.perf_counter()
-res = prepare_dataset([sys.argv[1]], sys.argv[2], cfg, force=True,
+res = prepare([sys.argv[1]], sys.argv[2], cfg, force=True,
                       in_memory_bytes=None if sys.argv[3] == "auto" else int(sys.argv[3]),
                       chunk_bytes=int(sys.argv[4]) if len(sys.argv) > 4 else None)
 secs = time.perf_counter() - start

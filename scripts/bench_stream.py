@@ -128,14 +128,14 @@ def _child(code: str, *args: str) -> dict:
 
 def _prepare(rows: int, workdir: Path) -> Path:
     from ctrcal.config import Config
-    from ctrcal.data.prepare import prepare_config_dataset
+    from ctrcal.data.prepare import prepare
 
     cfg = Config()
     cfg.data.synthetic.rows = rows
     cfg.data.synthetic.seed = 0
     cfg.features.min_count = 5
     t = time.perf_counter()
-    res = prepare_config_dataset(cfg, workdir / f"data_{rows}")
+    res = prepare(None, workdir / f"data_{rows}", cfg)
     what = "reused" if res.reused else f"prepared in {time.perf_counter() - t:.1f} s"
     print(f"data: {res.out_dir} ({what}); train {res.rows['train']:,} rows")
     return res.out_dir

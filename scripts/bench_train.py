@@ -155,7 +155,7 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, dict[str, float]]:
 
 
 def bench_auc(args: argparse.Namespace) -> dict[str, Any]:
-    from ctrcal.data.prepare import prepare_from_config
+    from ctrcal.data.prepare import prepare
 
     base = [
         f"data.synthetic.rows={args.auc_rows}",
@@ -171,7 +171,7 @@ def bench_auc(args: argparse.Namespace) -> dict[str, Any]:
     ]
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-train-") as td:
-        data = prepare_from_config(load_config(None, base), Path(td) / "data")
+        data = prepare(None, Path(td) / "data", load_config(None, base)).out_dir
         for p in args.precisions:
             aucs, losses = [], []
             for seed in range(args.auc_seeds):  # training seeds: the noise to compare against

@@ -57,13 +57,13 @@ def criteo_files(criteo_frame, tmp_path_factory) -> dict[str, Path]:
 def prepared_dir(tmp_path_factory) -> Path:
     """A prepared synthetic dataset (~20k rows, seed 0, min_count 5), made once per session."""
     from ctrcal.config import Config
-    from ctrcal.data.prepare import prepare_from_config
+    from ctrcal.data.prepare import prepare
 
     cfg = Config()
     cfg.data.synthetic.rows = PREPARED_ROWS
     cfg.data.synthetic.seed = 0
     cfg.features.min_count = 5
-    return prepare_from_config(cfg, tmp_path_factory.mktemp("prepared") / "data")
+    return prepare(None, tmp_path_factory.mktemp("prepared") / "data", cfg).out_dir
 
 
 @pytest.fixture(scope="session")

@@ -572,7 +572,7 @@ def _prepare_temporal(
     The report's own data is the random split (the clean reference); the temporal shift trains
     every variant again on the first rows of the same inputs and tests on the last ones.
     """
-    from ctrcal.data.prepare import prepare_from_config
+    from ctrcal.data.prepare import prepare
 
     out: list[tuple[ShiftPlan, Config, Path, Path]] = []
     for sp in shifts:
@@ -583,7 +583,7 @@ def _prepare_temporal(
         cfg_t.data.prepared_dir = None
         data_t = out_dir / f"data_{sp.label}"
         log(f"{sp.label}: preparing the inputs in time order into {data_t}")
-        data_t = Path(prepare_from_config(cfg_t, data_t))
+        data_t = prepare(None, data_t, cfg_t).out_dir
         from ctrcal.data.features import FeatureMap
 
         rows = sum(int(v.get("rows", 0)) for v in feature_map.splits.values())

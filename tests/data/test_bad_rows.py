@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ctrcal.data.criteo import read_criteo
-from ctrcal.data.prepare import prepare_dataset
+from ctrcal.data.prepare import prepare
 from ctrcal.errors import DataError
 
 GOOD = ["0", "1", "-1", "260.0", *["3"] * 10, *["05db9164"] * 26]
@@ -55,10 +55,10 @@ def test_skip_drops_and_counts(tmp_path):
     assert read_criteo(path, on_bad_row="skip").collect().height == 30
     out = tmp_path / "prep"
     with pytest.raises(DataError, match="line 31"):
-        prepare_dataset([path], out)
+        prepare([path], out)
     assert not out.exists()  # no partial output
     assert not list(tmp_path.glob(".prep.*"))  # and no temporary left behind
-    res = prepare_dataset([path], out, on_bad_row="skip")
+    res = prepare([path], out, on_bad_row="skip")
     assert res.bad_rows == len(BAD_CASES)
     assert res.total_rows == 30
     assert "skipped 7 malformed rows" in res.describe()
@@ -67,12 +67,12 @@ def test_skip_drops_and_counts(tmp_path):
 def test_all_rows_bad(tmp_path):
     path = _write(tmp_path / "train.txt", [_with(0, "7")] * 3)
     with pytest.raises(DataError, match="train split is empty"):
-        prepare_dataset([path], tmp_path / "prep", on_bad_row="skip")
+        prepare([path], tmp_path / "prep", on_bad_row="skip")
 
 
 def test_unlabelled_file_cannot_train(criteo_files, tmp_path):
     with pytest.raises(DataError, match="has no labels"):
-        prepare_dataset([criteo_files["dac_test"]], tmp_path / "prep")
+        prepare([criteo_files["dac_test"]], tmp_path / "prep")
 
 
 def test_prepare_truncated_gzip_and_empty_leave_nothing(criteo_files, tmp_path):
@@ -84,7 +84,7 @@ def test_prepare_truncated_gzip_and_empty_leave_nothing(criteo_files, tmp_path):
     for path, match in ((cut, "truncated gzip"), (empty, "empty file")):
         out = tmp_path / f"out_{path.stem}"
         with pytest.raises(DataError, match=match):
-            prepare_dataset([path], out)
+            prepare([path], out)
         assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["day_1.gz", "empty.txt"]
 
@@ -104,8 +104,8 @@ def test_prepare_rejects_or_skips_non_finite_numerics(tmp_path, in_memory):
     rows = [GOOD] * 20 + [_with(4, v) for v in NON_FINITE] + [_with(2, "260.0")]
     path = _write(tmp_path / "train.txt", rows)
     with pytest.raises(DataError, match="line 21: malformed row: I4 is not an integer"):
-        prepare_dataset([path], tmp_path / "p", in_memory_bytes=in_memory)
-    res = prepare_dataset([path], tmp_path / "q", on_bad_row="skip", in_memory_bytes=in_memory)
+        prepare([path], tmp_path / "p", in_memory_bytes=in_memory)
+    res = prepare([path], tmp_path / "q", on_bad_row="skip", in_memory_bytes=in_memory)
     assert res.bad_rows == len(NON_FINITE) and res.total_rows == 21
 
 
@@ -113,11 +113,11 @@ def test_prepare_rejects_or_skips_non_finite_numerics(tmp_path, in_memory):
 def test_one_row_files(tmp_path, in_memory):
     one = [_with(30, "")]  # C17 missing: a field without a single value in train
     paths = {s: [_write(tmp_path / f"{s}.txt", one)] for s in ("train", "valid", "test")}
-    res = prepare_dataset(paths, tmp_path / "p", in_memory_bytes=in_memory)
+    res = prepare(paths, tmp_path / "p", in_memory_bytes=in_memory)
     assert res.rows == {"train": 1, "valid": 1, "test": 1}
     from ctrcal.config import Config
 
     cfg = Config()
     cfg.data.split = [1, 0, 0]
-    res = prepare_dataset(paths["train"], tmp_path / "q", cfg, in_memory_bytes=in_memory)
+    res = prepare(paths["train"], tmp_path / "q", cfg, in_memory_bytes=in_memory)
     assert res.rows == {"train": 1, "valid": 0, "test": 0}

@@ -13,7 +13,7 @@ from ctrcal.config import Config
 from ctrcal.data import features as features_mod
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.data.features import FeatureMap
-from ctrcal.data.prepare import is_prepared, prepare_dataset, prepare_from_config
+from ctrcal.data.prepare import is_prepared, prepare
 from ctrcal.data.synthetic import generate
 from ctrcal.errors import DataError
 
@@ -31,7 +31,7 @@ def _cfg(**features):
 
 
 def test_split_schema_and_sizes(raw, tmp_path):
-    res = prepare_dataset([raw], tmp_path / "p", _cfg(min_count=2))
+    res = prepare([raw], tmp_path / "p", _cfg(min_count=2))
     assert not res.reused and res.total_rows == 3_000
     assert 0.75 < res.rows["train"] / 3_000 < 0.85
     for split in ("train", "valid", "test"):
@@ -44,30 +44,30 @@ def test_split_schema_and_sizes(raw, tmp_path):
 
 def test_reuse_and_invalidation(raw, tmp_path):
     out = tmp_path / "p"
-    first = prepare_dataset([raw], out, _cfg(min_count=2))
+    first = prepare([raw], out, _cfg(min_count=2))
     stamp = (out / "train" / "part-0.parquet").stat().st_mtime_ns
-    again = prepare_dataset([raw], out, _cfg(min_count=2))
+    again = prepare([raw], out, _cfg(min_count=2))
     assert again.reused and again.source_hash == first.source_hash
     assert "reused" in again.describe()
     assert (out / "train" / "part-0.parquet").stat().st_mtime_ns == stamp
     # a config change invalidates
-    changed = prepare_dataset([raw], out, _cfg(min_count=3))
+    changed = prepare([raw], out, _cfg(min_count=3))
     assert not changed.reused and changed.source_hash != first.source_hash
     # so does a different split seed
     cfg = _cfg(min_count=3)
     cfg.data.split_seed = 7
-    assert not prepare_dataset([raw], out, cfg).reused
+    assert not prepare([raw], out, cfg).reused
     # and a changed file (same config)
     with open(raw, "a") as fh:
         fh.write("1\t1" + "\t" * 38 + "\n")
     os.utime(raw, ns=(stamp, stamp + 10**9))
-    res = prepare_dataset([raw], out, cfg)
+    res = prepare([raw], out, cfg)
     assert not res.reused and res.total_rows == 3_001
 
 
 def test_split_is_seeded(raw, tmp_path):
-    a = prepare_dataset([raw], tmp_path / "a", _cfg(min_count=2))
-    b = prepare_dataset([raw], tmp_path / "b", _cfg(min_count=2))
+    a = prepare([raw], tmp_path / "a", _cfg(min_count=2))
+    b = prepare([raw], tmp_path / "b", _cfg(min_count=2))
     assert a.rows == b.rows
     ta = pl.read_parquet(tmp_path / "a" / "test")
     tb = pl.read_parquet(tmp_path / "b" / "test")
@@ -76,35 +76,35 @@ def test_split_is_seeded(raw, tmp_path):
 
 def test_interrupted_write_leaves_nothing_trusted(raw, tmp_path, monkeypatch):
     out = tmp_path / "p"
-    good = prepare_dataset([raw], out, _cfg(min_count=2))
+    good = prepare([raw], out, _cfg(min_count=2))
 
     def boom(self, *args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(features_mod.FeaturePipeline, "save", boom)
     with pytest.raises(KeyboardInterrupt):
-        prepare_dataset([raw], out, _cfg(min_count=4))  # a new config, interrupted
+        prepare([raw], out, _cfg(min_count=4))  # a new config, interrupted
     monkeypatch.undo()
     # the old complete result is still there and still matches the old config only
     assert is_prepared(out, good.source_hash)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".p.")] == []
-    res = prepare_dataset([raw], out, _cfg(min_count=4))
+    res = prepare([raw], out, _cfg(min_count=4))
     assert not res.reused
     # interrupted with no previous result: no directory at all
     monkeypatch.setattr(features_mod.FeaturePipeline, "save", boom)
     with pytest.raises(KeyboardInterrupt):
-        prepare_dataset([raw], tmp_path / "fresh", _cfg(min_count=2))
+        prepare([raw], tmp_path / "fresh", _cfg(min_count=2))
     assert not (tmp_path / "fresh").exists()
 
 
 def test_incomplete_dir_not_trusted(raw, tmp_path):
     out = tmp_path / "p"
-    res = prepare_dataset([raw], out, _cfg(min_count=2))
+    res = prepare([raw], out, _cfg(min_count=2))
     fm = json.loads((out / "feature_map.json").read_text())
     fm["complete"] = False
     (out / "feature_map.json").write_text(json.dumps(fm))
     assert not is_prepared(out, res.source_hash)
-    assert not prepare_dataset([raw], out, _cfg(min_count=2)).reused
+    assert not prepare([raw], out, _cfg(min_count=2)).reused
 
 
 def test_refuses_to_replace_foreign_directory(raw, tmp_path):
@@ -112,7 +112,7 @@ def test_refuses_to_replace_foreign_directory(raw, tmp_path):
     foreign.mkdir()
     (foreign / "keep.txt").write_text("precious")
     with pytest.raises(DataError, match="not a prepared data directory"):
-        prepare_dataset([raw], foreign)
+        prepare([raw], foreign)
     assert (foreign / "keep.txt").read_text() == "precious"
 
 
@@ -121,7 +121,7 @@ def test_explicit_splits(criteo_files, tmp_path):
     cfg.data.train = [str(criteo_files["dac"]), str(criteo_files["dac_gz"])]
     cfg.data.valid = [str(criteo_files["x4"])]
     cfg.data.test = [str(criteo_files["dac_test"])]
-    out = prepare_from_config(cfg, tmp_path / "p")
+    out = prepare(None, tmp_path / "p", cfg).out_dir
     fm = FeatureMap.load(out)
     assert fm.splits["train"]["rows"] == 2_000
     assert fm.splits["valid"]["rows"] == 1_000
@@ -130,7 +130,7 @@ def test_explicit_splits(criteo_files, tmp_path):
 
 
 def test_x1_uses_identity(criteo_files, tmp_path):
-    out = prepare_dataset([criteo_files["x1"]], tmp_path / "p", _cfg(min_count=1))
+    out = prepare([criteo_files["x1"]], tmp_path / "p", _cfg(min_count=1))
     fm = FeatureMap.load(out.out_dir)
     assert fm.numeric_transform == "identity"
     df = pl.read_parquet(out.out_dir / "train")
@@ -139,20 +139,20 @@ def test_x1_uses_identity(criteo_files, tmp_path):
 
 def test_mixing_x1_and_raw_rejected(criteo_files, tmp_path):
     with pytest.raises(DataError, match="cannot mix"):
-        prepare_dataset([criteo_files["x1"], criteo_files["dac"]], tmp_path / "p")
+        prepare([criteo_files["x1"], criteo_files["dac"]], tmp_path / "p")
 
 
 def test_real_samples_same_schema(criteo_samples, tmp_path):
     schemas = []
     for name in ("criteo_sample.txt", "sample_train.txt", "sample_test.txt"):
         out = tmp_path / name
-        res = prepare_dataset([criteo_samples / name], out, _cfg(min_count=1))
+        res = prepare([criteo_samples / name], out, _cfg(min_count=1))
         assert res.total_rows in (100, 200)
         schemas.append(pl.read_parquet_schema(next((out / "train").glob("*.parquet"))))
         fm = FeatureMap.load(out)
         assert len(fm.vocab_sizes) == 26
     assert schemas[0] == schemas[1] == schemas[2]
-    res = prepare_dataset(sorted(criteo_samples.glob("*.txt")), tmp_path / "all")
+    res = prepare(sorted(criteo_samples.glob("*.txt")), tmp_path / "all")
     assert res.total_rows == 400
 
 
@@ -176,8 +176,8 @@ def test_cli_prepare_and_synth(tmp_path, capsys):
 
 
 def test_streaming_path_matches_memory(raw, tmp_path):
-    mem = prepare_dataset([raw], tmp_path / "mem", _cfg(min_count=2))
-    disk = prepare_dataset([raw], tmp_path / "disk", _cfg(min_count=2), in_memory_bytes=0)
+    mem = prepare([raw], tmp_path / "mem", _cfg(min_count=2))
+    disk = prepare([raw], tmp_path / "disk", _cfg(min_count=2), in_memory_bytes=0)
     assert mem.rows == disk.rows
     for split in ("train", "valid", "test"):
         a = pl.read_parquet(tmp_path / "mem" / split)
@@ -194,23 +194,23 @@ def test_non_numeric_value_skipped_in_prepare(raw, tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError, match=r"line 11: malformed row: I3 is not an integer"):
-        prepare_dataset([bad], tmp_path / "p", _cfg(min_count=2))
+        prepare([bad], tmp_path / "p", _cfg(min_count=2))
     for in_memory in (None, 0):
-        res = prepare_dataset([bad], tmp_path / f"p{in_memory}", _cfg(min_count=2),
+        res = prepare([bad], tmp_path / f"p{in_memory}", _cfg(min_count=2),
                               on_bad_row="skip", in_memory_bytes=in_memory)  # fmt: skip
         assert res.bad_rows == 1 and res.total_rows == 2_999
 
 
 def test_synthetic_from_config_reused_until_changed(tmp_path):
-    from ctrcal.data.prepare import prepare_config_dataset
+    from ctrcal.data.prepare import prepare
 
     cfg = _cfg(min_count=2)
     cfg.data.synthetic.rows = 2_000
-    first = prepare_config_dataset(cfg, tmp_path / "p")
+    first = prepare(None, tmp_path / "p", cfg)
     assert not first.reused and first.total_rows == 2_000
-    assert prepare_config_dataset(cfg, tmp_path / "p").reused
+    assert prepare(None, tmp_path / "p", cfg).reused
     cfg.data.synthetic.seed = 1
-    assert not prepare_config_dataset(cfg, tmp_path / "p").reused
+    assert not prepare(None, tmp_path / "p", cfg).reused
     fm = FeatureMap.load(tmp_path / "p")
     assert fm.extra["synthetic"]["seed"] == 1 and "oracle" in fm.extra
     assert "true_prob" in pl.read_parquet_schema(tmp_path / "p" / "test" / "part-0.parquet")

@@ -14,8 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from ctrcal.config import Config
-from ctrcal.data import prepare as prepare_mod
-from ctrcal.data.prepare import SPLITS, clean_stale_temporaries, prepare_dataset
+from ctrcal.data import encode as encode_mod
+from ctrcal.data import publish as publish_mod
+from ctrcal.data.prepare import SPLITS, clean_stale_temporaries, prepare
 from ctrcal.data.synthetic import generate, prob_path, write_criteo
 from ctrcal.errors import DataError
 
@@ -59,9 +60,9 @@ def generated(tmp_path_factory):
 
 def test_chunked_equals_memory_random_split(generated, tmp_path):
     cfg = _cfg(min_count=3, buckets=6)
-    mem = prepare_dataset(generated, tmp_path / "mem", cfg)
+    mem = prepare(generated, tmp_path / "mem", cfg)
     # ~64 KiB chunks: about 100 chunks over three files
-    chk = prepare_dataset(generated, tmp_path / "chk", cfg, in_memory_bytes=0, chunk_bytes=1 << 16)
+    chk = prepare(generated, tmp_path / "chk", cfg, in_memory_bytes=0, chunk_bytes=1 << 16)
     assert mem.summary["path"] == "memory" and chk.summary["path"] == "chunked"
     assert chk.summary["chunks"] > 20
     assert mem.rows == chk.rows and mem.positive_rate == chk.positive_rate
@@ -84,8 +85,8 @@ def test_chunked_equals_memory_explicit_mixed_layouts(criteo_frame, criteo_files
         "test": [criteo_files["dac_test"]],
     }
     cfg = _cfg(min_count=1)
-    mem = prepare_dataset(inputs, tmp_path / "mem", cfg, on_bad_row="skip")
-    chk = prepare_dataset(inputs, tmp_path / "chk", cfg, on_bad_row="skip", in_memory_bytes=0,
+    mem = prepare(inputs, tmp_path / "mem", cfg, on_bad_row="skip")
+    chk = prepare(inputs, tmp_path / "chk", cfg, on_bad_row="skip", in_memory_bytes=0,
                           chunk_bytes=20_000)  # fmt: skip
     assert mem.bad_rows == chk.bad_rows == 1
     assert chk.rows == {"train": 1_999, "valid": 1_000, "test": 1_000}
@@ -100,7 +101,7 @@ def test_chunked_bad_row_names_file_and_line(generated, tmp_path):
     bad = tmp_path / "day_1.txt"
     bad.write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError, match=rf"{bad}: line 2501: malformed row: C7 is not a hex"):
-        prepare_dataset([generated[0], bad], tmp_path / "p", _cfg(), in_memory_bytes=0,
+        prepare([generated[0], bad], tmp_path / "p", _cfg(), in_memory_bytes=0,
                         chunk_bytes=1 << 16)  # fmt: skip
     assert not (tmp_path / "p").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".p.")]
@@ -109,9 +110,9 @@ def test_chunked_bad_row_names_file_and_line(generated, tmp_path):
 def test_environment_selects_path_and_row_groups_are_uniform(generated, tmp_path, monkeypatch):
     monkeypatch.setenv("CTRCAL_PREPARE_IN_MEMORY_BYTES", "0")
     monkeypatch.setenv("CTRCAL_PREPARE_CHUNK_BYTES", str(1 << 16))
-    monkeypatch.setattr(prepare_mod, "ROW_GROUP_ROWS", 500)
-    monkeypatch.setattr(prepare_mod, "PART_ROWS", 2_000)
-    res = prepare_dataset(generated, tmp_path / "p", _cfg())
+    monkeypatch.setattr(encode_mod, "ROW_GROUP_ROWS", 500)
+    monkeypatch.setattr(encode_mod, "PART_ROWS", 2_000)
+    res = prepare(generated, tmp_path / "p", _cfg())
     assert res.summary["path"] == "chunked"
     parts = sorted((tmp_path / "p" / "train").glob("*.parquet"))
     assert [p.name for p in parts[:2]] == ["part-00000.parquet", "part-00001.parquet"]
@@ -122,7 +123,7 @@ def test_environment_selects_path_and_row_groups_are_uniform(generated, tmp_path
     assert all(pq.ParquetFile(p).metadata.num_rows <= 2_000 for p in parts)
     monkeypatch.setenv("CTRCAL_PREPARE_CHUNK_BYTES", "lots")
     with pytest.raises(DataError, match="CTRCAL_PREPARE_CHUNK_BYTES"):
-        prepare_dataset(generated, tmp_path / "q", _cfg())
+        prepare(generated, tmp_path / "q", _cfg())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,7 +133,7 @@ CHILD = r"""
 import json, resource, sys
 from pathlib import Path
 from ctrcal.config import Config
-from ctrcal.data.prepare import prepare_dataset
+from ctrcal.data.prepare import prepare
 
 def status():
     out = {}
@@ -149,12 +150,12 @@ cfg = Config()
 cfg.features.min_count = 2
 # warm up the same code paths on one small file first: thread pools and allocator arenas
 # reserve their address space once, and that is not what the cap is about
-prepare_dataset([src / "warm.txt"], out / "warm", cfg, in_memory_bytes=in_memory,
+prepare([src / "warm.txt"], out / "warm", cfg, in_memory_bytes=in_memory,
                 chunk_bytes=1 << 16)
 before = status()
 cap = (before["VmSize"] + budget) << 20
 resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-prepare_dataset(files, out / "data", cfg, in_memory_bytes=in_memory, chunk_bytes=2 << 20)
+prepare(files, out / "data", cfg, in_memory_bytes=in_memory, chunk_bytes=2 << 20)
 after = status()
 print(json.dumps({"vm_growth": after["VmSize"] - before["VmSize"],
                   "rss_growth": after["VmHWM"] - before["VmHWM"]}))
@@ -200,7 +201,7 @@ def test_chunked_prepare_under_memory_cap(criteo_frame, tmp_path):
     assert memory.returncode != 0, f"in-memory path fit under the cap; chunked grew {growth}"
 
     files = sorted(src.glob("day_*.txt"))
-    prepare_dataset(files, tmp_path / "reference", _cfg(min_count=2))
+    prepare(files, tmp_path / "reference", _cfg(min_count=2))
     assert_same_prepared(tmp_path / "reference", tmp_path / "chunked" / "data")
 
 
@@ -210,8 +211,8 @@ def test_chunked_prepare_under_memory_cap(criteo_frame, tmp_path):
 LEAVE_TEMP = r"""
 import os, sys
 from pathlib import Path
-from ctrcal.data.prepare import _owned_temp_dir
-tmp = _owned_temp_dir(Path(sys.argv[1]))
+from ctrcal.data.publish import owned_temp_dir
+tmp = owned_temp_dir(Path(sys.argv[1]))
 (tmp / "_work").mkdir()
 (tmp / "_work" / "typed-00000-0000000.parquet").write_bytes(b"x" * 1000)
 print(tmp)
@@ -226,17 +227,17 @@ def test_stale_temporaries_cleaned_live_ones_kept(generated, tmp_path):
                           text=True, env=env, check=True)  # fmt: skip
     dead = Path(proc.stdout.strip())
     assert dead.is_dir()
-    live = prepare_mod._owned_temp_dir(out)  # this process: alive, a concurrent run
+    live = publish_mod.owned_temp_dir(out)  # this process: alive, a concurrent run
     unknown_old = tmp_path / ".data.abcd1234.tmp"  # no owner record, untouched for hours
     (unknown_old / "train").mkdir(parents=True)
     unknown_new = tmp_path / ".data.efgh5678.tmp"  # no owner record, recent
     unknown_new.mkdir()
-    gone = json.loads((dead / prepare_mod.OWNER_FILE).read_text())["pid"]
+    gone = json.loads((dead / publish_mod.OWNER_FILE).read_text())["pid"]
     old_aside = tmp_path / f".data.old-{gone}-{time.time_ns()}"
     old_aside.mkdir()  # a previous result moved aside by a process that is gone
     other = tmp_path / ".other.wxyz.tmp"  # another output's temporary: not ours to judge
     other.mkdir()
-    hours_ago = time.time() - 3 * prepare_mod.STALE_SECONDS
+    hours_ago = time.time() - 3 * publish_mod.STALE_SECONDS
     for path in (unknown_old / "train", unknown_old, other):
         os.utime(path, (hours_ago, hours_ago))
 
@@ -247,5 +248,5 @@ def test_stale_temporaries_cleaned_live_ones_kept(generated, tmp_path):
     # and a real run cleans up by itself before starting
     dead_again = Path(subprocess.run([sys.executable, "-c", LEAVE_TEMP, str(out)], env=env,
                                      capture_output=True, text=True, check=True).stdout.strip())
-    prepare_dataset(generated[:1], out, _cfg())
+    prepare(generated[:1], out, _cfg())
     assert not dead_again.exists() and live.is_dir()

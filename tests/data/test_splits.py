@@ -8,7 +8,7 @@ import pytest
 from ctrcal.config import Config, load_config
 from ctrcal.data.criteo import read_criteo
 from ctrcal.data.features import FeatureMap, FeaturePipeline
-from ctrcal.data.prepare import prepare_dataset
+from ctrcal.data.prepare import prepare
 from ctrcal.data.splits import count_records
 from ctrcal.data.synthetic import generate_frame, write_criteo
 from ctrcal.errors import ConfigError, DataError
@@ -35,7 +35,7 @@ def _encoded_rows(out, raw_frame):
 @pytest.mark.parametrize("in_memory", [None, 0])
 def test_time_split_trains_on_the_first_rows(raw, tmp_path, in_memory):
     out = tmp_path / "p"
-    res = prepare_dataset([raw], out, _cfg(), in_memory_bytes=in_memory, chunk_bytes=1 << 14)
+    res = prepare([raw], out, _cfg(), in_memory_bytes=in_memory, chunk_bytes=1 << 14)
     assert res.rows == {"train": 800, "valid": 100, "test": 100}
     typed = read_criteo(raw).collect()
     for name, rows in [("train", slice(0, 800)), ("valid", slice(800, 900)),
@@ -51,7 +51,7 @@ def test_time_split_cuts_do_not_move_when_bad_rows_are_skipped(raw, tmp_path):
     lines[10] = b"2" + lines[10][1:]  # label 2: malformed, in the train part
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"".join(lines))
-    res = prepare_dataset([bad], tmp_path / "p", _cfg(), on_bad_row="skip")
+    res = prepare([bad], tmp_path / "p", _cfg(), on_bad_row="skip")
     assert res.rows == {"train": 799, "valid": 100, "test": 100}
 
 
@@ -60,17 +60,17 @@ def test_time_split_of_day_files_takes_whole_days_in_day_order(tmp_path):
     paths = [write_criteo(frame[200 * d : 200 * (d + 1)], tmp_path / f"day_{d}") for d in range(4)]
     shuffled = [paths[2], paths[0], paths[3], paths[1]]
     out = tmp_path / "p"
-    res = prepare_dataset(shuffled, out, _cfg(split=(2, 1, 1)))
+    res = prepare(shuffled, out, _cfg(split=(2, 1, 1)))
     assert res.rows == {"train": 400, "valid": 200, "test": 200}
     typed = read_criteo(paths).collect()
     assert pl.read_parquet(out / "valid").equals(_encoded_rows(out, typed[400:600]))
     assert pl.read_parquet(out / "test").equals(_encoded_rows(out, typed[600:800]))
     with pytest.raises(DataError, match="whole day files"):
-        prepare_dataset(paths[:3], tmp_path / "q", _cfg(split=(0.98, 0.01, 0.01)))
+        prepare(paths[:3], tmp_path / "q", _cfg(split=(0.98, 0.01, 0.01)))
 
 
 def test_random_split_stays_the_default(raw, tmp_path):
-    res = prepare_dataset([raw], tmp_path / "p", _cfg(order="random"))
+    res = prepare([raw], tmp_path / "p", _cfg(order="random"))
     assert FeatureMap.load(tmp_path / "p").extra["split"]["order"] == "random"
     assert res.rows["train"] != 800  # a seeded hash, not the first rows
     assert sum(res.rows.values()) == 1000
@@ -99,15 +99,15 @@ def test_config_checks(tmp_path):
 
 
 def test_drifting_synthetic_data_split_by_time(tmp_path):
-    from ctrcal.data.prepare import prepare_config_dataset
+    from ctrcal.data.prepare import prepare
 
     cfg = _cfg()
     cfg.data.synthetic.rows = 3_000
     cfg.data.synthetic.drift = 1.0
-    res = prepare_config_dataset(cfg, tmp_path / "p")
+    res = prepare(None, tmp_path / "p", cfg)
     fmap = FeatureMap.load(tmp_path / "p")
     assert fmap.extra["synthetic"]["drift"] == 1.0
     assert res.rows == {"train": 2400, "valid": 300, "test": 300}
     assert "test" in fmap.extra["oracle"]
     cfg.data.synthetic.drift = 0.0
-    assert not prepare_config_dataset(cfg, tmp_path / "p").reused  # drift is part of the identity
+    assert not prepare(None, tmp_path / "p", cfg).reused  # drift is part of the identity

@@ -151,13 +151,13 @@ def test_failures_name_the_run_and_stop_new_runs(tmp_path):
 @pytest.fixture(scope="module")
 def sweeps(tmp_path_factory):
     """The same tiny report trained sequentially and by 2 worker processes (1 thread each)."""
-    from ctrcal.data.prepare import prepare_from_config
+    from ctrcal.data.prepare import prepare
     from ctrcal.eval.report import run_shift_report
 
     root = tmp_path_factory.mktemp("sweep")
     (root / "tiny.yaml").write_text(TINY)
     cfg = load_config(root / "tiny.yaml")
-    data = prepare_from_config(cfg, root / "data")
+    data = prepare(None, root / "data", cfg).out_dir
     seq_log: list[str] = []
     run_shift_report(cfg, root / "seq", data, progress=False, log=seq_log.append)
     par_log: list[str] = []
