@@ -4,10 +4,11 @@ Everything is written into a temporary sibling directory (``.DIR.XXXX.tmp``, rec
 owner's host, pid and process start time in ``_owner.json``) that is renamed onto ``DIR`` only
 when complete, so an interrupted run leaves nothing a later run trusts; the next run deletes
 such leftovers once their owner is gone (:func:`clean_stale_temporaries`). A run holds an
-exclusive lock on ``.DIR.lock`` (``flock``, released by the kernel when the process dies, even
-by ``kill -9``; deleted by a holder that ends normally) from its up-to-date check to its publication, so two runs into one directory
-take turns: the second finds the first's output and reuses it (same inputs and config) or
-replaces it by renames (different ones). Readers see either the old directory or the new one.
+exclusive lock on ``.DIR.lock`` (``flock``: released by the kernel when the process dies, even
+by ``kill -9``; deleted by a holder that ends normally) from its up-to-date check to its
+publication, so two runs into one directory take turns: the second finds the first's output
+and reuses it (same inputs and config) or replaces it by renames (different ones). Readers see
+either the old directory or the new one.
 """
 
 from __future__ import annotations

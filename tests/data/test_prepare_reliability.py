@@ -1,0 +1,94 @@
+"""kill -9 at any moment of prepare, then the same command again, gives the uninterrupted
+output; two prepares into one directory at once both end cleanly with one valid output."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ctrcal.data.prepare import is_prepared
+from ctrcal.data.synthetic import generate_frame, write_criteo
+
+REPO = Path(__file__).resolve().parents[2]
+CHILD = r"""
+import sys
+from pathlib import Path
+from ctrcal.config import Config
+from ctrcal.data.prepare import prepare
+cfg = Config()
+cfg.features.min_count = 2
+Path(sys.argv[3]).write_text("started")
+prepare([sys.argv[1]], sys.argv[2], cfg, in_memory_bytes=int(sys.argv[4]), chunk_bytes=1 << 15)
+"""
+
+
+def _start(raw, out, flag, in_memory):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-c", CHILD, str(raw), str(out), str(flag), str(in_memory)]
+    return subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+
+
+def _run(raw, out, flag, in_memory):
+    proc = _start(raw, out, flag, in_memory)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    return err
+
+
+def _snapshot(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def _leftovers(out: Path) -> list[str]:
+    return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}."))
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory):
+    frame, _ = generate_frame(6_000, seed=9)
+    return write_criteo(frame, tmp_path_factory.mktemp("kill") / "train.txt")
+
+
+def test_kill_9_at_any_moment_then_again_gives_the_uninterrupted_output(raw, tmp_path):
+    in_memory = 0  # the chunked path: the most phases and the most state on disk
+    flag = tmp_path / "flag"
+    reference = tmp_path / "reference"
+    proc = _start(raw, reference, flag, in_memory)
+    while not flag.exists() and proc.poll() is None:
+        time.sleep(0.002)
+    start = time.perf_counter()
+    assert proc.wait(timeout=120) == 0
+    work = time.perf_counter() - start  # from the end of the imports to the end
+    expected = _snapshot(reference)
+    out = tmp_path / "out"
+    # kills spread over the work, each leaving its state to the next run
+    for fraction in (0.02, 0.3, 0.6, 0.85, 0.98):
+        flag.unlink(missing_ok=True)
+        proc = _start(raw, out, flag, in_memory)
+        while not flag.exists() and proc.poll() is None:
+            time.sleep(0.002)
+        time.sleep(work * fraction)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert not out.exists() or is_prepared(out)  # never a half-written directory
+    _run(raw, out, flag, in_memory)
+    assert _snapshot(out) == expected
+    assert _leftovers(out) == []
+
+
+def test_two_prepares_at_once_end_cleanly_with_one_valid_output(raw, tmp_path):
+    reference = tmp_path / "reference"
+    _run(raw, reference, tmp_path / "f0", 1 << 30)
+    out = tmp_path / "out"
+    procs = [_start(raw, out, tmp_path / f"f{i}", 1 << 30) for i in (1, 2)]
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errs
+    assert is_prepared(out)
+    assert _snapshot(out) == _snapshot(reference)
+    assert _leftovers(out) == []
