@@ -4,8 +4,9 @@ There is no Python loop over rows or values, and the two ways write the same dat
 fitted state and rows in the same order, bit for bit):
 
 * **in memory** (:func:`encode_in_memory`): every source is parsed into one typed frame (bad
-  rows flagged, split assigned), the :class:`~ctrcal.data.features.FeaturePipeline` is fitted on
-  its train rows, and each split is encoded and written by a streaming sink -- fastest;
+  rows flagged, split assigned), cut into its three splits once, the
+  :class:`~ctrcal.data.features.FeaturePipeline` is fitted on the train rows, and each split is
+  encoded and written in one go -- fastest;
 * **chunked** (:func:`encode_chunked`): each source is read in chunks of whole lines (gzip
   decompressed on the fly); each chunk is parsed, checked and split, its train rows are counted
   into exact :class:`~ctrcal.data.features.FitStats` (per-value counts merged across chunks, so
@@ -161,25 +162,21 @@ def encode_in_memory(
     tally.add(good)
     check_rows(tally, sources)
     clock("check")
-    pipe.fit(good.filter(pl.col(SPLIT_COL) == 0))
-    clock("fit")
-    keep = (PROB_COL,) if tally.with_prob else ()
-    sinks = []
-    for k, name in enumerate(SPLITS):
-        (tmp / name).mkdir()
-        enc = pipe.transform(good.filter(pl.col(SPLIT_COL) == k), keep=keep)
-        sinks.append(
-            enc.sink_parquet(
-                tmp / name / "part-0.parquet",
-                row_group_size=ROW_GROUP_ROWS,
-                compression="snappy",
-                statistics=False,
-                lazy=True,
-                engine="streaming",
-            )
-        )
     try:
-        pl.collect_all(sinks, engine="streaming")
+        # each split once in memory: the fit and the encoding read it without filtering again
+        parts = [good.filter(pl.col(SPLIT_COL) == k).drop(SPLIT_COL).collect()
+                 for k in range(len(SPLITS))]  # fmt: skip
+        del good, typed
+        pipe.fit(parts[0].lazy())
+        clock("fit")
+        keep = (PROB_COL,) if tally.with_prob else ()
+        for k, name in enumerate(SPLITS):
+            (tmp / name).mkdir()
+            enc = pipe.transform(parts[k], keep=keep).collect()
+            parts[k] = None  # type: ignore[call-overload]
+            enc.write_parquet(tmp / name / "part-00000.parquet", compression="snappy",
+                              statistics=False, row_group_size=ROW_GROUP_ROWS)  # fmt: skip
+            del enc
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise criteo.read_error([s.path for s in sources], exc) from None
     clock("encode")

@@ -45,11 +45,11 @@ def test_split_schema_and_sizes(raw, tmp_path):
 def test_reuse_and_invalidation(raw, tmp_path):
     out = tmp_path / "p"
     first = prepare([raw], out, _cfg(min_count=2))
-    stamp = (out / "train" / "part-0.parquet").stat().st_mtime_ns
+    stamp = (out / "train" / "part-00000.parquet").stat().st_mtime_ns
     again = prepare([raw], out, _cfg(min_count=2))
     assert again.reused and again.source_hash == first.source_hash
     assert "reused" in again.describe()
-    assert (out / "train" / "part-0.parquet").stat().st_mtime_ns == stamp
+    assert (out / "train" / "part-00000.parquet").stat().st_mtime_ns == stamp
     # a config change invalidates
     changed = prepare([raw], out, _cfg(min_count=3))
     assert not changed.reused and changed.source_hash != first.source_hash
@@ -213,5 +213,5 @@ def test_synthetic_from_config_reused_until_changed(tmp_path):
     assert not prepare(None, tmp_path / "p", cfg).reused
     fm = FeatureMap.load(tmp_path / "p")
     assert fm.extra["synthetic"]["seed"] == 1 and "oracle" in fm.extra
-    assert "true_prob" in pl.read_parquet_schema(tmp_path / "p" / "test" / "part-0.parquet")
+    assert "true_prob" in pl.read_parquet_schema(tmp_path / "p" / "test" / "part-00000.parquet")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]  # no generated raw file left
