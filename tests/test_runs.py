@@ -98,13 +98,13 @@ def test_a_changed_epoch_count_is_another_run(started_run, prepared_dir, tmp_pat
 
 
 def test_resume_on_other_data_is_refused(started_run, prepared_dir, tmp_path):
-    from ctrcal.data.prepare import prepare_from_config
+    from ctrcal.data.prepare import prepare
 
     other_cfg = Config()
     other_cfg.data.synthetic.rows = 20_000
     other_cfg.data.synthetic.seed = 1  # same layout and widths, other rows
     other_cfg.features.min_count = 5
-    other = prepare_from_config(other_cfg, tmp_path / "other")
+    other = prepare(None, tmp_path / "other", other_cfg).out_dir
     assert data_identity(other) != data_identity(prepared_dir)
     run = tmp_path / "run"
     shutil.copytree(started_run, run)

@@ -134,13 +134,13 @@ def test_a_checkpoint_replaced_by_a_malicious_pickle_is_refused_unexecuted(tmp_p
 
 def _unlabelled_test_dir(criteo_files, tmp_path) -> Path:
     from ctrcal.config import Config
-    from ctrcal.data.prepare import prepare_dataset
+    from ctrcal.data.prepare import prepare
 
     cfg = Config()
     cfg.features.min_count = 1
     splits = {"train": [criteo_files["dac"]], "valid": [criteo_files["dac"]],
               "test": [criteo_files["dac_test"]]}  # fmt: skip
-    return prepare_dataset(splits, tmp_path / "prep", cfg).out_dir
+    return prepare(splits, tmp_path / "prep", cfg).out_dir
 
 
 def test_unlabelled_test_split_is_skipped_by_train_and_refused_by_evaluate(
