@@ -296,11 +296,11 @@ class Worker:
 
 def _prepare_data(rows: int, out: Path) -> Path:
     from ctrcal.config import load_config
-    from ctrcal.data.prepare import prepare_from_config
+    from ctrcal.data.prepare import prepare
 
     cfg = load_config(None, [f"data.synthetic.rows={rows}", "data.synthetic.seed=0",
                              "features.min_count=1"])  # fmt: skip
-    return prepare_from_config(cfg, out / "data")
+    return prepare(None, out / "data", cfg).out_dir
 
 
 def _widen(vocab: list[int], total: int) -> list[int]:
