@@ -3,6 +3,15 @@
     python scripts/bench_norms.py                      # default shapes, f=0.8, every backend
     python scripts/bench_norms.py --fraction 0.5 --threads 1 --repeats 50
     python scripts/bench_norms.py --compile            # also torch.compile (slow to build)
+    python scripts/bench_norms.py --clock cpu --threads 1   # CPU time: robust to other load
+    python scripts/bench_norms.py --step               # also the MaskNet training step
+
+``--clock cpu`` measures this process's CPU time (all its threads) instead of wall time, so
+other processes on a shared machine barely change the figures. ``--step`` times the training
+step of serial MaskNet [400, 400, 400], embedding dim 16, 13 + 26 fields (the trainer's own
+step on random batches of 4096 rows) with per-field LayerNorm vs per-field MC-LayerNorm on
+the embeddings (``emb_norm``; the MaskBlocks keep LayerNorm), and with MC-LayerNorm in both
+places vs LayerNorm in both.
 
 Shapes: (4096, 400) normalized over 400 (a MaskBlock's hidden layer); (4096, 39, 16)
 normalized over the last dim with one affine pair (``per-field`` below: with one affine pair
@@ -17,6 +26,8 @@ the repeats (on a shared, loaded machine the minimum is the steadier of the two)
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -89,6 +100,9 @@ def bench_case(
     return _time(candidates, device, repeats)
 
 
+CLOCK: Callable[[], float] = time.perf_counter
+
+
 def _time(
     candidates: dict[str, Callable[[], None]], device: torch.device, repeats: int
 ) -> dict[str, tuple[float, float]]:
@@ -100,11 +114,50 @@ def _time(
     for _ in range(repeats):
         for name, run in candidates.items():
             _sync(device)
-            start = time.perf_counter()
+            start = CLOCK()
             run()
             _sync(device)
-            times[name].append(time.perf_counter() - start)
+            times[name].append(CLOCK() - start)
     return {name: (statistics.median(ts) * 1e3, min(ts) * 1e3) for name, ts in times.items()}
+
+
+def bench_step(repeats: int, batch: int = 4096) -> None:
+    """MaskNet training step: per-field LN vs per-field MC-LN (and MC-LN everywhere)."""
+    from ctrcal.config import NormSpec, load_config
+    from ctrcal.data.loader import Batch
+    from ctrcal.models.masknet import MaskNet
+    from ctrcal.train import trainer
+
+    vocab = [1_000_000 // 26] * 26
+    g = torch.Generator().manual_seed(0)
+    cat = torch.stack([torch.randint(0, v, (batch,), generator=g) for v in vocab], 1)
+    num = torch.randn(batch, 13, generator=g)
+    data = Batch(cat, num, (torch.rand(batch, generator=g) < 0.25).float())
+    cfg = load_config(None, ["train.emb_l2=1e-5"])
+    mc = NormSpec("mclayernorm", {"fraction": 0.8})
+    ln = NormSpec("layernorm")
+    setups = {
+        "emb LN, net LN": (ln, ln),
+        "emb MC-LN, net LN": (mc, ln),
+        "emb MC-LN, net MC-LN": (mc, mc),
+    }
+    steps = {}
+    for name, (emb, net) in setups.items():
+        torch.manual_seed(0)
+        model = MaskNet(
+            vocab, 13, embedding_dim=16, hidden_units=[400, 400, 400], reduction_ratio=0.2,
+            emb_norm=emb, net_norm=net,
+        )  # fmt: skip
+        opt = trainer.make_optimizer(model, cfg.train)
+        ctx = trainer.make_step_context(model, opt, cfg.train, torch.device("cpu"), None)
+        steps[name] = lambda ctx=ctx: trainer._train_step(ctx, data)
+    result = _time(steps, torch.device("cpu"), repeats)
+    base_med, base_min = result["emb LN, net LN"]
+    print(f"\nMaskNet training step, batch {batch} (ms; ratio to per-field LayerNorm)")
+    for name, (med, low) in result.items():
+        print(
+            f"{name:>22} {med:>10.2f} {med / base_med:>6.3f} {low:>10.2f} {low / base_min:>6.3f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -114,7 +167,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    parser.add_argument("--step", action="store_true", help="also the MaskNet training step")
+    parser.add_argument("--no-layers", action="store_true", help="skip the layer timings")
     args = parser.parse_args(argv)
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device == "auto":
@@ -123,8 +181,12 @@ def main(argv: list[str] | None = None) -> None:
         device = torch.device(args.device)
     print(
         f"device={device} threads={torch.get_num_threads()} fraction={args.fraction} "
-        f"repeats={args.repeats} torch={torch.__version__}"
+        f"repeats={args.repeats} clock={args.clock} torch={torch.__version__} "
+        f"cpu={_cpu_name()} load={_load()}"
     )
+    if args.step and args.no_layers:
+        bench_step(args.repeats)
+        return
     print(
         f"{'input':>14} {'normalized':>10} {'candidate':>18} "
         f"{'median ms':>10} {'ratio':>6} {'min ms':>8} {'ratio':>6}"
@@ -137,6 +199,26 @@ def main(argv: list[str] | None = None) -> None:
                 f"{str(shape):>14} {str(normalized):>10} {name:>18} "
                 f"{med:>10.3f} {med / base_med:>6.2f} {low:>8.3f} {low / base_min:>6.2f}"
             )
+    if args.step:
+        bench_step(args.repeats)
+    print(f"load average after: {_load()}")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip().replace(" ", "_")
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _load() -> str:
+    try:
+        return "/".join(f"{v:.1f}" for v in os.getloadavg())
+    except OSError:
+        return "n/a"
 
 
 if __name__ == "__main__":

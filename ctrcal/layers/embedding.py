@@ -267,6 +267,7 @@ class FieldNorm(nn.Module):
                 first.fraction,
                 generator=first.generator,
                 backend=first.backend,
+                subset_size=first.subset_size,
             )
         return grouped_layer_norm(x, weight, bias, first.eps)
 

@@ -110,6 +110,7 @@ class GroupedMCLayerNorm(nn.Module):
             self.fraction,
             generator=self.generator,
             backend=self.backend,
+            subset_size=self.subset_size,
         )
 
     @classmethod

@@ -22,8 +22,12 @@ Modes:
   forward passes give Monte Carlo samples of the prediction; :func:`mc_predict` averages
   ``sigmoid(logits)`` over them (eq. 6 of the paper averages probabilities).
 
-How the subsets are drawn (:data:`BACKENDS`; both give the semantics above, neither shares
-subsets between rows):
+Per-field norms: :func:`mc_grouped_layer_norm` normalises ``[..., F, D]`` over D for all F
+fields in one call (one kernel launch) with ``[F, D]`` affine parameters, exactly what F
+separate layers compute; :class:`~ctrcal.layers.embedding.FieldNorm` uses it.
+
+How the subsets are drawn (:data:`BACKENDS`; all give the semantics above, none shares subsets
+between rows):
 
 * ``c`` (default for CPU tensors): a small C kernel, compiled once per machine with the system
   C compiler (about a second; cached under ``~/.cache/ctrcal``) and loaded with ctypes. Per row,
@@ -31,10 +35,14 @@ subsets between rows):
   k > N/2) with d bounded integers; each is exactly uniform (Lemire's multiply-and-reject).
   The random bits come from a per-row wyrand stream keyed by one draw from torch's RNG (so
   ``torch.manual_seed`` and ``generator`` reproduce the subsets) and the row index (so the
-  result does not depend on the thread count). Statistics, output and backward are fused.
-  Cost grows with d: measured at 1.4-2.3x ``F.layer_norm`` forward+backward for f=0.8 and
-  N=16..624 on a busy 2-core CPU (``scripts/bench_norms.py``), about half of the extra time
-  being the draws; f near 0.5 costs more. No double backward (``once_differentiable``).
+  result does not depend on the thread count). Statistics, output and backward are fused;
+  built for the machine's own vector instructions. Cost grows with d (f near 0.5 costs
+  most); see ``scripts/bench_norms.py``. No double backward (``once_differentiable``).
+* ``triton`` (default for CUDA tensors when triton is installed): one fused forward and one
+  fused backward kernel (:mod:`ctrcal.layers.mcln_triton`); each row's exact-k subset comes
+  from Philox bits keyed by a seed and the element's position, regenerated in backward;
+  float32 accumulation for float32/bfloat16/float16 input; registered with ``torch.library``
+  so ``torch.compile`` keeps it. A failed compile falls back to ``torch`` with one warning.
 * ``torch`` (any device; CPU fallback without a compiler): the subset is the d smallest of
   i.i.d. float64 uniform keys (``topk``; a tie, probability about N^2 * 2^-54 per row, is the
   only departure from uniform), or, when there are at most 4096 subsets of size d, a row of a
@@ -186,6 +194,7 @@ def mc_layer_norm(
     mask: Tensor | None = None,
     generator: torch.Generator | None = None,
     backend: str | None = None,
+    subset_size: int | None = None,
 ) -> Tensor:
     """Functional MC-LayerNorm (the training-mode computation; see the module docstring).
 
@@ -201,6 +210,8 @@ def mc_layer_norm(
         generator: torch generator for the subset draw.
         backend: ``"auto"`` (default), ``"c"``, ``"triton"`` or ``"torch"``; see
             :data:`BACKENDS`.
+        subset_size: k already computed from (N, fraction) (layers pass theirs: the exact
+            rational arithmetic of :func:`mc_subset_size` is not traceable by torch.compile).
 
     Returns:
         Tensor of the input's shape and dtype (statistics in float32, or float64 for float64
@@ -217,7 +228,7 @@ def mc_layer_norm(
         )
     _check_devices(input, weight, bias)
     if mask is None:
-        k = mc_subset_size(n, fraction)
+        k = subset_size if subset_size is not None else mc_subset_size(n, fraction)
         if k == n:  # the full set: exactly LayerNorm, at LayerNorm's cost
             return F.layer_norm(input, shape, weight, bias, eps)
     else:
@@ -238,6 +249,7 @@ def mc_grouped_layer_norm(
     mask: Tensor | None = None,
     generator: torch.Generator | None = None,
     backend: str | None = None,
+    subset_size: int | None = None,
 ) -> Tensor:
     """Per-field MC-LayerNorm of ``input [..., G, D]`` over D, in one call for all G fields.
 
@@ -255,6 +267,7 @@ def mc_grouped_layer_norm(
             :func:`mc_layer_norm`.
         generator: torch generator for the subset draw.
         backend: see :data:`BACKENDS`.
+        subset_size: k already computed from (D, fraction), as in :func:`mc_layer_norm`.
 
     Returns:
         Tensor of the input's shape and dtype.
@@ -273,7 +286,7 @@ def mc_grouped_layer_norm(
             )
     _check_devices(input, weight, bias)
     if mask is None:
-        k = mc_subset_size(d, fraction)
+        k = subset_size if subset_size is not None else mc_subset_size(d, fraction)
         if k == d:  # the full set: per-field LayerNorm
             y = F.layer_norm(input, (d,), None, None, eps)
             if weight is not None:
@@ -457,7 +470,7 @@ class MCLayerNorm(nn.LayerNorm):
         dtype: parameter dtype.
         fraction: the paper's f, ``0 < f <= 1`` (keyword only).
         generator: optional torch generator for the subset draws (keyword only).
-        backend: ``"auto"``, ``"c"`` or ``"torch"`` (keyword only; None reads
+        backend: ``"auto"``, ``"c"``, ``"triton"`` or ``"torch"`` (keyword only; None reads
             ``CTRCAL_MCLN_BACKEND``, default auto); see :data:`BACKENDS`.
 
     Shape:
@@ -508,6 +521,7 @@ class MCLayerNorm(nn.LayerNorm):
             self.fraction,
             generator=self.generator,
             backend=self.backend,
+            subset_size=self.subset_size,
         )
 
     def extra_repr(self) -> str:

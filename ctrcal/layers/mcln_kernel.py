@@ -38,6 +38,10 @@ def small_side(n: int, k: int) -> tuple[int, bool]:
 
 
 _CFLAGS = ["-O3", "-fopenmp-simd", "-shared", "-fPIC"]
+# The machine's own vector instructions (AVX2 / AVX-512 where present) make the kernel about
+# twice as fast as the baseline x86-64 build; the cached library is keyed by the CPU's
+# identity, so a cache shared between different machines never loads a foreign build.
+_NATIVE = ["-march=native"]
 _MIN_CHUNK_ELEMENTS = 1 << 16  # a thread's chunk of rows spans at least this many elements
 
 
@@ -161,7 +165,7 @@ def _cache_dir() -> Path:
     return base / "kernels"
 
 
-def _compile(cc: str, folder: Path, name: str) -> Path:
+def _compile(cc: str, folder: Path, name: str, flags: list[str]) -> Path:
     """Compile the kernel inside ``folder`` and rename it to ``folder/name`` (atomic)."""
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / name
@@ -170,7 +174,7 @@ def _compile(cc: str, folder: Path, name: str) -> Path:
         src.write_text(_C_SOURCE)
         out = Path(tmp) / name
         proc = subprocess.run(
-            [cc, *_CFLAGS, "-o", str(out), str(src), "-lm"],
+            [cc, *flags, "-o", str(out), str(src), "-lm"],
             capture_output=True,
             text=True,
             timeout=120,
@@ -181,21 +185,39 @@ def _compile(cc: str, folder: Path, name: str) -> Path:
     return target
 
 
+def _cpu_identity() -> str:
+    """Model name and feature flags of this CPU (what -march=native compiles for)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    keep = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags", "Features"))]
+    return "\n".join(sorted(set(keep)))
+
+
 def _build_kernel() -> _CKernel:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not cc:
         raise RuntimeError("no C compiler found (set CC)")
-    tag = hashlib.sha256("\0".join([_C_SOURCE, cc, *_CFLAGS]).encode()).hexdigest()[:16]
-    name = f"mcln_{platform.system()}_{platform.machine()}_{tag}.so".lower()
-    target = _cache_dir() / name
-    if not target.exists():
+    errors = []
+    for flags in ([*_CFLAGS, *_NATIVE], _CFLAGS):  # native first; portable if that fails
+        parts = [_C_SOURCE, cc, *flags, _cpu_identity() if flags is not _CFLAGS else ""]
+        tag = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+        name = f"mcln_{platform.system()}_{platform.machine()}_{tag}.so".lower()
+        target = _cache_dir() / name
         try:
-            target = _compile(cc, _cache_dir(), name)
-        except OSError:
-            # unwritable cache: build in a private temporary folder for this process only
-            # (never load a shared, predictable temp path another user could have written)
-            target = _compile(cc, Path(tempfile.mkdtemp(prefix="ctrcal-kernel-")), name)
-    return _CKernel(ctypes.CDLL(str(target)))
+            if not target.exists():
+                try:
+                    target = _compile(cc, _cache_dir(), name, flags)
+                except OSError:
+                    # unwritable cache: build in a private temporary folder for this process
+                    # only (never load a shared, predictable temp path another user wrote)
+                    folder = Path(tempfile.mkdtemp(prefix="ctrcal-kernel-"))
+                    target = _compile(cc, folder, name, flags)
+            return _CKernel(ctypes.CDLL(str(target)))
+        except (RuntimeError, OSError) as exc:
+            errors.append(str(exc))
+    raise RuntimeError("; ".join(errors))
 
 
 def get_kernel() -> _CKernel:

@@ -108,36 +108,54 @@ if HAVE_TRITON:
     _LO_SHIFT = tl.constexpr(0)
 
     @triton.jit
-    def _kth_smallest(vals, valid, need):
-        """Per row, the smallest t with #(valid & vals <= t) >= need (vals in [0, 2^32))."""
-        t = tl.zeros((vals.shape[0],), dtype=tl.int64)
-        for b in tl.static_range(31, -1, -1):
-            trial = t + ((1 << b) - 1)
-            count = tl.sum((valid & (vals <= trial[:, None])).to(tl.int32), axis=1)
-            t = tl.where(count < need, t + (1 << b), t)
-        return t
+    def _threshold(vals, valid, need):
+        """Per row, a t in [0, 2^32) with #(valid & vals <= t) == need where one exists, else
+        the smallest t with #(valid & vals <= t) >= need (vals in [0, 2^32)).
+
+        Bisection on the value range that stops for a row as soon as a probe splits off
+        exactly ``need`` values: between the need-th and the next smallest of N uniform
+        32-bit values lies a gap of about 2^32 / N, so a row takes about log2(N) + 2 probes
+        instead of 32; the loop ends when every row of the tile is done.
+        """
+        lo = tl.zeros((vals.shape[0],), dtype=tl.int64)
+        hi = lo + 0xFFFFFFFF
+        t = hi
+        found = lo != 0
+        active = lo == 0
+        while tl.max(active.to(tl.int32), axis=0) > 0:
+            mid = (lo + hi) >> 1
+            count = tl.sum((valid & (vals <= mid[:, None])).to(tl.int32), axis=1)
+            exact = active & (count == need)
+            t = tl.where(exact, mid, t)
+            found = found | exact
+            hi = tl.where(active & (count > need), mid, hi)
+            lo = tl.where(active & (count < need), mid + 1, lo)
+            active = active & ~exact & (lo < hi)
+        # rows without an exact split converged on the need-th smallest value (a tie there)
+        return tl.where(found, t, lo)
 
     @triton.jit
     def _subset(seed, rows, cols, n, k):
         """Boolean [RB, NB]: each row's k smallest of N keys of 64 Philox bits (exactly k).
 
-        The k-th smallest high word is found by bisection on its bits; only when several
-        elements share it and some but not all of them are needed (rare) does the low word
-        decide among them, and then (about 2^-64 per pair) the column index.
+        A threshold on the high words splits off exactly k elements (:func:`_threshold`);
+        only when several elements share the k-th smallest high word and some but not all
+        of them are needed (rare) does the low word decide among them, and then (about
+        2^-64 per pair) the column index.
         """
         offsets = rows[:, None] * n + cols[None, :]
         c0, c1, _, _ = tl.randint4x(seed, offsets)
         hi = c0.to(tl.uint32, bitcast=True).to(tl.int64) >> _HI_SHIFT
         lo = c1.to(tl.uint32, bitcast=True).to(tl.int64) >> _LO_SHIFT
         valid = (cols < n)[None, :] & (rows >= 0)[:, None]
-        t_hi = _kth_smallest(hi, valid, k)
+        t_hi = _threshold(hi, valid, k)
         below = tl.sum((valid & (hi < t_hi[:, None])).to(tl.int32), axis=1)
         tie = valid & (hi == t_hi[:, None])
         need = k - below
         extra = tl.sum(tie.to(tl.int32), axis=1) - need
         sel = valid & (hi <= t_hi[:, None])
         if tl.max(extra, axis=0) > 0:
-            t_lo = _kth_smallest(lo, tie, need)
+            t_lo = _threshold(lo, tie, need)
             below_lo = tl.sum((tie & (lo < t_lo[:, None])).to(tl.int32), axis=1)
             tie_lo = tie & (lo == t_lo[:, None])
             rank = tl.cumsum(tie_lo.to(tl.int32), axis=1)
