@@ -34,6 +34,19 @@ static inline __attribute__((always_inline)) void sample_row(uint8_t *mr, int64_
                               uint64_t key) {
     uint64_t s = mix64(key ^ mix64((uint64_t)r + 0x632BE59BD9B4E019ULL));
     const uint8_t on = invert ? 0 : 1, flip = invert ? 1 : 0;
+    if (n <= 64) {
+        /* narrow rows (per-field norms): the same draws, marked in a register and written
+           out once; byte stores right before the statistics' vector loads of the same row
+           would stall store-to-load forwarding */
+        uint64_t bits = 0;
+        for (int64_t j = n - d; j < n; ++j) {
+            int64_t t = bounded((uint32_t)next64(&s), (uint32_t)(j + 1), &s);
+            int64_t taken = (int64_t)((bits >> t) & 1);
+            bits |= 1ULL << (t ^ ((t ^ j) & -taken));
+        }
+        for (int64_t i = 0; i < n; ++i) mr[i] = (uint8_t)(((bits >> i) & 1) ^ flip);
+        return;
+    }
     memset(mr, flip, (size_t)n);
     int64_t j = n - d;
     for (; j + 1 < n; j += 2) {
@@ -60,12 +73,13 @@ void mcln_sample(uint8_t *m, int64_t r0, int64_t r1, int64_t n, int64_t d, int i
 INLINE void fwd_rows_##SUF(const T *x, const T *w0, const T *b0, T *y, uint8_t *m, T *mean, \
                     T *rstd, int64_t r0, int64_t r1, const int64_t n, int64_t g, int64_t k,   \
                     int64_t d, int invert, double eps, uint64_t key) {                        \
-    for (int64_t r = r0; r < r1; ++r) {                                                       \
+    /* row r = sample * g + group: the group's affine pair (group counted, not divided) */  \
+    int64_t gi = r0 % g;                                                                      \
+    for (int64_t r = r0; r < r1; ++r, gi = (gi + 1 == g) ? 0 : gi + 1) {                     \
         const T *xr = x + r * n; T *yr = y + r * n; uint8_t *mr = m + r * n;                \
         /* the row's subset is drawn right before its statistics, while it is in L1 */        \
         sample_row(mr, r, n, d, invert, key);                                                 \
-        /* row r = sample * g + group: the group's affine pair */                             \
-        const T *w = w0 ? w0 + (r % g) * n : 0, *b = b0 ? b0 + (r % g) * n : 0;              \
+        const T *w = w0 ? w0 + gi * n : 0, *b = b0 ? b0 + gi * n : 0;                        \
         /* one pass for both moments, shifted by the row's first element so that a large */   \
         /* common offset does not cancel: v = sum m(x-c)^2 - (sum m(x-c))^2 / k */            \
         T c0 = xr[0], s = 0, q = 0;                                                           \
@@ -89,9 +103,10 @@ INLINE void fwd_rows_##SUF(const T *x, const T *w0, const T *b0, T *y, uint8_t *
 INLINE void bwd_rows_##SUF(const T *dy, const T *x, const T *w0, const uint8_t *m,         \
                     const T *mean, const T *rstd, T *dx, T *dw0, T *db0, int64_t r0,          \
                     int64_t r1, const int64_t n, int64_t g, int64_t k) {                      \
-    for (int64_t r = r0; r < r1; ++r) {                                                       \
+    int64_t gi = r0 % g;                                                                      \
+    for (int64_t r = r0; r < r1; ++r, gi = (gi + 1 == g) ? 0 : gi + 1) {                     \
         const T *dyr = dy + r * n, *xr = x + r * n; T *dxr = dx + r * n;                      \
-        const int64_t off = (r % g) * n;                                                      \
+        const int64_t off = gi * n;                                                           \
         const T *w = w0 ? w0 + off : 0; T *dw = dw0 ? dw0 + off : 0, *db = db0 + off;        \
         const uint8_t *mr = m + r * n;                                                        \
         T mu = mean[r], rs = rstd[r], A = 0, B = 0;                                           \

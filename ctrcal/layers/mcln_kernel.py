@@ -37,7 +37,7 @@ def small_side(n: int, k: int) -> tuple[int, bool]:
     return (k, False) if k <= n - k else (n - k, True)
 
 
-_CFLAGS = ["-O3", "-fopenmp-simd", "-shared", "-fPIC"]
+_CFLAGS = ["-O3", "-fno-math-errno", "-fopenmp-simd", "-shared", "-fPIC"]
 # The machine's own vector instructions (AVX2 / AVX-512 where present) make the kernel about
 # twice as fast as the baseline x86-64 build; the cached library is keyed by the CPU's
 # identity, so a cache shared between different machines never loads a foreign build.
