@@ -9,6 +9,9 @@ several trailing dims):
 ``rmsnorm``        :class:`torch.nn.RMSNorm`
 ``batchnorm``      :class:`FeatureBatchNorm`: BatchNorm over the trailing (feature) dims
 ``nomorelization`` :class:`NoMorelization`: learnable scalars plus training-time noise
+``groupnorm``      :class:`FeatureGroupNorm`: LayerNorm within groups of features
+``contextnorm``    :class:`ctrcal.layers.context.ContextNorm`: learned statistics per
+                   context (the value of a categorical ``field``)
 ``identity``       :class:`torch.nn.Identity` (alias ``none``)
 =================  ===================================================================
 """
@@ -20,13 +23,15 @@ import numbers
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ctrcal.errors import ConfigError
+from ctrcal.layers.context import ContextNorm
 from ctrcal.layers.mc_layernorm import MCLayerNorm
 from ctrcal.layers.registry import register_norm
 
-__all__ = ["FeatureBatchNorm", "NoMorelization"]
+__all__ = ["FeatureBatchNorm", "FeatureGroupNorm", "NoMorelization"]
 
 _Width = int | Sequence[int] | torch.Size
 
@@ -144,6 +149,70 @@ class NoMorelization(nn.Module):
         return f"width={self.width}, gamma={self.gamma}"
 
 
+class FeatureGroupNorm(nn.Module):
+    """Group Normalization over features: each row's N features in G groups of N/G.
+
+    Group Normalization (Wu and He 2018; seed 003, eq. 11-13) computes a mean and variance per
+    sample *and* group of consecutive channels. On a CTR activation ``[..., N]`` the channels
+    are the N features: ``num_groups=1`` is LayerNorm, ``num_groups=N`` normalizes each feature
+    alone. Between the two, each group keeps its own scale, which a LayerNorm over all N would
+    mix. The affine ``weight``/``bias`` are per feature, as LayerNorm's.
+
+    Args:
+        width: N (an int; the last dimension).
+        num_groups: G; must divide N.
+        eps: added to the group variance.
+        elementwise_affine: learn a per-feature scale and shift.
+
+    Shape:
+        input ``[..., N]`` -> output of the same shape.
+    """
+
+    def __init__(
+        self,
+        width: _Width,
+        num_groups: int = 2,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+    ) -> None:
+        super().__init__()
+        shape = _shape(width)
+        if len(shape) != 1:
+            raise ConfigError(
+                f"groupnorm normalizes the last dim: width must be an int, got {width}"
+            )
+        n = shape[0]
+        if not isinstance(num_groups, int) or num_groups < 1 or n % num_groups:
+            divisors = [d for d in range(1, n + 1) if n % d == 0]
+            raise ConfigError(
+                f"groupnorm: num_groups must divide the width {n}, got {num_groups!r} "
+                f"(valid: {', '.join(map(str, divisors))})"
+            )
+        self.normalized_shape = (n,)
+        self.num_groups = num_groups
+        self.eps = float(eps)
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.ones(n))
+            self.bias = nn.Parameter(torch.zeros(n))
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, input: Tensor) -> Tensor:
+        n = self.normalized_shape[0]
+        if input.shape[-1] != n:
+            raise ValueError(f"FeatureGroupNorm({n}) got input {list(input.shape)}")
+        # group_norm wants [M, C, *]: every leading position is a sample, the N features the C
+        # channels; one fused kernel for statistics and affine.
+        flat = input.reshape(-1, n)
+        out = F.group_norm(flat, self.num_groups, self.weight, self.bias, self.eps)
+        return out.reshape(input.shape)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape[0]}, num_groups={self.num_groups}, eps={self.eps}"
+
+
 def _layernorm(
     width: _Width,
     eps: float = 1e-5,
@@ -174,4 +243,6 @@ register_norm("mclayernorm", MCLayerNorm)
 register_norm("rmsnorm", _rmsnorm)
 register_norm("batchnorm", FeatureBatchNorm)
 register_norm("nomorelization", NoMorelization)
+register_norm("groupnorm", FeatureGroupNorm)
+register_norm("contextnorm", ContextNorm)
 register_norm("identity", _identity, aliases=("none",))

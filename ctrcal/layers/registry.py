@@ -145,12 +145,23 @@ def _check_kwargs(label: str, factory: NormFactory, kwargs: dict[str, Any]) -> N
         )
 
 
+def _from_mapping(spec: Any) -> Any:
+    """``{"name": ..., **kwargs}`` (as written in YAML) -> a NormSpec; anything else as is."""
+    if isinstance(spec, dict):
+        name = spec.get("name")
+        if not isinstance(name, str):
+            raise ConfigError(f"a norm mapping needs 'name: <norm>', got {spec!r}")
+        return NormSpec(name, {k: v for k, v in spec.items() if k != "name"})
+    return spec
+
+
 def create_norm(spec: Any, width: Width, **kwargs: Any) -> nn.Module:
     """Build a norm layer over ``width`` features from a spec.
 
     Args:
         spec: a registered name (``"layernorm"``, ``"MC_LayerNorm"``, ``"none"``, ...), a
-            :class:`~ctrcal.layers.spec.NormSpec` (name + kwargs), a class or callable taking the
+            :class:`~ctrcal.layers.spec.NormSpec` or a mapping ``{"name": ..., **kwargs}``
+            (name + kwargs), a class or callable taking the
             width first (``functools.partial`` included), or None (no normalization).
         width: normalized width N, or a shape tuple for norms over several trailing dims.
         **kwargs: the layer's own keyword arguments (override a NormSpec's kwargs).
@@ -163,6 +174,7 @@ def create_norm(spec: Any, width: Width, **kwargs: Any) -> nn.Module:
     """
     if spec is None or spec is False:
         return nn.Identity()
+    spec = _from_mapping(spec)
     if isinstance(spec, NormSpec):
         kwargs = {**spec.kwargs, **kwargs}
         spec = spec.name
@@ -248,6 +260,7 @@ def replace_norms(
         Number of distinct modules replaced (a module shared by several parents counts once
         and stays shared).
     """
+    spec = _from_mapping(spec)
     if isinstance(spec, NormSpec):
         kwargs = {**spec.kwargs, **kwargs}
         spec = spec.name

@@ -223,6 +223,34 @@ def _check_nomorelization(kwargs: Mapping[str, Any], width: int | None) -> None:
         _number(kwargs, key, low=-math.inf)
 
 
+def _check_groupnorm(kwargs: Mapping[str, Any], width: int | None) -> None:
+    _number(kwargs, "eps", low=0.0)
+    _flags(kwargs, "elementwise_affine")
+    groups = kwargs.get("num_groups", 2)
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ConfigError(f"num_groups: expected an integer >= 1, got {groups!r}")
+    if width is not None and width % groups:
+        divisors = [d for d in range(1, width + 1) if width % d == 0]
+        raise ConfigError(
+            f"num_groups: {groups} does not divide the width {width} "
+            f"(valid: {', '.join(map(str, divisors))})"
+        )
+
+
+def _check_contextnorm(kwargs: Mapping[str, Any], width: int | None) -> None:
+    _number(kwargs, "eps", low=0.0)
+    _flags(kwargs, "elementwise_affine")
+    field_ = kwargs.get("field")
+    if field_ is None:
+        raise ConfigError("field: required, the categorical field whose value is the context")
+    if isinstance(field_, bool) or not isinstance(field_, (str, int)) or field_ == "":
+        raise ConfigError(f"field: expected a categorical field name, got {field_!r}")
+    for key in ("num_contexts", "context_dim"):
+        value = kwargs.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key}: expected an integer >= 1, got {value!r}")
+
+
 # MC-LayerNorm's execution backends (the layer resolves them; listed here for config checks)
 MC_BACKENDS = ("auto", "c", "triton", "torch")
 
@@ -242,6 +270,14 @@ declare_norm_args(
 )
 declare_norm_args(
     "nomorelization", {"gamma": 1e-4, "alpha_init": 1.0, "beta_init": 0.0}, _check_nomorelization
+)
+declare_norm_args(
+    "groupnorm", {"num_groups": 2, "eps": 1e-5, "elementwise_affine": True}, _check_groupnorm
+)
+declare_norm_args(
+    "contextnorm",
+    {"field": None, "num_contexts": 32, "context_dim": 8, "eps": 1e-5, "elementwise_affine": True},
+    _check_contextnorm,
 )
 declare_norm_args("identity", {})
 
