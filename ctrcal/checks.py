@@ -67,10 +67,25 @@ def masknet_norm_widths(cfg: Config) -> dict[str, list[int]]:
     return {"emb_norm": [m.embedding_dim], "net_norm": blocks}
 
 
-@register_check("model")
-def check_model(cfg: Config, problems: Problems) -> None:
+def model_norm_widths(cfg: Config) -> dict[str, list[int | None]]:
+    """Per norm position, the widths its layers normalise (None where not known)."""
     m = cfg.model
-    problems.integer("model.embedding_dim", m.embedding_dim, low=1)
+    if m.name == "masknet":
+        return dict(masknet_norm_widths(cfg))
+    if m.name == "dnn":
+        return {"emb_norm": [m.embedding_dim], "net_norm": list(m.hidden_units)}
+    if m.name == "dcnv2":
+        deep = []
+        if m.structure in ("stacked", "stacked_parallel"):
+            deep += list(m.stacked_dnn_hidden_units)
+        if m.structure in ("parallel", "stacked_parallel"):
+            deep += list(m.parallel_dnn_hidden_units)
+        return {"emb_norm": [m.embedding_dim], "net_norm": deep}
+    return {key: [None] for key in m.kwargs if key.endswith("_norm")} | {"net_norm": [None]}
+
+
+def _check_masknet(cfg: Config, problems: Problems) -> None:
+    m = cfg.model
     if m.variant == "serial":
         if not m.hidden_units:
             problems.add("model.hidden_units", "a serial MaskNet needs at least one block width")
@@ -82,20 +97,52 @@ def check_model(cfg: Config, problems: Problems) -> None:
         for i, units in enumerate(m.mlp_hidden_units):
             problems.integer(f"model.mlp_hidden_units[{i}]", units, low=1)
     problems.number("model.reduction_ratio", m.reduction_ratio, low=0.0, low_open=True)
-    problems.number("model.dropout", m.dropout, low=0.0, high=1.0, high_open=True)
-    problems.number("model.embedding_init_std", m.embedding_init_std, low=0.0, low_open=True)
-    if m.numeric_embedding == "bucket" and cfg.features.numeric_buckets < 2:
-        problems.add(
-            "model.numeric_embedding",
-            "'bucket' needs features.numeric_buckets >= 2 (the boundaries come from there)",
-        )
-    widths = masknet_norm_widths(cfg)
-    problems.norm("model.emb_norm", m.emb_norm, widths["emb_norm"])
-    problems.norm("model.net_norm", m.net_norm, widths["net_norm"])
+
+
+@register_check("model")
+def check_model(cfg: Config, problems: Problems) -> None:
+    """The model by name or import path, its arguments bound against its constructor, its
+    norms at every position. Resolving a model imports it (torch, or the user's package)."""
+    from ctrcal.config import check_model_config
+
+    before = len(problems.items)
+    with problems.at("model"):
+        cfg.model = check_model_config(cfg.model, problems.source)
+    if len(problems.items) > before:
+        return  # unknown model or arguments: nothing below is meaningful
+    m = cfg.model
+    if m.name == "masknet":
+        _check_masknet(cfg, problems)
+    builtin = m.name in ("masknet", "dnn", "dcnv2")
+    if builtin:
+        problems.integer("model.embedding_dim", m.embedding_dim, low=1)
+        problems.number("model.dropout", m.dropout, low=0.0, high=1.0, high_open=True)
+        problems.number("model.embedding_init_std", m.embedding_init_std, low=0.0, low_open=True)
+        if m.numeric_embedding == "bucket" and cfg.features.numeric_buckets < 2:
+            problems.add(
+                "model.numeric_embedding",
+                "'bucket' needs features.numeric_buckets >= 2 (the boundaries come from there)",
+            )
+    widths = model_norm_widths(cfg)
+    for key, spec in m.kwargs.items():
+        if key.endswith("_norm") and not callable(spec):
+            problems.norm(f"model.{key}", spec, widths.get(key, [None]))
+    from ctrcal.models.registry import norm_positions
+
+    positions = norm_positions(m.name)
     for i, variant in enumerate(cfg.report.variants):
         problems.norm(f"report.variants[{i}].net_norm", variant.net_norm, widths["net_norm"])
         if variant.emb_norm is not None:
-            problems.norm(f"report.variants[{i}].emb_norm", variant.emb_norm, widths["emb_norm"])
+            if "emb_norm" not in positions:
+                problems.add(
+                    f"report.variants[{i}].emb_norm",
+                    f"model {m.name!r} has no emb_norm position (its norm positions: "
+                    f"{', '.join(positions)})",
+                )
+            else:
+                problems.norm(
+                    f"report.variants[{i}].emb_norm", variant.emb_norm, widths["emb_norm"]
+                )
 
 
 @register_check("train")

@@ -51,8 +51,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"ctrcal validate: error: {problem}", file=sys.stderr)
         return exc.exit_code
     print(
-        f"{args.config}: OK (model {cfg.model.name}/{cfg.model.variant}, "
-        f"net_norm {cfg.model.net_norm.name}, {len(cfg.report.variants)} report variants)"
+        f"{args.config}: OK (model {cfg.model.describe()}, "
+        f"net_norm {getattr(cfg.model.get('net_norm'), 'name', 'as built')}, "
+        f"{len(cfg.report.variants)} report variants)"
     )
     return 0
 

@@ -87,29 +87,94 @@ class FeaturesConfig:
     numeric_buckets: int = 0
 
 
-@dataclass
 class ModelConfig:
-    """MaskNet and its norms (see :mod:`ctrcal.models.masknet`).
+    """``model:``: a model by ``name`` plus that model's own keyword arguments.
 
-    ``variant`` picks serial (one MaskBlock per ``hidden_units`` entry) or parallel
-    (``num_blocks`` blocks of ``block_dim``, then an MLP of ``mlp_hidden_units``).
-    ``numeric_embedding``: ``linear`` (x*v + b, keeps the value behind a per-field norm),
-    ``scaled`` (x*v, FuxiCTR) or ``bucket`` (needs ``features.numeric_buckets``).
+    ``name`` is a registered model (``masknet``, the default; ``dcnv2``; ``dnn``; or one added
+    with :func:`ctrcal.register_model`) or an import path ``package.module:ClassName``; every
+    other key is an argument of that model, bound against its constructor by ``validate``
+    (see :mod:`ctrcal.models.registry`). Keys ending in ``_norm`` are norm specs. Arguments
+    read as attributes (``cfg.model.net_norm``); after validation the model's defaults are
+    filled in, so a snapshot lists every argument the run used.
     """
 
-    name: Literal["masknet"] = "masknet"
-    variant: Literal["serial", "parallel"] = "serial"
-    embedding_dim: int = 16
-    numeric_embedding: Literal["linear", "scaled", "bucket"] = "linear"
-    hidden_units: list[int] = field(default_factory=lambda: [400, 400, 400])
-    reduction_ratio: float = 1.0
-    num_blocks: int = 2
-    block_dim: int = 500
-    mlp_hidden_units: list[int] = field(default_factory=lambda: [400, 400])
-    emb_norm: NormSpec = field(default_factory=lambda: NormSpec("none"))
-    net_norm: NormSpec = field(default_factory=lambda: NormSpec("layernorm"))
-    dropout: float = 0.0
-    embedding_init_std: float = 1.0e-4
+    def __init__(self, name: str = "masknet", **kwargs: Any) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(
+            self, "kwargs", {k: _build_norm(v, f"model.{k}", "<python>") if k.endswith("_norm")
+                             else v for k, v in kwargs.items()}  # fmt: skip
+        )
+        object.__setattr__(self, "sources", {})
+
+    name: str
+    kwargs: dict[str, Any]
+    sources: dict[str, str]  # key -> the file (or override) it came from, for messages
+
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("__") or key in ("name", "kwargs", "sources"):
+            raise AttributeError(key)
+        if key in self.kwargs:
+            return self.kwargs[key]
+        defaults = _model_defaults(self.name)
+        if key in defaults:
+            value = defaults[key]
+            return _build_norm(value, f"model.{key}", "<defaults>") if key.endswith(
+                "_norm"
+            ) else value
+        raise AttributeError(
+            f"model {self.name!r} has no argument {key!r} in this config "
+            f"(set: {', '.join(self.kwargs) or 'none'})"
+        )
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if key == "name":
+            object.__setattr__(self, "name", value)
+        else:
+            self.kwargs[key] = _build_norm(value, f"model.{key}", "<python>") if key.endswith(
+                "_norm"
+            ) else value
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, ModelConfig)
+            and self.name == other.name
+            and self.kwargs == other.kwargs
+        )
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
+        return f"ModelConfig(name={self.name!r}{', ' if args else ''}{args})"
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ModelConfig:
+        import copy
+
+        out = ModelConfig(self.name)
+        object.__setattr__(out, "kwargs", copy.deepcopy(self.kwargs, memo))
+        object.__setattr__(out, "sources", dict(self.sources))
+        return out
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """An argument's value, or ``default`` when the config does not set it."""
+        return self.kwargs.get(key, default)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with some arguments changed (norm values parsed as norm specs)."""
+        import copy
+
+        out = copy.deepcopy(self)
+        for key, value in changes.items():
+            setattr(out, key, value)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **{k: config_to_dict(v) for k, v in self.kwargs.items()}}
+
+    def describe(self) -> str:
+        """``name`` plus its structural choice where it has one (e.g. ``masknet/serial``)."""
+        for key in ("variant", "structure"):
+            if isinstance(self.kwargs.get(key), str):
+                return f"{self.name}/{self.kwargs[key]}"
+        return self.name
 
 
 @dataclass
@@ -415,10 +480,40 @@ def validate_names(cfg: Config, source: str, skip: Sequence[str] = ()) -> None:
     validate_config(cfg, source, skip)
 
 
+def check_model_config(model: ModelConfig, source: str) -> ModelConfig:
+    """Resolve ``model.name``, bind its arguments, fill in the model's defaults.
+
+    Raises:
+        ConfigError: an unknown model (closest name), an import path that does not resolve,
+            a class that is not an ``nn.Module``, an unknown / mistyped / missing argument --
+            each naming the file and the key.
+    """
+    from ctrcal.models.registry import check_model_kwargs, model_defaults
+
+    def where(key: str) -> str:
+        return f"{source}: model.{key}"  # ctrcal.validation names the file that set the key
+
+    try:
+        defaults = model_defaults(model.name)
+    except ConfigError as exc:
+        raise ConfigError(f"{where('name')}: {exc}") from None
+    check_model_kwargs(model.name, model.kwargs, where)
+    merged = {
+        k: _build_norm(v, f"model.{k}", source) if k.endswith("_norm") else v
+        for k, v in {**defaults, **model.kwargs}.items()
+    }
+    out = ModelConfig(model.name)
+    object.__setattr__(out, "kwargs", merged)
+    object.__setattr__(out, "sources", dict(model.sources))
+    return out
+
+
 def config_to_dict(cfg: Any) -> Any:
     """A plain, YAML-safe mapping of a config (inverse of :func:`config_from_dict`)."""
     if isinstance(cfg, NormSpec):
         return cfg.to_yaml()
+    if isinstance(cfg, ModelConfig):
+        return cfg.to_dict()
     if dataclasses.is_dataclass(cfg):
         return {f.name: config_to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
     if isinstance(cfg, list):
@@ -470,6 +565,8 @@ def _build(tp: Any, value: Any, key: str, source: str) -> Any:
         return _strip(value)
     if tp is NormSpec:
         return _build_norm(value, key, source)
+    if tp is ModelConfig:
+        return _build_model(value, key, source)
     if dataclasses.is_dataclass(tp):
         return _build_dataclass(tp, value, key, source)
     if origin in (Union, types.UnionType):
@@ -533,6 +630,77 @@ def _strip(value: Any) -> Any:
     if isinstance(value, list):
         return [_strip(v) for v in value]
     return value
+
+
+def _model_defaults(name: str) -> dict[str, Any]:
+    try:
+        from ctrcal.models.registry import model_defaults
+
+        return model_defaults(name)
+    except (ImportError, ConfigError):
+        return {}
+
+
+def _build_model(value: Any, key: str, source: str) -> ModelConfig:
+    if isinstance(value, ModelConfig):
+        return value
+    if value is None:
+        value = {}
+    if isinstance(value, str):  # `model: dcnv2` = that model with its defaults
+        value = {"name": value}
+    if not isinstance(value, dict):
+        raise _fail(source, key, f"expected a mapping with 'name', got {value!r}")
+    sources = value.get(_SOURCE, {})
+    name = value.get("name", "masknet")
+    if not isinstance(name, str) or not name.strip():
+        raise _fail(sources.get("name", source), f"{key}.name",
+                    f"expected a model name or 'package.module:Class', got {name!r}")  # fmt: skip
+    kwargs: dict[str, Any] = {}
+    for k, v in value.items():
+        if k in (_SOURCE, "name"):
+            continue
+        if not isinstance(k, str) or not k.isidentifier():
+            raise _fail(sources.get(k, source), f"{key}.{k}", "not a valid argument name")
+        src = sources.get(k, source)
+        kwargs[k] = _build_norm(v, f"{key}.{k}", src) if k.endswith("_norm") else _strip(v)
+    out = ModelConfig(name)
+    object.__setattr__(out, "kwargs", kwargs)
+    object.__setattr__(out, "sources", {k: sources.get(k, source) for k in [*kwargs, "name"]})
+    return out
+
+
+def check_value(tp: Any, value: Any, where: str) -> None:
+    """Check ``value`` against a model argument's annotation (types configs can express).
+
+    ``Sequence[X]`` is read as a list of X; annotations this cannot express are not checked.
+
+    Raises:
+        ConfigError: ``where: expected ..., got ...``.
+    """
+    tp = _config_type(tp)
+    if tp is None:
+        return
+    source, _, key = where.rpartition(": ")
+    _build(tp, value, key, source or "config")
+
+
+def _config_type(tp: Any) -> Any:
+    import collections.abc
+
+    origin = typing.get_origin(tp)
+    if tp in (int, float, bool, str, type(None)) or tp is Any:
+        return tp
+    if origin is Literal:
+        return tp
+    if origin in (list, collections.abc.Sequence, tuple) and typing.get_args(tp):
+        item = _config_type(typing.get_args(tp)[0])
+        return list[item] if item is not None else None  # type: ignore[valid-type]
+    if origin in (Union, types.UnionType):
+        args = [_config_type(a) for a in typing.get_args(tp)]
+        if any(a is None for a in args):
+            return None
+        return Union[tuple(args)]  # noqa: UP007 - built at run time
+    return None
 
 
 def _build_norm(value: Any, key: str, source: str) -> NormSpec:

@@ -214,8 +214,8 @@ def check_report(cfg: Config, source: str = "config") -> tuple[list[VariantPlan]
 def variant_train_config(cfg: Config, plan: VariantPlan, k: int) -> Config:
     """The training config of variant ``plan`` for seed index ``k``."""
     out = copy.deepcopy(cfg)
-    out.model = dataclasses.replace(out.model, net_norm=plan.config.net_norm)
+    out.model = out.model.replace(net_norm=plan.config.net_norm)
     if plan.config.emb_norm is not None:
-        out.model = dataclasses.replace(out.model, emb_norm=plan.config.emb_norm)
+        out.model = out.model.replace(emb_norm=plan.config.emb_norm)
     out.train = dataclasses.replace(out.train, seed=cfg.train.seed + k)
     return out

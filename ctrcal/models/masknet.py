@@ -22,16 +22,14 @@ The model knows no optimizer, no file and no device; ``forward`` returns logits 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.mask_block import MaskBlock
-
-if TYPE_CHECKING:
-    from ctrcal.config import ModelConfig
+from ctrcal.models.registry import FEATURE_DATA_ARGS, create_model, register_model
 
 VARIANTS = ("serial", "parallel")
 
@@ -72,7 +70,7 @@ class MaskNet(nn.Module):
         vocab_sizes: Sequence[int],
         num_numeric: int,
         embedding_dim: int = 16,
-        variant: str = "serial",
+        variant: Literal["serial", "parallel"] = "serial",
         hidden_units: Sequence[int] = (400, 400, 400),
         reduction_ratio: float = 1.0,
         num_blocks: int = 2,
@@ -81,7 +79,7 @@ class MaskNet(nn.Module):
         emb_norm: Any = "none",
         net_norm: Any = "layernorm",
         dropout: float = 0.0,
-        numeric_embedding: str = "linear",
+        numeric_embedding: Literal["linear", "scaled", "bucket"] = "linear",
         bucket_boundaries: Sequence[Sequence[float]] | None = None,
         embedding_init_std: float = 1e-4,
     ) -> None:
@@ -159,8 +157,11 @@ class MaskNet(nn.Module):
         return self.head(h).squeeze(-1)
 
 
-def build_model(model_cfg: ModelConfig, feature_map: Any) -> MaskNet:
-    """A :class:`MaskNet` from a model config section and a feature map.
+def build_model(model_cfg: Any, feature_map: Any) -> nn.Module:
+    """The model a config's ``model:`` section names, for a feature map.
+
+    Kept for compatibility: this is :func:`ctrcal.models.registry.create_model` (any
+    registered model, import path or user model, not only MaskNet).
 
     Args:
         model_cfg: :class:`ctrcal.config.ModelConfig`.
@@ -170,29 +171,7 @@ def build_model(model_cfg: ModelConfig, feature_map: Any) -> MaskNet:
     Raises:
         ConfigError: when the config and the feature map do not fit together.
     """
-    from ctrcal.errors import ConfigError
+    return create_model(model_cfg, feature_map)
 
-    if model_cfg.name != "masknet":
-        raise ConfigError(f"model.name: unknown model {model_cfg.name!r} (valid: masknet)")
-    try:
-        return MaskNet(
-            vocab_sizes=list(feature_map.vocab_sizes),
-            num_numeric=len(feature_map.numeric_fields),
-            embedding_dim=model_cfg.embedding_dim,
-            variant=model_cfg.variant,
-            hidden_units=list(model_cfg.hidden_units),
-            reduction_ratio=model_cfg.reduction_ratio,
-            num_blocks=model_cfg.num_blocks,
-            block_dim=model_cfg.block_dim,
-            mlp_hidden_units=list(model_cfg.mlp_hidden_units),
-            emb_norm=model_cfg.emb_norm,
-            net_norm=model_cfg.net_norm,
-            dropout=model_cfg.dropout,
-            numeric_embedding=model_cfg.numeric_embedding,
-            bucket_boundaries=getattr(feature_map, "bucket_boundaries", None),
-            embedding_init_std=getattr(model_cfg, "embedding_init_std", 1e-4),
-        )
-    except ValueError as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(f"model: {exc}") from None
+
+register_model("masknet", MaskNet, _data_args=FEATURE_DATA_ARGS, _batch_input=False)

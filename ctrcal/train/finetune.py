@@ -16,7 +16,7 @@ from torch import nn
 from ctrcal.config import Config
 from ctrcal.errors import ConfigError
 from ctrcal.layers.spec import NormSpec, is_no_norm, normalize_name
-from ctrcal.models.masknet import build_model
+from ctrcal.models.registry import create_model
 
 __all__ = ["finetune_model"]
 
@@ -40,6 +40,11 @@ def finetune_model(cfg: Config, feature_map: Any) -> nn.Module:
 
     src_dir = Path(cfg.train.finetune_from)  # type: ignore[arg-type]
     src_model, src_cfg, src_fm = load_run(src_dir)
+    if src_cfg.model.name != "masknet" or cfg.model.name != "masknet":
+        raise ConfigError(
+            "train.finetune_from: swapping norms into a trained run is implemented for masknet "
+            f"runs only (source {src_cfg.model.name!r}, this config {cfg.model.name!r})"
+        )
     if list(src_fm.vocab_sizes) != list(feature_map.vocab_sizes) or list(
         src_fm.numeric_fields
     ) != list(feature_map.numeric_fields):
@@ -66,7 +71,7 @@ def finetune_model(cfg: Config, feature_map: Any) -> nn.Module:
                 f"not add one (set model.{key}: none)"
             )
         replace_norms(container, new, target=tuple({type(m) for m in current}))
-    model = build_model(cfg.model, feature_map)
+    model = create_model(cfg.model, feature_map)
     try:
         model.load_state_dict(src_model.state_dict(), strict=True)
     except RuntimeError as exc:

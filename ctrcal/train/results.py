@@ -95,7 +95,7 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Config, Any]:
     Works on finished and on interrupted runs (whatever ``checkpoints/best.pt`` holds).
     """
     from ctrcal.data.features import FeatureMap
-    from ctrcal.models.masknet import build_model
+    from ctrcal.models.registry import create_model
     from ctrcal.train.checkpoint import load_best
 
     run_dir = Path(run_dir)
@@ -104,7 +104,7 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Config, Any]:
     state = load_best(run_dir)
     if state is None:
         raise CtrcalError(f"{run_dir}: no trained weights yet (no best checkpoint)")
-    model = build_model(cfg.model, feature_map)
+    model = create_model(cfg.model, feature_map, check=False)
     model.load_state_dict(state["model"])
     model.eval()
     return model, cfg, feature_map

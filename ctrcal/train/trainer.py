@@ -40,7 +40,7 @@ from torch import nn
 from ctrcal.config import Config
 from ctrcal.data.loader import Batch
 from ctrcal.errors import ConfigError, CtrcalError, DataError
-from ctrcal.models.masknet import build_model
+from ctrcal.models.registry import create_model
 from ctrcal.runs import LAST, check_resumable, run_progress, write_run_files
 from ctrcal.train import distributed as dist_util
 from ctrcal.train.checkpoint import (
@@ -246,7 +246,7 @@ def _train_in_context(
     if tcfg.finetune_from and not resuming:
         model = finetune_model(cfg, feature_map)
     else:
-        model = build_model(cfg.model, feature_map)
+        model = create_model(cfg.model, feature_map)  # checks the model contract
     model.to(device)
     optimizer = make_optimizer(model, tcfg)
 

@@ -1,0 +1,93 @@
+"""DNN: the embedding + MLP baseline every CTR paper reports; returns logits.
+
+Structure (FuxiCTR's DNN, the BARS baseline)::
+
+    E     = FeatureEmbedding(categorical, numeric)        [B, F, D]
+    x     = flatten(FieldNorm_emb(E))                     [B, F*D]   (emb_norm, per field)
+    logit = MLP(x): (Linear -> Norm -> ReLU -> Dropout) per hidden layer, then Linear -> 1
+
+Norms are specs from :mod:`ctrcal.layers.registry` at two positions: ``net_norm`` after every
+hidden linear layer and ``emb_norm`` per field over D. Init: Xavier-normal linear weights,
+zero biases, small-normal embeddings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
+from ctrcal.layers.mlp import MLP, is_no_norm
+from ctrcal.models.registry import FEATURE_DATA_ARGS, register_model
+
+__all__ = ["DNN"]
+
+
+class DNN(nn.Module):
+    """Embedding + MLP CTR model.
+
+    Args:
+        vocab_sizes: per categorical field, its number of ids.
+        num_numeric: number of numeric fields.
+        embedding_dim: D.
+        hidden_units: width of each hidden layer.
+        net_norm: norm spec after every hidden linear layer (``"none"``: no norm).
+        emb_norm: norm spec per field over D (``"none"``: no norm).
+        dropout: dropout after every hidden activation.
+        numeric_embedding: ``linear`` | ``scaled`` | ``bucket`` (see
+            :class:`~ctrcal.layers.embedding.FeatureEmbedding`).
+        bucket_boundaries: per numeric field, for ``bucket``.
+        embedding_init_std: std of the normal init of the embeddings.
+
+    Shapes:
+        categorical: int64 ``[B, Fc]``; numeric: float ``[B, Fn]`` (NaN = missing);
+        output: logits ``[B]``.
+    """
+
+    def __init__(
+        self,
+        vocab_sizes: Sequence[int],
+        num_numeric: int,
+        embedding_dim: int = 16,
+        hidden_units: Sequence[int] = (400, 400, 400),
+        net_norm: Any = "none",
+        emb_norm: Any = "none",
+        dropout: float = 0.0,
+        numeric_embedding: Literal["linear", "scaled", "bucket"] = "linear",
+        bucket_boundaries: Sequence[Sequence[float]] | None = None,
+        embedding_init_std: float = 1e-4,
+    ) -> None:
+        super().__init__()
+        self.embedding = FeatureEmbedding(
+            vocab_sizes,
+            num_numeric,
+            embedding_dim,
+            numeric_embedding=numeric_embedding,
+            bucket_boundaries=bucket_boundaries,
+            init_std=embedding_init_std,
+        )
+        fields, dim = self.embedding.num_fields, self.embedding.embedding_dim
+        self.emb_norm = None if is_no_norm(emb_norm) else FieldNorm(fields, dim, emb_norm)
+        self.mlp = MLP(self.embedding.output_dim, hidden_units, net_norm, dropout, output_dim=1)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-normal linear weights, zero biases, small-normal embeddings."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_normal_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        self.embedding.reset_parameters()
+
+    def forward(self, categorical: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B]`` for categorical ``[B, Fc]`` int64 ids and numeric ``[B, Fn]``."""
+        emb = self.embedding(categorical, numeric)
+        x = emb.flatten(1) if self.emb_norm is None else self.emb_norm(emb).flatten(1)
+        return self.mlp(x).squeeze(-1)
+
+
+register_model("dnn", DNN, _data_args=FEATURE_DATA_ARGS, _batch_input=False)

@@ -1,0 +1,119 @@
+"""DCNv2 and DNN: shapes, the cross formulas, norm positions, learning."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctrcal.data.criteo import NUM_CATEGORICAL, NUM_NUMERIC
+from ctrcal.layers.cross import CrossNet
+from ctrcal.layers.embedding import FieldNorm
+from ctrcal.layers.mc_layernorm import MCLayerNorm
+from ctrcal.layers.norms import FeatureBatchNorm
+from ctrcal.layers.registry import replace_norms
+from ctrcal.models.dcnv2 import STRUCTURES, DCNv2
+from ctrcal.models.dnn import DNN
+
+VOCAB = [11] * NUM_CATEGORICAL
+
+
+def _inputs(rows: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    cat = torch.randint(0, 11, (rows, NUM_CATEGORICAL), generator=g)
+    num = torch.randn(rows, NUM_NUMERIC, generator=g)
+    num[0, 0] = float("nan")
+    return cat, num
+
+
+@pytest.mark.parametrize("structure", STRUCTURES)
+@pytest.mark.parametrize(("low_rank", "experts"), [(0, 1), (4, 1), (4, 3)])
+def test_dcnv2_returns_finite_logits_of_shape_b(structure, low_rank, experts):
+    model = DCNv2(VOCAB, NUM_NUMERIC, embedding_dim=4, structure=structure, num_cross_layers=2,
+                  low_rank=low_rank, num_experts=experts, stacked_dnn_hidden_units=[8],
+                  parallel_dnn_hidden_units=[8, 8])  # fmt: skip
+    out = model(*_inputs())
+    assert out.shape == (6,) and torch.isfinite(out).all()
+    out.sum().backward()
+    assert model.cross.parameters().__next__().grad is not None
+
+
+def test_full_rank_cross_layers_follow_the_formula():
+    net = CrossNet(5, 2)
+    x0 = torch.randn(3, 5)
+    x = x0
+    for lin in net.layers:
+        x = x0 * (x @ lin.weight.T + lin.bias) + x
+    torch.testing.assert_close(net(x0), x)
+
+
+def test_mixture_of_experts_matches_a_loop_over_experts():
+    torch.manual_seed(0)
+    net = CrossNet(6, 2, low_rank=3, num_experts=4)
+    x0 = torch.randn(5, 6)
+    x = x0
+    for i in range(2):
+        outs, gates = [], []
+        for e in range(4):
+            v = torch.tanh(x @ net.V[i][:, e * 3 : (e + 1) * 3])
+            v = torch.tanh(v @ net.C[i, e])
+            outs.append(x0 * (v @ net.U[i, e] + net.bias[i]))
+            gates.append(x @ net.gate[i][:, e])
+        g = torch.softmax(torch.stack(gates, 1), dim=1)
+        x = (torch.stack(outs, 1) * g.unsqueeze(-1)).sum(1) + x
+    torch.testing.assert_close(net(x0), x)
+
+
+def test_low_rank_single_expert_is_u_v_transposed():
+    net = CrossNet(6, 1, low_rank=2)
+    x0 = torch.randn(4, 6)
+    expected = x0 * (x0 @ net.V[0] @ net.U[0, 0] + net.bias[0]) + x0
+    torch.testing.assert_close(net(x0), expected)
+
+
+def test_dcnv2_norms_at_every_deep_layer_and_per_field():
+    model = DCNv2(VOCAB, NUM_NUMERIC, embedding_dim=4, structure="stacked_parallel",
+                  stacked_dnn_hidden_units=[8, 8], parallel_dnn_hidden_units=[8],
+                  net_norm={"name": "mclayernorm", "fraction": 0.5},
+                  emb_norm="layernorm")  # fmt: skip
+    mc = [m for m in model.modules() if isinstance(m, MCLayerNorm)]
+    assert len(mc) == 3  # two stacked + one parallel hidden layer
+    assert isinstance(model.emb_norm, FieldNorm)
+    assert len(model.emb_norm.norms) == NUM_CATEGORICAL + NUM_NUMERIC
+    assert replace_norms(model, "rmsnorm") == NUM_CATEGORICAL + NUM_NUMERIC  # the field norms
+
+
+def test_dnn_norm_per_hidden_layer_and_none_adds_no_module():
+    model = DNN(VOCAB, NUM_NUMERIC, embedding_dim=4, hidden_units=[8, 6, 4], net_norm="batchnorm")
+    assert sum(isinstance(m, FeatureBatchNorm) for m in model.modules()) == 3
+    bare = DNN(VOCAB, NUM_NUMERIC, embedding_dim=4, hidden_units=[8, 6], net_norm="none")
+    kinds = [type(m) for m in bare.mlp.layers]
+    assert kinds == [nn.Linear, nn.ReLU, nn.Linear, nn.ReLU, nn.Linear]
+    assert model(*_inputs()).shape == (6,)
+
+
+@pytest.mark.parametrize("factory", [DNN, DCNv2])
+def test_models_learn_a_simple_rule(factory):
+    torch.manual_seed(0)
+    kwargs = {"hidden_units": [16]} if factory is DNN else {"parallel_dnn_hidden_units": [16]}
+    model = factory(VOCAB, NUM_NUMERIC, embedding_dim=4, net_norm="layernorm", **kwargs)
+    cat, num = _inputs(512, seed=1)
+    num = torch.nan_to_num(num)
+    y = ((cat[:, 0] % 2 == 0) ^ (num[:, 1] > 0)).float()
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    for _ in range(150):
+        opt.zero_grad()
+        loss = F.binary_cross_entropy_with_logits(model(cat, num), y)
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.3
+
+
+def test_bad_structure_and_widths_are_errors():
+    with pytest.raises(ValueError, match="unknown DCNv2 structure 'paralel'"):
+        DCNv2(VOCAB, NUM_NUMERIC, structure="paralel")
+    with pytest.raises(ValueError, match="needs low_rank > 0"):
+        DCNv2(VOCAB, NUM_NUMERIC, num_experts=2)
+    with pytest.raises(ValueError, match="MLP widths"):
+        DNN(VOCAB, NUM_NUMERIC, hidden_units=[0])
