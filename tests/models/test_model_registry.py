@@ -180,3 +180,12 @@ def test_old_masknet_configs_load_unchanged(tmp_path):
     path = _write(tmp_path, "model:\n  name: dnn\n  variant: serial\n")
     with pytest.raises(ConfigError, match="model 'dnn' has no argument 'variant'"):
         load_config(path)
+
+
+def test_a_variant_norm_at_a_position_the_model_lacks_is_an_error(tmp_path):
+    text = (
+        "model: {name: tiny_user_model:TinyCTR}\n"
+        "report:\n  variants:\n    - {name: ln, net_norm: layernorm, emb_norm: layernorm}\n"
+    )
+    with pytest.raises(ConfigError, match=r"report.variants\[0\].emb_norm: .*no emb_norm position"):
+        load_config(_write(tmp_path, text))
