@@ -50,7 +50,7 @@ class ShiftReportSummary:
 
 def _model_config(model: Any, model_kwargs: dict[str, Any] | None) -> ModelConfig:
     """A ModelConfig naming ``model`` so that a saved run can rebuild it."""
-    from ctrcal.models.registry import register_model, resolve_model
+    from ctrcal.models.registry import qualified_name, register_model, resolve_model
 
     kwargs = dict(model_kwargs or {})
     if isinstance(model, ModelConfig):
@@ -65,9 +65,11 @@ def _model_config(model: Any, model_kwargs: dict[str, Any] | None) -> ModelConfi
         resolve_model(model)  # unknown names and bad import paths fail here
         return ModelConfig(model, **kwargs)
     entry = resolve_model(model)  # a class or factory: not an nn.Module class fails here
-    name = entry.name
-    if ":" in name and _importable(name, model):
-        return ModelConfig(name, **kwargs)
+    path = qualified_name(model)
+    if _importable(path, model):  # an import path: every process (and later session) can load
+        return ModelConfig(path, **kwargs)
+    if ":" not in entry.name:  # registered already
+        return ModelConfig(entry.name, **kwargs)
     # defined where no other process can import it (a notebook's __main__): register it in
     # this process; runs trained here can be read back here
     key = "".join(ch for ch in getattr(model, "__qualname__", "model") if ch.isalnum() or ch == "_")

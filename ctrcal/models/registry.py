@@ -193,7 +193,7 @@ def resolve_model(spec: Any) -> ModelEntry:
         for entry in _REGISTRY.values():
             if entry.factory is spec:
                 return entry
-        return ModelEntry(_qualified_name(spec), spec)
+        return ModelEntry(qualified_name(spec), spec)
     if ":" in spec:
         return ModelEntry(spec, _import_path(spec))
     _ensure_builtins()
@@ -208,7 +208,7 @@ def resolve_model(spec: Any) -> ModelEntry:
     return _REGISTRY[key]
 
 
-def _qualified_name(obj: Any) -> str:
+def qualified_name(obj: Any) -> str:
     module = getattr(obj, "__module__", None)
     qualname = getattr(obj, "__qualname__", None)
     if module and qualname and "<" not in qualname:
