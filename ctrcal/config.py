@@ -100,10 +100,7 @@ class ModelConfig:
 
     def __init__(self, name: str = "masknet", **kwargs: Any) -> None:
         object.__setattr__(self, "name", name)
-        object.__setattr__(
-            self, "kwargs", {k: _build_norm(v, f"model.{k}", "<python>") if k.endswith("_norm")
-                             else v for k, v in kwargs.items()}  # fmt: skip
-        )
+        object.__setattr__(self, "kwargs", {k: _model_arg(k, v) for k, v in kwargs.items()})
         object.__setattr__(self, "sources", {})
 
     name: str
@@ -130,9 +127,7 @@ class ModelConfig:
         if key == "name":
             object.__setattr__(self, "name", value)
         else:
-            self.kwargs[key] = _build_norm(value, f"model.{key}", "<python>") if key.endswith(
-                "_norm"
-            ) else value
+            self.kwargs[key] = _model_arg(key, value)
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -629,6 +624,14 @@ def _strip(value: Any) -> Any:
         return {k: _strip(v) for k, v in value.items() if k != _SOURCE}
     if isinstance(value, list):
         return [_strip(v) for v in value]
+    return value
+
+
+def _model_arg(key: str, value: Any) -> Any:
+    """A model argument set from Python: norm positions parsed as norm specs, except a class
+    or factory (``nn.LayerNorm``, a partial), which a norm position takes as it is."""
+    if key.endswith("_norm") and not (callable(value) and not isinstance(value, NormSpec)):
+        return _build_norm(value, f"model.{key}", "<python>")
     return value
 
 

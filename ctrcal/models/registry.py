@@ -370,20 +370,29 @@ def create_model(
             f"{label}: constructing it returned a {type(model).__name__}, not a torch.nn.Module"
         )
     if replace is not None:
-        spec_norm = replace if isinstance(replace, NormSpec) else NormSpec(str(replace))
-        if spec_norm.name.lower() != "layernorm" or spec_norm.kwargs:
-            count = replace_norms(model, spec_norm)
-            if count == 0:
-                raise ConfigError(
-                    f"{label}: net_norm {spec_norm.name!r} was given but the model has no "
-                    "nn.LayerNorm to replace (and no net_norm argument)"
-                )
+        if isinstance(replace, (str, dict)):
+            replace = NormSpec(replace) if isinstance(replace, str) else _norm_from_dict(replace)
+        keep = isinstance(replace, NormSpec) and (
+            replace.name.lower() == "layernorm" and not replace.kwargs
+        )
+        if not keep and replace_norms(model, replace) == 0:
+            shown = replace.name if isinstance(replace, NormSpec) else replace
+            raise ConfigError(
+                f"{label}: net_norm {shown!r} was given but the model has no nn.LayerNorm to "
+                "replace (and no net_norm argument)"
+            )
     if entry.batch_input:
         model = BatchInputModel(model)
     bind_contexts(model, getattr(feature_map, "categorical_fields", None))
     if check:
         check_model_output(model, feature_map, label)
     return model
+
+
+def _norm_from_dict(value: dict[str, Any]) -> Any:
+    from ctrcal.config import NormSpec
+
+    return NormSpec(value["name"], {k: v for k, v in value.items() if k != "name"})
 
 
 def _probe_inputs(feature_map: Any, rows: int = 2) -> tuple[torch.Tensor, torch.Tensor]:

@@ -189,3 +189,16 @@ def test_a_variant_norm_at_a_position_the_model_lacks_is_an_error(tmp_path):
     )
     with pytest.raises(ConfigError, match=r"report.variants\[0\].emb_norm: .*no emb_norm position"):
         load_config(_write(tmp_path, text))
+
+
+def test_norm_positions_take_names_mappings_and_classes():
+    import functools
+
+    specs = ["mclayernorm", {"name": "mclayernorm", "fraction": 0.5},
+             functools.partial(MCLayerNorm, fraction=0.5)]  # fmt: skip
+    for spec in specs:
+        user = create_model(ModelConfig(TINY_PATH, net_norm=spec), _fm())
+        dnn = create_model(ModelConfig("dnn", embedding_dim=2, hidden_units=[4], net_norm=spec),
+                           _fm())  # fmt: skip
+        for model in (user, dnn):
+            assert any(type(m) is MCLayerNorm for m in model.modules())
