@@ -125,8 +125,10 @@ def _norm_text(spec) -> str:
 def _describe_variant(plan: VariantPlan, cfg: Config) -> str:
     bits = []
     if plan.trains:
-        emb = plan.config.emb_norm if plan.config.emb_norm is not None else cfg.model.emb_norm
-        bits.append(f"MaskBlocks {_norm_text(plan.config.net_norm)}, fields {_norm_text(emb)}")
+        emb = plan.config.emb_norm
+        emb = emb if emb is not None else cfg.model.get("emb_norm")
+        where = "MaskBlocks" if cfg.model.name == "masknet" else f"{cfg.model.name} net_norm"
+        bits.append(f"{where} {_norm_text(plan.config.net_norm)}, fields {_norm_text(emb)}")
     else:
         bits.append(f"runs of {plan.run_variant}")
     if plan.ensemble:
