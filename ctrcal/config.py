@@ -162,7 +162,10 @@ class ModelConfig:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, **{k: config_to_dict(v) for k, v in self.kwargs.items()}}
+        """``{name, <every argument>}``: the model's defaults included, so a snapshot and the
+        signature of a run do not depend on whether the config was validated."""
+        args = {**_model_defaults(self.name), **self.kwargs}
+        return {"name": self.name, **{k: config_to_dict(_model_arg(k, v)) for k, v in args.items()}}
 
     def describe(self) -> str:
         """``name`` plus its structural choice where it has one (e.g. ``masknet/serial``)."""

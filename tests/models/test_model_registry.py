@@ -158,7 +158,7 @@ def test_validate_checks_model_argument_types_and_choices(tmp_path):
 
 def test_validate_checks_norm_arguments(tmp_path):
     path = _write(tmp_path, "model:\n  name: dnn\n  net_norm: {name: contextnorm}\n")
-    with pytest.raises(ConfigError, match=r"model.net_norm: .*missing required argument 'field'"):
+    with pytest.raises(ConfigError, match=r"model.net_norm: .*field: required"):
         load_config(path)
     path = _write(tmp_path, "model:\n  name: dnn\n  emb_norm: {name: groupnorm, group: 2}\n")
     with pytest.raises(ConfigError, match=r"model.emb_norm: .*did you mean 'num_groups'"):
