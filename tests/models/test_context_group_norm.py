@@ -30,7 +30,7 @@ def test_groupnorm_normalizes_each_group_of_features():
     mean = groups.mean(-1, keepdim=True)
     var = groups.var(-1, unbiased=False, keepdim=True)
     expected = ((groups - mean) / torch.sqrt(var + 1e-5)).view(4, 5, 6) * norm.weight + norm.bias
-    torch.testing.assert_close(norm(x), expected)
+    torch.testing.assert_close(norm(x), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_groupnorm_with_one_group_is_layernorm():
