@@ -14,14 +14,9 @@ import torch
 from torch import nn
 
 from ctrcal.layers.registry import create_norm
+from ctrcal.layers.spec import is_no_norm
 
 __all__ = ["MLP", "is_no_norm"]
-
-
-def is_no_norm(spec: Any) -> bool:
-    """Whether a norm spec means "no norm" (``None``, ``"none"``, ``"identity"``)."""
-    name = spec.get("name") if isinstance(spec, dict) else getattr(spec, "name", spec)
-    return spec is None or (isinstance(name, str) and name.lower() in ("none", "identity"))
 
 
 class MLP(nn.Module):

@@ -73,12 +73,17 @@ def is_no_norm(spec: Any) -> bool:
     """Whether ``spec`` leaves its position without normalization.
 
     True for None/False, the names ``none`` and ``identity`` in any spelling (``Identity``,
-    ``NONE``), a :class:`NormSpec` of those, and ``torch.nn.Identity`` (class or instance).
+    ``NONE``), a :class:`NormSpec` or a mapping (``{name: none}``) of those, and
+    ``torch.nn.Identity`` (class or instance).
     """
     if spec is None or spec is False:
         return True
     if isinstance(spec, NormSpec):
         spec = spec.name
+    elif isinstance(spec, Mapping):
+        spec = spec.get("name")
+        if spec is None:
+            return False
     if isinstance(spec, str):
         return normalize_name(spec) in _NO_NORM
     torch = sys.modules.get("torch")  # a class or module can only be torch's if torch is loaded

@@ -27,7 +27,8 @@ from torch import nn
 
 from ctrcal.layers.cross import CrossNet
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
-from ctrcal.layers.mlp import MLP, is_no_norm
+from ctrcal.layers.mlp import MLP
+from ctrcal.layers.spec import is_no_norm
 from ctrcal.models.registry import FEATURE_DATA_ARGS, register_model
 
 __all__ = ["DCNv2", "STRUCTURES"]

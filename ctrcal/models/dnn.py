@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
-from ctrcal.layers.mlp import MLP, is_no_norm
+from ctrcal.layers.mlp import MLP
+from ctrcal.layers.spec import is_no_norm
 from ctrcal.models.registry import FEATURE_DATA_ARGS, register_model
 
 __all__ = ["DNN"]

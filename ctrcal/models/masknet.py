@@ -29,14 +29,10 @@ from torch import nn
 
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.mask_block import MaskBlock
+from ctrcal.layers.spec import is_no_norm
 from ctrcal.models.registry import FEATURE_DATA_ARGS, create_model, register_model
 
 VARIANTS = ("serial", "parallel")
-
-
-def _is_none(spec: Any) -> bool:
-    name = getattr(spec, "name", spec)
-    return spec is None or (isinstance(name, str) and name.lower() in ("none", "identity"))
 
 
 class MaskNet(nn.Module):
@@ -106,7 +102,7 @@ class MaskNet(nn.Module):
         )
         fields, dim = self.embedding.num_fields, self.embedding.embedding_dim
         flat = self.embedding.output_dim
-        self.emb_norm = None if _is_none(emb_norm) else FieldNorm(fields, dim, emb_norm)
+        self.emb_norm = None if is_no_norm(emb_norm) else FieldNorm(fields, dim, emb_norm)
 
         def block(hidden: int, out: int) -> MaskBlock:
             return MaskBlock(flat, hidden, out, reduction_ratio, net_norm, dropout)
