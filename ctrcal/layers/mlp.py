@@ -13,10 +13,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ctrcal.layers.dropout import run_sequential
 from ctrcal.layers.registry import create_norm
 from ctrcal.layers.spec import is_no_norm
 
-__all__ = ["MLP", "is_no_norm"]
+__all__ = ["MLP"]
 
 
 class MLP(nn.Module):
@@ -66,4 +67,5 @@ class MLP(nn.Module):
         self.output_dim = width
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers(x)
+        """``[B, input_dim]`` -> ``[B, output_dim]``; ReLU + Dropout pairs run fused."""
+        return run_sequential(self.layers, x)

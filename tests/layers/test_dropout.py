@@ -144,3 +144,21 @@ def test_run_sequential_fuses_relu_dropout_pairs_only():
     torch.manual_seed(12)
     h = relu_dropout(seq[0](x), 0.5, training=True)
     torch.testing.assert_close(out, seq[5](torch.relu(seq[3](h))))
+
+
+def test_mlp_runs_its_relu_dropout_pairs_fused_with_dropout_semantics():
+    from ctrcal.layers.mlp import MLP
+
+    torch.manual_seed(0)
+    mlp = MLP(8, [64], "layernorm", dropout=0.25, output_dim=None)
+    x = torch.randn(4096, 8)
+    mlp.eval()
+    torch.testing.assert_close(mlp(x), mlp.layers(x))  # inference: exactly the plain tower
+    mlp.train()
+    out = mlp(x)
+    post = torch.relu(mlp.layers[:2](x))  # Linear -> LayerNorm, deterministic; then ReLU
+    positive = post > 0
+    kept = out[positive] != 0
+    # inverted dropout: keep rate 1 - p, kept values scaled by 1 / (1 - p)
+    assert abs(kept.float().mean().item() - 0.75) < 0.01
+    torch.testing.assert_close(out[positive][kept], post[positive][kept] / 0.75)
