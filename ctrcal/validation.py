@@ -51,7 +51,7 @@ __all__ = [
     "validate_config",
 ]
 
-# torch-free modules whose import registers checks (each engineer's section adds its own)
+# torch-free modules whose import registers checks (a subsystem adds its own module here)
 CHECK_MODULES: list[str] = ["ctrcal.checks"]
 
 
