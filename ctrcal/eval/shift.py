@@ -45,6 +45,30 @@ __all__ = [
 PAPER_INTENSITIES: tuple[float, ...] = (0.0625, 0.125, 0.25, 0.5)
 
 
+class _Stream:
+    """A seeded random stream per device, restartable (the determinism every shift shares)."""
+
+    def __init__(self, seed: int | None) -> None:
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise ValueError(f"seed must be an integer or None, got {seed!r}")
+        self.seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def reset(self) -> None:
+        self._generators.clear()
+
+    def __call__(self, device: torch.device) -> torch.Generator:
+        gen = self._generators.get(device)
+        if gen is None:
+            gen = torch.Generator(device=device)
+            if self.seed is None:
+                gen.seed()
+            else:
+                gen.manual_seed(self.seed)
+            self._generators[device] = gen
+        return gen
+
+
 class GaussianShift:
     """Add N(0, (intensity · std_j)²) to numeric feature j, deterministically by seed.
 
@@ -86,13 +110,11 @@ class GaussianShift:
         mix_fraction = float(mix_fraction)
         if not 0.0 <= mix_fraction <= 1.0:
             raise ValueError(f"mix_fraction must lie in [0, 1], got {mix_fraction}")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise ValueError(f"seed must be an integer or None, got {seed!r}")
+        self._stream = _Stream(seed)
         self.std = std_t
         self.intensity = intensity
         self.seed = seed
         self.mix_fraction = mix_fraction
-        self._generators: dict[torch.device, torch.Generator] = {}
         self._scales: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
     @classmethod
@@ -110,19 +132,8 @@ class GaussianShift:
 
     def reset(self) -> GaussianShift:
         """Restart the noise stream from ``seed``."""
-        self._generators.clear()
+        self._stream.reset()
         return self
-
-    def _generator(self, device: torch.device) -> torch.Generator:
-        gen = self._generators.get(device)
-        if gen is None:
-            gen = torch.Generator(device=device)
-            if self.seed is None:
-                gen.seed()
-            else:
-                gen.manual_seed(self.seed)
-            self._generators[device] = gen
-        return gen
 
     def _scale(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         key = (device, dtype)
@@ -147,7 +158,7 @@ class GaussianShift:
                 f"numeric must have shape [B, {self.std.numel()}], got {tuple(numeric.shape)}"
             )
         device = numeric.device
-        gen = self._generator(device)
+        gen = self._stream(device)
         rows = numeric.shape[0]
         if self.mix_fraction >= 1.0:
             mask = torch.ones(rows, dtype=torch.bool, device=device)
@@ -170,30 +181,6 @@ class GaussianShift:
 
 # ---------------------------------------------------------------------------------------------
 # Shifts on a whole batch (created by name through ctrcal.eval.shifts.create_shift)
-
-
-class _Stream:
-    """A seeded random stream per device, restartable (the determinism every shift shares)."""
-
-    def __init__(self, seed: int | None) -> None:
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise ValueError(f"seed must be an integer or None, got {seed!r}")
-        self.seed = seed
-        self._generators: dict[torch.device, torch.Generator] = {}
-
-    def reset(self) -> None:
-        self._generators.clear()
-
-    def __call__(self, device: torch.device) -> torch.Generator:
-        gen = self._generators.get(device)
-        if gen is None:
-            gen = torch.Generator(device=device)
-            if self.seed is None:
-                gen.seed()
-            else:
-                gen.manual_seed(self.seed)
-            self._generators[device] = gen
-        return gen
 
 
 def _row_mask(rows: int, fraction: float, gen: torch.Generator, device) -> torch.Tensor:
