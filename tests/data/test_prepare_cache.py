@@ -152,7 +152,12 @@ def test_real_samples_same_schema(criteo_samples, tmp_path):
         fm = FeatureMap.load(out)
         assert len(fm.vocab_sizes) == 26
     assert schemas[0] == schemas[1] == schemas[2]
-    res = prepare(sorted(criteo_samples.glob("*.txt")), tmp_path / "all")
+    pooled = sorted(criteo_samples.glob("*.txt"))
+    # sample_train/sample_test are named as splits: pooling them must be asked for.
+    with pytest.raises(DataError, match="look like train/valid/test splits"):
+        prepare(pooled, tmp_path / "all")
+    assert not (tmp_path / "all" / "feature_map.json").exists()
+    res = prepare(pooled, tmp_path / "all", resplit=True)
     assert res.total_rows == 400
 
 
