@@ -41,6 +41,21 @@ class VariantPlan:
     mc_dropout: bool = False
     ensemble: int = 0  # members per replicate (0 = a single run)
 
+    def same_ranking_as(self, other: VariantPlan) -> bool:
+        """Whether this variant's predictions are a strictly increasing map of ``other``'s.
+
+        True for temperature scaling (T > 0) of the same runs predicted the same way: every
+        ranking metric (AUC) then equals ``other``'s by construction. Platt scaling is left
+        out (its fitted slope may be negative), and so is isotonic regression (it ties rows).
+        """
+        return (
+            self.calibration == "temperature"
+            and other.calibration is None
+            and self.run_variant == other.run_variant
+            and (self.mc_samples, self.mc_dropout, self.ensemble)
+            == (other.mc_samples, other.mc_dropout, other.ensemble)
+        )
+
     @property
     def trains(self) -> bool:
         return self.run_variant == self.name

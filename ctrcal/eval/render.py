@@ -356,8 +356,13 @@ def _difference_tables(diffs: pd.DataFrame, meta: dict[str, Any], units: dict) -
     def num(x: float, fmt: str) -> str:
         return format(x, fmt) if math.isfinite(x) else "n/a"
 
+    fixed = (
+        diffs["by_construction"].astype(bool)
+        if "by_construction" in diffs
+        else pd.Series(False, index=diffs.index)
+    )
     prim = diffs[diffs["primary"] == True]  # noqa: E712
-    expl = diffs[diffs["primary"] != True]  # noqa: E712
+    expl = diffs[(diffs["primary"] != True) & ~fixed]  # noqa: E712
     m = int(np.isfinite(prim["p"].to_numpy(dtype=float)).sum())
     lines = [
         f"## Paired differences vs {base}",
@@ -390,6 +395,14 @@ def _difference_tables(diffs: pd.DataFrame, meta: dict[str, Any], units: dict) -
         )
     header = ["variant", "metric", "point", "Δ ± SE", "p", "p_Holm", "detectable", ""]
     lines += [_markdown_table(header, rows), ""]
+    if fixed.any():
+        names = ", ".join(dict.fromkeys(diffs.loc[fixed, "variant"]))
+        lines += [
+            f"Not tested: the AUC of {names} equals {base}'s by construction (a strictly "
+            "increasing recalibration of the same predictions); differences there are float "
+            "round-off of ties.",
+            "",
+        ]
     if not expl.empty:
         hints = expl[expl["p"].astype(float) < alpha]
         lines += [
@@ -427,6 +440,7 @@ def write_report(
     reliability: dict[str, dict[Any, dict[str, Any]]] | None = None,
     figures: bool = True,
     variants: Sequence[str] | None = None,
+    same_ranking: Sequence[str] = (),
 ) -> ReportPaths:
     """Aggregate a results table and write results.csv, summary.json, report.md and figures.
 
@@ -442,6 +456,8 @@ def write_report(
         figures: write PNG figures.
         variants: order of the variants in tables, figures and the verdict (default: as they
             first appear in ``results``).
+        same_ranking: variants whose AUC equals the baseline's by construction (see
+            :func:`~ctrcal.eval.stats.paired_differences`).
     """
     from ctrcal.eval.stats import _with_shift
 
@@ -474,7 +490,7 @@ def write_report(
     summary = summarize(results)
     shifts = _shift_infos(meta, summary)
     units = {i["label"]: i.get("unit", "std") for i in shifts}
-    diffs = paired_differences(results, baseline, alpha, power=power)
+    diffs = paired_differences(results, baseline, alpha, power=power, same_ranking=same_ranking)
     verdict = verdict_paragraph(diffs, baseline, n_seeds, alpha, units=units, power=power)
 
     paths = ReportPaths(

@@ -525,16 +525,20 @@ def run_shift_report(
         "config": config_to_dict(cfg),
     }
     curves = grid.curves()
+    baseline = r.baseline or plans[0].name
+    base_plan = next((p for p in plans if p.name == baseline), None)
+    same_ranking = [p.name for p in plans if base_plan and p.same_ranking_as(base_plan)]
     paths = write_report(
         pd.DataFrame(grid.rows, columns=RESULT_COLUMNS),
         out_dir,
-        baseline=r.baseline or plans[0].name,
+        baseline=baseline,
         alpha=r.alpha,
         power=r.power,
         meta=meta,
         reliability={p.name: curves[p.name] for p in plans if p.name in curves},
         figures=r.figures,
         variants=[p.name for p in plans],
+        same_ranking=same_ranking,
     )
     log(f"shift report: {total} evaluations, total time {_fmt_seconds(total_s)}")
     return paths

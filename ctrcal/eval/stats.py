@@ -26,7 +26,7 @@ X could not have been seen".
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,9 @@ __all__ = [
 RESULT_COLUMNS = ["variant", "shift", "seed", "noise_seed", "intensity", "metric", "value"]
 CLEAN = "clean"
 PRIMARY_METRICS = ("auc", "ece")
+
+# metrics a strictly increasing map of the predictions cannot change
+_RANK_METRICS = frozenset({"auc", "auc_retained"})
 
 # direction of "better" for the paired comparison; PCOC is compared through |PCOC − 1|
 HIGHER_IS_BETTER: dict[str, bool] = {
@@ -173,6 +176,7 @@ def paired_differences(
     *,
     primary: Sequence[str] = PRIMARY_METRICS,
     power: float = 0.8,
+    same_ranking: Collection[str] = (),
 ) -> pd.DataFrame:
     """Variant − baseline per training seed, a two-sided paired t-test over seeds, Holm, power.
 
@@ -183,15 +187,22 @@ def paired_differences(
         metrics: which metrics (default: every one in :data:`HIGHER_IS_BETTER`).
         primary: the metrics of the primary family (every variant, shift and intensity).
         power: power of the detectable-difference figure.
+        same_ranking: variants whose predictions are a strictly increasing map of the
+            baseline's own predictions (temperature scaling of the baseline's runs). Their
+            AUC equals the baseline's by construction, so any difference is float round-off
+            of ties: those rows are reported with ``by_construction`` set and no test, and
+            they do not enter the family (a null that holds by construction is not a
+            hypothesis, and counting it would only dilute the correction).
 
     Returns:
         columns ``variant, baseline, shift, metric, intensity, n, diff, se, t, p, primary,
-        p_holm, detectable, significant, better``: ``diff`` the mean of per-seed differences,
-        ``se`` its standard error, ``p`` the paired t-test's; for primary rows ``p_holm`` is
-        adjusted over the whole primary family, ``significant`` means p_holm < alpha (needs
-        n ≥ 2) and ``detectable`` is :func:`detectable_difference` at alpha / m. Exploratory
-        rows have NaN ``p_holm`` and ``detectable``; their ``significant`` is p < alpha,
-        unadjusted. ``better`` is True/False for a significant improvement / deterioration.
+        p_holm, detectable, significant, better, by_construction``: ``diff`` the mean of
+        per-seed differences, ``se`` its standard error, ``p`` the paired t-test's; for
+        primary rows ``p_holm`` is adjusted over the whole primary family, ``significant``
+        means p_holm < alpha (needs n ≥ 2) and ``detectable`` is
+        :func:`detectable_difference` at alpha / m. Exploratory rows have NaN ``p_holm`` and
+        ``detectable``; their ``significant`` is p < alpha, unadjusted. ``better`` is
+        True/False for a significant improvement / deterioration.
     """
     ps = per_seed_values(results)
     metrics = list(metrics) if metrics is not None else list(HIGHER_IS_BETTER)
@@ -216,7 +227,8 @@ def paired_differences(
             diff = float(d.mean())
             sd = float(d.std(ddof=1)) if n >= 2 else float("nan")
             se = sd / math.sqrt(n) if n >= 2 else float("nan")
-            if n < 2:
+            fixed = variant in same_ranking and metric in _RANK_METRICS
+            if n < 2 or fixed:
                 t, p = float("nan"), float("nan")
             elif se == 0.0:
                 t = math.copysign(math.inf, diff) if diff != 0 else float("nan")
@@ -236,16 +248,17 @@ def paired_differences(
                     "se": se,
                     "t": t,
                     "p": p,
-                    "primary": metric in primary,
+                    "primary": metric in primary and not fixed,
                     "p_holm": float("nan"),
                     "detectable": float("nan"),
                     "significant": False,
                     "better": None,
+                    "by_construction": fixed,
                     "_sd": sd,
                 }
             )
     cols = ["variant", "baseline", "shift", "metric", "intensity", "n", "diff", "se", "t", "p"]
-    cols += ["primary", "p_holm", "detectable", "significant", "better"]
+    cols += ["primary", "p_holm", "detectable", "significant", "better", "by_construction"]
     out = pd.DataFrame(rows, columns=[*cols, "_sd"])
     if not out.empty:
         fam = out["primary"].to_numpy(dtype=bool)
@@ -304,7 +317,8 @@ def _fmt_num(x: float, digits: int = 4) -> str:
 def _fmt_diff(row: Any, digits: int = 4) -> str:
     p = "n/a" if not math.isfinite(row["p"]) else f"{row['p']:.2g}"
     ph = row.get("p_holm", float("nan"))
-    ph = "n/a" if not math.isfinite(ph) else f"{ph:.2g}"
+    # three digits: a p_Holm of 0.0496 must not read as the threshold itself
+    ph = "n/a" if not math.isfinite(ph) else f"{ph:.3g}"
     return f"Δ {row['diff']:+.{digits}f} ± {_fmt_num(row['se'], digits)}, p = {p}, p_Holm = {ph}"
 
 
@@ -355,15 +369,23 @@ def verdict_paragraph(
         )
     sentences = [head]
     short = []
-    for variant in dict.fromkeys(fam["variant"]):
+    fixed = diffs.iloc[:0]
+    if "by_construction" in diffs:
+        fixed = diffs[diffs["by_construction"].astype(bool) & diffs["metric"].isin(PRIMARY_METRICS)]
+    for variant in dict.fromkeys([*fam["variant"], *fixed["variant"]]):
         sub = fam[fam["variant"] == variant]
         parts = []
         won, lost = [], []
         for metric in PRIMARY_METRICS:
             mrows = sub[sub["metric"] == metric]
-            if mrows.empty:
-                continue
             label = _NAMES.get(metric, metric)
+            if mrows.empty:
+                if ((fixed["variant"] == variant) & (fixed["metric"] == metric)).any():
+                    parts.append(
+                        f"{label}: equal to {baseline}'s by construction (a strictly increasing "
+                        "recalibration of its predictions; not tested)"
+                    )
+                continue
             if bool((mrows["diff"] == 0).all() & (mrows["se"].fillna(0) == 0).all()):
                 parts.append(f"{label}: identical everywhere")
                 continue

@@ -335,3 +335,49 @@ def test_format_intensity():
     assert S.format_intensity(0.0625) == "6.25 %"
     assert S.format_intensity(0.0) == "0 %"
     assert math.isclose(float(S.format_intensity(0.5).split()[0]), 50)
+
+
+def test_auc_of_a_rank_preserving_recalibration_is_not_tested(tmp_path):
+    """Temperature scaling of the baseline's own runs cannot change AUC: no test, no family slot."""
+    df, chosen = _family_table()
+    # "ts": the baseline's AUC up to round-off of ties (one seed off by 1e-8), ECE really lower
+    ts = df[df["variant"] == "base"].copy()
+    ts["variant"] = "ts"
+    ts.loc[ts["metric"] == "auc", "value"] += np.where(ts.loc[ts["metric"] == "auc", "seed"] == 0,
+                                                       1e-8, 0.0)
+    df = pd.concat([df, ts], ignore_index=True)
+    metrics = ["auc", "ece", "logloss"]
+    plain = S.paired_differences(df, "base", metrics=metrics)
+    out = S.paired_differences(df, "base", metrics=metrics, same_ranking=["ts"])
+    ts_auc = out[(out.variant == "ts") & (out.metric == "auc")]
+    assert len(ts_auc) and ts_auc["by_construction"].all() and not ts_auc["primary"].any()
+    assert ts_auc["p"].isna().all() and not ts_auc["significant"].any()
+    # the family shrinks by exactly those rows, and Holm's multiplier with it
+    assert out["primary"].sum() == plain["primary"].sum() - len(ts_auc)
+    key = (out.variant == "a") & (out["shift"] == "clean") & (out.metric == "auc")
+    assert out.loc[key, "p_holm"].iloc[0] <= plain.loc[key, "p_holm"].iloc[0]
+    # the ECE of the same variant stays a tested, primary comparison
+    assert out[(out.variant == "ts") & (out.metric == "ece")]["primary"].all()
+    text = S.verdict_paragraph(out, "base", n_seeds=4)
+    assert "**ts** — AUC: equal to base's by construction" in text
+    paths = W.write_report(df, tmp_path, baseline="base", figures=False, same_ranking=["ts"])
+    report = paths.report_md.read_text()
+    assert "Not tested: the AUC of ts equals base's by construction" in report
+
+
+def test_only_temperature_scaling_of_the_same_runs_keeps_the_ranking():
+    cfg = load_config(None, check_names=False)
+    cfg.report.variants += [
+        VariantConfig("ln_ts", NormSpec("layernorm"), temperature_scaling=True,
+                      from_variant="layernorm"),
+        VariantConfig("ln_platt", NormSpec("layernorm"), platt_scaling=True,
+                      from_variant="layernorm"),
+        VariantConfig("mc_ts", NormSpec("layernorm"), temperature_scaling=True,
+                      from_variant="mclayernorm_mc"),
+    ]
+    by = {p.name: p for p in R.plan_variants(cfg)}
+    base = by["layernorm"]
+    assert by["ln_ts"].same_ranking_as(base)
+    assert not by["ln_platt"].same_ranking_as(base)  # a fitted slope may be negative
+    assert not by["mc_ts"].same_ranking_as(base)  # other runs, other predictions
+    assert not by["mclayernorm"].same_ranking_as(base)
