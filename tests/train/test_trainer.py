@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import yaml
+from torch import nn
 
 import ctrcal.train.trainer as trainer
 from ctrcal.cli import main
@@ -202,6 +203,46 @@ def test_finetune_swaps_norms_and_starts_from_the_source_weights(ln_run, prepare
     tuned, tuned_cfg, _ = load_run(tmp_path / "ft")
     assert all(type(b.norm) is MCLayerNorm for b in tuned.blocks)
     assert tuned_cfg.train.finetune_from == str(src)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        ["model.name=dcnv2", "model.structure=stacked", "model.num_cross_layers=1",
+         "model.stacked_dnn_hidden_units=[8, 8]"],
+        ["model.name=dnn", "model.hidden_units=[8, 8]"],
+    ],
+    ids=["dcnv2", "dnn"],
+)  # fmt: skip
+def test_finetune_swaps_the_norms_of_any_model(model, prepared_dir, tmp_path):
+    def _cfg(*overrides):
+        tiny = [o for o in TINY if not o.startswith("model.")]
+        return load_config(None, [*tiny, "model.embedding_dim=4", *overrides])
+
+    norms = ["model.emb_norm=layernorm", "model.net_norm=layernorm"]
+    src = tmp_path / "src"
+    train(_cfg(*model, *norms, "train.epochs=1"), prepared_dir, src)
+    source, _, fm = load_run(src)
+    mc = "{name: mclayernorm, fraction: 0.75}"
+    cfg = _cfg(*model, f"model.emb_norm={mc}", f"model.net_norm={mc}",
+               f"train.finetune_from={src}")  # fmt: skip
+    start = finetune.finetune_model(cfg, fm)
+    kinds = [type(m) for m in start.modules() if isinstance(m, nn.LayerNorm)]
+    assert kinds and all(k is MCLayerNorm for k in kinds)  # every position swapped
+    assert sum(isinstance(m, MCLayerNorm) for m in start.emb_norm.modules()) == len(
+        fm.vocab_sizes
+    ) + len(fm.numeric_fields)
+    src_state = source.state_dict()
+    assert start.state_dict().keys() == src_state.keys()
+    assert all(torch.equal(v, src_state[k]) for k, v in start.state_dict().items())
+    # the architecture must otherwise match: another tower width is refused
+    wider = [a.replace("[8, 8]", "[8, 16]") for a in model]
+    with pytest.raises(ConfigError, match="architecture differs"):
+        finetune.finetune_model(_cfg(*wider, *norms, f"train.finetune_from={src}"), fm)
+    # and the model itself must be the same
+    other = ["model.name=masknet"] if "dnn" in model[0] else ["model.name=dnn"]
+    with pytest.raises(ConfigError, match="swaps norms within one model"):
+        finetune.finetune_model(_cfg(*other, f"train.finetune_from={src}"), fm)
 
 
 def test_finetune_rejects_another_architecture(ln_run, prepared_dir):
