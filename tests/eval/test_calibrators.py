@@ -37,7 +37,7 @@ def test_isotonic_matches_sklearn_and_is_monotone():
     rng = np.random.default_rng(0)
     z = rng.normal(-2, 1.5, 5000)
     y = (rng.random(5000) < _sigmoid(0.5 * z - 0.3)).astype(float)
-    iso = IsotonicCalibration().fit(z, y)
+    iso = IsotonicCalibration(prior_strength=0).fit(z, y)
     ref = IsotonicRegression(y_min=0, y_max=1, out_of_bounds="clip").fit(z, y)
     zt = np.concatenate([rng.normal(-2, 2.5, 2000), [-50.0, 50.0]])  # beyond the fitted range
     np.testing.assert_allclose(iso.predict_proba(zt), ref.predict(zt), atol=1e-12)
@@ -48,6 +48,31 @@ def test_isotonic_matches_sklearn_and_is_monotone():
     assert isinstance(pt, torch.Tensor)
     np.testing.assert_allclose(pt.numpy(), ref.predict(zt), atol=1e-12)
     assert np.isfinite(iso.transform(zt)).all()
+
+
+def test_isotonic_prior_keeps_empty_blocks_off_zero_and_one():
+    rng = np.random.default_rng(2)
+    z = rng.normal(0, 2, 4000)
+    y = (rng.random(z.size) < _sigmoid(1.5 * z)).astype(float)
+    plain = IsotonicCalibration(prior_strength=0).fit(z, y)
+    assert plain.y_thresholds_[0] == 0.0 and plain.y_thresholds_[-1] == 1.0  # the problem
+    iso = IsotonicCalibration(prior_strength=1.0).fit(z, y)
+    p = iso.predict_proba(np.linspace(-20, 20, 2001))
+    assert 0.0 < p.min() and p.max() < 1.0 and np.all(np.diff(p) >= 0)
+    # the lowest block: (0 clicks + a·p0) / (n + a), by hand
+    ref = IsotonicRegression(y_min=0, y_max=1).fit(z, y)
+    n0 = int((ref.predict(z) == 0.0).sum())
+    assert iso.y_thresholds_[0] == pytest.approx(y.mean() / (n0 + 1.0), rel=1e-9)
+    # one pseudo-row moves a block of n rows by at most 1/(n + 1): on average little
+    zt = rng.normal(0, 2, 4000)
+    yt = (rng.random(zt.size) < _sigmoid(1.5 * zt)).astype(float)
+    assert np.abs(iso.predict_proba(zt) - plain.predict_proba(zt)).mean() < 0.005
+    # and log-loss on new data no longer pays -log(eps) for a click in an empty block
+    assert M.logloss(iso.predict_proba(zt), yt) < M.logloss(
+        np.clip(plain.predict_proba(zt), 1e-7, 1 - 1e-7), yt
+    )
+    with pytest.raises(ValueError, match="prior_strength"):
+        IsotonicCalibration(prior_strength=-1)
 
 
 def test_isotonic_fixes_a_non_logit_linear_distortion():
