@@ -31,12 +31,16 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from ctrcal.data.criteo_schema import LAYOUTS
 from ctrcal.errors import ConfigError
 from ctrcal.layers.spec import NormSpec
 from ctrcal.utils import closest
 
 # ---------------------------------------------------------------------------------------------
 # Special value types
+
+# ``data.layout``: a Criteo layout of :mod:`ctrcal.data.criteo_schema`, or ``auto`` (detected)
+LayoutName = Literal[("auto", *LAYOUTS)]  # type: ignore[valid-type]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,9 +71,7 @@ class DataConfig:
     train: list[str] = field(default_factory=list)
     valid: list[str] = field(default_factory=list)
     test: list[str] = field(default_factory=list)
-    layout: Literal[
-        "auto", "dac", "dac_test", "kaggle_csv", "x4", "x1", "torchrec"
-    ] = "auto"
+    layout: LayoutName = "auto"
     split: list[float] = field(default_factory=lambda: [0.8, 0.1, 0.1])
     split_seed: int = 2024
     split_order: Literal["random", "time"] = "random"

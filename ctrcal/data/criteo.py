@@ -1,6 +1,7 @@
-"""Criteo schema constants, layout detection and readers (-> polars LazyFrame).
+"""Criteo layout detection and readers (-> polars LazyFrame).
 
-Every fact about the Criteo layout is named here once; other modules and tests import it.
+The column names and counts live in :mod:`ctrcal.data.criteo_schema` (no polars needed to
+name them) and are re-exported here.
 
 Supported layouts (``layout=`` names, detected automatically by :func:`detect_format`):
 
@@ -43,18 +44,17 @@ from pathlib import Path
 
 import polars as pl
 
+from ctrcal.data.criteo_schema import (  # noqa: F401 - the schema, re-exported for readers
+    CATEGORICAL_COLUMNS,
+    COLUMNS,
+    FEATURE_COLUMNS,
+    LABEL,
+    LAYOUTS,
+    NUM_CATEGORICAL,
+    NUM_NUMERIC,
+    NUMERIC_COLUMNS,
+)
 from ctrcal.errors import DataError
-
-NUM_NUMERIC = 13
-NUM_CATEGORICAL = 26
-LABEL = "label"
-NUMERIC_COLUMNS: tuple[str, ...] = tuple(f"I{i}" for i in range(1, NUM_NUMERIC + 1))
-CATEGORICAL_COLUMNS: tuple[str, ...] = tuple(f"C{i}" for i in range(1, NUM_CATEGORICAL + 1))
-FEATURE_COLUMNS: tuple[str, ...] = NUMERIC_COLUMNS + CATEGORICAL_COLUMNS
-COLUMNS: tuple[str, ...] = (LABEL, *FEATURE_COLUMNS)
-
-LAYOUTS: tuple[str, ...] = ("dac", "dac_test", "kaggle_csv", "x4", "x1", "torchrec")
-"""Layout names accepted by :func:`read_criteo` (plus ``auto``)."""
 
 # Internal bookkeeping columns carried next to the typed fields.
 ROW_COL = "_row"  # 0-based record index within its file

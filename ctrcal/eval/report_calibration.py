@@ -130,7 +130,7 @@ def check_calibration_keys(cfg: Any, source: str, fields: Sequence[str] | None =
     Raises:
         ConfigError: naming the key.
     """
-    from ctrcal.data.criteo import CATEGORICAL_COLUMNS
+    from ctrcal.data.criteo_schema import CATEGORICAL_COLUMNS
 
     known = list(fields) if fields is not None else list(CATEGORICAL_COLUMNS)
     r = cfg.report
