@@ -36,7 +36,7 @@ _EXPORTS = {
     "DCNv2": "ctrcal.models.dcnv2",
     "DNN": "ctrcal.models.dnn",
     "register_model": "ctrcal.models.registry",
-    "create_model": "ctrcal.models.registry",
+    "create_model": "ctrcal.models.build",
     "available_models": "ctrcal.models.registry",
     "ContextNorm": "ctrcal.layers.context",
     "bind_contexts": "ctrcal.layers.context",

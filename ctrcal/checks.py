@@ -67,14 +67,22 @@ def masknet_norm_widths(cfg: Config) -> dict[str, list[int]]:
     return {"emb_norm": [m.embedding_dim], "net_norm": blocks}
 
 
+def _registered_name(cfg: Config) -> str:
+    """The registry's name of the config's model (``MaskNet`` and ``masknet`` alike)."""
+    from ctrcal.models.registry import resolve_model
+
+    return resolve_model(cfg.model.name).name
+
+
 def model_norm_widths(cfg: Config) -> dict[str, list[int | None]]:
     """Per norm position, the widths its layers normalise (None where not known)."""
     m = cfg.model
-    if m.name == "masknet":
+    name = _registered_name(cfg)
+    if name == "masknet":
         return dict(masknet_norm_widths(cfg))
-    if m.name == "dnn":
+    if name == "dnn":
         return {"emb_norm": [m.embedding_dim], "net_norm": list(m.hidden_units)}
-    if m.name == "dcnv2":
+    if name == "dcnv2":
         deep = []
         if m.structure in ("stacked", "stacked_parallel"):
             deep += list(m.stacked_dnn_hidden_units)
@@ -102,7 +110,8 @@ def _check_masknet(cfg: Config, problems: Problems) -> None:
 @register_check("model")
 def check_model(cfg: Config, problems: Problems) -> None:
     """The model by name or import path, its arguments bound against its constructor, its
-    norms at every position. Resolving a model imports it (torch, or the user's package)."""
+    norms at every position. ctrcal's own models are checked from their source (no torch);
+    a model named by an import path is imported (the user's package, and torch with it)."""
     from ctrcal.config import check_model_config
 
     before = len(problems.items)
@@ -111,9 +120,10 @@ def check_model(cfg: Config, problems: Problems) -> None:
     if len(problems.items) > before:
         return  # unknown model or arguments: nothing below is meaningful
     m = cfg.model
-    if m.name == "masknet":
+    name = _registered_name(cfg)
+    if name == "masknet":
         _check_masknet(cfg, problems)
-    builtin = m.name in ("masknet", "dnn", "dcnv2")
+    builtin = name in ("masknet", "dnn", "dcnv2")
     if builtin:
         problems.integer("model.embedding_dim", m.embedding_dim, low=1)
         problems.number("model.dropout", m.dropout, low=0.0, high=1.0, high_open=True)

@@ -85,17 +85,47 @@ def test_validate_reports_every_problem_with_the_file_that_set_it(tmp_path, caps
     assert f"{base}: train.epochs" not in capsys.readouterr().err  # set by the override
 
 
-def test_shipped_configs_validate_without_pandas():
-    # Binding model.* against the model's constructor imports the model's module, and with it
-    # torch; everything else validate checks stays free of the data stack.
+def test_shipped_configs_validate_without_torch_or_the_data_stack():
+    # ctrcal's own models are bound against their constructors read from source, and the
+    # Criteo schema is plain constants: validating loads neither torch nor the data libraries.
     configs = sorted((ROOT / "configs").glob("*.yaml"))
     code = (
         "import sys\nfrom ctrcal.cli import main\n"
         f"for c in {[str(c) for c in configs]!r}:\n"
         "    assert main(['validate', c]) == 0, c\n"
-        "assert 'pandas' not in sys.modules\n"
+        "heavy = {'torch', 'polars', 'pandas', 'sklearn', 'scipy', 'matplotlib', 'pyarrow'}\n"
+        "loaded = heavy & set(sys.modules)\n"
+        "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True)
+
+
+def test_validate_binds_model_arguments_without_torch(tmp_path):
+    # a misspelt argument of each built-in model fails naming the file and the key, and the
+    # check imports neither torch nor the model's module
+    cases = {
+        "masknet": ("hiden_units: [8]", "hidden_units"),
+        "dnn": ("hiden_units: [8]", "hidden_units"),
+        "dcnv2": ("num_cros_layers: 2", "num_cross_layers"),
+    }
+    for name, (line, _) in cases.items():
+        _write(tmp_path, f"model:\n  name: {name}\n  {line}\n", f"{name}.yaml")
+    code = (
+        "import sys\nfrom ctrcal.cli import main\n"
+        f"for name in {list(cases)!r}:\n"
+        f"    assert main(['validate', {str(tmp_path)!r} + f'/{{name}}.yaml']) == 2\n"
+        "loaded = {'torch', 'ctrcal.models.masknet', 'ctrcal.models.dnn', 'ctrcal.models.dcnv2'}"
+        " & set(sys.modules)\n"
+        "assert not loaded, loaded\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 3, res.stderr
+    for line, (name, (arg, closest)) in zip(lines, cases.items(), strict=True):
+        key = arg.split(":")[0]
+        assert line.startswith(f"ctrcal validate: error: {tmp_path / name}.yaml: model.{key}: ")
+        assert f"did you mean {closest!r}" in line, line
 
 
 def test_help_imports_nothing_heavy():

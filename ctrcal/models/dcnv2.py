@@ -29,7 +29,6 @@ from ctrcal.layers.cross import CrossNet
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.mlp import MLP
 from ctrcal.layers.spec import is_no_norm
-from ctrcal.models.registry import FEATURE_DATA_ARGS, register_model
 
 __all__ = ["DCNv2", "STRUCTURES"]
 
@@ -132,5 +131,3 @@ class DCNv2(nn.Module):
             h = torch.cat([h, self.parallel_dnn(x0)], dim=1)
         return self.head(h).squeeze(-1)
 
-
-register_model("dcnv2", DCNv2, _data_args=FEATURE_DATA_ARGS, _batch_input=False)

@@ -22,7 +22,6 @@ from torch import nn
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.mlp import MLP
 from ctrcal.layers.spec import is_no_norm
-from ctrcal.models.registry import FEATURE_DATA_ARGS, register_model
 
 __all__ = ["DNN"]
 
@@ -90,5 +89,3 @@ class DNN(nn.Module):
         x = emb.flatten(1) if self.emb_norm is None else self.emb_norm(emb).flatten(1)
         return self.mlp(x).squeeze(-1)
 
-
-register_model("dnn", DNN, _data_args=FEATURE_DATA_ARGS, _batch_input=False)

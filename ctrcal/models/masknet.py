@@ -30,7 +30,7 @@ from torch import nn
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.mask_block import MaskBlock
 from ctrcal.layers.spec import is_no_norm
-from ctrcal.models.registry import FEATURE_DATA_ARGS, create_model, register_model
+from ctrcal.models.build import create_model
 
 VARIANTS = ("serial", "parallel")
 
@@ -169,5 +169,3 @@ def build_model(model_cfg: Any, feature_map: Any) -> nn.Module:
     """
     return create_model(model_cfg, feature_map)
 
-
-register_model("masknet", MaskNet, _data_args=FEATURE_DATA_ARGS, _batch_input=False)

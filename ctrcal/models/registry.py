@@ -1,4 +1,4 @@
-"""The one place model names live: register, resolve, check and build CTR models.
+"""The one place model names live: register, resolve and check CTR models.
 
 A model is picked by ``model.name`` in a config: a registered name (``masknet``, ``dcnv2``,
 ``dnn``, or one added with :func:`register_model`) or an import path
@@ -19,11 +19,17 @@ mistyped key fails there, naming the file and the key)::
 * pure: no optimizer, no device logic, no files (ctrcal moves it, trains it, saves it).
 
 Inside ctrcal every model is called ``model(categorical, numeric)``: a user model is wrapped
-in :class:`BatchInputModel`, which builds the batch. Norm positions: a constructor argument
-named ``*_norm`` takes a norm spec (name, ``{name: ..., kwargs}``, class); a user model
+in :class:`~ctrcal.models.build.BatchInputModel`, which builds the batch. Norm positions: a
+constructor argument named ``*_norm`` takes a norm spec (name, ``{name: ..., kwargs}``,
+class); a user model
 without a ``net_norm`` argument still accepts ``net_norm`` (every ``nn.LayerNorm`` in it is
 replaced with it through :func:`~ctrcal.layers.registry.replace_norms`), which is how a report
 variant's norm reaches a foreign model.
+
+This module imports neither torch nor the models: the built-in models are registered by
+import path (``"ctrcal.models.masknet:MaskNet"``) and their constructor's signature is read
+from the source (:mod:`ctrcal.models.signature`), so ``ctrcal validate`` binds every argument
+in milliseconds. Building a model (:func:`~ctrcal.models.build.create_model`) imports it.
 """
 
 from __future__ import annotations
@@ -31,24 +37,25 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import sys
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from ctrcal.errors import ConfigError
+from ctrcal.models.signature import SourceSignatureError, read_source_signature
 from ctrcal.utils import closest
 
+if TYPE_CHECKING:
+    from torch import nn
+
 __all__ = [
-    "BatchInputModel",
     "ModelEntry",
     "available_models",
-    "check_model_output",
-    "create_model",
+    "check_model_kwargs",
     "model_defaults",
+    "norm_positions",
     "register_model",
     "resolve_model",
 ]
@@ -65,7 +72,8 @@ class ModelEntry:
 
     Attributes:
         name: registry name or import path.
-        factory: the class or callable.
+        target: the class or callable, or its import path ``"package.module:Name"``, imported
+            only when the model is built (the signature is read from the source until then).
         data_args: for ctrcal's own models: ``feature_map -> {arg: value}`` filling the
             constructor's data arguments (vocab sizes, ...); None for the user contract
             ``factory(feature_map, **kwargs)``.
@@ -74,15 +82,43 @@ class ModelEntry:
     """
 
     name: str
-    factory: Callable[..., nn.Module]
+    target: Callable[..., nn.Module] | str
     data_args: Callable[[Any], dict[str, Any]] | None = None
     batch_input: bool = True
 
+    @property
+    def factory(self) -> Callable[..., nn.Module]:
+        """The class or callable; an entry registered by import path imports it here."""
+        if isinstance(self.target, str):
+            return _import_path(self.target)
+        return self.target
+
+    def signature(self) -> tuple[inspect.Signature | None, dict[str, Any]]:
+        """The constructor's signature and the types of its annotated parameters.
+
+        An entry registered by import path whose module is not imported yet reads both from
+        the source where the source allows (see
+        :func:`~ctrcal.models.signature.read_source_signature`), and imports it otherwise.
+        None: the callable has no signature Python can show.
+        """
+        if isinstance(self.target, str) and self.target.partition(":")[0] not in sys.modules:
+            try:
+                found = read_source_signature(self.target)
+            except SourceSignatureError:
+                pass  # stated in a way only running the module tells: import it
+            else:
+                return found.signature, found.hints
+        factory = self.factory
+        try:
+            sig = inspect.signature(factory)
+        except (TypeError, ValueError):
+            return None, {}
+        return sig, _type_hints(factory)
+
     def parameters(self) -> dict[str, inspect.Parameter]:
         """The keyword arguments a config may set (data arguments excluded)."""
-        try:
-            sig = inspect.signature(self.factory)
-        except (TypeError, ValueError):
+        sig, _ = self.signature()
+        if sig is None:
             return {}
         params = list(sig.parameters.values())
         if self.data_args is None:
@@ -93,11 +129,21 @@ class ModelEntry:
         return {p.name: p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
     def accepts_any(self) -> bool:
-        try:
-            sig = inspect.signature(self.factory)
-        except (TypeError, ValueError):
-            return True
-        return any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+        """Whether the constructor takes ``**kwargs`` (or shows no signature)."""
+        sig, _ = self.signature()
+        return sig is None or any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+
+    def hints(self) -> dict[str, Any]:
+        """Parameter name -> annotated type, where the annotation can be resolved."""
+        return self.signature()[1]
+
+
+def _type_hints(factory: Any) -> dict[str, Any]:
+    target = factory.__init__ if inspect.isclass(factory) else factory
+    try:
+        return typing.get_type_hints(target)
+    except Exception:  # unresolvable string annotations: skip type checks, keep name checks
+        return {}
 
 
 class _EmptyFeatureMap:
@@ -108,7 +154,6 @@ class _EmptyFeatureMap:
 
 
 _REGISTRY: dict[str, ModelEntry] = {}
-_BUILTINS_LOADED = False
 
 
 def normalize_model_name(name: str) -> str:
@@ -116,16 +161,9 @@ def normalize_model_name(name: str) -> str:
     return "".join(ch for ch in name.strip().lower() if ch not in "-_ ")
 
 
-def _ensure_builtins() -> None:
-    global _BUILTINS_LOADED
-    if not _BUILTINS_LOADED:
-        _BUILTINS_LOADED = True
-        from ctrcal.models import dcnv2, dnn, masknet  # noqa: F401 - they register themselves
-
-
 def register_model(
     name: str,
-    factory: Callable[..., nn.Module] | None = None,
+    factory: Callable[..., nn.Module] | str | None = None,
     *,
     overwrite: bool = False,
     _data_args: Callable[[Any], dict[str, Any]] | None = None,
@@ -137,7 +175,9 @@ def register_model(
         name: the name configs use in ``model.name`` (case, ``-`` and ``_`` ignored).
         factory: a class (or callable) following the user-model contract:
             ``factory(feature_map, **kwargs)`` returns an ``nn.Module`` whose
-            ``forward(batch)`` returns logits ``[B]``.
+            ``forward(batch)`` returns logits ``[B]``; or its import path
+            ``"package.module:Name"``, imported only when a model is built (``ctrcal
+            validate`` then reads its signature from the source, importing nothing).
         overwrite: allow replacing an existing registration.
 
     Returns:
@@ -155,7 +195,12 @@ def register_model(
     key = normalize_model_name(name)
     if not key or ":" in key:
         raise ValueError(f"model name {name!r} must be non-empty and contain no ':'")
-    _check_factory(factory, name)
+    if isinstance(factory, str):
+        module_name, _, attr = factory.partition(":")
+        if not module_name or not attr:
+            raise ValueError(f"model {name!r}: expected 'package.module:Name', got {factory!r}")
+    else:
+        _check_factory(factory, name)
     if key in _REGISTRY and not overwrite:
         raise ValueError(f"model {key!r} is already registered (pass overwrite=True)")
     _REGISTRY[key] = ModelEntry(key, factory, _data_args, _batch_input)
@@ -164,12 +209,13 @@ def register_model(
 
 def available_models() -> list[str]:
     """Sorted names of every registered model."""
-    _ensure_builtins()
     return sorted(_REGISTRY)
 
 
 def _check_factory(factory: Any, name: str) -> None:
     if inspect.isclass(factory):
+        from torch import nn  # a model class: its module imported torch already
+
         if not issubclass(factory, nn.Module):
             raise ConfigError(
                 f"model {name!r}: {factory.__module__}.{factory.__qualname__} is not a "
@@ -190,13 +236,16 @@ def resolve_model(spec: Any) -> ModelEntry:
         return spec
     if not isinstance(spec, str):
         _check_factory(spec, getattr(spec, "__qualname__", repr(spec)))
+        path = qualified_name(spec)
         for entry in _REGISTRY.values():
-            if entry.factory is spec:
+            if entry.target is spec or entry.target == path:
                 return entry
-        return ModelEntry(qualified_name(spec), spec)
+        return ModelEntry(path, spec)
     if ":" in spec:
+        for entry in _REGISTRY.values():  # a registered model named by its import path
+            if entry.target == spec:
+                return entry
         return ModelEntry(spec, _import_path(spec))
-    _ensure_builtins()
     key = normalize_model_name(spec)
     if key not in _REGISTRY:
         hint = closest(key, _REGISTRY)
@@ -252,14 +301,6 @@ def model_defaults(spec: Any) -> dict[str, Any]:
     return out
 
 
-def _annotations(entry: ModelEntry) -> dict[str, Any]:
-    target = entry.factory.__init__ if inspect.isclass(entry.factory) else entry.factory
-    try:
-        return typing.get_type_hints(target)
-    except Exception:  # unresolvable string annotations: skip type checks, keep name checks
-        return {}
-
-
 def check_model_kwargs(spec: Any, kwargs: dict[str, Any], where: Callable[[str], str]) -> None:
     """Bind ``kwargs`` against the model's signature: unknown keys, missing ones, bad types.
 
@@ -276,7 +317,7 @@ def check_model_kwargs(spec: Any, kwargs: dict[str, Any], where: Callable[[str],
     entry = resolve_model(spec)
     params = entry.parameters()
     open_kwargs = entry.accepts_any()
-    hints = _annotations(entry)
+    hints = entry.hints()
     for key, value in kwargs.items():
         if key not in params:
             if key == "net_norm" or open_kwargs:
@@ -296,155 +337,6 @@ def check_model_kwargs(spec: Any, kwargs: dict[str, Any], where: Callable[[str],
     for name, p in params.items():
         if p.default is p.empty and name not in kwargs:
             raise ConfigError(f"{where(name)}: missing required argument of {entry.name!r}")
-
-
-# ---------------------------------------------------------------------------------------------
-# Building
-
-
-class BatchInputModel(nn.Module):
-    """Calls a ``forward(batch)`` model as ``model(categorical, numeric)``.
-
-    The wrapped model is ``self.model``; the batch it gets is a
-    :class:`~ctrcal.data.loader.Batch` with ``label=None``.
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, categorical: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
-        from ctrcal.data.loader import Batch
-
-        return self.model(Batch(categorical, numeric, None))  # type: ignore[arg-type]
-
-
-def create_model(
-    spec: Any,
-    feature_map: Any,
-    *,
-    check: bool = True,
-    **kwargs: Any,
-) -> nn.Module:
-    """Build a model for ``feature_map``: ``model(categorical, numeric) -> logits [B]``.
-
-    Args:
-        spec: a :class:`~ctrcal.config.ModelConfig`, a registered name, an import path
-            ``pkg.mod:Class``, or a class / factory following the user-model contract.
-        feature_map: the data's :class:`~ctrcal.data.features.FeatureMap`.
-        check: run the contract check (one forward pass on two rows, see
-            :func:`check_model_output`).
-        **kwargs: the model's keyword arguments (override a ModelConfig's).
-
-    Returns:
-        The model (a user model wrapped in :class:`BatchInputModel`), on the CPU, with every
-        context norm bound to its field (:func:`~ctrcal.layers.context.bind_contexts`).
-
-    Raises:
-        ConfigError: unknown model, bad arguments, or a model that breaks the contract.
-    """
-    from ctrcal.config import ModelConfig, NormSpec
-    from ctrcal.layers.context import bind_contexts
-    from ctrcal.layers.registry import replace_norms
-
-    if isinstance(spec, ModelConfig):
-        kwargs = {**spec.kwargs, **kwargs}
-        spec = spec.name
-    entry = resolve_model(spec)
-    params = entry.parameters()
-    replace = None
-    if "net_norm" in kwargs and "net_norm" not in params and not entry.accepts_any():
-        replace = kwargs.pop("net_norm")
-    label = f"model: {entry.name}"
-    try:
-        if entry.data_args is not None:
-            model = entry.factory(**entry.data_args(feature_map), **kwargs)
-        else:
-            model = entry.factory(feature_map, **kwargs)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{label}: {exc}") from None
-    if not isinstance(model, nn.Module):
-        raise ConfigError(
-            f"{label}: constructing it returned a {type(model).__name__}, not a torch.nn.Module"
-        )
-    if replace is not None:
-        if isinstance(replace, (str, dict)):
-            replace = NormSpec(replace) if isinstance(replace, str) else _norm_from_dict(replace)
-        keep = isinstance(replace, NormSpec) and (
-            replace.name.lower() == "layernorm" and not replace.kwargs
-        )
-        if not keep and replace_norms(model, replace) == 0:
-            shown = replace.name if isinstance(replace, NormSpec) else replace
-            raise ConfigError(
-                f"{label}: net_norm {shown!r} was given but the model has no nn.LayerNorm to "
-                "replace (and no net_norm argument)"
-            )
-    if entry.batch_input:
-        model = BatchInputModel(model)
-    bind_contexts(model, getattr(feature_map, "categorical_fields", None))
-    if check:
-        check_model_output(model, feature_map, label)
-    return model
-
-
-def _norm_from_dict(value: dict[str, Any]) -> Any:
-    from ctrcal.config import NormSpec
-
-    return NormSpec(value["name"], {k: v for k, v in value.items() if k != "name"})
-
-
-def _probe_inputs(feature_map: Any, rows: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
-    fc = len(getattr(feature_map, "vocab_sizes", []))
-    fn = len(getattr(feature_map, "numeric_fields", []))
-    categorical = torch.zeros(rows, fc, dtype=torch.int64)
-    numeric = torch.zeros(rows, fn, dtype=torch.float32)
-    if fn:
-        numeric[1] = 1.0
-    return categorical, numeric
-
-
-def check_model_output(model: nn.Module, feature_map: Any, label: str = "model") -> None:
-    """One evaluation-mode forward pass on two rows: logits must be a float tensor ``[2]``.
-
-    Runs without gradients, with the RNG state restored afterwards (the probe changes nothing
-    a training run would compute) and the module's training flag restored.
-
-    Raises:
-        ConfigError: the forward pass fails or returns the wrong type, shape or dtype.
-    """
-    categorical, numeric = _probe_inputs(feature_map)
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            out = model(categorical.to(device), numeric.to(device))
-    except ConfigError:
-        raise
-    except Exception as exc:  # the user's forward: report it as a contract failure
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(
-            f"{label}: forward on a 2-row probe batch failed ({type(exc).__name__}: {first}); "
-            "a model's forward(batch) must accept batch.categorical int64 [B, Fc] and "
-            "batch.numeric float32 [B, Fn]"
-        ) from None
-    finally:
-        model.train(was_training)
-    if not isinstance(out, torch.Tensor):
-        raise ConfigError(
-            f"{label}: forward returned a {type(out).__name__}; expected a tensor of logits [B]"
-        )
-    if tuple(out.shape) != (2,):
-        raise ConfigError(
-            f"{label}: forward returned shape {list(out.shape)} for a batch of 2 rows; "
-            "expected logits of shape [B] = [2] (squeeze a trailing 1)"
-        )
-    if not out.is_floating_point():
-        raise ConfigError(
-            f"{label}: forward returned dtype {out.dtype}; expected floating-point logits"
-        )
 
 
 def norm_positions(spec: Any) -> list[str]:
@@ -476,3 +368,21 @@ def data_args_from(fields: Sequence[str]) -> Callable[[Any], dict[str, Any]]:
 
 
 FEATURE_DATA_ARGS = data_args_from(("vocab_sizes", "num_numeric", "bucket_boundaries"))
+
+
+# ctrcal's own models, by import path: registering them imports nothing
+for _name, _path in (
+    ("masknet", "ctrcal.models.masknet:MaskNet"),
+    ("dcnv2", "ctrcal.models.dcnv2:DCNv2"),
+    ("dnn", "ctrcal.models.dnn:DNN"),
+):
+    register_model(_name, _path, _data_args=FEATURE_DATA_ARGS, _batch_input=False)
+
+# building lives in ctrcal.models.build (it needs torch); these names stay importable here
+_BUILD_NAMES = ("BatchInputModel", "check_model_output", "create_model")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BUILD_NAMES:
+        return getattr(importlib.import_module("ctrcal.models.build"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,163 @@
+"""Building a registered model: ``create_model`` and the contract check of its output.
+
+:mod:`ctrcal.models.registry` names, resolves and checks models without torch; this module
+builds them (importing the model's module, and torch) and runs the user-model contract's
+probe: one forward pass on two rows (see :func:`check_model_output`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ctrcal.errors import ConfigError
+from ctrcal.layers.spec import NormSpec
+from ctrcal.models.registry import resolve_model
+
+__all__ = ["BatchInputModel", "check_model_output", "create_model"]
+
+
+class BatchInputModel(nn.Module):
+    """Calls a ``forward(batch)`` model as ``model(categorical, numeric)``.
+
+    The wrapped model is ``self.model``; the batch it gets is a
+    :class:`~ctrcal.data.loader.Batch` with ``label=None``.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, categorical: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
+        from ctrcal.data.loader import Batch
+
+        return self.model(Batch(categorical, numeric, None))  # type: ignore[arg-type]
+
+
+def create_model(
+    spec: Any,
+    feature_map: Any,
+    *,
+    check: bool = True,
+    **kwargs: Any,
+) -> nn.Module:
+    """Build a model for ``feature_map``: ``model(categorical, numeric) -> logits [B]``.
+
+    Args:
+        spec: a :class:`~ctrcal.config.ModelConfig`, a registered name, an import path
+            ``pkg.mod:Class``, or a class / factory following the user-model contract.
+        feature_map: the data's :class:`~ctrcal.data.features.FeatureMap`.
+        check: run the contract check (one forward pass on two rows, see
+            :func:`check_model_output`).
+        **kwargs: the model's keyword arguments (override a ModelConfig's).
+
+    Returns:
+        The model (a user model wrapped in :class:`BatchInputModel`), on the CPU, with every
+        context norm bound to its field (:func:`~ctrcal.layers.context.bind_contexts`).
+
+    Raises:
+        ConfigError: unknown model, bad arguments, or a model that breaks the contract.
+    """
+    from ctrcal.config import ModelConfig
+    from ctrcal.layers.context import bind_contexts
+    from ctrcal.layers.registry import replace_norms
+
+    if isinstance(spec, ModelConfig):
+        kwargs = {**spec.kwargs, **kwargs}
+        spec = spec.name
+    entry = resolve_model(spec)
+    params = entry.parameters()
+    replace = None
+    if "net_norm" in kwargs and "net_norm" not in params and not entry.accepts_any():
+        replace = kwargs.pop("net_norm")
+    label = f"model: {entry.name}"
+    factory = entry.factory
+    try:
+        if entry.data_args is not None:
+            model = factory(**entry.data_args(feature_map), **kwargs)
+        else:
+            model = factory(feature_map, **kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{label}: {exc}") from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            f"{label}: constructing it returned a {type(model).__name__}, not a torch.nn.Module"
+        )
+    if replace is not None:
+        if isinstance(replace, (str, dict)):
+            replace = NormSpec(replace) if isinstance(replace, str) else _norm_from_dict(replace)
+        keep = isinstance(replace, NormSpec) and (
+            replace.name.lower() == "layernorm" and not replace.kwargs
+        )
+        if not keep and replace_norms(model, replace) == 0:
+            shown = replace.name if isinstance(replace, NormSpec) else replace
+            raise ConfigError(
+                f"{label}: net_norm {shown!r} was given but the model has no nn.LayerNorm to "
+                "replace (and no net_norm argument)"
+            )
+    if entry.batch_input:
+        model = BatchInputModel(model)
+    bind_contexts(model, getattr(feature_map, "categorical_fields", None))
+    if check:
+        check_model_output(model, feature_map, label)
+    return model
+
+
+def _norm_from_dict(value: dict[str, Any]) -> Any:
+    return NormSpec(value["name"], {k: v for k, v in value.items() if k != "name"})
+
+
+def _probe_inputs(feature_map: Any, rows: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    fc = len(getattr(feature_map, "vocab_sizes", []))
+    fn = len(getattr(feature_map, "numeric_fields", []))
+    categorical = torch.zeros(rows, fc, dtype=torch.int64)
+    numeric = torch.zeros(rows, fn, dtype=torch.float32)
+    if fn:
+        numeric[1] = 1.0
+    return categorical, numeric
+
+
+def check_model_output(model: nn.Module, feature_map: Any, label: str = "model") -> None:
+    """One evaluation-mode forward pass on two rows: logits must be a float tensor ``[2]``.
+
+    Runs without gradients, with the RNG state restored afterwards (the probe changes nothing
+    a training run would compute) and the module's training flag restored.
+
+    Raises:
+        ConfigError: the forward pass fails or returns the wrong type, shape or dtype.
+    """
+    categorical, numeric = _probe_inputs(feature_map)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            out = model(categorical.to(device), numeric.to(device))
+    except ConfigError:
+        raise
+    except Exception as exc:  # the user's forward: report it as a contract failure
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(
+            f"{label}: forward on a 2-row probe batch failed ({type(exc).__name__}: {first}); "
+            "a model's forward(batch) must accept batch.categorical int64 [B, Fc] and "
+            "batch.numeric float32 [B, Fn]"
+        ) from None
+    finally:
+        model.train(was_training)
+    if not isinstance(out, torch.Tensor):
+        raise ConfigError(
+            f"{label}: forward returned a {type(out).__name__}; expected a tensor of logits [B]"
+        )
+    if tuple(out.shape) != (2,):
+        raise ConfigError(
+            f"{label}: forward returned shape {list(out.shape)} for a batch of 2 rows; "
+            "expected logits of shape [B] = [2] (squeeze a trailing 1)"
+        )
+    if not out.is_floating_point():
+        raise ConfigError(
+            f"{label}: forward returned dtype {out.dtype}; expected floating-point logits"
+        )
