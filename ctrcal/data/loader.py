@@ -101,7 +101,7 @@ class ParquetCTRData:
         buffer_rows: int = 1 << 20,
         prefetch: int = 2,
     ) -> None:
-        from ctrcal.data.features import FeatureMap
+        from ctrcal.data.feature_map import FeatureMap
 
         if mode not in MODES:
             raise DataError(f"unknown data mode {mode!r} (valid: {', '.join(MODES)})")

@@ -38,7 +38,7 @@ from ctrcal.errors import DataError
 if TYPE_CHECKING:
     import torch
 
-    from ctrcal.data.features import FeatureMap
+    from ctrcal.data.feature_map import FeatureMap
 
 TRANSFORMS = ("log_standardize", "standardize", "identity")
 
@@ -175,7 +175,7 @@ class NumericTransform:
 
 def load_numeric_transform(data_dir: str | Path) -> NumericTransform:
     """The :class:`NumericTransform` of a prepared directory."""
-    from ctrcal.data.features import FeatureMap
+    from ctrcal.data.feature_map import FeatureMap
 
     return NumericTransform.from_feature_map(FeatureMap.load(data_dir))
 

@@ -62,7 +62,7 @@ def evaluate_run(
         DataError: the data's feature map is not the run's, or the split has no labels
             (checked before the model is loaded).
     """
-    from ctrcal.data.features import FeatureMap
+    from ctrcal.data.feature_map import FeatureMap
     from ctrcal.runs import run_data_dir
     from ctrcal.train.results import load_run
     from ctrcal.train.splits import open_split, require_labelled, resolve_data_mode
