@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ctrcal.config import Config, ReportConfig, VariantConfig
 from ctrcal.errors import ConfigError
-from ctrcal.eval.report_calibration import calibration_kind, check_calibration_keys
+from ctrcal.eval.calibration_keys import calibration_kind, check_calibration_keys
 from ctrcal.eval.shifts import ShiftKind, check_shift_spec
 
 __all__ = [

@@ -13,7 +13,8 @@ What the report needs beyond the metric functions, in one place, so the report's
 * :func:`oracle_calibration`: the same metrics of the generator's true probabilities
   (synthetic data): the floor no model beats in expectation.
 * :func:`plot_field_rce`: Field-RCE by field × intensity for the baseline and the best variant.
-* :func:`check_calibration_keys`: the config checks of the keys above, without data.
+* :func:`~ctrcal.eval.calibration_keys.check_calibration_keys`: the config checks of the keys
+  above, without data (in a module of its own: ``ctrcal validate`` loads no numpy).
 """
 
 from __future__ import annotations
@@ -25,8 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ctrcal.errors import ConfigError
 from ctrcal.eval import metrics as M
+from ctrcal.eval.calibration_keys import (  # noqa: F401 - re-exported
+    CALIBRATIONS,
+    calibration_kind,
+    check_calibration_keys,
+)
 
 if TYPE_CHECKING:  # pandas loads only where a report is written, not for `ctrcal validate`
     import pandas as pd
@@ -42,9 +47,6 @@ __all__ = [
     "oracle_calibration",
     "plot_field_rce",
 ]
-
-CALIBRATIONS = ("temperature", "platt", "isotonic", "field")
-
 
 @dataclass(frozen=True)
 class SplitFields:
@@ -104,69 +106,6 @@ def load_split_fields(data: Any, batch_size: int, numeric_buckets: int = 10) -> 
         names += list(fm.numeric_fields)
     # column-major: each field contiguous, as the field metrics read them
     return SplitFields(np.asfortranarray(np.concatenate(codes, axis=1)), names)
-
-
-def calibration_kind(variant: Any) -> str | None:
-    """The calibration a report variant asks for: one of :data:`CALIBRATIONS` or None."""
-    if getattr(variant, "field_calibration", None):
-        return "field"
-    if getattr(variant, "isotonic_calibration", False):
-        return "isotonic"
-    if variant.temperature_scaling:
-        return "temperature"
-    if variant.platt_scaling:
-        return "platt"
-    return None
-
-
-def check_calibration_keys(cfg: Any, source: str, fields: Sequence[str] | None = None) -> None:
-    """Check the calibration keys of ``report`` and its variants (no data needed).
-
-    Args:
-        cfg: the whole config.
-        source: the config's file name, for messages.
-        fields: the categorical field names of the data (default: Criteo's C1..C26).
-
-    Raises:
-        ConfigError: naming the key.
-    """
-    from ctrcal.data.criteo_schema import CATEGORICAL_COLUMNS
-
-    known = list(fields) if fields is not None else list(CATEGORICAL_COLUMNS)
-    r = cfg.report
-    if r.field_min_count < 1:
-        raise ConfigError(
-            f"{source}: report.field_min_count: expected >= 1, got {r.field_min_count}"
-        )
-    if r.field_numeric_buckets < 0 or r.field_numeric_buckets == 1:
-        raise ConfigError(
-            f"{source}: report.field_numeric_buckets: expected 0 (categoricals only) or >= 2, "
-            f"got {r.field_numeric_buckets}"
-        )
-    for i, v in enumerate(r.variants):
-        key = f"{source}: report.variants[{i}]"
-        chosen = [
-            name
-            for name, on in (
-                ("temperature_scaling", v.temperature_scaling),
-                ("platt_scaling", v.platt_scaling),
-                ("isotonic_calibration", v.isotonic_calibration),
-                ("field_calibration", v.field_calibration is not None),
-            )
-            if on
-        ]
-        if len(chosen) > 1:
-            raise ConfigError(f"{key}: {' and '.join(chosen)}: choose one calibration, not both")
-        if v.field_calibration is not None and v.field_calibration not in known:
-            raise ConfigError(
-                f"{key}.field_calibration: unknown categorical field {v.field_calibration!r} "
-                f"(valid: {', '.join(known)})"
-            )
-        if v.field_calibration_shrinkage < 0:
-            raise ConfigError(
-                f"{key}.field_calibration_shrinkage: expected >= 0, got "
-                f"{v.field_calibration_shrinkage}"
-            )
 
 
 class ReportCalibrator:
