@@ -6,6 +6,12 @@
     python scripts/bench_norms.py --clock cpu --threads 1   # CPU time: robust to other load
     python scripts/bench_norms.py --step               # also the MaskNet training step
 
+Freed memory stays in the process's heap (:func:`ctrcal.train.cpu_memory.retain_freed_memory`,
+as the training loop runs): otherwise glibc hands every activation-sized block back to the
+system on ``free`` and each timed call pays a page fault per 4 KiB it writes, a cost that
+depends on how many blocks a candidate allocates rather than on its arithmetic.
+``--release-memory`` keeps glibc's defaults.
+
 ``--clock cpu`` measures this process's CPU time (all its threads) instead of wall time, so
 other processes on a shared machine barely change the figures. ``--step`` times the training
 step of serial MaskNet [400, 400, 400], embedding dim 16, 13 + 26 fields (the trainer's own
@@ -27,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -37,6 +42,7 @@ import torch.nn.functional as F
 
 from ctrcal.layers.mc_grouped import grouped_layer_norm
 from ctrcal.layers.mc_layernorm import MCLayerNorm, kernel_available, mc_grouped_layer_norm
+from ctrcal.utils import cpu_model_name
 
 CASES = [
     ((4096, 400), (400,)),
@@ -170,11 +176,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     parser.add_argument("--step", action="store_true", help="also the MaskNet training step")
     parser.add_argument("--no-layers", action="store_true", help="skip the layer timings")
+    parser.add_argument(
+        "--release-memory",
+        action="store_true",
+        help="glibc's default of returning freed blocks to the system (not as in training)",
+    )
     args = parser.parse_args(argv)
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.threads:
         torch.set_num_threads(args.threads)
+    memory = "released (glibc defaults)"
+    if any(key.startswith("MALLOC_") for key in os.environ):
+        memory = "as the MALLOC_* environment sets"
+    elif not args.release_memory:
+        from ctrcal.train.cpu_memory import retain_freed_memory
+
+        if retain_freed_memory():
+            memory = "kept in the heap"
     if args.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
@@ -182,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"device={device} threads={torch.get_num_threads()} fraction={args.fraction} "
         f"repeats={args.repeats} clock={args.clock} torch={torch.__version__} "
-        f"cpu={_cpu_name()} load={_load()}"
+        f"load={_load()}\ncpu: {cpu_model_name()}; freed memory: {memory}"
     )
     if args.step and args.no_layers:
         bench_step(args.repeats)
@@ -202,16 +221,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.step:
         bench_step(args.repeats)
     print(f"load average after: {_load()}")
-
-
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip().replace(" ", "_")
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _load() -> str:

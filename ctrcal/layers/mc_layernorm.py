@@ -33,11 +33,13 @@ between rows):
   C compiler (about a second; cached under ``~/.cache/ctrcal``) and loaded with ctypes. Per row,
   Floyd's algorithm draws a uniform subset of size ``d = min(k, N - k)`` (the complement when
   k > N/2) with d bounded integers; each is exactly uniform (Lemire's multiply-and-reject).
-  The random bits come from a per-row wyrand stream keyed by one draw from torch's RNG (so
+  The random bits are SplitMix64 outputs keyed by one draw from torch's RNG (so
   ``torch.manual_seed`` and ``generator`` reproduce the subsets) and the row index (so the
-  result does not depend on the thread count). Statistics, output and backward are fused;
-  built for the machine's own vector instructions. Cost grows with d (f near 0.5 costs
-  most); see ``scripts/bench_norms.py``. No double backward (``once_differentiable``).
+  result does not depend on the thread count). A row keeps its d drawn positions, not a mask:
+  the statistics are a plain pass over the row corrected on them, and so is the backward.
+  Statistics, output and backward are fused; built for the machine's own vector
+  instructions. Cost grows with d (f near 0.5 costs most); see ``scripts/bench_norms.py``.
+  No double backward (``once_differentiable``).
 * ``triton`` (default for CUDA tensors when triton is installed): one fused forward and one
   fused backward kernel (:mod:`ctrcal.layers.mcln_triton`); each row's exact-k subset comes
   from Philox bits keyed by a seed and the element's position, regenerated in backward;
@@ -332,13 +334,14 @@ def _normalize_rows(
                     raise
                 mcln_triton.mark_broken(exc)
         elif choice == "c":
-            with torch.autocast(x.device.type, enabled=False):
-                key = _draw_key(generator, x.device)
-                w = weight.to(compute) if weight is not None else None
-                b = bias.to(compute) if bias is not None else None
-                y = mcln_kernel.KernelMCLayerNorm.apply(
-                    x.to(compute).contiguous(), w, b, k, eps, key, groups
-                )
+            key = _draw_key(generator, x.device)
+            w = weight.to(compute) if weight is not None else None
+            b = bias.to(compute) if bias is not None else None
+            # the kernel's own autograd node runs no autocast-listed op: no need to switch
+            # autocast off around it (which costs as much as the rest of the call at small sizes)
+            y = mcln_kernel.KernelMCLayerNorm.apply(
+                x.to(compute).contiguous(), w, b, k, eps, key, groups
+            )
             return y.to(x.dtype)
     if mask is None:
         mask = _torch_subset_mask(rows, n, k, generator, x.device, compute)

@@ -1,6 +1,13 @@
 /* Fused MC-LayerNorm for CPU: per-row exact-k uniform subsets, statistics, output, backward.
- * Plain C (no torch headers); compiled and loaded by ctrcal/layers/mcln_kernel.py. */
+ * Plain C (no torch headers); compiled and loaded by ctrcal/layers/mcln_kernel.py.
+ *
+ * A row's subset is kept as the list of the d = min(k, N - k) positions Floyd's algorithm
+ * draws (with `invert`, the N - k positions left out), never as an N-wide mask: the
+ * statistics are a plain pass over the row corrected on those d positions, and the backward
+ * writes the plain formula for every element and rewrites the d positions with the other
+ * one. The row loops stay the ones of LayerNorm (no mask to load, convert and multiply). */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <math.h>
 
@@ -9,86 +16,145 @@ static inline uint64_t mix64(uint64_t z) {
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
     return z ^ (z >> 31);
 }
-/* wyrand: 64 random bits per 64x64->128 multiply */
+#define GAMMA 0x9E3779B97F4A7C15ULL
+/* wyrand: only for the rare redraws of the exact bounded integers below */
 static inline uint64_t next64(uint64_t *s) {
     *s += 0xa0761d6478bd642fULL;
     __uint128_t t = (__uint128_t)*s * (*s ^ 0xe7037ed1a0b428dbULL);
     return (uint64_t)(t >> 64) ^ (uint64_t)t;
 }
-/* exactly uniform integer in [0, n) from 32 random bits, redrawing the biased sliver */
-static inline uint32_t bounded(uint32_t u, uint32_t n, uint64_t *s) {
-    uint64_t m = (uint64_t)u * n;
-    uint32_t l = (uint32_t)m;
-    if (l < n) {
-        uint32_t t = (uint32_t)(0u - n) % n;
-        while (l < t) { m = (uint64_t)(uint32_t)next64(s) * n; l = (uint32_t)m; }
-    }
-    return (uint32_t)(m >> 32);
+static inline uint64_t row_seed(uint64_t key, int64_t r) {
+    return mix64(key ^ mix64((uint64_t)r + 0x632BE59BD9B4E019ULL));
 }
-/* Floyd's algorithm: a uniform d-subset of [0, n) for row r; with invert its complement.
-   The row is first filled with `off`, chosen positions get `on`: with invert the d drawn
-   positions are the ones left out, so no second pass flips the row. Position t, or j when
-   t is taken, is selected without a branch (taken is a coin flip near d = n/2, which a
-   branch would mispredict). */
-static inline __attribute__((always_inline)) void sample_row(uint8_t *mr, int64_t r, int64_t n, int64_t d, int invert,
-                              uint64_t key) {
-    uint64_t s = mix64(key ^ mix64((uint64_t)r + 0x632BE59BD9B4E019ULL));
-    const uint8_t on = invert ? 0 : 1, flip = invert ? 1 : 0;
-    if (n <= 64) {
-        /* narrow rows (per-field norms): the same draws, marked in a register and written
-           out once; byte stores right before the statistics' vector loads of the same row
-           would stall store-to-load forwarding */
-        uint64_t bits = 0;
-        for (int64_t j = n - d; j < n; ++j) {
-            int64_t t = bounded((uint32_t)next64(&s), (uint32_t)(j + 1), &s);
-            int64_t taken = (int64_t)((bits >> t) & 1);
-            bits |= 1ULL << (t ^ ((t ^ j) & -taken));
+/* Lemire's exact bounded integer: u * m / 2^32 unless the low word falls in the biased
+   sliver (below 2^32 mod m), then redraw from a stream of its own */
+static uint32_t redraw(uint32_t u, uint32_t m, uint64_t seed, int64_t i) {
+    uint64_t p = (uint64_t)u * m;
+    uint32_t t = (uint32_t)(0u - m) % m;
+    uint64_t s = seed ^ mix64((uint64_t)i + 0x2545F4914F6CDD1DULL);
+    while ((uint32_t)p < t) p = (uint64_t)(uint32_t)next64(&s) * m;
+    return (uint32_t)(p >> 32);
+}
+/* Floyd's algorithm: a uniform d-subset of [0, n) for row r, as d distinct positions.
+   Draw i is uniform in [0, n - d + i]: the d draws are SplitMix64 outputs of the row's seed
+   (independent of each other, so this loop vectorises); only the membership test (take t,
+   or the new top position j when t is already taken) is sequential. */
+static inline __attribute__((always_inline)) void draw_row(int32_t *idx, uint32_t *tt,
+                                                          uint64_t *bits, int64_t r, int64_t n,
+                                                          int64_t d, uint64_t key) {
+    const uint64_t seed = row_seed(key, r);
+    const uint32_t base = (uint32_t)(n - d) + 1;
+    uint32_t suspect = 0;
+    _Pragma("omp simd reduction(|:suspect)")
+    for (int64_t i = 0; i < d; ++i) {
+        uint32_t u = (uint32_t)(mix64(seed + (uint64_t)(i + 1) * GAMMA) >> 32);
+        uint32_t m = base + (uint32_t)i;
+        uint64_t p = (uint64_t)u * m;
+        tt[i] = (uint32_t)(p >> 32);
+        suspect |= (uint32_t)((uint32_t)p < m);
+    }
+    if (suspect) { /* probability below d * n / 2^32 per row */
+        for (int64_t i = 0; i < d; ++i) {
+            uint32_t u = (uint32_t)(mix64(seed + (uint64_t)(i + 1) * GAMMA) >> 32);
+            tt[i] = redraw(u, base + (uint32_t)i, seed, i);
         }
-        for (int64_t i = 0; i < n; ++i) mr[i] = (uint8_t)(((bits >> i) & 1) ^ flip);
+    }
+    if (n <= 64) {
+        uint64_t b = 0;
+        for (int64_t i = 0; i < d; ++i) {
+            uint64_t t = tt[i], j = (uint64_t)(n - d + i);
+            uint64_t p = ((b >> t) & 1) ? j : t;
+            b |= 1ULL << p;
+            idx[i] = (int32_t)p;
+        }
         return;
     }
-    memset(mr, flip, (size_t)n);
-    int64_t j = n - d;
-    for (; j + 1 < n; j += 2) {
-        uint64_t u = next64(&s);
-        int64_t t = bounded((uint32_t)u, (uint32_t)(j + 1), &s);
-        mr[t ^ ((t ^ j) & -(int64_t)(mr[t] ^ flip))] = on;
-        t = bounded((uint32_t)(u >> 32), (uint32_t)(j + 2), &s);
-        mr[t ^ ((t ^ (j + 1)) & -(int64_t)(mr[t] ^ flip))] = on;
-    }
-    if (j < n) {
-        int64_t t = bounded((uint32_t)next64(&s), (uint32_t)(j + 1), &s);
-        mr[t ^ ((t ^ j) & -(int64_t)(mr[t] ^ flip))] = on;
+    /* Wide rows: the subset as bytes. Both stores take their address from the draws alone
+       (j gets the taken flag, t is set whether or not it was in already), never from the
+       loaded byte, so later loads need not wait for a store address. */
+    uint8_t *mr = (uint8_t *)bits;
+    memset(mr, 0, (size_t)n);
+    for (int64_t i = 0; i < d; ++i) {
+        const uint64_t t = tt[i], j = (uint64_t)(n - d + i);
+        const uint8_t taken = mr[t];
+        mr[j] = taken;
+        mr[t] = 1; /* after j's store: t == j (drawn the top itself) leaves it set */
+        idx[i] = (int32_t)(t ^ ((t ^ j) & (0 - (uint64_t)taken)));
     }
 }
-void mcln_sample(uint8_t *m, int64_t r0, int64_t r1, int64_t n, int64_t d, int invert,
-                 uint64_t key) {
-    for (int64_t r = r0; r < r1; ++r) sample_row(m + r * n, r, n, d, invert, key);
+/* scratch of one call: d draws and n bytes (heap only for very wide rows) */
+typedef struct { uint32_t *tt; uint64_t *bits; void *heap; uint32_t tt0[512]; uint64_t b0[128]; } scratch_t;
+static int scratch_init(scratch_t *s, int64_t n, int64_t d) {
+    const int64_t words = (n + 7) / 8;
+    s->heap = 0; s->tt = s->tt0; s->bits = s->b0;
+    if (d <= 512 && words <= 128) return 0;
+    s->heap = malloc((size_t)d * sizeof(uint32_t) + (size_t)words * sizeof(uint64_t));
+    if (!s->heap) return -1;
+    s->bits = (uint64_t *)s->heap;
+    s->tt = (uint32_t *)(s->bits + words);
+    return 0;
+}
+static void scratch_free(scratch_t *s) { free(s->heap); }
+
+/* the d positions of rows r0..r1 into idx [R, d] */
+int mcln_draw(int32_t *idx, int64_t r0, int64_t r1, int64_t n, int64_t d, uint64_t key) {
+    scratch_t s;
+    if (scratch_init(&s, n, d)) return -1;
+    for (int64_t r = r0; r < r1; ++r) draw_row(idx + r * d, s.tt, s.bits, r, n, d, key);
+    scratch_free(&s);
+    return 0;
+}
+/* the subsets of rows r0..r1 as a 0/1 mask [R, n] (the positions drawn are the ones left out
+   with invert) */
+int mcln_sample(uint8_t *m, int64_t r0, int64_t r1, int64_t n, int64_t d, int invert,
+                uint64_t key) {
+    scratch_t s;
+    if (scratch_init(&s, n, d)) return -1;
+    int32_t *idx = (int32_t *)malloc((size_t)(d > 0 ? d : 1) * sizeof(int32_t));
+    if (!idx) { scratch_free(&s); return -1; }
+    for (int64_t r = r0; r < r1; ++r) {
+        uint8_t *mr = m + r * n;
+        draw_row(idx, s.tt, s.bits, r, n, d, key);
+        memset(mr, invert ? 1 : 0, (size_t)n);
+        for (int64_t i = 0; i < d; ++i) mr[idx[i]] = invert ? 0 : 1;
+    }
+    free(idx);
+    scratch_free(&s);
+    return 0;
 }
 /* The row functions are inlined into callers that pass common widths as constants, so the
    compiler emits loops of known length for them (per-field embedding norms have D = 8..64:
    a generic loop with its vector remainder handling costs more than the work there). */
 #define INLINE static inline __attribute__((always_inline))
 #define DEFINE(T, SUF)                                                                       \
-INLINE void fwd_rows_##SUF(const T *x, const T *w0, const T *b0, T *y, uint8_t *m, T *mean, \
-                    T *rstd, int64_t r0, int64_t r1, const int64_t n, int64_t g, int64_t k,   \
-                    int64_t d, int invert, double eps, uint64_t key) {                        \
+INLINE void fwd_rows_##SUF(const T *x, const T *w0, const T *b0, T *y, int32_t *idx0,       \
+                    T *mean, T *rstd, int64_t r0, int64_t r1, const int64_t n, int64_t g,     \
+                    int64_t k, int64_t d, int invert, double eps, uint64_t key,               \
+                    scratch_t *sc) {                                                          \
     /* row r = sample * g + group: the group's affine pair (group counted, not divided) */  \
     int64_t gi = r0 % g;                                                                      \
     for (int64_t r = r0; r < r1; ++r, gi = (gi + 1 == g) ? 0 : gi + 1) {                     \
-        const T *xr = x + r * n; T *yr = y + r * n; uint8_t *mr = m + r * n;                \
-        /* the row's subset is drawn right before its statistics, while it is in L1 */        \
-        sample_row(mr, r, n, d, invert, key);                                                 \
+        const T *xr = x + r * n; T *yr = y + r * n; int32_t *idx = idx0 + r * d;            \
+        draw_row(idx, sc->tt, sc->bits, r, n, d, key);                                        \
         const T *w = w0 ? w0 + gi * n : 0, *b = b0 ? b0 + gi * n : 0;                        \
-        /* one pass for both moments, shifted by the row's first element so that a large */   \
-        /* common offset does not cancel: v = sum m(x-c)^2 - (sum m(x-c))^2 / k */            \
-        T c0 = xr[0], s = 0, q = 0;                                                           \
-        _Pragma("omp simd reduction(+:s,q)")                                                  \
-        for (int64_t i = 0; i < n; ++i) { T z = (xr[i] - c0) * (T)mr[i]; s += z; q += z * z; } \
-        T ms = s / (T)k, mu = c0 + ms;                                                        \
-        double var = (double)q / (double)k - (double)ms * (double)ms;                          \
+        /* both moments in one pass, shifted by the row's first element so that a large */   \
+        /* common offset does not cancel: v = sum_S (x-c)^2 / k - (sum_S (x-c) / k)^2; with */\
+        /* invert, sum_S = (sum over the row) - (sum over the d positions left out) */       \
+        const T c0 = xr[0];                                                                   \
+        double s = 0, q = 0;                                                                  \
+        if (invert) {                                                                         \
+            T sa = 0, qa = 0;                                                                 \
+            _Pragma("omp simd reduction(+:sa,qa)")                                            \
+            for (int64_t i = 0; i < n; ++i) { T z = xr[i] - c0; sa += z; qa += z * z; }      \
+            s = sa; q = qa;                                                                   \
+            for (int64_t i = 0; i < d; ++i) { double z = (double)(xr[idx[i]] - c0); s -= z; q -= z * z; } \
+        } else {                                                                              \
+            for (int64_t i = 0; i < d; ++i) { double z = (double)(xr[idx[i]] - c0); s += z; q += z * z; } \
+        }                                                                                     \
+        double ms = s / (double)k;                                                            \
+        double var = q / (double)k - ms * ms;                                                 \
         if (var < 0) var = 0;                                                                 \
-        T rs = (T)(1.0 / sqrt(var + eps));                                                    \
+        T mu = (T)((double)c0 + ms), rs = (T)(1.0 / sqrt(var + eps));                         \
         mean[r] = mu; rstd[r] = rs;                                                           \
         if (w && b) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                    \
             yr[i] = (xr[i] - mu) * rs * w[i] + b[i]; }                                        \
@@ -100,57 +166,76 @@ INLINE void fwd_rows_##SUF(const T *x, const T *w0, const T *b0, T *y, uint8_t *
             yr[i] = (xr[i] - mu) * rs; }                                                      \
     }                                                                                         \
 }                                                                                             \
-INLINE void bwd_rows_##SUF(const T *dy, const T *x, const T *w0, const uint8_t *m,         \
-                    const T *mean, const T *rstd, T *dx, T *dw0, T *db0, int64_t r0,          \
-                    int64_t r1, const int64_t n, int64_t g, int64_t k) {                      \
-    int64_t gi = r0 % g;                                                                      \
-    for (int64_t r = r0; r < r1; ++r, gi = (gi + 1 == g) ? 0 : gi + 1) {                     \
-        const T *dyr = dy + r * n, *xr = x + r * n; T *dxr = dx + r * n;                      \
-        const int64_t off = gi * n;                                                           \
-        const T *w = w0 ? w0 + off : 0; T *dw = dw0 ? dw0 + off : 0, *db = db0 + off;        \
-        const uint8_t *mr = m + r * n;                                                        \
-        T mu = mean[r], rs = rstd[r], A = 0, B = 0;                                           \
-        if (w) {                                                                              \
-            _Pragma("omp simd reduction(+:A,B)")                                              \
-            for (int64_t i = 0; i < n; ++i) {                                                 \
-                T xh = (xr[i] - mu) * rs, g = dyr[i] * w[i];                                  \
-                A += g; B += g * xh; dw[i] += dyr[i] * xh; db[i] += dyr[i];                   \
-            }                                                                                 \
-        } else {                                                                              \
-            _Pragma("omp simd reduction(+:A,B)")                                              \
-            for (int64_t i = 0; i < n; ++i) {                                                 \
-                T xh = (xr[i] - mu) * rs, g = dyr[i];                                         \
-                A += g; B += g * xh; db[i] += dyr[i];                                         \
-            }                                                                                 \
-        }                                                                                     \
-        T a = A / (T)k, c = B / (T)k;                                                         \
-        if (w) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                         \
-            dxr[i] = rs * (dyr[i] * w[i] - (T)mr[i] * (a + c * (xr[i] - mu) * rs)); }        \
-        else { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                           \
-            dxr[i] = rs * (dyr[i] - (T)mr[i] * (a + c * (xr[i] - mu) * rs)); }               \
-    }                                                                                         \
-}                                                                                             \
-void mcln_fwd_##SUF(const T *x, const T *w, const T *b, T *y, uint8_t *m, T *mean, T *rstd, \
-                    int64_t r0, int64_t r1, int64_t n, int64_t g, int64_t k, int64_t d,       \
-                    int invert, double eps, uint64_t key) {                                   \
+/* dx = rs (g - [i in S] (a + c xhat)) with a = sum(g) / k, c = sum(g xhat) / k over the whole     \
+   row: the formula of the majority for every element, then the d drawn positions rewritten        \
+   with the other one */                                                                           \
+INLINE void dx_row_##SUF(const T *dyr, const T *xr, const T *w, const int32_t *idx, T *dxr,        \
+                         const int64_t n, T mu, T rs, T A, T B, int64_t k, int64_t d,              \
+                         int invert) {                                                             \
+    const T one = 1, a = A / (T)k, c = B / (T)k, on = invert ? one : 0, off = invert ? 0 : one;    \
+    if (w) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                                   \
+        dxr[i] = rs * (dyr[i] * w[i] - on * (a + c * (xr[i] - mu) * rs)); }                        \
+    else { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                                     \
+        dxr[i] = rs * (dyr[i] - on * (a + c * (xr[i] - mu) * rs)); }                               \
+    for (int64_t i = 0; i < d; ++i) {                                                              \
+        const int64_t p = idx[i];                                                                  \
+        dxr[p] = rs * (dyr[p] * (w ? w[p] : one) - off * (a + c * (xr[p] - mu) * rs));             \
+    }                                                                                              \
+}                                                                                                  \
+INLINE void bwd_rows_##SUF(const T *dy, const T *x, const T *w0, const int32_t *idx0,              \
+                    const T *mean, const T *rstd, T *dx, T *dw0, T *db0, int64_t r0,               \
+                    int64_t r1, const int64_t n, int64_t g, int64_t k, int64_t d,                  \
+                    int invert) {                                                                  \
+    int64_t r = r0, gi = r0 % g;                                                                   \
+    for (; r < r1; ++r, gi = (gi + 1 == g) ? 0 : gi + 1) {                                         \
+        const T *dyr = dy + r * n, *xr = x + r * n;                                                \
+        const int64_t off = gi * n;                                                                \
+        const T *w = w0 ? w0 + off : 0; T *dw = dw0 ? dw0 + off : 0, *db = db0 + off;              \
+        T mu = mean[r], rs = rstd[r], A = 0, B = 0;                                                \
+        if (w) {                                                                                   \
+            _Pragma("omp simd reduction(+:A,B)")                                                   \
+            for (int64_t i = 0; i < n; ++i) {                                                      \
+                T xh = (xr[i] - mu) * rs, gy = dyr[i] * w[i];                                      \
+                A += gy; B += gy * xh; dw[i] += dyr[i] * xh; db[i] += dyr[i];                      \
+            }                                                                                      \
+        } else {                                                                                   \
+            _Pragma("omp simd reduction(+:A,B)")                                                   \
+            for (int64_t i = 0; i < n; ++i) {                                                      \
+                T xh = (xr[i] - mu) * rs;                                                          \
+                A += dyr[i]; B += dyr[i] * xh; db[i] += dyr[i];                                    \
+            }                                                                                      \
+        }                                                                                          \
+        dx_row_##SUF(dyr, xr, w, idx0 + r * d, dx + r * n, n, mu, rs, A, B, k, d, invert);         \
+    }                                                                                              \
+}                                                                                                  \
+int mcln_fwd_##SUF(const T *x, const T *w, const T *b, T *y, int32_t *idx, T *mean, T *rstd, \
+                   int64_t r0, int64_t r1, int64_t n, int64_t g, int64_t k, int64_t d,        \
+                   int invert, double eps, uint64_t key) {                                    \
+    scratch_t sc;                                                                             \
+    if (scratch_init(&sc, n, d)) return -1;                                                   \
     switch (n) {                                                                              \
-    case 8: fwd_rows_##SUF(x, w, b, y, m, mean, rstd, r0, r1, 8, g, k, d, invert, eps, key); \
+    case 8: fwd_rows_##SUF(x, w, b, y, idx, mean, rstd, r0, r1, 8, g, k, d, invert, eps, key, &sc); \
         break;                                                                                \
-    case 16: fwd_rows_##SUF(x, w, b, y, m, mean, rstd, r0, r1, 16, g, k, d, invert, eps, key); \
+    case 16: fwd_rows_##SUF(x, w, b, y, idx, mean, rstd, r0, r1, 16, g, k, d, invert, eps, key, &sc); \
         break;                                                                                \
-    case 32: fwd_rows_##SUF(x, w, b, y, m, mean, rstd, r0, r1, 32, g, k, d, invert, eps, key); \
+    case 32: fwd_rows_##SUF(x, w, b, y, idx, mean, rstd, r0, r1, 32, g, k, d, invert, eps, key, &sc); \
         break;                                                                                \
-    default: fwd_rows_##SUF(x, w, b, y, m, mean, rstd, r0, r1, n, g, k, d, invert, eps, key); \
+    default: fwd_rows_##SUF(x, w, b, y, idx, mean, rstd, r0, r1, n, g, k, d, invert, eps, key, &sc); \
     }                                                                                         \
+    scratch_free(&sc);                                                                        \
+    return 0;                                                                                 \
 }                                                                                             \
-void mcln_bwd_##SUF(const T *dy, const T *x, const T *w, const uint8_t *m, const T *mean,    \
+void mcln_bwd_##SUF(const T *dy, const T *x, const T *w, const int32_t *idx, const T *mean,  \
                     const T *rstd, T *dx, T *dw, T *db, int64_t r0, int64_t r1, int64_t n,    \
-                    int64_t g, int64_t k) {                                                   \
+                    int64_t g, int64_t k, int64_t d, int invert) {                            \
     switch (n) {                                                                              \
-    case 8: bwd_rows_##SUF(dy, x, w, m, mean, rstd, dx, dw, db, r0, r1, 8, g, k); break;     \
-    case 16: bwd_rows_##SUF(dy, x, w, m, mean, rstd, dx, dw, db, r0, r1, 16, g, k); break;   \
-    case 32: bwd_rows_##SUF(dy, x, w, m, mean, rstd, dx, dw, db, r0, r1, 32, g, k); break;   \
-    default: bwd_rows_##SUF(dy, x, w, m, mean, rstd, dx, dw, db, r0, r1, n, g, k);           \
+    case 8: bwd_rows_##SUF(dy, x, w, idx, mean, rstd, dx, dw, db, r0, r1, 8, g, k, d, invert); \
+        break;                                                                                \
+    case 16: bwd_rows_##SUF(dy, x, w, idx, mean, rstd, dx, dw, db, r0, r1, 16, g, k, d, invert); \
+        break;                                                                                \
+    case 32: bwd_rows_##SUF(dy, x, w, idx, mean, rstd, dx, dw, db, r0, r1, 32, g, k, d, invert); \
+        break;                                                                                \
+    default: bwd_rows_##SUF(dy, x, w, idx, mean, rstd, dx, dw, db, r0, r1, n, g, k, d, invert); \
     }                                                                                         \
 }
 DEFINE(float, f32)

@@ -1,9 +1,10 @@
 """The fused CPU kernel of MC-LayerNorm: build, load and call ``mcln_kernel.c``.
 
-Per row: Floyd's algorithm draws a uniform d-subset (d = the smaller
-of k and N-k) with exact bounded integers (Lemire's method) from a wyrand stream keyed by one
-torch draw and the row index; then the subset statistics and the output in two passes over
-the row. The backward recomputes x_hat from the saved mean/rstd and the uint8 mask.
+Per row: Floyd's algorithm draws a uniform d-subset (d = the smaller of k and N-k) with exact
+bounded integers (Lemire's method) from SplitMix64 outputs keyed by one torch draw and the row
+index; the row keeps the d drawn positions (int32), not an N-wide mask. The statistics are one
+pass over the row corrected on those positions, then the output in a second pass. The
+backward recomputes x_hat from the saved mean/rstd and rewrites the d positions' gradient.
 
 The kernel is compiled once per machine with the system C compiler (about a second), cached
 under ``~/.cache/ctrcal/kernels`` (or ``$CTRCAL_CACHE_DIR``), and loaded with ctypes; calls
@@ -51,6 +52,7 @@ class _CKernel:
     def __init__(self, lib: ctypes.CDLL) -> None:
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.mcln_sample.argtypes = [ptr, i64, i64, i64, i64, ctypes.c_int, ctypes.c_uint64]
+        lib.mcln_sample.restype = ctypes.c_int
         for suffix in ("f32", "f64"):
             getattr(lib, f"mcln_fwd_{suffix}").argtypes = (
                 [ptr] * 7
@@ -61,7 +63,8 @@ class _CKernel:
                     ctypes.c_uint64,
                 ]
             )
-            getattr(lib, f"mcln_bwd_{suffix}").argtypes = [ptr] * 9 + [i64] * 5
+            getattr(lib, f"mcln_fwd_{suffix}").restype = ctypes.c_int
+            getattr(lib, f"mcln_bwd_{suffix}").argtypes = [ptr] * 9 + [i64] * 6 + [ctypes.c_int]
         self.lib = lib
         self._pool: ThreadPoolExecutor | None = None
 
@@ -88,7 +91,7 @@ class _CKernel:
         self.run(self.chunks(rows, n), fn)
 
     def sample(self, mask: Tensor, r0: int, r1: int, n: int, d: int, inv: bool, key: int) -> None:
-        self.lib.mcln_sample(mask.data_ptr(), r0, r1, n, d, int(inv), key)
+        _check(self.lib.mcln_sample(mask.data_ptr(), r0, r1, n, d, int(inv), key))
 
     def forward(
         self,
@@ -100,33 +103,40 @@ class _CKernel:
         key: int,
         groups: int = 1,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Rows of x [R, N] (row r uses affine row r % groups of w, b [groups, N])."""
+        """Rows of x [R, N] (row r uses affine row r % groups of w, b [groups, N]).
+
+        Returns y [R, N], the drawn positions [R, d] (int32; see :func:`small_side`), and the
+        per-row mean and 1/std [R].
+        """
         rows, n = x.shape
         y = torch.empty_like(x)
-        mask = torch.empty(rows, n, dtype=torch.uint8)
+        d, invert = small_side(n, k)
+        idx = torch.empty(rows, d, dtype=torch.int32)
         mean = torch.empty(rows, dtype=x.dtype)
         rstd = torch.empty(rows, dtype=x.dtype)
-        d, invert = small_side(n, k)
         fn = self.lib.mcln_fwd_f64 if x.dtype == torch.float64 else self.lib.mcln_fwd_f32
         p = self._p
-        args = (p(x), p(w), p(b), p(y), p(mask), p(mean), p(rstd))
+        args = (p(x), p(w), p(b), p(y), p(idx), p(mean), p(rstd))
         self.run_rows(
-            rows, n, lambda r0, r1: fn(*args, r0, r1, n, groups, k, d, int(invert), eps, key)
+            rows,
+            n,
+            lambda r0, r1: _check(fn(*args, r0, r1, n, groups, k, d, int(invert), eps, key)),
         )
-        return y, mask, mean, rstd
+        return y, idx, mean, rstd
 
     def backward(
         self,
         dy: Tensor,
         x: Tensor,
         w: Tensor | None,
-        mask: Tensor,
+        idx: Tensor,
         mean: Tensor,
         rstd: Tensor,
         k: int,
         groups: int = 1,
     ) -> tuple[Tensor, Tensor, Tensor]:
         rows, n = x.shape
+        d, invert = small_side(n, k)
         parts = self.chunks(rows, n)
         dx = torch.empty_like(x)
         # per-chunk partial sums of dweight / dbias, added up afterwards
@@ -134,14 +144,28 @@ class _CKernel:
         db = torch.zeros(max(len(parts), 1), groups, n, dtype=x.dtype)
         fn = self.lib.mcln_bwd_f64 if x.dtype == torch.float64 else self.lib.mcln_bwd_f32
         p = self._p
-        head = (p(dy), p(x), p(w), p(mask), p(mean), p(rstd), p(dx))
+        head = (p(dy), p(x), p(w), p(idx), p(mean), p(rstd), p(dx))
         self.run(
             [(i, r0, r1) for i, (r0, r1) in enumerate(parts)],
             lambda i, r0, r1: fn(
-                *head, p(dw[i]) if w is not None else None, p(db[i]), r0, r1, n, groups, k
+                *head,
+                p(dw[i]) if w is not None else None,
+                p(db[i]),
+                r0,
+                r1,
+                n,
+                groups,
+                k,
+                d,
+                int(invert),
             ),
         )
         return dx, dw.sum(0), db.sum(0)
+
+
+def _check(status: int) -> None:
+    if status != 0:
+        raise MemoryError("MC-LayerNorm C kernel: out of memory for its scratch space")
 
 
 _kernel_state: dict[str, Any] = {}
@@ -256,8 +280,8 @@ class KernelMCLayerNorm(torch.autograd.Function):
         kernel = get_kernel()
         w = weight.contiguous() if weight is not None else None
         b = bias.contiguous() if bias is not None else None
-        y, mask, mean, rstd = kernel.forward(x, w, b, k, eps, key, groups)
-        ctx.save_for_backward(x, w, mask, mean, rstd)
+        y, idx, mean, rstd = kernel.forward(x, w, b, k, eps, key, groups)
+        ctx.save_for_backward(x, w, idx, mean, rstd)
         ctx.k = k
         ctx.groups = groups
         ctx.bias_shape = b.shape if b is not None else None
@@ -266,9 +290,9 @@ class KernelMCLayerNorm(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):  # type: ignore[override]
-        x, w, mask, mean, rstd = ctx.saved_tensors
+        x, w, idx, mean, rstd = ctx.saved_tensors
         dx, dw, db = get_kernel().backward(
-            dy.contiguous(), x, w, mask, mean, rstd, ctx.k, ctx.groups
+            dy.contiguous(), x, w, idx, mean, rstd, ctx.k, ctx.groups
         )
         return (
             dx,

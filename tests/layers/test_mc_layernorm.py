@@ -429,6 +429,29 @@ def test_kernel_matches_masked_formula_and_gradients(affine, n, f):
     torch.testing.assert_close(out32.double(), ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize(("n", "k"), [(70, 2), (70, 68)])
+def test_kernel_wide_rows_uniform_over_all_pairs(n, k):
+    # rows wider than 64 take the kernel's byte-set path of Floyd's algorithm (narrow rows a
+    # register): the 2 drawn positions (k = 2, or the 2 left out of k = n - 2) are uniform
+    # over all C(n, 2) pairs, including the steps that draw the new top position itself
+    if not kernel_available():
+        pytest.skip("no C compiler: the MC-LayerNorm C kernel cannot be built here")
+    rows = 200_000
+    mask = sample_subset_mask(
+        rows, n, k, generator=torch.Generator().manual_seed(4), dtype=torch.uint8, backend="c"
+    )
+    assert (mask.sum(1, dtype=torch.int64) == k).all()
+    drawn = mask if k == 2 else 1 - mask
+    pos = drawn.nonzero()[:, 1].reshape(rows, 2)
+    code = pos[:, 0] * n + pos[:, 1]
+    counts = torch.bincount(code, minlength=n * n).double()
+    pairs = math.comb(n, 2)
+    assert int((counts > 0).sum()) == pairs
+    expected = rows / pairs
+    chi2 = ((counts[counts > 0] - expected) ** 2 / expected).sum().item()
+    assert chi2 < _chi2_threshold(pairs - 1)
+
+
 def test_kernel_result_independent_of_thread_count():
     if not kernel_available():
         pytest.skip("no C compiler: the MC-LayerNorm C kernel cannot be built here")
