@@ -3,6 +3,7 @@
     python scripts/gpu_check.py                 # all checks, then the benchmarks
     python scripts/gpu_check.py --no-bench      # checks only
     python scripts/gpu_check.py --bench-only --batch 65536
+    python scripts/gpu_check.py --quick         # kernel checks + layer and step ratios
 
 Checks (tiny generated data; each prints PASS or FAIL with a reason):
 
@@ -20,6 +21,9 @@ Benchmarks (median of several timed rounds, CUDA-synchronised): MC-LN / LN forwa
 layer ratios, serial MaskNet training rows/s (data on the device; fp32 and bf16; LN and
 MC-LN; eager and compiled) and the MC-LN / LN step ratio, evaluation rows/s (one-shot LN,
 one-shot MC-LN, 10 MC samples).
+
+``--quick`` (a few minutes) runs the kernel checks (no command-line runs) and the layer and
+training-step benchmarks (no evaluation benchmark).
 
 Without a CUDA GPU it says so and exits 0. Exit status 1 when any check fails.
 """
@@ -557,7 +561,7 @@ def bench_eval(batch: int) -> None:
     print(f"  one-shot MC-LN / LN evaluation time: {ratio:.3f}")
 
 
-def benchmarks(batch: int) -> None:
+def benchmarks(batch: int, evaluation: bool = True) -> None:
     props = torch.cuda.get_device_properties(0)
     print(f"\n=== GPU benchmarks on {props.name} ({torch.cuda.device_count()} visible) ===")
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}")
@@ -578,7 +582,8 @@ def benchmarks(batch: int) -> None:
         for precision in sorted({p for _, p in res}):
             ratio = res[("mclayernorm", precision)] / res[("layernorm", precision)]
             print(f"  MC-LN / LN step time, {precision}: {ratio:.3f}")
-    bench_eval(batch)
+    if evaluation:
+        bench_eval(batch)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -586,9 +591,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-bench", action="store_true", help="checks only")
     ap.add_argument("--bench-only", action="store_true", help="benchmarks only")
     ap.add_argument("--no-e2e", action="store_true", help="skip the command-line runs")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="kernel checks and the layer/step benchmarks only (no command-line runs, no "
+        "evaluation benchmark)",
+    )
     ap.add_argument("--rows", type=int, default=40_000, help="synthetic rows end to end")
     ap.add_argument("--batch", type=int, default=65_536, help="benchmark batch size")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.no_e2e = True
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA GPU is visible here; nothing to check (exit 0)")
         return 0
@@ -618,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in failed:
             print(f"  FAILED: {name}")
     if not args.no_bench:
-        benchmarks(args.batch)
+        benchmarks(args.batch, evaluation=not args.quick)
     return 1 if any(not ok for _, ok, _ in RESULTS) else 0
 
 

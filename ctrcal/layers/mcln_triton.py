@@ -8,14 +8,17 @@ One forward and one backward kernel serve both shapes of the layer:
   so the F embedding fields of a batch are normalised in one launch.
 
 Subset of a row (exactly k of N, uniform): every element gets 64 Philox bits keyed by the
-seed and its flat position ``row * N + col``; the low ``ceil(log2 N)`` bits are replaced by the
-column index, which makes the N keys distinct (ties broken by index) while keeping
-``64 - log2 N`` random bits; the row is sorted (bitonic) and the k smallest keys are the
-subset. Two keys agree on their random bits with probability about ``N^2 * 2^(log2 N - 65)``
-per row (below 1e-8 for N = 400), the only departure from uniform. The backward kernel
-regenerates the same bits from the seed instead of storing a mask; only the per-row mean and
-1/std (float32) are saved. Statistics and gradients accumulate in float32 whatever the input
-dtype (float32, bfloat16, float16); the output has the input's dtype.
+seed and its flat position ``row * N + col``, and the k elements with the smallest keys form
+the subset. They are split off by a threshold on the high 32-bit words, searched per row by
+interpolation on the counts below the probes (a handful of probes; bisection after
+:data:`_INTERPOLATED` of them guarantees the end); only when several elements share the k-th
+smallest high word and some but not all of them are needed (about ``N^2 * 2^-33`` per row)
+does the low word decide among them, and then (about 2^-64 per pair) the column index. The
+forward stores each row's subset as a bit mask (``ceil(N / 8)`` bytes per row, 1/32 of a
+float32 row) for the backward, so the backward neither regenerates the random bits nor
+searches again; the per-row mean and 1/std (float32) are saved too. Statistics and gradients
+accumulate in float32 whatever the input dtype (float32, bfloat16, float16); the output has
+the input's dtype.
 
 The seed lives in a one-element int64 tensor on the input's device, so drawing it needs no
 host synchronisation, and ``torch.compile`` graphs keep the ops (fake implementations give
@@ -91,7 +94,7 @@ def _next_pow2(n: int) -> int:
 def _tiles(rows: int, groups: int, width: int, device: torch.device) -> tuple[int, int, int, int]:
     """Block sizes (SB samples x GB groups rows, NB columns) and num_warps of one program."""
     budget = _TILE_ELEMENTS if device.type == "cuda" else _INTERPRETER_TILE_ELEMENTS
-    nb = _next_pow2(width)
+    nb = max(8, _next_pow2(width))  # at least one byte of the packed subset mask
     gb = 1 if groups == 1 else min(_next_pow2(groups), 8)
     sb = max(1, budget // (gb * nb))
     samples = max(1, rows // groups)
@@ -106,33 +109,53 @@ if HAVE_TRITON:
     # interpreter, which reads globals at run time) to force the rare tie-breaking branches.
     _HI_SHIFT = tl.constexpr(0)
     _LO_SHIFT = tl.constexpr(0)
+    # Interpolated probes of the threshold search before it falls back to bisection.
+    _INTERPOLATED = tl.constexpr(6)
 
     @triton.jit
-    def _threshold(vals, valid, need):
+    def _threshold(vals, valid, need, total):
         """Per row, a t in [0, 2^32) with #(valid & vals <= t) == need where one exists, else
-        the smallest t with #(valid & vals <= t) >= need (vals in [0, 2^32)).
+        the smallest t with #(valid & vals <= t) >= need (vals uint32, total = #valid).
 
-        Bisection on the value range that stops for a row as soon as a probe splits off
-        exactly ``need`` values: between the need-th and the next smallest of N uniform
-        32-bit values lies a gap of about 2^32 / N, so a row takes about log2(N) + 2 probes
-        instead of 32; the loop ends when every row of the tile is done.
+        A search on the value range that stops for a row as soon as a probe splits off
+        exactly ``need`` values. Each probe interpolates inside the row's bracket [lo, hi]
+        from the counts at its ends (the values are uniform, so the need-th smallest lies
+        near ``lo + (hi - lo) * (need - count_lo) / (count_hi - count_lo)``): an exact split
+        needs the probe between the need-th and the next value, a gap of about 2^32 / N,
+        which interpolation reaches in a few probes where bisection takes about log2(N) + 2.
+        From probe :data:`_INTERPOLATED` on, probes bisect, so every row ends (ties
+        included) within 32 more; the loop ends when every row of the tile is done.
         """
         lo = tl.zeros((vals.shape[0],), dtype=tl.int64)
         hi = lo + 0xFFFFFFFF
+        c_lo = tl.zeros((vals.shape[0],), dtype=tl.int32)
+        c_hi = total
         t = hi
         found = lo != 0
         active = lo == 0
+        probe = 0
         while tl.max(active.to(tl.int32), axis=0) > 0:
-            mid = (lo + hi) >> 1
-            count = tl.sum((valid & (vals <= mid[:, None])).to(tl.int32), axis=1)
+            share = ((need - c_lo).to(tl.float32) - 0.5) / tl.maximum(c_hi - c_lo, 1).to(
+                tl.float32
+            )
+            guess = lo + ((hi - lo).to(tl.float32) * share).to(tl.int64)
+            mid = tl.where(probe < _INTERPOLATED, guess, (lo + hi) >> 1)
+            mid = tl.minimum(tl.maximum(mid, lo), tl.maximum(hi - 1, lo))
+            below = valid & (vals <= mid.to(tl.uint32)[:, None])
+            count = tl.sum(below.to(tl.int32), axis=1)
             exact = active & (count == need)
             t = tl.where(exact, mid, t)
             found = found | exact
-            hi = tl.where(active & (count > need), mid, hi)
-            lo = tl.where(active & (count < need), mid + 1, lo)
+            over = active & (count > need)
+            under = active & (count < need)
+            hi = tl.where(over, mid, hi)
+            c_hi = tl.where(over, count, c_hi)
+            lo = tl.where(under, mid + 1, lo)
+            c_lo = tl.where(under, count, c_lo)
             active = active & ~exact & (lo < hi)
+            probe += 1
         # rows without an exact split converged on the need-th smallest value (a tie there)
-        return tl.where(found, t, lo)
+        return tl.where(found, t, lo).to(tl.uint32)
 
     @triton.jit
     def _subset(seed, rows, cols, n, k):
@@ -145,17 +168,18 @@ if HAVE_TRITON:
         """
         offsets = rows[:, None] * n + cols[None, :]
         c0, c1, _, _ = tl.randint4x(seed, offsets)
-        hi = c0.to(tl.uint32, bitcast=True).to(tl.int64) >> _HI_SHIFT
-        lo = c1.to(tl.uint32, bitcast=True).to(tl.int64) >> _LO_SHIFT
+        hi = c0.to(tl.uint32, bitcast=True) >> _HI_SHIFT
+        lo = c1.to(tl.uint32, bitcast=True) >> _LO_SHIFT
         valid = (cols < n)[None, :] & (rows >= 0)[:, None]
-        t_hi = _threshold(hi, valid, k)
+        t_hi = _threshold(hi, valid, k, tl.sum(valid.to(tl.int32), axis=1))
         below = tl.sum((valid & (hi < t_hi[:, None])).to(tl.int32), axis=1)
         tie = valid & (hi == t_hi[:, None])
         need = k - below
-        extra = tl.sum(tie.to(tl.int32), axis=1) - need
+        ties = tl.sum(tie.to(tl.int32), axis=1)
+        extra = ties - need
         sel = valid & (hi <= t_hi[:, None])
         if tl.max(extra, axis=0) > 0:
-            t_lo = _threshold(lo, tie, need)
+            t_lo = _threshold(lo, tie, need, ties)
             below_lo = tl.sum((tie & (lo < t_lo[:, None])).to(tl.int32), axis=1)
             tie_lo = tie & (lo == t_lo[:, None])
             rank = tl.cumsum(tie_lo.to(tl.int32), axis=1)
@@ -165,8 +189,8 @@ if HAVE_TRITON:
 
     @triton.jit
     def _mcln_fwd_kernel(
-        X, W, B, Y, MEAN, RSTD, SEED,
-        samples, groups, n, k, eps,
+        X, W, B, Y, MEAN, RSTD, BITS, SEED,
+        samples, groups, n, nbytes, k, eps,
         HAS_W: tl.constexpr, HAS_B: tl.constexpr,
         SB: tl.constexpr, GB: tl.constexpr, NB: tl.constexpr,
     ):  # fmt: skip
@@ -195,15 +219,23 @@ if HAVE_TRITON:
         tl.store(Y + at, y.to(Y.dtype.element_ty), mask=ok)
         tl.store(MEAN + rows, mean, mask=row_ok)
         tl.store(RSTD + rows, rstd, mask=row_ok)
+        # the subset for the backward, 8 columns a byte (bit c % 8 of byte c // 8)
+        bits = tl.reshape(sel.to(tl.int32), (SB * GB, NB // 8, 8))
+        packed = tl.sum(bits << tl.arange(0, 8)[None, None, :], axis=2)
+        cb = tl.arange(0, NB // 8)
+        tl.store(
+            BITS + rows[:, None] * nbytes + cb[None, :],
+            packed.to(tl.uint8),
+            mask=row_ok[:, None] & (cb < nbytes)[None, :],
+        )
 
     @triton.jit
     def _mcln_bwd_kernel(
-        DY, X, W, MEAN, RSTD, SEED, DX, DW, DB,
-        samples, groups, n, k,
+        DY, X, W, MEAN, RSTD, BITS, DX, DW, DB,
+        samples, groups, n, nbytes, k,
         HAS_W: tl.constexpr,
         SB: tl.constexpr, GB: tl.constexpr, NB: tl.constexpr,
     ):  # fmt: skip
-        seed = tl.load(SEED)
         pid = tl.program_id(0)
         programs = tl.num_programs(0)
         i = tl.arange(0, SB * GB)
@@ -226,7 +258,8 @@ if HAVE_TRITON:
             dy = tl.load(DY + at, mask=ok, other=0.0).to(tl.float32)
             mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)
             rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
-            sel = _subset(seed, rows, cols, n, k)
+            byte = tl.load(BITS + rows[:, None] * nbytes + (cols // 8)[None, :], mask=ok, other=0)
+            sel = ((byte.to(tl.int32) >> (cols % 8)[None, :]) & 1) != 0
             xhat = (x - mean[:, None]) * rstd[:, None]
             xhat = tl.where(ok, xhat, 0.0)
             if HAS_W:
@@ -285,30 +318,35 @@ def _programs(device: torch.device, wanted: int) -> int:
     return max(1, min(wanted, 4))  # the interpreter runs programs one after another
 
 
+def _mask_bytes(n: int) -> int:
+    return (n + 7) // 8
+
+
 def _forward_impl(
     x: Tensor, weight: Tensor | None, bias: Tensor | None, seed: Tensor, groups: int, k: int,
     eps: float,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     rows, n = x.shape
     y = torch.empty_like(x)
     mean = torch.empty(rows, device=x.device, dtype=torch.float32)
     rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+    bits = torch.empty(rows, _mask_bytes(n), device=x.device, dtype=torch.uint8)
     if rows == 0:
-        return y, mean, rstd
+        return y, mean, rstd, bits
     samples = rows // groups
     sb, gb, nb, warps = _tiles(rows, groups, n, x.device)
     grid = (triton.cdiv(samples, sb), triton.cdiv(groups, gb))
     _mcln_fwd_kernel[grid](
         x, weight if weight is not None else x, bias if bias is not None else x,
-        y, mean, rstd, seed, samples, groups, n, k, eps,
+        y, mean, rstd, bits, seed, samples, groups, n, _mask_bytes(n), k, eps,
         HAS_W=weight is not None, HAS_B=bias is not None,
         SB=sb, GB=gb, NB=nb, num_warps=warps,
     )  # fmt: skip
-    return y, mean, rstd
+    return y, mean, rstd, bits
 
 
 def _backward_impl(
-    dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, seed: Tensor,
+    dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, bits: Tensor,
     groups: int, k: int,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     rows, n = x.shape
@@ -323,8 +361,8 @@ def _backward_impl(
     db = torch.empty(programs, groups, n, device=x.device, dtype=torch.float32)
     grid = (programs, triton.cdiv(groups, gb))
     _mcln_bwd_kernel[grid](
-        dy, x, weight if weight is not None else x, mean, rstd, seed, dx, dw, db,
-        samples, groups, n, k,
+        dy, x, weight if weight is not None else x, mean, rstd, bits, dx, dw, db,
+        samples, groups, n, _mask_bytes(n), k,
         HAS_W=weight is not None, SB=sb, GB=gb, NB=nb, num_warps=warps,
     )  # fmt: skip
     return dx, dw.sum(0), db.sum(0)
@@ -338,46 +376,48 @@ def _backward_impl(
 def mc_layer_norm_fwd(
     x: Tensor, weight: Tensor | None, bias: Tensor | None, seed: Tensor, groups: int, k: int,
     eps: float,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    """Fused forward on x [R, N] (R = samples * groups): (y [R, N], mean [R], rstd [R])."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """Fused forward on x [R, N] (R = samples * groups): (y [R, N], mean [R], rstd [R],
+    the subsets as bits [R, ceil(N / 8)] uint8)."""
     return _forward_impl(x, weight, bias, seed, groups, k, eps)
 
 
 @mc_layer_norm_fwd.register_fake
 def _(x, weight, bias, seed, groups, k, eps):
-    rows = x.shape[0]
+    rows, n = x.shape
     stats = x.new_empty(rows, dtype=torch.float32)
-    return torch.empty_like(x), stats, stats.clone()
+    bits = x.new_empty(rows, _mask_bytes(n), dtype=torch.uint8)
+    return torch.empty_like(x), stats, stats.clone(), bits
 
 
 @torch.library.custom_op("ctrcal::mc_layer_norm_bwd", mutates_args=())
 def mc_layer_norm_bwd(
-    dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, seed: Tensor,
+    dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, bits: Tensor,
     groups: int, k: int,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """Fused backward: (dx [R, N], dweight [G, N] float32, dbias [G, N] float32)."""
-    return _backward_impl(dy, x, weight, mean, rstd, seed, groups, k)
+    return _backward_impl(dy, x, weight, mean, rstd, bits, groups, k)
 
 
 @mc_layer_norm_bwd.register_fake
-def _(dy, x, weight, mean, rstd, seed, groups, k):
+def _(dy, x, weight, mean, rstd, bits, groups, k):
     n = x.shape[1]
     part = x.new_empty(groups, n, dtype=torch.float32)
     return torch.empty_like(x), part, part.clone()
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    x, weight, bias, seed, groups, k, _eps = inputs
-    _y, mean, rstd = output
-    ctx.save_for_backward(x, weight, mean, rstd, seed)
+    x, weight, bias, _seed, groups, k, _eps = inputs
+    _y, mean, rstd, bits = output
+    ctx.save_for_backward(x, weight, mean, rstd, bits)
     ctx.groups, ctx.k = groups, k
     ctx.has_bias = bias is not None
     ctx.bias_dtype = bias.dtype if bias is not None else None
 
 
-def _backward(ctx, dy, _dmean, _drstd):
-    x, weight, mean, rstd, seed = ctx.saved_tensors
-    dx, dw, db = mc_layer_norm_bwd(dy.contiguous(), x, weight, mean, rstd, seed, ctx.groups, ctx.k)
+def _backward(ctx, dy, _dmean, _drstd, _dbits):
+    x, weight, mean, rstd, bits = ctx.saved_tensors
+    dx, dw, db = mc_layer_norm_bwd(dy.contiguous(), x, weight, mean, rstd, bits, ctx.groups, ctx.k)
     return (
         dx,
         dw.to(weight.dtype) if weight is not None else None,
@@ -409,5 +449,5 @@ def triton_mc_layer_norm(
     x = x.contiguous()
     w = weight.reshape(groups, -1).contiguous() if weight is not None else None
     b = bias.reshape(groups, -1).contiguous() if bias is not None else None
-    y, _mean, _rstd = mc_layer_norm_fwd(x, w, b, seed, groups, k, float(eps))
+    y, _mean, _rstd, _bits = mc_layer_norm_fwd(x, w, b, seed, groups, k, float(eps))
     return y
