@@ -93,7 +93,8 @@ def test_shipped_configs_validate_without_torch_or_the_data_stack():
         "import sys\nfrom ctrcal.cli import main\n"
         f"for c in {[str(c) for c in configs]!r}:\n"
         "    assert main(['validate', c]) == 0, c\n"
-        "heavy = {'torch', 'polars', 'pandas', 'sklearn', 'scipy', 'matplotlib', 'pyarrow'}\n"
+        "heavy = {'torch', 'numpy', 'polars', 'pandas', 'sklearn', 'scipy', 'matplotlib',"
+        " 'pyarrow'}\n"
         "loaded = heavy & set(sys.modules)\n"
         "assert not loaded, loaded\n"
     )
@@ -126,6 +127,12 @@ def test_validate_binds_model_arguments_without_torch(tmp_path):
         key = arg.split(":")[0]
         assert line.startswith(f"ctrcal validate: error: {tmp_path / name}.yaml: model.{key}: ")
         assert f"did you mean {closest!r}" in line, line
+
+
+def test_model_domain_checks_apply_whatever_the_spelling_of_the_name(tmp_path, capsys):
+    path = _write(tmp_path, BASE)
+    assert main(["validate", str(path), "model.name=MaskNet", "model.hidden_units=[8, 0]"]) == 2
+    assert "model.hidden_units[1]: expected an integer >= 1, got 0" in capsys.readouterr().err
 
 
 def test_help_imports_nothing_heavy():
