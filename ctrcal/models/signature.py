@@ -29,6 +29,7 @@ import collections.abc
 import functools
 import importlib.util
 import inspect
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,11 +91,15 @@ def read_source_signature(path: str) -> SourceSignature:
     origin = getattr(spec, "origin", None)
     if spec is None or not origin or not origin.endswith(".py"):
         raise SourceSignatureError(f"{path!r}: {module_name!r} has no Python source file")
-    return _read(origin, qualname)
+    try:
+        mtime = os.stat(origin).st_mtime_ns  # an edited file is read again
+    except OSError as exc:
+        raise SourceSignatureError(f"{path!r}: cannot read {origin} ({exc})") from None
+    return _read(origin, mtime, qualname)
 
 
 @functools.lru_cache(maxsize=64)
-def _read(filename: str, name: str) -> SourceSignature:
+def _read(filename: str, mtime: int, name: str) -> SourceSignature:
     try:
         tree = ast.parse(Path(filename).read_text(encoding="utf-8"), filename)
     except (OSError, SyntaxError, UnicodeDecodeError) as exc:

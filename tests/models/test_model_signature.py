@@ -169,3 +169,16 @@ def test_a_builtin_named_by_import_path_is_the_builtin():
     from ctrcal.models.dnn import DNN
 
     assert resolve_model(DNN).name == "dnn"
+
+
+def test_an_edited_source_is_read_again(tmp_path, monkeypatch):
+    mod = _module(tmp_path, monkeypatch, "sig_edited", "def build(feature_map, a=1):\n    pass\n")
+    assert list(read_source_signature(f"{mod}:build").signature.parameters) == ["feature_map", "a"]
+    path = tmp_path / f"{mod}.py"
+    path.write_text("def build(feature_map, a=1, b=2):\n    pass\n")
+    stat = path.stat()
+    import os
+
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a later modification
+    params = read_source_signature(f"{mod}:build").signature.parameters
+    assert list(params) == ["feature_map", "a", "b"]
