@@ -1,22 +1,22 @@
-"""Benchmark: raw dac TSV -> encoded parquet (fit + transform + write), rows/s and peak RSS.
+"""Benchmark: raw dac TSV -> encoded parquet (fit + transform + write) against a bare parse.
 
 Usage::
 
-    python scripts/bench_prepare.py [--rows 1000000] [--repeat 2] [--workdir DIR] [--baseline]
+    python scripts/bench_prepare.py [--rows 500000] [--repeat 5] [--workdir DIR] [--baseline]
                                     [--stream] [--chunk-mb 64]
     python scripts/bench_prepare.py --rss-sizes 250000,500000,1000000,2000000 [--chunk-mb 64]
                                     [--compare-memory]
 
-A synthetic dac file of ``--rows`` rows is generated once (kept in ``--workdir``), then
-``ctrcal prepare`` runs on it in a fresh child process per repeat (``--force``-like: a new
-output directory each time), so the peak RSS printed is that of the preparation alone.
-It also times the floor of any polars pipeline -- parsing the file into string columns and
-nothing else -- in a child process of its own before each repeat, so that the cost of the
-rest reads as a ratio (best prepare / best floor; goal <= 1.5x), measured in one run under the
-same load. ``--baseline`` also times a
-straightforward pandas implementation of the same work (read as strings, per-column
-``value_counts`` vocabulary, ``map``) on the same file in the same run. Ratios measured within
-one run do not depend much on how loaded the machine is; absolute rows/s do.
+A synthetic dac file of ``--rows`` rows is generated once (kept in ``--workdir``). Then
+``--repeat`` alternating rounds each time, in a fresh child process each, (1) the floor of any
+polars pipeline -- parsing the file into string columns and nothing else -- and (2) ``ctrcal
+prepare`` of the same file into a new directory (``force``), so both meet the same load. The
+medians are printed: wall and CPU seconds (all threads) of both, their ratios (goal: prepare
+<= 1.5x the bare parse in wall time), rows/s, prepare's per-phase wall times and peak RSS,
+with the CPU (``lscpu`` model name, family and model) and the load average before, during
+and after. Ratios measured within one run depend much less on the load than absolute rows/s.
+``--baseline`` also times a straightforward pandas implementation of the same work (read as
+strings, per-column ``value_counts`` vocabulary, ``map``) on the same file.
 
 ``--stream`` forces the chunked, bounded-memory path (``in_memory_bytes=0``) whatever the
 size. ``--rss-sizes`` instead prepares inputs of each size with the chunked path (one child
@@ -28,8 +28,10 @@ path at each size, whose peak grows with the rows.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,7 +60,8 @@ res = prepare([sys.argv[1]], sys.argv[2], cfg, force=True,
 secs, cpu = time.perf_counter() - start, cpu_seconds() - cpu
 rss = peak_rss_mib()
 print(f"{res.total_rows} {secs} {rss} {cpu}")
-print(res.summary["timings"], file=sys.stderr)
+import json
+print(json.dumps(res.summary["timings"]), file=sys.stderr)
 """
 
 FLOOR = r"""
@@ -117,19 +120,6 @@ def _run(code: str, *args: str) -> tuple[int, float, float, str]:
 _LAST_CPU = [float("nan")]
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "unknown"
-
-
 def _chunk_arg(args: argparse.Namespace) -> list[str]:
     return [str(int(args.chunk_mb * 2**20))] if args.chunk_mb else []
 
@@ -146,7 +136,9 @@ def rss_scan(args: argparse.Namespace) -> int:
         generate(big, sizes[-1], seed=0)
         print(f"generated {sizes[-1]:,} rows in {time.perf_counter() - t:.1f} s")
     prob_path(big).unlink(missing_ok=True)  # like real data: no true probabilities
-    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; chunk "
+    from ctrcal.utils import cpu_model_name
+
+    print(f"CPU: {cpu_model_name()}, {os.cpu_count()} cores, load average {_load()}; chunk "
           f"{args.chunk_mb or 'default'} MiB")  # fmt: skip
     print(f"{'rows':>10} {'MiB text':>9} {'path':>8} {'seconds':>8} {'rows/s':>9} "
           f"{'peak RSS MiB':>13}")  # fmt: skip
@@ -168,10 +160,15 @@ def rss_scan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--rows", type=int, default=500_000)
+    ap.add_argument("--repeat", type=int, default=5,
+                    help="alternating rounds (bare parse, then prepare); medians are reported")
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "ctrcal-bench")
     ap.add_argument("--baseline", action="store_true", help="also time a pandas baseline")
     ap.add_argument(
@@ -189,6 +186,7 @@ def main() -> int:
         return rss_scan(args)
 
     from ctrcal.data.synthetic import generate, prob_path
+    from ctrcal.utils import cpu_model_name
 
     args.workdir.mkdir(parents=True, exist_ok=True)
     raw = args.workdir / f"dac_{args.rows}.txt"
@@ -200,36 +198,49 @@ def main() -> int:
     # real data has no true probabilities: measure the pipeline without the oracle's extra work
     prob_path(raw).unlink(missing_ok=True)
     size_mb = raw.stat().st_size / 2**20
-    print(f"input: {raw} ({size_mb:,.0f} MiB), {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
-    print(f"CPU: {_cpu_model()}")
-    best = floor = best_cpu = floor_cpu = None
+    print(f"input: {raw} ({size_mb:,.0f} MiB, {args.rows:,} rows), "
+          f"{'chunked' if args.stream else 'default'} path")  # fmt: skip
+    print(f"CPU: {cpu_model_name()}, {os.cpu_count()} cores; load average before "
+          f"{_load()}")  # fmt: skip
+    floor_w, floor_c, prep_w, prep_c, rss_all = [], [], [], [], []
+    phases: dict[str, list[float]] = {}
     for r in range(args.repeat):
         rows, secs, _, _ = _run(FLOOR, str(raw))
-        floor = secs if floor is None else min(floor, secs)
-        floor_cpu = _LAST_CPU[0] if floor_cpu is None else min(floor_cpu, _LAST_CPU[0])
+        floor_w.append(secs)
+        floor_c.append(_LAST_CPU[0])
         out = args.workdir / f"prepared_{r}"
-        rows, secs, rss, phases = _run(CHILD, str(raw), str(out), "0" if args.stream else "auto",
-                                       *_chunk_arg(args))
-        print(
-            f"ctrcal prepare run {r + 1}: {rows:,} rows in {secs:.2f} s = "
-            f"{rows / secs:,.0f} rows/s, peak RSS {rss:,.0f} MiB; phases (s): {phases}"
-        )
-        best = secs if best is None else min(best, secs)
-        best_cpu = _LAST_CPU[0] if best_cpu is None else min(best_cpu, _LAST_CPU[0])
-    print(f"best: {args.rows / best:,.0f} rows/s (goals: >= 600,000 rows/s, <= 1,536 MiB)")
-    print(
-        f"floor: polars parsing the file into string columns, nothing else: best {floor:.2f} s "
-        f"({rows / floor:,.0f} rows/s); full prepare takes {best / floor:.2f}x that (goal <= 1.5x)"
-    )
-    print(f"CPU seconds (all threads; steadier than wall time on a loaded machine): prepare "
-          f"{best_cpu:.2f}, floor {floor_cpu:.2f}: {best_cpu / floor_cpu:.2f}x")  # fmt: skip
+        rows, secs, rss, laps = _run(CHILD, str(raw), str(out), "0" if args.stream else "auto",
+                                     *_chunk_arg(args))  # fmt: skip
+        shutil.rmtree(out, ignore_errors=True)
+        prep_w.append(secs)
+        prep_c.append(_LAST_CPU[0])
+        rss_all.append(rss)
+        for name, s in json.loads(laps).items():
+            phases.setdefault(name, []).append(s)
+        print(f"round {r + 1}: bare parse {floor_w[-1]:.3f} s ({floor_c[-1]:.2f} CPU s), "
+              f"prepare {secs:.3f} s ({prep_c[-1]:.2f} CPU s) = {secs / floor_w[-1]:.2f}x; "
+              f"load {_load()}")  # fmt: skip
+    fw, fc, pw, pc = (_median(x) for x in (floor_w, floor_c, prep_w, prep_c))
+    print(f"medians of {args.repeat} alternating rounds:")
+    print(f"  bare polars parse (every field a string): {fw:.3f} s wall, {fc:.2f} CPU s "
+          f"({rows / fw:,.0f} rows/s)")  # fmt: skip
+    print(f"  ctrcal prepare:                           {pw:.3f} s wall, {pc:.2f} CPU s "
+          f"({rows / pw:,.0f} rows/s), peak RSS {_median(rss_all):,.0f} MiB")  # fmt: skip
+    per_round = ", ".join(f"{p / f:.2f}" for p, f in zip(prep_w, floor_w, strict=True))
+    print(f"  prepare / bare parse: {pw / fw:.2f}x wall (goal <= 1.5x), {pc / fc:.2f}x CPU "
+          f"time; per-round wall ratios {per_round}")
+    print("  prepare phases (s, wall): " + ", ".join(
+        f"{name} {_median(v):.3f}" for name, v in phases.items()))  # fmt: skip
     if args.baseline:
         rows, secs, rss, _ = _run(BASELINE, str(raw), str(args.workdir / "pandas"))
         print(f"pandas baseline: {rows:,} rows in {secs:.2f} s = {rows / secs:,.0f} rows/s, "
-              f"peak RSS {rss:,.0f} MiB; ctrcal is {secs / best:.1f}x faster")  # fmt: skip
-    print(f"load average after: {os.getloadavg()[0]:.1f}")
+              f"peak RSS {rss:,.0f} MiB; ctrcal is {secs / pw:.1f}x faster")  # fmt: skip
+    print(f"load average after: {_load()}")
     return 0
+
+
+def _load() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg()) + " (1/5/15 min)"
 
 
 if __name__ == "__main__":

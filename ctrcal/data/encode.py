@@ -62,8 +62,15 @@ class Clock:
         self._last = time.perf_counter()
 
     def __call__(self, name: str) -> None:
+        """Seconds since the last lap are phase ``name``'s."""
         now = time.perf_counter()
         self.laps[name] = round(now - self._last, 3)
+        self._last = now
+
+    def add(self, name: str) -> None:
+        """Seconds since the last lap are added to phase ``name`` (a phase in pieces)."""
+        now = time.perf_counter()
+        self.laps[name] = round(self.laps.get(name, 0.0) + now - self._last, 3)
         self._last = now
 
 
@@ -104,8 +111,10 @@ def check_rows(tally: Tally, sources: list[Source]) -> None:
         raise DataError("the train split is empty (all rows malformed, or data.split gives 0)")
 
 
-def _with_split(lf: pl.LazyFrame, plan: SplitPlan, index: int) -> pl.LazyFrame:
-    return lf.with_columns(plan.expr(index).alias(SPLIT_COL))
+def _with_split(df: pl.DataFrame, plan: SplitPlan) -> pl.DataFrame:
+    """``df`` (typed rows with ``_file`` and ``_row``) with each row's split code."""
+    codes = plan.codes(df[criteo.FILE_COL].to_numpy(), df[criteo.ROW_COL].to_numpy())
+    return df.with_columns(pl.Series(SPLIT_COL, codes))
 
 
 def encode_in_memory(
@@ -121,20 +130,17 @@ def encode_in_memory(
     for s in sources:
         s.read_path = criteo.decompress(s.path, work) if criteo.is_gzip(s.path) else s.path
 
-    def typed_frame(numbers: bool) -> pl.LazyFrame:
-        frames = [
-            _with_split(criteo.scan_typed(s.read_path, s.fmt, i, numbers), plan, i)
-            for i, s in enumerate(sources)
-        ]
-        return pl.concat(frames, how="vertical")
+    def typed_frame(numbers: bool) -> pl.DataFrame:
+        frames = [criteo.scan_typed(s.read_path, s.fmt, i, numbers) for i, s in enumerate(sources)]
+        return pl.concat(frames, how="vertical").collect(engine="streaming")
 
     try:
         try:
             # parsed columns take less memory than the text
-            typed = typed_frame(numbers=True).collect(engine="streaming").lazy()
+            typed = _with_split(typed_frame(numbers=True), plan).lazy()
         except pl.exceptions.ComputeError:
             # a non-numeric label or I value: the string path flags it row by row
-            typed = typed_frame(numbers=False).collect(engine="streaming").lazy()
+            typed = _with_split(typed_frame(numbers=False), plan).lazy()
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise criteo.read_error([s.path for s in sources], exc) from None
     clock("parse")
@@ -167,19 +173,21 @@ def encode_in_memory(
         parts = [good.filter(pl.col(SPLIT_COL) == k).drop(SPLIT_COL).collect()
                  for k in range(len(SPLITS))]  # fmt: skip
         del good, typed
+        clock("split")
         pipe.fit(parts[0].lazy())
         clock("fit")
         keep = (PROB_COL,) if tally.with_prob else ()
         for k, name in enumerate(SPLITS):
             (tmp / name).mkdir()
-            enc = pipe.transform(parts[k], keep=keep).collect()
+            enc = pipe.encode(parts[k], keep=keep)
             parts[k] = None  # type: ignore[call-overload]
+            clock.add("encode")
             enc.write_parquet(tmp / name / "part-00000.parquet", compression="snappy",
                               statistics=False, row_group_size=ROW_GROUP_ROWS)  # fmt: skip
             del enc
+            clock.add("write")
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise criteo.read_error([s.path for s in sources], exc) from None
-    clock("encode")
     return tally
 
 
@@ -190,12 +198,12 @@ def _parse_chunk(
     try:
         try:
             lf = criteo.scan_typed(chunk, s.fmt, index, True, row_offset=offset, skip_header=False)
-            return _with_split(lf, plan, index).collect()
+            return _with_split(lf.collect(), plan)
         except pl.exceptions.ComputeError:
             # a non-numeric label or I value in this chunk: flag it row by row
             lf = criteo.scan_typed(chunk, s.fmt, index, False, row_offset=offset,
                                    skip_header=False)  # fmt: skip
-            return _with_split(lf, plan, index).collect()
+            return _with_split(lf.collect(), plan)
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise criteo.read_error([s.path], exc) from None
 
@@ -289,7 +297,7 @@ def encode_chunked(
     writers = [PartWriter(tmp / name) for name in SPLITS]
     schema = None
     for part in typed_parts:
-        enc = pipe.transform(pl.read_parquet(part), keep=keep).collect()
+        enc = pipe.encode(pl.read_parquet(part), keep=keep)
         part.unlink()
         for k, sub in enc.partition_by(SPLIT_COL, as_dict=True, include_key=False).items():
             table = sub.to_arrow()

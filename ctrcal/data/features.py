@@ -37,6 +37,7 @@ sources and pipeline config) plus ``vocab.parquet`` (the kept values and their i
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from ctrcal.data.feature_map import (  # noqa: F401 - the read-only view, re-exp
     FeatureMap,
     load_feature_map,
 )
+from ctrcal.data.lookup import ValueIndex
 from ctrcal.errors import DataError
 from ctrcal.utils import atomic_path, write_json_atomic
 
@@ -61,6 +63,9 @@ OOV_ID = 2
 NUM_RESERVED = 3
 
 NUMERIC_TRANSFORMS = ("log_standardize", "standardize", "identity")
+_PARALLEL_ROWS = 1 << 15
+"""Frames from this many rows on are encoded with a thread per core (below, threads cost more
+than they save)."""
 
 
 def resolve_numeric_transform(name: str, layout: str | None) -> str:
@@ -78,8 +83,10 @@ def resolve_numeric_transform(name: str, layout: str | None) -> str:
 # Pipeline
 
 
-def _signed_log(x: pl.Expr) -> pl.Expr:
-    return x.sign() * x.abs().log1p()
+def _signed_log(x: np.ndarray) -> np.ndarray:
+    """``sign(x) * log1p(|x|)`` (float64; NaN stays NaN)."""
+    t = np.log1p(np.abs(x))
+    return np.copysign(t, x, out=t)
 
 
 class FeaturePipeline:
@@ -143,17 +150,20 @@ class FeaturePipeline:
 
     # -- numeric expressions --------------------------------------------------------------
 
-    def _pre(self, name: str) -> pl.Expr:
-        """Column before standardisation (float64)."""
-        x = pl.col(name).cast(pl.Float64)
-        return _signed_log(x) if self.numeric_transform == "log_standardize" else x
+    def _pre(self, x: np.ndarray) -> np.ndarray:
+        """[N] float64 raw values -> the values before standardisation (a new float64 array)."""
+        if self.numeric_transform == "log_standardize":
+            return _signed_log(x)
+        return np.array(x, dtype=np.float64)
 
-    def _numeric_expr(self, name: str, field: str | None = None) -> pl.Expr:
-        """Model-input value of column ``name`` with the statistics of ``field`` (default:
-        the same name)."""
-        j = self.numeric_fields.index(field or name)
-        center, scale = self.center_[j], self.scale_[j]
-        return ((self._pre(name) - center) / scale).cast(pl.Float32).alias(name)
+    def _model_values(self, x: np.ndarray, j: int) -> np.ndarray:
+        """[N] float64 raw values of numeric field ``j`` (NaN = missing) -> [N] float32
+        model-input values (NaN where missing). The one definition of the numeric encoding:
+        the encoded columns and the bucket boundaries both come from it."""
+        t = self._pre(x)
+        t -= self.center_[j]
+        t /= self.scale_[j]
+        return t.astype(np.float32)
 
     # -- fit ------------------------------------------------------------------------------
 
@@ -219,10 +229,9 @@ class FeaturePipeline:
         """(raw value, pre-standardisation value t, count) per distinct raw value, in raw-value
         order."""
         counts = counts.sort("value")
-        t = counts.select(self._pre("value")).to_series().to_numpy()
-        raw = counts["value"].cast(pl.Float64).to_numpy()
+        raw = counts["value"].cast(pl.Float64).to_numpy().astype(np.float64)
         c = counts["count"].to_numpy().astype(np.float64)
-        return raw.astype(np.float64), t.astype(np.float64), c
+        return raw, self._pre(raw), c
 
     def _fit_buckets(self, stats: FitStats) -> None:
         """Quantile boundaries of the encoded train numerics (model-input space).
@@ -235,10 +244,10 @@ class FeaturePipeline:
             self.bucket_boundaries_ = None
             return
         self.bucket_boundaries_ = []
-        for name in self.numeric_fields:
+        for j, name in enumerate(self.numeric_fields):
             counts = stats.counts(name)
-            z = counts.select(self._numeric_expr("value", name).cast(pl.Float64)).to_series()
-            z = z.to_numpy()
+            raw = counts["value"].cast(pl.Float64).to_numpy()
+            z = self._model_values(raw, j).astype(np.float64)
             c = counts["count"].to_numpy().astype(np.int64)
             self.bucket_boundaries_.append(_weighted_quantiles(z, c, qs))
 
@@ -252,22 +261,66 @@ class FeaturePipeline:
         self, frame: pl.LazyFrame | pl.DataFrame, keep: tuple[str, ...] = ()
     ) -> pl.LazyFrame:
         """Encode a typed frame: ``label`` float32, numerics float32 (null = missing),
-        categoricals int32 ids (see the module docstring), then ``keep`` columns unchanged."""
+        categoricals int32 ids (see the module docstring), then ``keep`` columns unchanged.
+
+        The lazy face of :meth:`encode` (a LazyFrame is collected first)."""
+        return self.encode(frame, keep).lazy()
+
+    def encode(
+        self, frame: pl.LazyFrame | pl.DataFrame, keep: tuple[str, ...] = ()
+    ) -> pl.DataFrame:
+        """:meth:`transform`, eager. Each column is encoded by numpy array operations
+        (categoricals through a :class:`~ctrcal.data.lookup.ValueIndex` per field), the
+        columns in parallel threads (numpy releases the GIL)."""
         self._check_fitted()
-        exprs: list[pl.Expr] = [pl.col(LABEL).cast(pl.Float32)]
-        exprs += [self._numeric_expr(n) for n in self.numeric_fields]
-        for name in self.categorical_fields:
-            vocab = self.vocab_[name]
-            col = pl.col(name)
+        df = frame.collect() if isinstance(frame, pl.LazyFrame) else frame
+        jobs: list[tuple[Any, ...]] = [(self._encode_label, LABEL)]
+        jobs += [(self._encode_numeric, n, j) for j, n in enumerate(self.numeric_fields)]
+        jobs += [(self._encode_categorical, n) for n in self.categorical_fields]
+        columns = [df[name] for _, name, *_ in jobs]
+        workers = min(len(jobs), pl.thread_pool_size())
+        if workers > 1 and df.height >= _PARALLEL_ROWS:
+            with ThreadPoolExecutor(workers) as pool:
+                futures = [pool.submit(fn, col, *rest)
+                           for (fn, _, *rest), col in zip(jobs, columns, strict=True)]  # fmt: skip
+                encoded = [f.result() for f in futures]
+        else:
+            encoded = [fn(col, *rest) for (fn, _, *rest), col in zip(jobs, columns, strict=True)]
+        return pl.DataFrame([*encoded, *(df[k] for k in keep)])
+
+    @staticmethod
+    def _encode_label(col: pl.Series) -> pl.Series:
+        return col.cast(pl.Float32)
+
+    def _encode_numeric(self, col: pl.Series, j: int) -> pl.Series:
+        # NaN marks the missing values through the transform (valid input has no NaN: raw
+        # Criteo files reject non-finite numbers, and a NaN of other frames counts as missing)
+        raw = col.cast(pl.Float64).to_numpy()
+        return pl.Series(col.name, self._model_values(raw, j), nan_to_null=True)
+
+    def _encode_categorical(self, col: pl.Series) -> pl.Series:
+        vocab = self.vocab_[col.name]
+        if not (col.dtype.is_integer() and vocab["value"].dtype.is_integer()):
+            # e.g. string categoricals of a user's frame: polars' own lookup
             mapped = col.replace_strict(
                 vocab["value"], vocab["id"], default=OOV_ID, return_dtype=pl.Int32
             )
-            exprs.append(
-                pl.when(col.is_null()).then(pl.lit(MISSING_ID, pl.Int32)).otherwise(mapped)
-                .alias(name)
-            )  # fmt: skip
-        exprs += [pl.col(k) for k in keep]
-        return frame.lazy().select(exprs)
+            return mapped.set(col.is_null(), MISSING_ID).alias(col.name)  # type: ignore[arg-type]
+        missing = col.is_null().to_numpy() if col.null_count() else None
+        ids = self._index(col.name).lookup(col.fill_null(0).to_numpy(), OOV_ID, skip=missing)
+        if missing is not None:
+            ids[missing] = MISSING_ID
+        return pl.Series(col.name, ids)
+
+    def _index(self, name: str) -> ValueIndex:
+        """The :class:`ValueIndex` of a field's vocabulary (built once per fitted state)."""
+        cache = self.__dict__.setdefault("_indexes", {})
+        vocab = self.vocab_[name]
+        held = cache.get(name)
+        if held is None or held[0] is not vocab:
+            held = (vocab, ValueIndex(vocab["value"].to_numpy(), vocab["id"].to_numpy()))
+            cache[name] = held
+        return held[1]
 
     # -- state ----------------------------------------------------------------------------
 

@@ -74,7 +74,7 @@ from ctrcal.data.publish import (
 from ctrcal.data.splits import SPLITS, check_fractions, plan_splits, read_order, text_bytes
 from ctrcal.errors import DataError
 
-PREPARE_VERSION = 2  # 2: original-space numeric statistics, data.split_order
+PREPARE_VERSION = 3  # 2: original-space numeric statistics, data.split_order; 3: numpy encoding
 IN_MEMORY_BYTES = 1 << 30
 """Text up to this size in all is parsed into memory (~1 GiB of text is ~4.5M Criteo rows and
 about as much memory once typed); larger inputs take the chunked path, whose memory does not

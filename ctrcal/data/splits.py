@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import polars as pl
+import numpy as np
 
 from ctrcal.data import criteo
 from ctrcal.errors import DataError
@@ -86,23 +86,20 @@ class SplitPlan:
             out["whole_files"] = True
         return out
 
-    def expr(self, file_index: int) -> pl.Expr:
-        """The split code (UInt8) of the rows of input ``file_index`` (a typed frame's
-        ``_row`` and ``_file`` columns)."""
-        fixed = self.file_split[file_index] if self.file_split else None
-        if fixed is not None:
-            return pl.lit(fixed, pl.UInt8)
+    def codes(self, file: np.ndarray, row: np.ndarray) -> np.ndarray:
+        """[N] split codes (uint8) of records ``row`` (0-based index within its file, a typed
+        frame's ``_row``) of the inputs ``file`` (their index, ``_file``), both [N]."""
+        if self.file_split:
+            if any(s is None for s in self.file_split):
+                raise DataError(f"{self.mode} split: an input without a split")  # unreachable
+            return np.asarray(self.file_split, dtype=np.uint8)[file]
         if self.mode == "random":
-            return _hash_split(self.fractions, self.seed)
+            return _hash_split(file, row, self.fractions, self.seed)
         if self.mode == "time":
             cut1, cut2 = self.time_cuts()
-            g = pl.col(criteo.ROW_COL).cast(pl.Int64) + self.offsets[file_index]
-            return (
-                pl.when(g < cut1).then(pl.lit(0, pl.UInt8))
-                .when(g < cut2).then(pl.lit(1, pl.UInt8))
-                .otherwise(pl.lit(2, pl.UInt8))
-            )  # fmt: skip
-        raise DataError(f"no split for input {file_index} in {self.mode} mode")  # unreachable
+            g = row.astype(np.int64) + np.asarray(self.offsets, dtype=np.int64)[file]
+            return (g >= cut1).astype(np.uint8) + (g >= cut2)
+        raise DataError(f"no split in {self.mode} mode")  # unreachable
 
     def time_cuts(self) -> tuple[int, int]:
         f0, f1 = self.fractions[0], self.fractions[0] + self.fractions[1]
@@ -186,20 +183,19 @@ def text_bytes(path: Path) -> int:
     return max(isize, 3 * size)
 
 
-def _hash_split(fractions: Sequence[float], seed: int) -> pl.Expr:
-    """Split code 0/1/2 from a 32-bit integer hash (lowbias32) of (file, row, seed)."""
+def _hash_split(file: np.ndarray, row: np.ndarray, fractions: Sequence[float],
+                seed: int) -> np.ndarray:  # fmt: skip
+    """Split code 0/1/2 from a 32-bit integer hash (lowbias32) of (file, row, seed): uint32
+    arithmetic wraps modulo 2^32, which is the hash's arithmetic."""
     m = 2**32
-    key = (pl.col(criteo.ROW_COL).cast(pl.UInt64) + pl.col(criteo.FILE_COL).cast(pl.UInt64)
-           * 0x9E3779B1 + (seed % m) * 0x85EBCA77) % m  # fmt: skip
-    x = key.xor(key // 65536)
-    x = (x * 0x7FEB352D) % m
-    x = x.xor(x // 32768)
-    x = (x * 0x846CA68B) % m
-    x = x.xor(x // 65536)
-    u = x.cast(pl.Float64) / m
+    with np.errstate(over="ignore"):
+        x = row.astype(np.uint32) + file.astype(np.uint32) * np.uint32(0x9E3779B1)
+        x += np.uint32((seed % m) * 0x85EBCA77 % m)
+        x ^= x >> np.uint32(16)
+        x *= np.uint32(0x7FEB352D)
+        x ^= x >> np.uint32(15)
+        x *= np.uint32(0x846CA68B)
+        x ^= x >> np.uint32(16)
+    u = x.astype(np.float64) / m
     f0, f1 = fractions[0], fractions[0] + fractions[1]
-    return (
-        pl.when(u < f0).then(pl.lit(0, pl.UInt8))
-        .when(u < f1).then(pl.lit(1, pl.UInt8))
-        .otherwise(pl.lit(2, pl.UInt8))
-    )  # fmt: skip
+    return (u >= f0).astype(np.uint8) + (u >= f1)

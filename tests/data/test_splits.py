@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -9,7 +10,7 @@ from ctrcal.config import Config, load_config
 from ctrcal.data.criteo import read_criteo
 from ctrcal.data.features import FeatureMap, FeaturePipeline
 from ctrcal.data.prepare import prepare
-from ctrcal.data.splits import count_records
+from ctrcal.data.splits import SplitPlan, count_records
 from ctrcal.data.synthetic import generate_frame, write_criteo
 from ctrcal.errors import ConfigError, DataError
 
@@ -111,3 +112,25 @@ def test_drifting_synthetic_data_split_by_time(tmp_path):
     assert "test" in fmap.extra["oracle"]
     cfg.data.synthetic.drift = 0.0
     assert not prepare(None, tmp_path / "p", cfg).reused  # drift is part of the identity
+
+
+def test_random_split_codes_are_pinned():
+    # the hash fixes which row goes where, so a prepared directory means the same rows on any
+    # machine and version: these codes are those of the first release of the random split
+    plan = SplitPlan("random", fractions=[0.5, 0.25, 0.25], seed=7)
+    file = np.array([0] * 20 + [3] * 20, dtype=np.uint16)
+    codes = plan.codes(file, np.arange(40, dtype=np.uint32))
+    assert "".join(map(str, codes)) == "0100020022202120012002211100110211021010"
+    plan = SplitPlan("random", fractions=[0.8, 0.1, 0.1], seed=2**40 + 3)
+    rows = np.array([0, 1, 2**32 - 1, 123456789, 4000000000], dtype=np.uint32)
+    files = np.array([0, 1, 2, 65535, 7], dtype=np.uint16)
+    assert plan.codes(files, rows).tolist() == [1, 1, 1, 0, 0]
+
+
+def test_time_and_explicit_split_codes():
+    plan = SplitPlan("time", fractions=[0.8, 0.1, 0.1], offsets=[0, 100], total=1000)
+    codes = plan.codes(np.array([0, 0, 1, 1, 1, 1]), np.array([0, 99, 699, 700, 799, 899]))
+    assert codes.tolist() == [0, 0, 0, 1, 1, 2]
+    explicit = SplitPlan("explicit", file_split=[0, 2, 1])
+    codes = explicit.codes(np.array([0, 1, 2, 1]), np.zeros(4, dtype=np.uint32))
+    assert codes.tolist() == [0, 2, 1, 2]
