@@ -1,7 +1,8 @@
 """The feature pipeline: typed Criteo frame -> model-input columns, and the feature map.
 
-:class:`FeaturePipeline` is fitted on the train split only (polars, lazy) and turns the typed
-frame of :mod:`ctrcal.data.criteo` into the encoded columns the loader reads:
+:class:`FeaturePipeline` is fitted on the train split only (polars) and turns the typed frame of
+:mod:`ctrcal.data.criteo` into the encoded columns the loader reads (numpy, a column per
+thread):
 
 * ``label`` float32 (null when the source has no labels);
 * ``I1..I13`` float32 in *model-input space*, null = missing. The default transform
