@@ -218,7 +218,7 @@ def _train_in_context(
     device: torch.device,
     dctx: dist_util.DistContext,
 ) -> TrainResult:
-    from ctrcal.data.features import FeatureMap
+    from ctrcal.data.feature_map import FeatureMap
     from ctrcal.train.finetune import finetune_model
 
     tcfg = cfg.train
