@@ -399,8 +399,9 @@ def _checks(fmt: CriteoFormat, parsed: dict[str, pl.Expr]) -> list[pl.Expr]:
         checks.append(pl.lit(False))
     for name in NUMERIC_COLUMNS:
         val = parsed[name]
-        # polars compares NaN equal to NaN and inf to its floor: only finite values can pass
-        ok = val.is_finite() if x1 else (val.is_finite() & (val == val.floor()))
+        # x - floor(x) is 0 for integers only, NaN for NaN and +-inf (polars compares NaN
+        # equal to NaN, never to 0); a value given but not parsed (null) fails too
+        ok = val.is_finite() if x1 else (val - val.floor()) == 0
         checks.append(pl.col(name).is_not_null() & ~ok.fill_null(False))
     for name in CATEGORICAL_COLUMNS:
         checks.append(pl.col(name).is_not_null() & parsed[name].is_null())

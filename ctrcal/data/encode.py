@@ -170,7 +170,8 @@ def encode_in_memory(
     clock("check")
     try:
         # each split once in memory: the fit and the encoding read it without filtering again
-        parts = [good.filter(pl.col(SPLIT_COL) == k).drop(SPLIT_COL).collect()
+        needed = [*criteo.COLUMNS, *((PROB_COL,) if tally.with_prob else ())]
+        parts = [good.filter(pl.col(SPLIT_COL) == k).select(needed).collect()
                  for k in range(len(SPLITS))]  # fmt: skip
         del good, typed
         clock("split")
