@@ -132,7 +132,7 @@ def bench_step(repeats: int, batch: int = 4096) -> None:
     from ctrcal.config import NormSpec, load_config
     from ctrcal.data.loader import Batch
     from ctrcal.models.masknet import MaskNet
-    from ctrcal.train import trainer
+    from ctrcal.train import step
 
     vocab = [1_000_000 // 26] * 26
     g = torch.Generator().manual_seed(0)
@@ -154,9 +154,9 @@ def bench_step(repeats: int, batch: int = 4096) -> None:
             vocab, 13, embedding_dim=16, hidden_units=[400, 400, 400], reduction_ratio=0.2,
             emb_norm=emb, net_norm=net,
         )  # fmt: skip
-        opt = trainer.make_optimizer(model, cfg.train)
-        ctx = trainer.make_step_context(model, opt, cfg.train, torch.device("cpu"), None)
-        steps[name] = lambda ctx=ctx: trainer._train_step(ctx, data)
+        opt = step.make_optimizer(model, cfg.train)
+        ctx = step.make_step_context(model, opt, cfg.train, torch.device("cpu"), None)
+        steps[name] = lambda ctx=ctx: step.train_step(ctx, data)
     result = _time(steps, torch.device("cpu"), repeats)
     base_med, base_min = result["emb LN, net LN"]
     print(f"\nMaskNet training step, batch {batch} (ms; ratio to per-field LayerNorm)")

@@ -22,8 +22,9 @@ layer ratios, serial MaskNet training rows/s (data on the device; fp32 and bf16;
 MC-LN; eager and compiled) and the MC-LN / LN step ratio, evaluation rows/s (one-shot LN,
 one-shot MC-LN, 10 MC samples).
 
-``--quick`` (a few minutes) runs the kernel checks (no command-line runs) and the layer and
-training-step benchmarks (no evaluation benchmark).
+``--quick`` (a few minutes) runs the Triton kernel checks (no torch-path or model checks, no
+command-line runs) and the layer and training-step benchmarks (no evaluation benchmark);
+``--compile-precisions fp32 bf16`` also compiles the fp32 step (default: bf16 only).
 
 Without a CUDA GPU it says so and exits 0. Exit status 1 when any check fails.
 """
@@ -503,11 +504,14 @@ def _masknet(norm: str, emb_norm: str = "none"):
     ).cuda()  # fmt: skip
 
 
-def bench_training(batch: int, compiled: bool) -> dict[tuple[str, str], float]:
+def bench_training(
+    batch: int, compiled: bool, compile_precisions: tuple[str, ...] = ("bf16",)
+) -> dict[tuple[str, str], float]:
     vocab = [40_000] * 26
     batches = [_batch(batch, vocab, seed) for seed in range(4)]
     out: dict[tuple[str, str], float] = {}
-    precisions = ("bf16",) if compiled else ("fp32", "bf16")  # compiling takes minutes
+    # each compiled (norm, precision) pair is a compile of its own: about a minute
+    precisions = compile_precisions if compiled else ("fp32", "bf16")
     for norm in ("layernorm", "mclayernorm"):
         model = _masknet(norm)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
@@ -561,14 +565,18 @@ def bench_eval(batch: int) -> None:
     print(f"  one-shot MC-LN / LN evaluation time: {ratio:.3f}")
 
 
-def benchmarks(batch: int, evaluation: bool = True) -> None:
+def benchmarks(
+    batch: int, evaluation: bool = True, compile_precisions: tuple[str, ...] = ("bf16",)
+) -> None:
     props = torch.cuda.get_device_properties(0)
     print(f"\n=== GPU benchmarks on {props.name} ({torch.cuda.device_count()} visible) ===")
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}")
     bench_layers(batch)
     for compiled in (False, True):
+        if compiled and not compile_precisions:
+            continue
         try:
-            res = bench_training(batch, compiled)
+            res = bench_training(batch, compiled, compile_precisions)
         except Exception as exc:  # compiled training may fail where eager works: say so
             print(f"\ntraining ({'compiled' if compiled else 'eager'}) failed: {exc}"[:800])
             continue
@@ -594,8 +602,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="kernel checks and the layer/step benchmarks only (no command-line runs, no "
-        "evaluation benchmark)",
+        help="the Triton kernel checks and the layer/step benchmarks only (no torch-path or "
+        "model checks, no command-line runs, no evaluation benchmark)",
+    )
+    ap.add_argument(
+        "--compile-precisions",
+        nargs="*",
+        choices=["fp32", "bf16"],
+        default=["bf16"],
+        help="precisions of the compiled training benchmark (each about a minute of compile "
+        "per norm; none: skip it)",
     )
     ap.add_argument("--rows", type=int, default=40_000, help="synthetic rows end to end")
     ap.add_argument("--batch", type=int, default=65_536, help="benchmark batch size")
@@ -616,12 +632,17 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("triton not installed: MC-LayerNorm takes the torch path on CUDA")
     if not args.bench_only:
-        for fn in [
+        checks = [
             check_row_statistics, check_row_statistics_torch, check_grouped_statistics,
             check_grouped_statistics_torch, check_row_formula, check_row_formula_bf16,
             check_grouped_formula, check_wide, check_field_norm, check_compile, check_bf16,
             check_mc_predict,
-        ]:  # fmt: skip
+        ]  # fmt: skip
+        if args.quick:
+            slow = {check_row_statistics_torch, check_grouped_statistics_torch, check_bf16,
+                    check_mc_predict}  # fmt: skip
+            checks = [fn for fn in checks if fn not in slow]
+        for fn in checks:
             fn()
         if not args.no_e2e:
             with tempfile.TemporaryDirectory(prefix="gpu-check-") as td:
@@ -631,7 +652,11 @@ def main(argv: list[str] | None = None) -> int:
         for name in failed:
             print(f"  FAILED: {name}")
     if not args.no_bench:
-        benchmarks(args.batch, evaluation=not args.quick)
+        benchmarks(
+            args.batch,
+            evaluation=not args.quick,
+            compile_precisions=tuple(args.compile_precisions),
+        )
     return 1 if any(not ok for _, ok, _ in RESULTS) else 0
 
 

@@ -42,7 +42,8 @@ between rows):
   No double backward (``once_differentiable``).
 * ``triton`` (default for CUDA tensors when triton is installed): one fused forward and one
   fused backward kernel (:mod:`ctrcal.layers.mcln_triton`); each row's exact-k subset comes
-  from Philox bits keyed by a seed and the element's position, regenerated in backward;
+  from Philox bits keyed by a seed and the element's position, kept as one bit per element
+  for the backward;
   float32 accumulation for float32/bfloat16/float16 input; registered with ``torch.library``
   so ``torch.compile`` keeps it. A failed compile falls back to ``torch`` with one warning.
 * ``torch`` (any device; CPU fallback without a compiler): the subset is the d smallest of
@@ -235,10 +236,15 @@ def mc_layer_norm(
             return F.layer_norm(input, shape, weight, bias, eps)
     else:
         k = 0
-    w = weight.reshape(1, n) if weight is not None else None
-    b = bias.reshape(1, n) if bias is not None else None
-    y = _normalize_rows(input.reshape(-1, n), w, b, 1, k, eps, mask, generator, backend)
-    return y.reshape(input.shape)
+    # no reshapes where the shapes already fit: each one is a node of the autograd graph,
+    # and at small and medium sizes those nodes cost as much as the kernel's work
+    w = weight if weight is None or weight.dim() == 1 else weight.reshape(n)
+    b = bias if bias is None or bias.dim() == 1 else bias.reshape(n)
+    flat = input.dim() == 2 and len(shape) == 1
+    y = _normalize_rows(
+        input if flat else input.reshape(-1, n), w, b, 1, k, eps, mask, generator, backend
+    )
+    return y if flat else y.reshape(input.shape)
 
 
 def mc_grouped_layer_norm(
@@ -321,7 +327,8 @@ def _normalize_rows(
     generator: torch.Generator | None,
     backend: str | None,
 ) -> Tensor:
-    """MC-LayerNorm of rows x [R, N]; row r takes affine row ``r % groups`` of [groups, N]."""
+    """MC-LayerNorm of rows x [R, N]; row r takes affine row ``r % groups`` of weight/bias
+    [groups, N] (or [N] when groups is 1)."""
     rows, n = x.shape
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     if mask is None and rows > 0:

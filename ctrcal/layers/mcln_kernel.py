@@ -139,9 +139,10 @@ class _CKernel:
         d, invert = small_side(n, k)
         parts = self.chunks(rows, n)
         dx = torch.empty_like(x)
-        # per-chunk partial sums of dweight / dbias, added up afterwards
-        dw = torch.zeros(max(len(parts), 1), groups, n, dtype=x.dtype)
-        db = torch.zeros(max(len(parts), 1), groups, n, dtype=x.dtype)
+        # per-chunk partial sums of dweight / dbias, added up afterwards (one chunk: no sum)
+        chunks = max(len(parts), 1)
+        dw = torch.zeros(chunks, groups, n, dtype=x.dtype) if w is not None else None
+        db = torch.zeros(chunks, groups, n, dtype=x.dtype)
         fn = self.lib.mcln_bwd_f64 if x.dtype == torch.float64 else self.lib.mcln_bwd_f32
         p = self._p
         head = (p(dy), p(x), p(w), p(idx), p(mean), p(rstd), p(dx))
@@ -149,7 +150,7 @@ class _CKernel:
             [(i, r0, r1) for i, (r0, r1) in enumerate(parts)],
             lambda i, r0, r1: fn(
                 *head,
-                p(dw[i]) if w is not None else None,
+                p(dw[i]) if dw is not None else None,
                 p(db[i]),
                 r0,
                 r1,
@@ -160,7 +161,9 @@ class _CKernel:
                 int(invert),
             ),
         )
-        return dx, dw.sum(0), db.sum(0)
+        if chunks == 1:
+            return dx, dw[0] if dw is not None else None, db[0]
+        return dx, dw.sum(0) if dw is not None else None, db.sum(0)
 
 
 def _check(status: int) -> None:
