@@ -127,6 +127,18 @@ int mcln_sample(uint8_t *m, int64_t r0, int64_t r1, int64_t n, int64_t d, int in
    a generic loop with its vector remainder handling costs more than the work there). */
 #define INLINE static inline __attribute__((always_inline))
 #define DEFINE(T, SUF)                                                                       \
+/* sum and sum of squares of x - c over the d positions: in vector lanes when there are     \
+   many (a scalar sum waits on every addition), plainly for the few of narrow rows */       \
+INLINE void gather_moments_##SUF(const T *xr, const int32_t *idx, int64_t d, T c, T *s, T *q) { \
+    T se = 0, qe = 0;                                                                         \
+    if (d >= 16) {                                                                            \
+        _Pragma("omp simd reduction(+:se,qe)")                                                \
+        for (int64_t i = 0; i < d; ++i) { T z = xr[idx[i]] - c; se += z; qe += z * z; }     \
+    } else {                                                                                  \
+        for (int64_t i = 0; i < d; ++i) { T z = xr[idx[i]] - c; se += z; qe += z * z; }     \
+    }                                                                                         \
+    *s = se; *q = qe;                                                                         \
+}                                                                                             \
 INLINE void fwd_rows_##SUF(const T *x, const T *w0, const T *b0, T *y, int32_t *idx0,       \
                     T *mean, T *rstd, int64_t r0, int64_t r1, const int64_t n, int64_t g,     \
                     int64_t k, int64_t d, int invert, double eps, uint64_t key,               \
@@ -147,9 +159,11 @@ INLINE void fwd_rows_##SUF(const T *x, const T *w0, const T *b0, T *y, int32_t *
             _Pragma("omp simd reduction(+:sa,qa)")                                            \
             for (int64_t i = 0; i < n; ++i) { T z = xr[i] - c0; sa += z; qa += z * z; }      \
             s = sa; q = qa;                                                                   \
-            for (int64_t i = 0; i < d; ++i) { double z = (double)(xr[idx[i]] - c0); s -= z; q -= z * z; } \
+            T se, qe; gather_moments_##SUF(xr, idx, d, c0, &se, &qe);                        \
+            s -= se; q -= qe;                                                                 \
         } else {                                                                              \
-            for (int64_t i = 0; i < d; ++i) { double z = (double)(xr[idx[i]] - c0); s += z; q += z * z; } \
+            T se, qe; gather_moments_##SUF(xr, idx, d, c0, &se, &qe);                        \
+            s = se; q = qe;                                                                   \
         }                                                                                     \
         double ms = s / (double)k;                                                            \
         double var = q / (double)k - ms * ms;                                                 \
