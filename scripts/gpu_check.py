@@ -331,6 +331,10 @@ def _cli(args: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
     return proc
 
 
+# one shift, one level: the check is that the report runs on the GPUs, not what it finds
+SHIFT_REPORT_GRID = "report.shifts=[{name: gaussian_numeric, intensities: [0.0, 0.25]}]"
+
+
 class EndToEnd:
     def __init__(self, work: Path, rows: int) -> None:
         self.work = work
@@ -398,7 +402,7 @@ def end_to_end_checks(work: Path, rows: int) -> None:
         out = work / "report"
         _cli(
             [
-                "shift-report", "configs/demo.yaml", *e2e.base, "report.intensities=[0.0,0.25]",
+                "shift-report", "configs/demo.yaml", *e2e.base, SHIFT_REPORT_GRID,
                 "--data", str(e2e.data), "--out", str(out), "--seeds", "1", "--devices", "auto",
             ]  # fmt: skip
         )

@@ -23,3 +23,15 @@ def test_gpu_check_rejects_unknown_options():
     with pytest.raises(SystemExit) as exc:
         main(["--no-such-option"])
     assert exc.value.code == 2
+
+
+def test_gpu_check_command_lines_pass_validate(tmp_path):
+    """The configs and overrides the GPU run uses must stay valid as configs evolve: a stale
+    override only fails on the GPU machine otherwise."""
+    from ctrcal.cli import main as ctrcal_main
+
+    mod = runpy.run_path(str(SCRIPT))
+    e2e = mod["EndToEnd"](tmp_path, 1000)
+    for extra in ([], e2e.mc, [mod["SHIFT_REPORT_GRID"]]):
+        demo = str(SCRIPT.parents[1] / "configs" / "demo.yaml")
+        assert ctrcal_main(["validate", demo, *e2e.base, *extra]) == 0, extra
