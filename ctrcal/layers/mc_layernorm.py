@@ -62,13 +62,14 @@ import numbers
 import os
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ctrcal.errors import ConfigError
-from ctrcal.layers import mcln_kernel, mcln_triton
+from ctrcal.layers import mcln_kernel
 from ctrcal.layers.mcln_kernel import kernel_available, small_side
 from ctrcal.layers.spec import MC_BACKENDS, mc_subset_size
 
@@ -124,8 +125,8 @@ def sample_subset_mask(
     _check_k(n, k)
     device = torch.device(device) if device is not None else torch.device("cpu")
     if _choose_backend(backend, device, n) == "triton":
-        seed = mcln_triton.draw_seed(device, generator)
-        return mcln_triton.subset_mask(rows, n, k, seed).to(dtype)
+        seed = _triton().draw_seed(device, generator)
+        return _triton().subset_mask(rows, n, k, seed).to(dtype)
     if _use_kernel(backend, device):
         kernel = mcln_kernel.get_kernel()
         mask = torch.empty(rows, n, dtype=torch.uint8)
@@ -335,11 +336,11 @@ def _normalize_rows(
         choice = _choose_backend(backend, x.device, n)
         if choice == "triton":
             try:
-                return mcln_triton.triton_mc_layer_norm(x, weight, bias, groups, k, eps, generator)
+                return _triton().triton_mc_layer_norm(x, weight, bias, groups, k, eps, generator)
             except Exception as exc:  # any compiler or driver failure: fall back, once
                 if _is_compiling() or _resolve_backend(backend) == "triton":
                     raise
-                mcln_triton.mark_broken(exc)
+                _triton().mark_broken(exc)
         elif choice == "c":
             key = _draw_key(generator, x.device)
             w = weight.to(compute) if weight is not None else None
@@ -395,6 +396,14 @@ def _resolve_backend(backend: str | None) -> str:
     return choice
 
 
+def _triton() -> Any:
+    """The Triton kernels' module, imported on first use: importing triton costs a CPU-only
+    process 0.3-0.5 s of start-up for kernels it never launches."""
+    from ctrcal.layers import mcln_triton
+
+    return mcln_triton
+
+
 def _choose_backend(backend: str | None, device: torch.device, width: int) -> str:
     """The path that normalizes rows of ``width`` on ``device``: c, triton or torch."""
     choice = _resolve_backend(backend)
@@ -406,16 +415,16 @@ def _choose_backend(backend: str | None, device: torch.device, width: int) -> st
         mcln_kernel.get_kernel()  # raises with the build error
         return "c"
     if choice == "triton":
-        if not mcln_triton.HAVE_TRITON:
+        if not _triton().HAVE_TRITON:
             raise RuntimeError("the 'triton' MC-LayerNorm backend needs triton installed")
-        if device.type == "cpu" and not mcln_triton.interpreting():
+        if device.type == "cpu" and not _triton().interpreting():
             raise ValueError(
                 "the 'triton' MC-LayerNorm backend runs on CUDA tensors (CPU tensors only "
                 "under TRITON_INTERPRET=1)"
             )
-        return "triton" if mcln_triton.triton_usable(device, width) else "torch"
+        return "triton" if _triton().triton_usable(device, width) else "torch"
     if device.type == "cuda":
-        return "triton" if mcln_triton.triton_usable(device, width) else "torch"
+        return "triton" if _triton().triton_usable(device, width) else "torch"
     if device.type != "cpu" or _is_compiling():
         return "torch"  # graphs being compiled on CPU get the traceable torch ops
     return "c" if _c_kernel_ready() else "torch"
