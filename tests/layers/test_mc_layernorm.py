@@ -528,21 +528,54 @@ def test_mc_predict_matches_loop_and_restores_mode(keep_dim):
     assert torch.all((mean >= 0) & (mean <= 1))
 
 
-def test_mc_predict_chunking_and_seed():
+def test_mc_predict_chunked_equals_unchunked():
+    cat = torch.randint(0, 10, (9, 4), generator=torch.Generator().manual_seed(0))
+    num = torch.randn(9, 3, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(14)
+    model = _TwoInput()
+    with torch.no_grad():  # spread the rows' probabilities, so a row mixed up shows
+        model.out.weight.mul_(4)
+    # fraction 1: every pass is exact LayerNorm, so the chunked path must give the same
+    # numbers row for row (a chunk assembled in the wrong order or repeated would not)
+    model.norm = MCLayerNorm(32, fraction=1.0)
+    full_mean, full_std = mc_predict(model, cat, num, n_samples=5)
+    model.eval()
+    with torch.no_grad():
+        ref = torch.sigmoid(model(cat, num))
+    torch.testing.assert_close(full_mean, ref)
+    assert full_std.abs().max() < 1e-6
+    for max_rows in (1, 4, 7, 20):  # one row, uneven chunks, several samples per pass
+        mean, std = mc_predict(model, cat, num, n_samples=5, max_rows=max_rows)
+        torch.testing.assert_close(mean, full_mean)
+        torch.testing.assert_close(std, full_std, atol=1e-6, rtol=0)
+    # fraction 0.5, same seed: chunked and unchunked draw different subsets, but estimate the
+    # same per-row mean and std (within 5 standard errors of n samples each)
+    model.norm = MCLayerNorm(32, fraction=0.5)
+    n = 600
+    torch.manual_seed(15)
+    full_mean, full_std = mc_predict(model, cat, num, n_samples=n)
+    torch.manual_seed(15)
+    mean, std = mc_predict(model, cat, num, n_samples=n, max_rows=4)
+    assert (full_std > 1e-3).all()
+    assert not torch.equal(mean, full_mean)  # the passes really are different samples
+    se_mean = full_std * math.sqrt(2 / n)
+    assert ((mean - full_mean).abs() < 5 * se_mean).all(), (mean - full_mean) / se_mean
+    # two std estimates from n samples each: relative error ~ sqrt(2 / (2n)) ~ 4 % for normal
+    # samples; 20 % leaves room for skewed per-row distributions of probabilities
+    assert ((std / full_std - 1).abs() < 0.2).all(), std / full_std
+
+
+def test_mc_predict_argument_checks_and_plain_models():
     model = _TwoInput()
     cat = torch.randint(0, 10, (9, 4))
     num = torch.randn(9, 3)
-    torch.manual_seed(14)
-    full = mc_predict(model, cat, num, n_samples=5)
-    torch.manual_seed(14)
-    chunked = mc_predict(model, cat, num, n_samples=5, max_rows=4)
-    for a, b in zip(full, chunked, strict=True):
-        assert a.shape == (9,) and b.shape == (9,)
     # one-shot model (no MC layers): warns, std is zero
     plain = nn.Sequential(nn.Linear(3, 1))
     with pytest.warns(UserWarning, match="no MC layers"):
         mean, std = mc_predict(plain, num, n_samples=3)
     assert torch.equal(std, torch.zeros(9))
+    with torch.no_grad():
+        torch.testing.assert_close(mean, torch.sigmoid(plain(num)).squeeze(1))
     with pytest.raises(ValueError):
         mc_predict(model, cat, num[:3])
     with pytest.raises(ValueError):

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
 import random
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ctrcal.data.loader import Batch, ParquetCTRData
 from ctrcal.errors import CtrcalError
+from ctrcal.layers.mc_layernorm import MCLayerNorm, mc_mode, mc_predict
 from ctrcal.models.masknet import MaskNet
 from ctrcal.train.checkpoint import (
     capture_rng_state,
@@ -17,7 +21,7 @@ from ctrcal.train.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from ctrcal.train.predict import predict_logits, predict_probs
+from ctrcal.train.predict import iter_batches, predict_logits, predict_probs
 
 
 @pytest.fixture(scope="module")
@@ -59,14 +63,114 @@ def test_transform_is_applied_per_batch_and_training_flag_restored(model, valid)
     torch.testing.assert_close(base, same)
 
 
-def test_predict_probs_one_shot_and_mc(model, valid):
-    probs, labels = predict_probs(model, valid, 4096, "cpu")
-    torch.testing.assert_close(probs, torch.sigmoid(predict_logits(model, valid, 4096, "cpu")))
-    torch.testing.assert_close(labels, valid.all().label)
+@pytest.fixture(scope="module")
+def trained(valid):
+    """The MC-LayerNorm MaskNet after a few Adam steps (norm weights away from 1 and 0)."""
     torch.manual_seed(0)
-    mc, _ = predict_probs(model, valid, 4096, "cpu", mc_samples=4)
-    assert mc.shape == probs.shape and ((mc >= 0) & (mc <= 1)).all()
-    assert not torch.equal(mc, probs)  # the MC layers sampled
+    model = _masknet(valid.feature_map, "mclayernorm")
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    model.train()
+    for batch in itertools.islice(valid.batches(256, shuffle=True, seed=0), 20):
+        opt.zero_grad()
+        logits = model(batch.categorical, batch.numeric)
+        F.binary_cross_entropy_with_logits(logits, batch.label).backward()
+        opt.step()
+    return model.eval()
+
+
+def _masknet(fm, net_norm):
+    return MaskNet(fm.vocab_sizes, fm.num_numeric, 4, hidden_units=[8], net_norm=net_norm)
+
+
+def _twin(model, fm, net_norm):
+    """The same weights under another norm (MC-LayerNorm and LayerNorm share a state dict)."""
+    twin = _masknet(fm, net_norm)
+    twin.load_state_dict(model.state_dict())
+    return twin.eval()
+
+
+def test_one_shot_prediction_is_the_plain_layernorm_model(trained, valid):
+    probs, labels = predict_probs(trained, valid, 700, "cpu")
+    torch.testing.assert_close(labels, valid.all().label)
+    plain = _twin(trained, valid.feature_map, "layernorm")
+    assert not any(hasattr(m, "mc_sampling") for m in plain.modules())
+    assert torch.equal(probs, predict_probs(plain, valid, 700, "cpu")[0])
+    torch.manual_seed(0)
+    mc, _ = predict_probs(trained, valid, 700, "cpu", mc_samples=4)
+    assert not torch.equal(mc, probs)  # the MC passes sampled
+    assert not trained.training and not any(
+        getattr(m, "mc_sampling", False) for m in trained.modules()
+    )  # MC mode switched off again
+
+
+def _explicit_passes(model, data, batch_size, n):
+    """[n, rows]: n stochastic forward passes per batch, one after the other."""
+    out = []
+    with torch.no_grad(), mc_mode(model):
+        for batch in iter_batches(data, batch_size):
+            out.append(torch.stack(
+                [torch.sigmoid(model(batch.categorical, batch.numeric)) for _ in range(n)]
+            ))  # fmt: skip
+    return torch.cat(out, dim=1)
+
+
+def test_mc_probs_are_the_mean_of_explicit_stochastic_passes(trained, valid):
+    n = 6
+    # three batches, the last one more than half full: every forward pass is one MC sample
+    batch_size = -(-len(valid) // 3)
+    torch.manual_seed(5)
+    mc, _ = predict_probs(trained, valid, batch_size, "cpu", mc_samples=n)
+    torch.manual_seed(5)
+    samples = _explicit_passes(trained, valid, batch_size, n)
+    assert (samples.std(0) > 0).all()  # the passes differ for every row
+    torch.testing.assert_close(mc, samples.mean(0))
+    # the std is the population std over the same passes
+    whole = valid.all()
+    torch.manual_seed(6)
+    mean, std = mc_predict(trained, whole.categorical, whole.numeric, n_samples=n,
+                           max_rows=len(whole))  # fmt: skip
+    torch.manual_seed(6)
+    samples = _explicit_passes(trained, whole, len(whole), n)
+    torch.testing.assert_close(mean, samples.mean(0))
+    torch.testing.assert_close(std, samples.std(0, correction=0))
+    assert (std > 0).all()
+
+
+def test_mc_std_shrinks_as_the_subset_grows(trained, valid):
+    # the subset noise scales like sqrt((N - k) / (k (N - 1))): none at f = 1
+    whole = valid.all()
+    spread = {}
+    for fraction in (0.5, 0.8, 1.0):
+        twin = _twin(trained, valid.feature_map, functools.partial(MCLayerNorm, fraction=fraction))
+        torch.manual_seed(7)
+        _, std = mc_predict(twin, whole.categorical, whole.numeric, n_samples=8)
+        spread[fraction] = float(std.mean())
+    assert spread[0.5] > 1.3 * spread[0.8] > 0
+    assert spread[1.0] < 1e-6
+
+
+def test_report_predictions_agree_with_explicit_passes(trained, valid):
+    from ctrcal.eval.predictive import predict_split
+
+    whole = valid.all()
+    one = predict_split([trained], whole, batch_size=512, device="cpu")
+    plain = _twin(trained, valid.feature_map, "layernorm")
+    torch.testing.assert_close(
+        torch.from_numpy(one.logits).float(), predict_logits(plain, whole, 512, "cpu")
+    )
+    assert one.std is None
+    n = 200  # several passes per forward (the batch repeated): same law as one at a time
+    torch.manual_seed(8)
+    mc = predict_split([trained], whole, batch_size=512, device="cpu", mc_samples=n)
+    torch.manual_seed(9)
+    samples = _explicit_passes(trained, whole, len(whole), n).double()
+    ref_std, ref_mean = torch.std_mean(samples, dim=0, correction=0)
+    mean, std = torch.from_numpy(mc.probs), torch.from_numpy(mc.std)
+    se = ref_std * (2 / n) ** 0.5
+    assert ((mean - ref_mean).abs() <= 5.5 * se + 1e-12).all()
+    assert (std > 0).all() and mc.logits is None
+    assert float(std.mean() / ref_std.mean()) == pytest.approx(1.0, abs=0.05)
+    assert torch.corrcoef(torch.stack([std, ref_std]))[0, 1] > 0.9
 
 
 def test_empty_batch():
