@@ -24,7 +24,6 @@ def _numeric(rows: int = 20_000, seed: int = 0) -> torch.Tensor:
 def test_realised_noise_std_matches(intensity):
     x = _numeric()
     delta = GaussianShift(STD, intensity, seed=1)(x) - x
-    n = x.shape[0]
     for j, s in enumerate(STD):
         col = delta[:, j]
         col = col[~col.isnan()].double()
@@ -36,7 +35,29 @@ def test_realised_noise_std_matches(intensity):
         tol = 5 * target / math.sqrt(2 * col.numel())
         assert abs(col.std().item() - target) < tol, (j, col.std().item(), target)
         assert abs(col.mean().item()) < 5 * target / math.sqrt(col.numel())
-    assert n == x.shape[0]
+
+
+def test_noise_is_independent_standard_gaussian_and_additive():
+    rows, s = 20_000, 0.5
+    x = _numeric(rows)
+    delta = (GaussianShift(STD, s, seed=2)(x) - x).double()
+    # additive: the noise does not depend on the values it is added to
+    noise = GaussianShift(STD, s, seed=2)(torch.zeros_like(x)).double()
+    ok = ~x.isnan()
+    torch.testing.assert_close(delta[ok], noise[ok], rtol=0, atol=1e-5)
+    cols = [j for j, sd in enumerate(STD) if sd > 0]
+    z = noise[:, cols] / (s * torch.tensor(STD, dtype=torch.float64)[cols])
+    bound = 5 / math.sqrt(rows)  # 5 standard errors of a correlation near 0
+    # independent across features and across neighbouring rows
+    off_diagonal = torch.corrcoef(z.T) - torch.eye(len(cols), dtype=torch.float64)
+    assert off_diagonal.abs().max() < bound
+    assert (z[1:] * z[:-1]).mean(0).abs().max() < bound
+    # Gaussian, not just the right std: the shares within 1 and 2 sigma, and the kurtosis
+    for q, p in ((1.0, 0.682689), (2.0, 0.954500)):
+        share = (z.abs() < q).double().mean(0)
+        assert ((share - p).abs() < 5 * math.sqrt(p * (1 - p) / rows)).all(), (q, share)
+    kurtosis = z.pow(4).mean(0)  # 3 for a standard normal; its standard error is sqrt(96/n)
+    assert ((kurtosis - 3).abs() < 5 * math.sqrt(96 / rows)).all(), kurtosis
 
 
 def test_zero_intensity_is_identity():
