@@ -190,8 +190,13 @@ def test_parallel_report_equals_sequential(sweeps):
     assert "training in 2 parallel processes" in (par / "report.md").read_text()
 
 
-def test_parallel_rerun_reuses_and_retrains(sweeps, tmp_path):
+def test_parallel_rerun_reuses_and_retrains(sweeps, tmp_path, monkeypatch):
+    from ctrcal.eval import sweep
     from ctrcal.eval.report import plan_variants, train_variants
+
+    # pin the thread count a worker gets without train.num_threads to the one the runs were
+    # trained with (2 cores over 2 workers: 1), whatever this machine has
+    monkeypatch.setattr(sweep, "cpu_cores", lambda: 2)
 
     root, data, _, _ = sweeps
     runs = tmp_path / "runs"
@@ -211,10 +216,8 @@ def test_parallel_rerun_reuses_and_retrains(sweeps, tmp_path):
     ]
     new = json.loads((runs / "layernorm" / "seed1" / "result.json").read_text())
     old = json.loads((root / "par" / "runs" / "layernorm" / "seed1" / "result.json").read_text())
-    # cores // 2 threads now (1 before): equal up to the order of float32 sums, which after
-    # the few steps of a tiny run moves the metrics by ~1e-9 (longer training amplifies it)
-    for split in ("valid", "test"):
-        assert new[split] == pytest.approx(old[split], rel=1e-6, abs=1e-9)
+    # a runtime key changed, the thread count did not: the retrained run is the same run
+    assert new["valid"] == old["valid"] and new["test"] == old["test"]
 
 
 def test_interrupted_run_resumes_whatever_the_report_section(sweeps, tmp_path):
