@@ -3,19 +3,17 @@ output; two prepares into one directory at once both end cleanly with one valid 
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from interrupt import child_env, kill_9, snapshot
 
 from ctrcal.data.prepare import is_prepared
 from ctrcal.data.synthetic import generate_frame, write_criteo
 
-REPO = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import sys
 from pathlib import Path
@@ -29,9 +27,8 @@ prepare([sys.argv[1]], sys.argv[2], cfg, in_memory_bytes=int(sys.argv[4]), chunk
 
 
 def _start(raw, out, flag, in_memory):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     argv = [sys.executable, "-c", CHILD, str(raw), str(out), str(flag), str(in_memory)]
-    return subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(argv, env=child_env(), stderr=subprocess.PIPE, text=True)
 
 
 def _run(raw, out, flag, in_memory):
@@ -39,10 +36,6 @@ def _run(raw, out, flag, in_memory):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     return err
-
-
-def _snapshot(out: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
 
 
 def _leftovers(out: Path) -> list[str]:
@@ -65,7 +58,7 @@ def test_kill_9_at_any_moment_then_again_gives_the_uninterrupted_output(raw, tmp
     start = time.perf_counter()
     assert proc.wait(timeout=120) == 0
     work = time.perf_counter() - start  # from the end of the imports to the end
-    expected = _snapshot(reference)
+    expected = snapshot(reference)
     out = tmp_path / "out"
     # kills spread over the work, each leaving its state to the next run
     for fraction in (0.02, 0.3, 0.6, 0.85, 0.98):
@@ -74,11 +67,10 @@ def test_kill_9_at_any_moment_then_again_gives_the_uninterrupted_output(raw, tmp
         while not flag.exists() and proc.poll() is None:
             time.sleep(0.002)
         time.sleep(work * fraction)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        kill_9(proc)
         assert not out.exists() or is_prepared(out)  # never a half-written directory
     _run(raw, out, flag, in_memory)
-    assert _snapshot(out) == expected
+    assert snapshot(out) == expected
     assert _leftovers(out) == []
 
 
@@ -90,5 +82,5 @@ def test_two_prepares_at_once_end_cleanly_with_one_valid_output(raw, tmp_path):
     errs = [p.communicate(timeout=120)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errs
     assert is_prepared(out)
-    assert _snapshot(out) == _snapshot(reference)
+    assert snapshot(out) == snapshot(reference)
     assert _leftovers(out) == []

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from interrupt import assert_same_training, ctrcal_argv, kill_9_when, run, start
 
 import ctrcal.train.trainer as trainer
 from ctrcal.config import load_config
@@ -19,7 +15,6 @@ from ctrcal.errors import CtrcalError, DataError
 from ctrcal.train.checkpoint import load_checkpoint
 from ctrcal.train.trainer import train
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = [
     "model.embedding_dim=4",
     "model.hidden_units=[16]",
@@ -28,27 +23,10 @@ TINY = [
     "train.progress=false",
     "train.num_threads=1",
 ]
-TIMING = ("rows_per_s", "seconds")
 
 
 def _cfg(*overrides: str):
     return load_config(None, [*TINY, *overrides])
-
-
-def _history(run: Path) -> list[dict]:
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(x).items() if k not in TIMING} for x in lines]
-
-
-def _same_outcome(a: Path, b: Path) -> None:
-    ra, rb = (json.loads((r / "result.json").read_text()) for r in (a, b))
-    for key in ("best_epoch", "epochs_completed", "stopped_early", "valid", "test"):
-        assert ra[key] == rb[key], key
-    assert _history(a) == _history(b)
-    wa = load_checkpoint(a / "checkpoints" / "best.pt")["model"]
-    wb = load_checkpoint(b / "checkpoints" / "best.pt")["model"]
-    assert wa.keys() == wb.keys()
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_kill_between_best_and_last_checkpoint_resumes_exactly(prepared_dir, tmp_path, monkeypatch):
@@ -72,7 +50,7 @@ def test_kill_between_best_and_last_checkpoint_resumes_exactly(prepared_dir, tmp
     assert load_checkpoint(tmp_path / "cut" / "checkpoints" / "best.pt")["epoch"] == 2
     assert load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.pt")["epoch"] == 1
     train(cfg, prepared_dir, tmp_path / "cut", resume=True)
-    _same_outcome(tmp_path / "full", tmp_path / "cut")
+    assert_same_training(tmp_path / "full", tmp_path / "cut")
 
 
 def _write_config(tmp_path: Path, prepared_dir: Path) -> Path:
@@ -86,36 +64,18 @@ def _write_config(tmp_path: Path, prepared_dir: Path) -> Path:
     return path
 
 
-def _ctrcal(*args: str) -> list[str]:
-    return [sys.executable, "-m", "ctrcal", *args]
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-
-
 def test_kill_9_at_several_moments_then_resume_equals_uninterrupted(prepared_dir, tmp_path):
     cfg = _write_config(tmp_path, prepared_dir)
     full = tmp_path / "full"
-    subprocess.run(_ctrcal("train", str(cfg), "--out", str(full)), env=_env(), check=True,
-                   capture_output=True)  # fmt: skip
+    run(ctrcal_argv("train", str(cfg), "--out", str(full)))
     # kill when these files appear: right at the start, after the first best, after an epoch
     moments = [None, "checkpoints/best.pt", "checkpoints/last.pt"]
     for i, marker in enumerate(moments):
-        run = tmp_path / f"cut{i}"
-        proc = subprocess.Popen(_ctrcal("train", str(cfg), "--out", str(run)), env=_env(),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        deadline = time.monotonic() + 120
-        while marker is not None and not (run / marker).exists() and proc.poll() is None:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.005)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        again = subprocess.run(_ctrcal("train", str(cfg), "--out", str(run), "--resume"),
-                               env=_env(), capture_output=True, text=True)  # fmt: skip
-        assert again.returncode == 0, again.stderr
-        _same_outcome(full, run)
+        cut = tmp_path / f"cut{i}"
+        proc = start(ctrcal_argv("train", str(cfg), "--out", str(cut)))
+        kill_9_when(proc, None if marker is None else cut / marker)
+        run(ctrcal_argv("train", str(cfg), "--out", str(cut), "--resume"))
+        assert_same_training(full, cut)
 
 
 def test_a_checkpoint_replaced_by_a_malicious_pickle_is_refused_unexecuted(tmp_path):
