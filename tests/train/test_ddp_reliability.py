@@ -1,0 +1,110 @@
+"""Two gloo processes with MC-LayerNorm: each rank draws its own subsets, a rerun draws the same
+ones, and a run killed with -9 and resumed equals the uninterrupted one.
+
+The ranks are started here with the environment torchrun gives them (``ctrcal train --nproc``
+through torchrun itself is covered by test_ddp_training.py), which keeps the three runs fast.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from pathlib import Path
+
+import pytest
+import torch.multiprocessing as mp
+from interrupt import assert_same_training, wait_for
+from rng_probe_model import RECORD_DIR, read_records
+
+from ctrcal.layers.mc_layernorm import MCLayerNorm
+from ctrcal.train.checkpoint import load_checkpoint
+
+EPOCHS = 3
+ARGS = [
+    "model.name=rng_probe_model:RngProbe",
+    "model.net_norm={name: mclayernorm, fraction: 0.5}",
+    "train.batch_size=2048",
+    "train.eval_batch_size=8192",
+    f"train.epochs={EPOCHS}",
+    f"train.patience={EPOCHS}",
+    "train.lr=0.005",
+    "train.progress=false",
+    "train.num_threads=1",
+    "train.data_mode=memory",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, port: int, data: str, run_dir: str, probe: str, resume: bool) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE="2", OMP_NUM_THREADS="1",
+                      **{RECORD_DIR: probe})  # fmt: skip
+    from ctrcal.config import load_config
+    from ctrcal.train.trainer import train
+
+    train(load_config(None, ARGS), data, run_dir, resume=resume)
+
+
+def _start(data: Path, run_dir: Path, probe: Path, resume: bool = False) -> list:
+    probe.mkdir()
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_rank, args=(r, port, str(data), str(run_dir), str(probe), resume))
+        for r in (0, 1)
+    ]
+    for p in procs:
+        p.start()
+    return procs
+
+
+def _join(procs: list) -> None:
+    for p in procs:
+        p.join(timeout=300)
+    assert [p.exitcode for p in procs] == [0, 0]
+
+
+@pytest.mark.slow
+def test_ddp_mc_layernorm_streams_and_kill_9_resume(prepared_dir, tmp_path):
+    from ctrcal.train.trainer import load_run
+
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    _join(_start(prepared_dir, full, tmp_path / "probe_full"))
+    model = load_run(full)[0]
+    assert sum(isinstance(m, MCLayerNorm) for m in model.modules()) == 1
+    records = read_records(tmp_path / "probe_full")
+    assert sorted(rank for rank, _ in records) == [0, 1]  # one training process per rank
+    steps = {rank: lines for (rank, _), lines in records.items()}
+    per_epoch = len(steps[0]) // EPOCHS
+    assert per_epoch >= 2 and len(steps[0]) == len(steps[1]) == EPOCHS * per_epoch
+    # each rank its own subset stream: at no step do the two ranks start from one state
+    assert all(a != b for a, b in zip(steps[0], steps[1], strict=True))
+    assert len(set(steps[0])) == len(steps[0])  # and the stream moves on at every step
+
+    # both ranks killed with -9 once the first epoch is checkpointed, then resumed
+    procs = _start(prepared_dir, cut, tmp_path / "probe_killed")
+    wait_for(cut / "checkpoints" / "last.pt", procs[0])
+    for p in procs:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGKILL)
+        p.join()
+    assert [p.exitcode for p in procs] == [-signal.SIGKILL] * 2, "finished before the kill"
+    done = load_checkpoint(cut / "checkpoints" / "last.pt")["epoch"]
+    assert 1 <= done < EPOCHS
+    _join(_start(prepared_dir, cut, tmp_path / "probe_resumed", resume=True))
+    assert_same_training(full, cut)
+    # a rerun draws the same subsets on each rank, step for step, before the kill and after
+    # the resume
+    for (rank, _), lines in read_records(tmp_path / "probe_killed").items():
+        assert len(lines) >= done * per_epoch
+        assert lines == steps[rank][: len(lines)]
+    resumed = read_records(tmp_path / "probe_resumed")
+    assert sorted(rank for rank, _ in resumed) == [0, 1]
+    for (rank, _), lines in resumed.items():
+        assert lines == steps[rank][done * per_epoch :]
