@@ -41,6 +41,20 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             _rmtree(tmp) if tmp.is_dir() else tmp.unlink()
 
 
+def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temporaries :func:`atomic_path` left in ``directory`` when a kill stopped
+    their writer; return what was removed.
+
+    Only for a directory that one process writes at a time (a run directory being resumed):
+    another writer's temporary in flight would be removed too.
+    """
+    directory = Path(directory)
+    stale = sorted(directory.glob(".*.tmp")) if directory.is_dir() else []
+    for tmp in stale:
+        _rmtree(tmp) if tmp.is_dir() and not tmp.is_symlink() else tmp.unlink(missing_ok=True)
+    return stale
+
+
 def _rmtree(path: Path) -> None:
     import shutil
 

@@ -64,7 +64,7 @@ from ctrcal.train.results import (
 )
 from ctrcal.train.splits import check_ids, is_labelled, open_split, resolve_data_mode
 from ctrcal.train.step import StepContext, amp_dtype, make_optimizer, make_step_context, train_step
-from ctrcal.utils import resolve_device, seed_everything
+from ctrcal.utils import remove_stale_temporaries, resolve_device, seed_everything
 
 __all__ = [
     "TrainResult",
@@ -266,7 +266,11 @@ def _train_in_context(
             best_state = best["model"] if best is not None else None
         restore_rng_state(last["rng"])
         if main:
-            write_history(run_dir, history)  # a kill may have come before the last rewrite
+            # what a kill inside an atomic write left behind, then the history that a kill
+            # may have stopped before its last rewrite
+            for directory in (run_dir, (run_dir / LAST).parent):
+                remove_stale_temporaries(directory)
+            write_history(run_dir, history)
     elif main:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_run_files(run_dir, cfg, data_dir)

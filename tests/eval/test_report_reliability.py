@@ -30,8 +30,11 @@ RUNS = ["runs/layernorm/seed0", "runs/mclayernorm/seed0"]
 VOLATILE = {"created", "elapsed", "timing_s", "training", "runs_dir", "data_dir"}
 
 
+TEMPORARY = re.compile(r"(^|/)\.[^/]*\.tmp(/|$)")  # an atomic write's hidden sibling
+
+
 def _files(directory):
-    return sorted(k for k in snapshot(directory) if not re.search(r"(^|/)\.[^/]*\.tmp(/|$)", k))
+    return sorted(k for k in snapshot(directory) if not TEMPORARY.search(k))
 
 
 def _untimed_summary(out):
@@ -68,9 +71,10 @@ def test_kill_9_at_any_moment_then_again_gives_the_uninterrupted_report(tmp_path
     assert _untimed_summary(out) == _untimed_summary(full)
     for r in RUNS:
         assert_same_training(full / r, out / r)
-    # the same files, nothing half-written among them (a kill inside an atomic write may leave
-    # its hidden temporary sibling, which nothing ever reads)
+    # the same files, nothing half-written among them; a kill inside an atomic write of the
+    # report may leave its hidden temporary (never read), a resumed run removes its own
     assert _files(out) == _files(full)
+    assert not [k for k in snapshot(out / "runs") if TEMPORARY.search(k)]
     # the same prepared data (its feature map names the temporary it was written through)
     assert data_identity(out / "data") == data_identity(full / "data")
     data = snapshot(out / "data", skip=["feature_map.json"])

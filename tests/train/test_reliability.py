@@ -49,7 +49,13 @@ def test_kill_between_best_and_last_checkpoint_resumes_exactly(prepared_dir, tmp
     monkeypatch.setattr(trainer, "save_checkpoint", real_save)
     assert load_checkpoint(tmp_path / "cut" / "checkpoints" / "best.pt")["epoch"] == 2
     assert load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.pt")["epoch"] == 1
+    # what kills inside atomic writes leave: hidden temporaries, removed by the resume
+    stale = [tmp_path / "cut" / ".metrics.jsonl.x1.tmp", tmp_path / "cut" / "checkpoints" /
+             ".last.pt.x2.tmp", tmp_path / "cut" / "checkpoints" / "..next-best.pt.x3.tmp"]
+    for path in stale:
+        path.write_bytes(b"half")
     train(cfg, prepared_dir, tmp_path / "cut", resume=True)
+    assert not any(path.exists() for path in stale)
     assert_same_training(tmp_path / "full", tmp_path / "cut")
 
 
