@@ -551,7 +551,7 @@ def test_mc_predict_chunked_equals_unchunked():
     # fraction 0.5, same seed: chunked and unchunked draw different subsets, but estimate the
     # same per-row mean and std (within 5 standard errors of n samples each)
     model.norm = MCLayerNorm(32, fraction=0.5)
-    n = 600
+    n = 400
     torch.manual_seed(15)
     full_mean, full_std = mc_predict(model, cat, num, n_samples=n)
     torch.manual_seed(15)
@@ -560,7 +560,7 @@ def test_mc_predict_chunked_equals_unchunked():
     assert not torch.equal(mean, full_mean)  # the passes really are different samples
     se_mean = full_std * math.sqrt(2 / n)
     assert ((mean - full_mean).abs() < 5 * se_mean).all(), (mean - full_mean) / se_mean
-    # two std estimates from n samples each: relative error ~ sqrt(2 / (2n)) ~ 4 % for normal
+    # two std estimates from n samples each: relative error ~ sqrt(2 / (2n)) = 5 % for normal
     # samples; 20 % leaves room for skewed per-row distributions of probabilities
     assert ((std / full_std - 1).abs() < 0.2).all(), std / full_std
 

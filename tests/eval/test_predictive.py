@@ -1,0 +1,99 @@
+"""The report's predictions: MC passes average probabilities (not logits), members and passes
+pool into one mean and std, and one-shot prediction returns the logits."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ctrcal.data.loader import Batch
+from ctrcal.eval.predictive import predict_split
+
+NOISE = 2.0  # logit noise of a pass: large, so a mean of logits would be far off
+
+
+class _NoisyLogit(nn.Module):
+    """An MC layer in the protocol's sense (an ``mc_sampling`` flag): N(0, NOISE²) per row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mc_sampling = False
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return z + NOISE * torch.randn_like(z) if self.mc_sampling else z
+
+
+class _Model(nn.Module):
+    def __init__(self, shift: float) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 1)
+        with torch.no_grad():
+            self.lin.weight.copy_(torch.tensor([[1.5, -1.0, 0.5]]))
+            self.lin.bias.fill_(shift)
+        self.noise = _NoisyLogit()
+
+    def forward(self, categorical: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
+        return self.noise(self.lin(numeric).squeeze(1))
+
+
+def _batch(rows: int = 100) -> Batch:
+    g = torch.Generator().manual_seed(0)
+    num = torch.randn(rows, 3, generator=g) * 1.5
+    return Batch(torch.zeros(rows, 1, dtype=torch.long), num, torch.zeros(rows))
+
+
+def _reference(models, batch: Batch, passes: int):
+    """(mean, population std) over ``passes`` explicit noisy passes of every model."""
+    with torch.no_grad():
+        z = torch.cat([m.lin(batch.numeric).squeeze(1).expand(passes, -1) for m in models])
+        p = torch.sigmoid(z + NOISE * torch.randn_like(z)).double()
+    std, mean = torch.std_mean(p, dim=0, correction=0)
+    return mean, std
+
+
+def _assert_std_close(std, ref_std):
+    # a std from a few hundred skewed samples is within ~10 % per row; the row average is
+    # much closer
+    assert ((std / ref_std - 1).abs() < 0.3).all()
+    assert abs(float(std.mean() / ref_std.mean()) - 1) < 0.03
+
+
+def test_mc_passes_average_probabilities_with_their_std():
+    model, batch, n = _Model(0.0), _batch(), 400
+    one = predict_split([model], batch, batch_size=32, device="cpu")
+    with torch.no_grad():
+        z = model.lin(batch.numeric).squeeze(1).double()
+    torch.testing.assert_close(torch.from_numpy(one.logits), z, rtol=1e-6, atol=1e-6)
+    assert one.std is None
+    torch.manual_seed(1)
+    mc = predict_split([model], batch, batch_size=32, device="cpu", mc_samples=n)
+    assert mc.logits is None and not model.noise.mc_sampling  # switched off again
+    mean, std = torch.from_numpy(mc.probs), torch.from_numpy(mc.std)
+    torch.manual_seed(2)
+    ref_mean, ref_std = _reference([model], batch, 4000)
+    se = ref_std / n**0.5
+    assert ((mean - ref_mean).abs() < 5 * se + 1e-9).all()
+    # the mean of probabilities, not the probability of the mean logit: they differ by about
+    # 0.08 where |z| > 1.5 (Jensen's gap), against standard errors of about 0.01
+    far = z.abs() > 1.5
+    assert far.sum() > 20
+    assert (mean - torch.sigmoid(z)).abs()[far].mean() > 5 * se[far].mean()
+    _assert_std_close(std, ref_std)
+
+
+def test_an_ensemble_pools_members_and_passes():
+    members, batch, n = [_Model(-1.0), _Model(1.0)], _batch(), 300
+    torch.manual_seed(3)
+    mc = predict_split(members, batch, batch_size=50, device="cpu", mc_samples=n)
+    torch.manual_seed(4)
+    ref_mean, ref_std = _reference(members, batch, 3000)
+    mean, std = torch.from_numpy(mc.probs), torch.from_numpy(mc.std)
+    se = ref_std / (2 * n) ** 0.5
+    assert ((mean - ref_mean).abs() < 5 * se + 1e-9).all()
+    _assert_std_close(std, ref_std)
+    # without MC passes: the plain mean of the members' probabilities, and their spread
+    plain = predict_split(members, batch, batch_size=50, device="cpu")
+    with torch.no_grad():
+        p = torch.stack([torch.sigmoid(m.lin(batch.numeric).squeeze(1)) for m in members])
+    torch.testing.assert_close(torch.from_numpy(plain.probs).float(), p.mean(0))
+    torch.testing.assert_close(torch.from_numpy(plain.std).float(), p.std(0, correction=0))
