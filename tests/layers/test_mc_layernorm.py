@@ -561,8 +561,8 @@ def test_mc_predict_chunked_equals_unchunked():
     se_mean = full_std * math.sqrt(2 / n)
     assert ((mean - full_mean).abs() < 5 * se_mean).all(), (mean - full_mean) / se_mean
     # two std estimates from n samples each: relative error ~ sqrt(2 / (2n)) = 5 % for normal
-    # samples; 20 % leaves room for skewed per-row distributions of probabilities
-    assert ((std / full_std - 1).abs() < 0.2).all(), std / full_std
+    # samples; 30 % leaves room for skewed per-row distributions of probabilities
+    assert ((std / full_std - 1).abs() < 0.3).all(), std / full_std
 
 
 def test_mc_predict_argument_checks_and_plain_models():
