@@ -28,6 +28,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ctrcal.data.feature_map import FEATURE_MAP_FILE
 from ctrcal.errors import ConfigError, CtrcalError, DataError
 
 if TYPE_CHECKING:
@@ -57,7 +58,6 @@ __all__ = [
 ]
 
 CONFIG_FILE = "config.yaml"
-FEATURE_MAP_FILE = "feature_map.json"
 DATA_FILE = "data.json"
 METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "result.json"

@@ -426,7 +426,9 @@ def _prepare_into(
         "source_hash": key,
         "layout": layout,
         "sources": [
-            {"path": str(s.path), "layout": s.fmt.layout,
+            # generated data lives in a temporary file: record what made it, not that path,
+            # so two identical preparations write identical feature maps
+            {"path": "<synthetic>" if synthetic_info else str(s.path), "layout": s.fmt.layout,
              "split": SPLITS[s.split] if s.split is not None else "split"}
             for s in sources
         ],  # fmt: skip

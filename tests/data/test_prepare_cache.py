@@ -12,6 +12,7 @@ from ctrcal.cli import main
 from ctrcal.config import Config
 from ctrcal.data import features as features_mod
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
+from ctrcal.data.feature_map import FEATURE_MAP_FILE
 from ctrcal.data.features import FeatureMap
 from ctrcal.data.prepare import is_prepared, prepare
 from ctrcal.data.synthetic import generate
@@ -220,3 +221,18 @@ def test_synthetic_from_config_reused_until_changed(tmp_path):
     assert fm.extra["synthetic"]["seed"] == 1 and "oracle" in fm.extra
     assert "true_prob" in pl.read_parquet_schema(tmp_path / "p" / "test" / "part-00000.parquet")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]  # no generated raw file left
+
+
+def test_synthetic_preparations_are_byte_identical(tmp_path):
+    """Generated data is written to a temporary file: its path must not reach the outputs."""
+    from ctrcal.data.prepare import prepare
+
+    cfg = _cfg(min_count=2)
+    cfg.data.synthetic.rows = 1_500
+    for name in ("a", "b"):
+        prepare(None, tmp_path / name, cfg)
+    a = tmp_path / "a"
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    assert files and FEATURE_MAP_FILE in {p.name for p in files}
+    for rel in files:
+        assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
