@@ -41,15 +41,23 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             _rmtree(tmp) if tmp.is_dir() else tmp.unlink()
 
 
-def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
+def remove_stale_temporaries(
+    directory: str | os.PathLike, targets: Iterable[str] = ("*",)
+) -> list[Path]:
     """Delete the temporaries :func:`atomic_path` left in ``directory`` when a kill stopped
     their writer; return what was removed.
 
-    Only for a directory that one process writes at a time (a run directory being resumed):
-    another writer's temporary in flight would be removed too.
+    Only for files that one process writes at a time (a run directory being resumed, a
+    report's own outputs): another writer's temporary in flight would be removed too.
+
+    Args:
+        directory: where the targets live.
+        targets: glob patterns of the target names whose temporaries go (default: all).
     """
     directory = Path(directory)
-    stale = sorted(directory.glob(".*.tmp")) if directory.is_dir() else []
+    if not directory.is_dir():
+        return []
+    stale = sorted({p for t in targets for p in directory.glob(f".{t}.*.tmp")})
     for tmp in stale:
         _rmtree(tmp) if tmp.is_dir() and not tmp.is_symlink() else tmp.unlink(missing_ok=True)
     return stale

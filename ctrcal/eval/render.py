@@ -429,6 +429,10 @@ def _difference_tables(diffs: pd.DataFrame, meta: dict[str, Any], units: dict) -
     return lines
 
 
+# what write_report writes into a report directory (glob patterns of the names)
+REPORT_OUTPUTS = ("results.csv", "summary.json", "report.md", "fig_*.png")
+
+
 def write_report(
     results: pd.DataFrame,
     out_dir: str | Path,

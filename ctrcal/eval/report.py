@@ -56,7 +56,13 @@ from ctrcal.eval.plan import (
     variant_train_config,
 )
 from ctrcal.eval.predictive import Prediction, predict_split
-from ctrcal.eval.render import ReportPaths, _fmt_seconds, finish_message, write_report
+from ctrcal.eval.render import (
+    REPORT_OUTPUTS,
+    ReportPaths,
+    _fmt_seconds,
+    finish_message,
+    write_report,
+)
 from ctrcal.eval.report_calibration import (
     ReportCalibrator,
     SplitFields,
@@ -427,7 +433,7 @@ def run_shift_report(
     from ctrcal.data.features import FeatureMap
     from ctrcal.runs import prepared_data_dir
     from ctrcal.train.splits import require_labelled
-    from ctrcal.utils import resolve_device
+    from ctrcal.utils import remove_stale_temporaries, resolve_device
 
     t_start = time.perf_counter()
     out_dir = Path(out_dir)
@@ -443,6 +449,9 @@ def run_shift_report(
     check_workers(cfg, source)
     slots = worker_slots(cfg, source)  # before any work: a GPU that is not there fails now
     r = cfg.report
+    # a killed report may have left its outputs' temporaries; the data's and the runs'
+    # own temporaries beside them are cleaned by their owners
+    remove_stale_temporaries(out_dir, REPORT_OUTPUTS)
     data_dir = prepared_data_dir(cfg, out_dir, data_dir)
     feature_map = FeatureMap.load(data_dir)
     _check_data_for_shifts(shift_plans, feature_map, data_dir, source)
