@@ -221,29 +221,30 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['step_ms']:>9.1f} {r['rows_per_s']:>9,.0f} {r['gemm_gflops']:>12.0f} "
               f"{r['share_of_gemm_limit']:>13.2f}")  # fmt: skip
     ratios = {}
+
+    def ratio(key: str, num: str, den: str, label: str, fmt: str = ".3f", unit: str = "") -> None:
+        """Step time of ``res[num]`` over ``res[den]``, when both configurations ran."""
+        a, b = res.get(num), res.get(den)
+        if a and b:
+            ratios[key] = a["step_ms"] / b["step_ms"]
+            print(f"{label}: {ratios[key]:{fmt}}{unit}")
+
+    d0 = args.dropout[0]
     for b in args.batch_sizes:
         for p in args.precisions:
             for d in args.dropout:
-                ln, mc = res.get(f"{b}/{p}/layernorm/{d}"), res.get(f"{b}/{p}/mclayernorm/{d}")
-                if ln and mc:
-                    key = f"mc_over_ln/{b}/{p}/{d}"
-                    ratios[key] = mc["step_ms"] / ln["step_ms"]
-                    print(f"MC-LN / LN step time, batch {b}, {p}, dropout {d}: {ratios[key]:.3f}")
+                ratio(f"mc_over_ln/{b}/{p}/{d}", f"{b}/{p}/mclayernorm/{d}",
+                      f"{b}/{p}/layernorm/{d}",
+                      f"MC-LN / LN step time, batch {b}, {p}, dropout {d}")  # fmt: skip
             for n in args.norms:
-                base = res.get(f"{b}/{p}/{n}/{args.dropout[0]}")
                 for d in args.dropout[1:]:
-                    other = res.get(f"{b}/{p}/{n}/{d}")
-                    key = f"dropout_cost/{b}/{p}/{n}/{d}"
-                    ratios[key] = other["step_ms"] / base["step_ms"]
-                    print(f"dropout {d} / dropout {args.dropout[0]} step time, batch {b}, {p}, "
-                          f"{n}: {ratios[key]:.3f}")  # fmt: skip
+                    ratio(f"dropout_cost/{b}/{p}/{n}/{d}", f"{b}/{p}/{n}/{d}", f"{b}/{p}/{n}/{d0}",
+                          f"dropout {d} / dropout {d0} step time, batch {b}, {p}, {n}")  # fmt: skip
         for n in args.norms:
             for d in args.dropout:
-                f32, b16 = res.get(f"{b}/fp32/{n}/{d}"), res.get(f"{b}/bf16/{n}/{d}")
-                if f32 and b16:
-                    key = f"bf16_speedup/{b}/{n}/{d}"
-                    ratios[key] = f32["step_ms"] / b16["step_ms"]
-                    print(f"bf16 speed-up, batch {b}, {n}, dropout {d}: {ratios[key]:.2f}x")
+                # a speed-up: fp32 time over bf16 time
+                ratio(f"bf16_speedup/{b}/{n}/{d}", f"{b}/fp32/{n}/{d}", f"{b}/bf16/{n}/{d}",
+                      f"bf16 speed-up, batch {b}, {n}, dropout {d}", ".2f", "x")  # fmt: skip
     auc = bench_auc(args) if args.auc_rows > 0 else {}
     for p in args.precisions:
         if p in auc:

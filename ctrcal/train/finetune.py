@@ -19,7 +19,7 @@ from torch import nn
 
 from ctrcal.config import Config
 from ctrcal.errors import ConfigError
-from ctrcal.models.registry import create_model
+from ctrcal.models.build import create_model
 
 __all__ = ["finetune_model"]
 

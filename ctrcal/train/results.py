@@ -95,7 +95,7 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Config, Any]:
     Works on finished and on interrupted runs (whatever ``checkpoints/best.pt`` holds).
     """
     from ctrcal.data.feature_map import FeatureMap
-    from ctrcal.models.registry import create_model
+    from ctrcal.models.build import create_model
     from ctrcal.train.checkpoint import load_best
 
     run_dir = Path(run_dir)

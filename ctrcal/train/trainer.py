@@ -40,7 +40,7 @@ from torch import nn
 from ctrcal.config import Config
 from ctrcal.data.loader import Batch
 from ctrcal.errors import ConfigError, CtrcalError, DataError
-from ctrcal.models.registry import create_model
+from ctrcal.models.build import create_model
 from ctrcal.runs import LAST, check_resumable, run_progress, write_run_files
 from ctrcal.train import distributed as dist_util
 from ctrcal.train.checkpoint import (
