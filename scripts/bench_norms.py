@@ -40,8 +40,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ctrcal.layers.mc_grouped import grouped_layer_norm
-from ctrcal.layers.mc_layernorm import MCLayerNorm, kernel_available, mc_grouped_layer_norm
+from ctrcal.layers.mc_layernorm import (
+    MCLayerNorm,
+    grouped_layer_norm,
+    kernel_available,
+    mc_grouped_layer_norm,
+)
 from ctrcal.utils import cpu_model_name
 
 CASES = [

@@ -40,8 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctrcal.layers.mc_grouped import grouped_layer_norm
-from ctrcal.layers.mc_layernorm import MCLayerNorm, mc_grouped_layer_norm
+from ctrcal.layers.mc_layernorm import MCLayerNorm, grouped_layer_norm, mc_grouped_layer_norm
 from ctrcal.layers.registry import create_norm
 
 NUMERIC_EMBEDDINGS = ("linear", "scaled", "bucket")

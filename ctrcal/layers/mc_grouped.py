@@ -18,12 +18,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ctrcal.layers.mc_layernorm import (
     MCLayerNorm,
     _resolve_backend,
+    grouped_layer_norm,
     mc_grouped_layer_norm,
     mc_subset_size,
 )
@@ -190,15 +190,3 @@ class GroupedMCLayerNorm(nn.Module):
             f"fields={self.num_fields}, dim={self.dim}, eps={self.eps}, "
             f"fraction={self.fraction}, k={self.subset_size}"
         )
-
-
-def grouped_layer_norm(
-    input: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
-) -> Tensor:
-    """Per-field LayerNorm of ``[..., F, D]`` over D with ``[F, D]`` affine (one-shot)."""
-    y = F.layer_norm(input, (input.shape[-1],), None, None, eps)
-    if weight is not None:
-        y = y * weight
-    if bias is not None:
-        y = y + bias
-    return y

@@ -76,6 +76,7 @@ from ctrcal.layers.spec import MC_BACKENDS, mc_subset_size
 __all__ = [
     "BACKENDS",
     "MCLayerNorm",
+    "grouped_layer_norm",
     "kernel_available",
     "mc_grouped_layer_norm",
     "mc_layer_norm",
@@ -87,6 +88,7 @@ __all__ = [
 ]
 
 _ShapeLike = int | Sequence[int] | torch.Size
+
 
 def _check_k(n: int, k: int) -> None:
     if not 0 <= k <= n:
@@ -297,15 +299,51 @@ def mc_grouped_layer_norm(
     if mask is None:
         k = subset_size if subset_size is not None else mc_subset_size(d, fraction)
         if k == d:  # the full set: per-field LayerNorm
-            y = F.layer_norm(input, (d,), None, None, eps)
-            if weight is not None:
-                y = y * weight
-            return y + bias if bias is not None else y
+            return grouped_layer_norm(input, weight, bias, eps)
     else:
         k = 0
     x = input.reshape(-1, d)
     y = _normalize_rows(x, weight, bias, groups, k, eps, mask, generator, backend)
     return y.reshape(input.shape)
+
+
+def grouped_layer_norm(
+    input: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
+) -> Tensor:
+    """Per-field LayerNorm of ``input [..., G, D]`` over D with field g's affine ``[G, D]`` row.
+
+    On CPU float32/float64 tensors it runs as the C kernel with the full set (k = D: no draw,
+    statistics over the whole row), one fused pass forward and one backward; elsewhere
+    ``F.layer_norm`` followed by the stacked affine. The fused path matters for fair
+    comparisons: the unfused one costs about twice the kernel's time at (4096, 39, 16), which
+    would make per-field MC-LayerNorm look cheaper than it is against per-field LayerNorm.
+
+    Args:
+        input: [..., G, D].
+        weight: [G, D] or None.
+        bias: [G, D] or None.
+        eps: added to the variance inside the square root.
+
+    Returns:
+        Tensor of the input's shape and dtype.
+    """
+    d = int(input.shape[-1])
+    if (
+        input.dtype in (torch.float32, torch.float64)
+        and input.device.type == "cpu"
+        and input.numel() > 0
+        and _use_kernel(None, input.device)
+    ):
+        groups = int(input.shape[-2])
+        w = weight.to(input.dtype) if weight is not None else None
+        b = bias.to(input.dtype) if bias is not None else None
+        x = input.reshape(-1, d).contiguous()
+        y = mcln_kernel.KernelMCLayerNorm.apply(x, w, b, d, eps, 0, groups)
+        return y.reshape(input.shape)
+    y = F.layer_norm(input, (d,), None, None, eps)
+    if weight is not None:
+        y = y * weight
+    return y + bias if bias is not None else y
 
 
 def _check_devices(input: Tensor, *params: Tensor | None) -> None:

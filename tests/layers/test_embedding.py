@@ -173,6 +173,58 @@ def test_fieldnorm_fused_layernorm_equals_per_field_layers():
     torch.testing.assert_close(norm(x), expected)
 
 
+@pytest.mark.parametrize("backend", ["c", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fieldnorm_fused_layernorm_gradients_equal_per_field_layers(monkeypatch, backend, dtype):
+    """The fused per-field LayerNorm (the C kernel with the full set on CPU, or layer_norm and
+    the stacked affine) matches F separate nn.LayerNorm layers in output and every gradient,
+    also for rows far from zero (the kernel's moments are shifted, not raw sums)."""
+    from ctrcal.layers import mcln_kernel
+
+    if backend == "c" and not mcln_kernel.kernel_available():
+        pytest.skip("the C kernel does not build here")
+    monkeypatch.setenv("CTRCAL_MCLN_BACKEND", backend)
+    torch.manual_seed(0)
+    fields, dim = 6, 16
+    norm = FieldNorm(fields, dim, "layernorm").to(dtype)
+    for n in norm.norms:
+        nn.init.normal_(n.weight)
+        nn.init.normal_(n.bias)
+    reference = [nn.LayerNorm(dim).to(dtype) for _ in range(fields)]
+    for ref, n in zip(reference, norm.norms, strict=True):
+        ref.load_state_dict(n.state_dict())
+    x = (torch.randn(33, fields, dim, dtype=dtype) * 3 + 1e3).requires_grad_()
+    x_ref = x.detach().clone().requires_grad_()
+    dy = torch.randn(33, fields, dim, dtype=dtype)
+    y = norm(x)
+    y_ref = torch.stack([ref(x_ref[:, i]) for i, ref in enumerate(reference)], dim=1)
+    (y * dy).sum().backward()
+    (y_ref * dy).sum().backward()
+    tol = {"atol": 2e-4, "rtol": 1e-4} if dtype == torch.float32 else {}
+    torch.testing.assert_close(y, y_ref, **tol)
+    torch.testing.assert_close(x.grad, x_ref.grad, **tol)
+    for ref, n in zip(reference, norm.norms, strict=True):
+        torch.testing.assert_close(n.weight.grad, ref.weight.grad, **tol)
+        torch.testing.assert_close(n.bias.grad, ref.bias.grad, **tol)
+
+
+def test_fused_layernorm_runs_the_kernel_on_cpu(monkeypatch):
+    """On CPU the per-field LayerNorm is one kernel call, not layer_norm plus the affine."""
+    from ctrcal.layers import mc_layernorm, mcln_kernel
+
+    if not mcln_kernel.kernel_available():
+        pytest.skip("the C kernel does not build here")
+    monkeypatch.delenv("CTRCAL_MCLN_BACKEND", raising=False)
+    calls = []
+    real = mcln_kernel.KernelMCLayerNorm.apply
+    monkeypatch.setattr(
+        mcln_kernel.KernelMCLayerNorm, "apply", lambda *a: calls.append(a[3]) or real(*a)
+    )
+    monkeypatch.setattr(mc_layernorm.F, "layer_norm", None)  # any use of it fails
+    FieldNorm(4, 8, "layernorm")(torch.randn(5, 4, 8))
+    assert calls == [8]  # k = D: the full set
+
+
 def test_fieldnorm_takes_any_registry_norm():
     norm = FieldNorm(3, 8, "mclayernorm")
     assert all(isinstance(n, MCLayerNorm) for n in norm.norms)
