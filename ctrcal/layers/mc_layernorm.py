@@ -39,7 +39,8 @@ between rows):
   the statistics are a plain pass over the row corrected on them, and so is the backward.
   Statistics, output and backward are fused; built for the machine's own vector
   instructions. Cost grows with d (f near 0.5 costs most); see ``scripts/bench_norms.py``.
-  No double backward (``once_differentiable``).
+  No double backward (``once_differentiable``). Registered with ``torch.library`` as well,
+  so a ``torch.compile`` graph on CPU keeps the kernel (eager calls skip the op dispatch).
 * ``triton`` (default for CUDA tensors when triton is installed): one fused forward and one
   fused backward kernel (:mod:`ctrcal.layers.mcln_triton`); each row's exact-k subset comes
   from Philox bits keyed by a seed and the element's position, kept as one bit per element
@@ -338,7 +339,7 @@ def grouped_layer_norm(
         w = weight.to(input.dtype) if weight is not None else None
         b = bias.to(input.dtype) if bias is not None else None
         x = input.reshape(-1, d).contiguous()
-        y = mcln_kernel.KernelMCLayerNorm.apply(x, w, b, d, eps, 0, groups)
+        y = mcln_kernel.kernel_mc_layer_norm(x, w, b, d, eps, _NO_DRAW, groups)
         return y.reshape(input.shape)
     y = F.layer_norm(input, (d,), None, None, eps)
     if weight is not None:
@@ -380,14 +381,12 @@ def _normalize_rows(
                     raise
                 _triton().mark_broken(exc)
         elif choice == "c":
-            key = _draw_key(generator, x.device)
+            key = _draw_key_tensor(generator, x.device)
             w = weight.to(compute) if weight is not None else None
             b = bias.to(compute) if bias is not None else None
-            # the kernel's own autograd node runs no autocast-listed op: no need to switch
-            # autocast off around it (which costs as much as the rest of the call at small sizes)
-            y = mcln_kernel.KernelMCLayerNorm.apply(
-                x.to(compute).contiguous(), w, b, k, eps, key, groups
-            )
+            # the kernel's own op runs no autocast-listed op: no need to switch autocast off
+            # around it (which costs as much as the rest of the call at small sizes)
+            y = mcln_kernel.kernel_mc_layer_norm(x.to(compute), w, b, k, eps, key, groups)
             return y.to(x.dtype)
     if mask is None:
         mask = _torch_subset_mask(rows, n, k, generator, x.device, compute)
@@ -463,8 +462,8 @@ def _choose_backend(backend: str | None, device: torch.device, width: int) -> st
         return "triton" if _triton().triton_usable(device, width) else "torch"
     if device.type == "cuda":
         return "triton" if _triton().triton_usable(device, width) else "torch"
-    if device.type != "cpu" or _is_compiling():
-        return "torch"  # graphs being compiled on CPU get the traceable torch ops
+    if device.type != "cpu":
+        return "torch"
     return "c" if _c_kernel_ready() else "torch"
 
 
@@ -488,16 +487,32 @@ def _c_kernel_ready() -> bool:
     return True
 
 
+# A graph being compiled asks once, at trace time, and keeps the answer as a constant (the
+# build behind it takes a lock dynamo cannot trace). This is the mark that
+# torch.compiler.assume_constant_result sets; calling that would import torch._dynamo (about
+# a second, and triton with it) into every process that imports this module.
+_c_kernel_ready._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
 def _is_compiling() -> bool:
     check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
     return bool(check()) if check is not None else False
 
 
-def _draw_key(generator: torch.Generator | None, device: torch.device) -> int:
-    """One 63-bit draw from torch's RNG (or ``generator``) keying every row's stream."""
+def _draw_key_tensor(generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """One 63-bit draw from torch's RNG (or ``generator``) keying every row's stream, as a
+    one-element int64 tensor (a compiled graph keeps the draw without reading it back)."""
     gen_device = generator.device if generator is not None else device
-    key = torch.randint(0, 2**63 - 1, (1,), generator=generator, device=gen_device)
-    return int(key.item())
+    return torch.randint(0, 2**63 - 1, (1,), generator=generator, device=gen_device)
+
+
+def _draw_key(generator: torch.Generator | None, device: torch.device) -> int:
+    """:func:`_draw_key_tensor` read back as an int."""
+    return int(_draw_key_tensor(generator, device).item())
+
+
+# the key of a LayerNorm run through the kernel (k = N draws nothing)
+_NO_DRAW = torch.zeros(1, dtype=torch.int64)
 
 
 class MCLayerNorm(nn.LayerNorm):

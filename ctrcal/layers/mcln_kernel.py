@@ -272,7 +272,7 @@ def kernel_available() -> bool:
 
 
 class KernelMCLayerNorm(torch.autograd.Function):
-    """Autograd wrapper of the C kernel on x [R, N] (float32/float64, contiguous).
+    """Eager autograd wrapper of the C kernel on x [R, N] (float32/float64, contiguous).
 
     ``weight``/``bias`` are [groups, N] (or None): row r uses affine row ``r % groups``, so
     ``groups = 1`` is the row layer and ``groups = F`` the per-field layer on [B * F, D].
@@ -280,14 +280,10 @@ class KernelMCLayerNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, k, eps, key, groups=1):  # type: ignore[override]
-        kernel = get_kernel()
-        w = weight.contiguous() if weight is not None else None
-        b = bias.contiguous() if bias is not None else None
-        y, idx, mean, rstd = kernel.forward(x, w, b, k, eps, key, groups)
-        ctx.save_for_backward(x, w, idx, mean, rstd)
-        ctx.k = k
-        ctx.groups = groups
-        ctx.bias_shape = b.shape if b is not None else None
+        y, idx, mean, rstd = get_kernel().forward(x, weight, bias, k, eps, key, groups)
+        ctx.save_for_backward(x, weight, idx, mean, rstd)
+        ctx.k, ctx.groups = k, groups
+        ctx.bias_shape = bias.shape if bias is not None else None
         return y
 
     @staticmethod
@@ -306,3 +302,105 @@ class KernelMCLayerNorm(torch.autograd.Function):
             None,
             None,
         )
+
+
+# torch.library ops: opaque to torch.compile, so a compiled CPU graph keeps the kernel instead
+# of tracing the pure-torch path (10-20x slower). Eager calls take the autograd Function above:
+# the first eager call of a custom op imports torch._dynamo (about a second, and triton with
+# it), which a CPU process that never compiles should not pay.
+
+
+@torch.library.custom_op("ctrcal::mc_layer_norm_cpu_fwd", mutates_args=())
+def mc_layer_norm_cpu_fwd(
+    x: Tensor, weight: Tensor | None, bias: Tensor | None, key: Tensor, groups: int, k: int,
+    eps: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """Fused forward on x [R, N] float32/float64 contiguous, affine [groups, N] or None, the
+    rows' key a one-element int64 tensor: (y [R, N], positions [R, d] int32, mean [R],
+    rstd [R])."""
+    return get_kernel().forward(x, weight, bias, k, eps, int(key.item()), groups)
+
+
+@mc_layer_norm_cpu_fwd.register_fake
+def _(x, weight, bias, key, groups, k, eps):
+    rows, n = x.shape
+    d, _ = small_side(n, k)
+    stats = x.new_empty(rows)
+    return torch.empty_like(x), x.new_empty(rows, d, dtype=torch.int32), stats, stats.clone()
+
+
+@torch.library.custom_op("ctrcal::mc_layer_norm_cpu_bwd", mutates_args=())
+def mc_layer_norm_cpu_bwd(
+    dy: Tensor, x: Tensor, weight: Tensor | None, idx: Tensor, mean: Tensor, rstd: Tensor,
+    groups: int, k: int,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Fused backward: (dx [R, N], dweight [groups, N] (empty [0] without weight),
+    dbias [groups, N])."""
+    dx, dw, db = get_kernel().backward(dy, x, weight, idx, mean, rstd, k, groups)
+    return dx, dw if dw is not None else x.new_empty(0), db
+
+
+@mc_layer_norm_cpu_bwd.register_fake
+def _(dy, x, weight, idx, mean, rstd, groups, k):
+    part = x.new_empty(groups, x.shape[1])
+    return torch.empty_like(x), part if weight is not None else x.new_empty(0), part.clone()
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, weight, bias, _key, groups, k, _eps = inputs
+    _y, idx, mean, rstd = output
+    ctx.save_for_backward(x, weight, idx, mean, rstd)
+    ctx.groups, ctx.k = groups, k
+    ctx.bias_shape = bias.shape if bias is not None else None
+
+
+def _backward(ctx, dy, _didx, _dmean, _drstd):
+    x, weight, idx, mean, rstd = ctx.saved_tensors
+    dx, dw, db = mc_layer_norm_cpu_bwd(
+        dy.contiguous(), x, weight, idx, mean, rstd, ctx.groups, ctx.k
+    )
+    return (
+        dx,
+        dw.reshape(weight.shape) if weight is not None else None,
+        db.reshape(ctx.bias_shape) if ctx.bias_shape is not None else None,
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+mc_layer_norm_cpu_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def kernel_mc_layer_norm(
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    k: int,
+    eps: float,
+    key: Tensor,
+    groups: int = 1,
+) -> Tensor:
+    """MC-LayerNorm of x [R, N] (float32/float64) by the C kernel, differentiable.
+
+    Args:
+        x: [R, N]; row r takes affine row ``r % groups``.
+        weight: [groups, N] (or [N] when groups is 1) or None.
+        bias: like weight.
+        k: subset size; k = N is LayerNorm (no draw).
+        eps: added to the variance inside the square root.
+        key: one-element int64 CPU tensor keying every row's draw.
+        groups: affine rows: 1 for the row layer, F for the per-field layer on [B * F, D].
+
+    Returns:
+        y [R, N].
+    """
+    n = x.shape[1]
+    w = weight.reshape(groups, n).contiguous() if weight is not None else None
+    b = bias.reshape(groups, n).contiguous() if bias is not None else None
+    x = x.contiguous()
+    if torch.compiler.is_compiling():
+        y, _idx, _mean, _rstd = mc_layer_norm_cpu_fwd(x, w, b, key, groups, k, eps)
+        return y
+    return KernelMCLayerNorm.apply(x, w, b, k, eps, int(key.item()), groups)

@@ -216,9 +216,9 @@ def test_fused_layernorm_runs_the_kernel_on_cpu(monkeypatch):
         pytest.skip("the C kernel does not build here")
     monkeypatch.delenv("CTRCAL_MCLN_BACKEND", raising=False)
     calls = []
-    real = mcln_kernel.KernelMCLayerNorm.apply
+    real = mcln_kernel.kernel_mc_layer_norm
     monkeypatch.setattr(
-        mcln_kernel.KernelMCLayerNorm, "apply", lambda *a: calls.append(a[3]) or real(*a)
+        mcln_kernel, "kernel_mc_layer_norm", lambda *a: calls.append(a[3]) or real(*a)
     )
     monkeypatch.setattr(mc_layernorm.F, "layer_norm", None)  # any use of it fails
     FieldNorm(4, 8, "layernorm")(torch.randn(5, 4, 8))
