@@ -191,7 +191,7 @@ if HAVE_TRITON:
     def _mcln_fwd_kernel(
         X, W, B, Y, MEAN, RSTD, BITS, SEED,
         samples, groups, n, nbytes, k, eps,
-        HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+        HAS_W: tl.constexpr, HAS_B: tl.constexpr, FULL: tl.constexpr,
         SB: tl.constexpr, GB: tl.constexpr, NB: tl.constexpr,
     ):  # fmt: skip
         seed = tl.load(SEED)
@@ -204,7 +204,10 @@ if HAVE_TRITON:
         ok = row_ok[:, None] & (cols[None, :] < n)
         at = rows[:, None] * n + cols[None, :]
         x = tl.load(X + at, mask=ok, other=0.0).to(tl.float32)
-        sel = _subset(seed, rows, cols, n, k)
+        if FULL:  # LayerNorm: no random bits, no search
+            sel = ok
+        else:
+            sel = _subset(seed, rows, cols, n, k)
         mean = tl.sum(tl.where(sel, x, 0.0), axis=1) / k
         xc = x - mean[:, None]
         var = tl.sum(tl.where(sel, xc * xc, 0.0), axis=1) / k
@@ -339,7 +342,7 @@ def _forward_impl(
     _mcln_fwd_kernel[grid](
         x, weight if weight is not None else x, bias if bias is not None else x,
         y, mean, rstd, bits, seed, samples, groups, n, _mask_bytes(n), k, eps,
-        HAS_W=weight is not None, HAS_B=bias is not None,
+        HAS_W=weight is not None, HAS_B=bias is not None, FULL=k == n,
         SB=sb, GB=gb, NB=nb, num_warps=warps,
     )  # fmt: skip
     return y, mean, rstd, bits
@@ -445,7 +448,12 @@ def triton_mc_layer_norm(
 
     The caller checks :func:`triton_usable` first. Returns y [R, N] in x's dtype.
     """
-    seed = draw_seed(x.device, generator)
+    n = x.shape[1]
+    # the full set (LayerNorm) draws nothing: torch's RNG stream stays as it was
+    if k < n:
+        seed = draw_seed(x.device, generator)
+    else:
+        seed = torch.zeros(1, dtype=torch.int64, device=x.device)
     x = x.contiguous()
     w = weight.reshape(groups, -1).contiguous() if weight is not None else None
     b = bias.reshape(groups, -1).contiguous() if bias is not None else None

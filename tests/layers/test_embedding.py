@@ -173,16 +173,21 @@ def test_fieldnorm_fused_layernorm_equals_per_field_layers():
     torch.testing.assert_close(norm(x), expected)
 
 
-@pytest.mark.parametrize("backend", ["c", "torch"])
+@pytest.mark.parametrize("backend", ["c", "triton", "torch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_fieldnorm_fused_layernorm_gradients_equal_per_field_layers(monkeypatch, backend, dtype):
-    """The fused per-field LayerNorm (the C kernel with the full set on CPU, or layer_norm and
-    the stacked affine) matches F separate nn.LayerNorm layers in output and every gradient,
-    also for rows far from zero (the kernel's moments are shifted, not raw sums)."""
-    from ctrcal.layers import mcln_kernel
+    """The fused per-field LayerNorm (the C or Triton kernel with the full set, or layer_norm
+    and the stacked affine) matches F separate nn.LayerNorm layers in output and every
+    gradient, also for rows far from zero, and draws nothing from torch's RNG."""
+    from ctrcal.layers import mcln_kernel, mcln_triton
 
     if backend == "c" and not mcln_kernel.kernel_available():
         pytest.skip("the C kernel does not build here")
+    if backend == "triton":
+        if not (mcln_triton.HAVE_TRITON and mcln_triton.interpreting()):
+            pytest.skip("triton is not installed, or TRITON_INTERPRET is off")
+        if dtype == torch.float64:
+            pytest.skip("the Triton kernel accumulates in float32")
     monkeypatch.setenv("CTRCAL_MCLN_BACKEND", backend)
     torch.manual_seed(0)
     fields, dim = 6, 16
@@ -196,7 +201,9 @@ def test_fieldnorm_fused_layernorm_gradients_equal_per_field_layers(monkeypatch,
     x = (torch.randn(33, fields, dim, dtype=dtype) * 3 + 1e3).requires_grad_()
     x_ref = x.detach().clone().requires_grad_()
     dy = torch.randn(33, fields, dim, dtype=dtype)
+    rng = torch.get_rng_state()
     y = norm(x)
+    assert torch.equal(torch.get_rng_state(), rng)
     y_ref = torch.stack([ref(x_ref[:, i]) for i, ref in enumerate(reference)], dim=1)
     (y * dy).sum().backward()
     (y_ref * dy).sum().backward()
