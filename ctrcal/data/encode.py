@@ -84,6 +84,7 @@ class Tally:
     bad: int = 0
     with_prob: bool = False
     chunks: int = 0
+    fast: bool = False  # prepared by :mod:`ctrcal.data.fastpath`
 
     def add(self, good: pl.DataFrame | pl.LazyFrame) -> None:
         counts = (
@@ -125,10 +126,20 @@ def encode_in_memory(
     pipe: FeaturePipeline,
     clock: Clock,
 ) -> Tally:
-    """Parse everything into one typed frame in memory, fit, encode each split."""
+    """Parse everything into one typed frame in memory, fit, encode each split: the fast way
+    of :mod:`ctrcal.data.fastpath` when the input allows it, else strictly (bad rows flagged
+    with file, line and column)."""
+    from ctrcal.data.fastpath import encode_fast
+
     work = tmp / "_work"
     for s in sources:
         s.read_path = criteo.decompress(s.path, work) if criteo.is_gzip(s.path) else s.path
+    tally = Tally(with_prob=all(s.prob is not None for s in sources))
+    try:
+        if encode_fast(tmp, sources, plan, pipe, clock, tally, write_split):
+            return tally
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise criteo.read_error([s.path for s in sources], exc) from None
 
     def typed_frame(numbers: bool) -> pl.DataFrame:
         frames = [criteo.scan_typed(s.read_path, s.fmt, i, numbers) for i, s in enumerate(sources)]
@@ -183,13 +194,17 @@ def encode_in_memory(
             enc = pipe.encode(parts[k], keep=keep)
             parts[k] = None  # type: ignore[call-overload]
             clock.add("encode")
-            enc.write_parquet(tmp / name / "part-00000.parquet", compression="snappy",
-                              statistics=False, row_group_size=ROW_GROUP_ROWS)  # fmt: skip
+            write_split(enc, tmp / name / "part-00000.parquet")
             del enc
             clock.add("write")
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise criteo.read_error([s.path for s in sources], exc) from None
     return tally
+
+
+def write_split(enc: pl.DataFrame, path: Path) -> None:
+    """One split's encoded rows as one parquet file (the in-memory paths)."""
+    enc.write_parquet(path, compression="snappy", statistics=False, row_group_size=ROW_GROUP_ROWS)
 
 
 def _parse_chunk(

@@ -533,6 +533,18 @@ class FitStats:
                 self._tables[name].add(counts)
         return self
 
+    def add_counts(self, name: str, counts: pl.DataFrame, nulls: int) -> None:
+        """Add one field's counts computed elsewhere (``value``, ``count`` over non-null
+        values, the field's dtype: uint32 categorical, float64 numeric) and its null count;
+        the rows they came from are added once with :meth:`add_rows`."""
+        self.nulls[name] += int(nulls)
+        if counts.height:
+            self._tables[name].add(counts)
+
+    def add_rows(self, rows: int) -> None:
+        """Count ``rows`` more rows (see :meth:`add_counts`)."""
+        self.rows += int(rows)
+
     def counts(self, name: str) -> pl.DataFrame:
         """``value``, ``count`` of one field (non-null values only)."""
         return self._tables[name].result()

@@ -453,6 +453,7 @@ def _prepare_into(
         "numeric_transform": transform,
         "read_rows": sum(rows.values()) + bad,
         "path": "chunked" if chunked else "memory",
+        "fast_path": tally.fast,
         "chunks": tally.chunks,
         "timings": clock.laps,
     }
