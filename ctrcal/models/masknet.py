@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
-from ctrcal.layers.mask_block import MaskBlock
+from ctrcal.layers.mask_block import MaskBlock, mask_hidden_layers
 from ctrcal.layers.spec import is_no_norm
 from ctrcal.models.build import create_model
 
@@ -144,12 +144,22 @@ class MaskNet(nn.Module):
         emb = self.embedding(categorical, numeric)
         v_emb = emb.flatten(1)
         v_in = v_emb if self.emb_norm is None else self.emb_norm(emb).flatten(1)
+        # every mask reads v_emb: their first layers run as one product (see the function)
+        hidden = mask_hidden_layers(self.blocks, v_emb)
+        if hidden is None:
+            hidden = [None] * len(self.blocks)
         if self.variant == "serial":
             h = v_in
-            for blk in self.blocks:
-                h = blk(v_emb, h)
+            for blk, mask_hidden in zip(self.blocks, hidden, strict=True):
+                h = blk(v_emb, h, mask_hidden=mask_hidden)
         else:
-            h = torch.cat([blk(v_emb, v_in) for blk in self.blocks], dim=1)
+            h = torch.cat(
+                [
+                    blk(v_emb, v_in, mask_hidden=m)
+                    for blk, m in zip(self.blocks, hidden, strict=True)
+                ],
+                dim=1,
+            )
         return self.head(h).squeeze(-1)
 
 
@@ -168,4 +178,3 @@ def build_model(model_cfg: Any, feature_map: Any) -> nn.Module:
         ConfigError: when the config and the feature map do not fit together.
     """
     return create_model(model_cfg, feature_map)
-

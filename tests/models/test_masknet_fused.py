@@ -1,0 +1,93 @@
+"""MaskNet's fused mask first layers: the same model as running the blocks one by one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ctrcal.models.masknet as masknet_module
+from ctrcal.layers.mask_block import mask_hidden_layers
+from ctrcal.models.masknet import MaskNet
+
+VOCAB = [11, 5, 7]
+FN = 4
+D = 6
+
+
+def _inputs(b: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    cat = torch.stack([torch.randint(0, v, (b,), generator=g) for v in VOCAB], dim=1)
+    return cat, torch.randn(b, FN, generator=g)
+
+
+def _pair(dtype: torch.dtype, **kwargs) -> tuple[MaskNet, MaskNet]:
+    torch.manual_seed(0)
+    args = {"vocab_sizes": VOCAB, "num_numeric": FN, "embedding_dim": D,
+            "hidden_units": [16, 12, 9], "reduction_ratio": 0.5, "embedding_init_std": 0.5,
+            **kwargs}  # fmt: skip
+    a = MaskNet(**args).to(dtype)
+    b = MaskNet(**args).to(dtype)
+    b.load_state_dict(a.state_dict())  # the same checkpoint drives both paths
+    with torch.no_grad():  # non-zero biases, so a bias mixed up between blocks would show
+        for m in (a, b):
+            torch.manual_seed(1)
+            for blk in m.blocks:
+                blk.mask_layer[0].bias.normal_()
+    return a, b
+
+
+def _run(model: MaskNet, fused: bool, monkeypatch, dtype) -> tuple[torch.Tensor, dict]:
+    with monkeypatch.context() as mp:
+        if not fused:
+            mp.setattr(masknet_module, "mask_hidden_layers", lambda blocks, v: None)
+        cat, num = _inputs()
+        out = model(cat, num.to(dtype))
+        (out * torch.linspace(-1, 1, out.numel(), dtype=dtype)).sum().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("variant", ["serial", "parallel"])
+@pytest.mark.parametrize(
+    "dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)], ids=["f64", "f32"]
+)
+def test_fused_equals_block_by_block(variant, dtype, tol, monkeypatch):
+    # float64 pins the arithmetic down (only the summation order may differ); float32 shows
+    # the reassociation stays at float32 rounding
+    fused_model, plain_model = _pair(
+        dtype, variant=variant, num_blocks=3, block_dim=10, mlp_hidden_units=[9]
+    )
+    out_f, grads_f = _run(fused_model.eval(), True, monkeypatch, dtype)
+    out_p, grads_p = _run(plain_model.eval(), False, monkeypatch, dtype)
+    torch.testing.assert_close(out_f, out_p, rtol=tol, atol=tol)
+    assert grads_f.keys() == grads_p.keys()
+    for name in grads_p:
+        torch.testing.assert_close(grads_f[name], grads_p[name], rtol=tol, atol=tol, msg=name)
+    firsts = [n for n in grads_f if n.endswith("mask_layer.0.weight")]
+    assert len(firsts) == 3 and all(grads_f[n].abs().sum() > 0 for n in firsts)
+
+
+def test_fused_path_is_taken_and_splits_per_block():
+    _, model = _pair(torch.float32)
+    v_emb = torch.randn(5, model.embedding.output_dim)
+    hidden = mask_hidden_layers(model.blocks, v_emb)
+    assert hidden is not None
+    assert [h.shape for h in hidden] == [(5, b.mask_layer[0].out_features) for b in model.blocks]
+    for h, blk in zip(hidden, model.blocks, strict=True):
+        torch.testing.assert_close(h, torch.relu(blk.mask_layer[0](v_emb)))
+
+
+def test_a_hooked_or_replaced_first_layer_runs_block_by_block():
+    _, model = _pair(torch.float32)
+    calls = []
+    model.blocks[1].mask_layer[0].register_forward_hook(lambda *a: calls.append(1))
+    cat, num = _inputs()
+    model(cat, num)
+    assert calls == [1]  # the hook saw its layer run
+    assert mask_hidden_layers(model.blocks, torch.randn(2, model.embedding.output_dim)) is None
+    _, model = _pair(torch.float32)
+    model.blocks[0].mask_layer[1] = torch.nn.GELU()
+    assert mask_hidden_layers(model.blocks, torch.randn(2, model.embedding.output_dim)) is None
+    cat, num = _inputs()
+    with_gelu = model(cat, num)
+    model.blocks[0].mask_layer[1] = torch.nn.ReLU()
+    assert not torch.allclose(with_gelu, model(cat, num))  # the GELU really ran
