@@ -9,12 +9,19 @@ stock operators is the cost on the CPU:
 
 * **The mask.** ``torch.bernoulli_`` draws one random number per element through a generic
   path (about 10 ns per element on a Zen 4 core, 40 ms for a 10000 x 400 activation). Here
-  the keep decision is ``u < t`` for a uniform 32-bit integer ``u`` and ``t = round((1 - p)
-  * 2**32)``, so the keep rate is ``1 - p`` to within 2**-32 (finer than float32 uniforms);
-  the integers come from numpy's PCG64 bit generator (``random_raw``: about 1 ns per 64 bits)
-  keyed by one 63-bit draw from torch's default generator per call. ``torch.manual_seed``
-  therefore fixes every mask, and saving/restoring torch's RNG state (as checkpoints do)
-  replays them; different seeds give independent masks.
+  element ``i`` (flat index) is kept when ``u_i < t`` for ``t = round((1 - p) * 2**32)`` and
+  ``u_i`` the high 32 bits of SplitMix64's output function applied to ``key + (i + 1) *
+  0x9E3779B97F4A7C15`` (SplitMix64's own counter sequence), so the keep rate is ``1 - p`` to
+  within 2**-32 (finer than float32 uniforms). ``key`` is one 63-bit draw from torch's
+  default generator per call: ``torch.manual_seed`` therefore fixes every mask, and
+  saving/restoring torch's RNG state (as checkpoints do) replays them; different seeds give
+  independent masks. Every ``u_i`` is a pure function of ``(key, i)``, so no random state
+  is carried from element to element.
+* **The kernel.** On the CPU a small C kernel (``dropout_kernel.c``, compiled once per
+  machine like the MC-LayerNorm kernel) computes the draw, the ReLU and the scaling in one
+  vectorised pass over the activation, and the backward in another, on row chunks in
+  parallel. Without a C compiler the same masks come from the same function written in
+  torch (slower, identical results).
 * **The node.** The backward is ``grad * scale`` where the output is positive and 0
   elsewhere: the output (saved anyway as the next layer's input) is all it needs, so no mask
   is stored and ReLU's own backward pass disappears.
@@ -24,41 +31,148 @@ Other devices (CUDA has a fused dropout kernel) and ``p == 0`` take the stock op
 
 from __future__ import annotations
 
-import numpy as np
+import ctypes
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = ["dropout_keep_mask", "relu_dropout", "run_sequential"]
 
-_INT32_OFFSET = 1 << 31
+_GOLDEN = 0x9E3779B97F4A7C15
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+_MIN_CHUNK = 1 << 16  # elements per thread at least (below that a thread costs more)
+_KERNEL_DTYPES = (torch.float32, torch.float64)
 
 
 def _keep_threshold(p: float) -> int:
-    """Signed int32 threshold ``s`` with P(int32 draw < s) = round((1 - p) * 2**32) / 2**32."""
-    keep = round((1.0 - p) * (1 << 32))
-    return min(keep, (1 << 32) - 1) - _INT32_OFFSET
+    """``t`` with P(uniform 32-bit draw < t) = round((1 - p) * 2**32) / 2**32."""
+    return round((1.0 - p) * (1 << 32))
+
+
+def _draw_key() -> int:
+    """One 63-bit key from torch's default CPU generator (what seeds a call's mask)."""
+    return int(torch.randint(0, (1 << 63) - 1, ()))
+
+
+def _as_int64(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _shift_right(z: Tensor, bits: int) -> Tensor:
+    """Logical right shift of int64 bit patterns (torch's ``>>`` is arithmetic)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _keep_mask_torch(n: int, key: int, threshold: int) -> Tensor:
+    """The kernel's mask for elements ``0..n-1``, in torch (int64 arithmetic wraps mod 2**64)."""
+    z = torch.arange(1, n + 1, dtype=torch.int64).mul_(_as_int64(_GOLDEN)).add_(key)
+    z = (z ^ _shift_right(z, 30)).mul_(_as_int64(_MIX1))
+    z = (z ^ _shift_right(z, 27)).mul_(_as_int64(_MIX2))
+    z = z ^ _shift_right(z, 31)
+    return _shift_right(z, 32) < threshold
+
+
+class _Kernel:
+    """The compiled dropout kernel and a thread pool over element chunks."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        ptr, i64, u64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64
+        for suffix, real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
+            fwd = getattr(lib, f"relu_dropout_fwd_{suffix}")
+            fwd.argtypes, fwd.restype = [ptr, ptr, i64, i64, u64, u64, real], None
+            bwd = getattr(lib, f"relu_dropout_bwd_{suffix}")
+            bwd.argtypes, bwd.restype = [ptr, ptr, ptr, i64, i64, real], None
+        lib.dropout_keep_mask.argtypes, lib.dropout_keep_mask.restype = (
+            [ptr, i64, i64, u64, u64],
+            None,
+        )
+        self.lib = lib
+        self.pool: ThreadPoolExecutor | None = None
+
+    def run(self, n: int, fn: Any, *args: Any) -> None:
+        """``fn(*args[:k], i0, i1, *args[k:])`` over chunks of ``[0, n)``, on the pool threads
+        (ctypes releases the GIL); ``args`` is ``(pointers, tail)``."""
+        head, tail = args
+        threads = max(1, torch.get_num_threads())
+        per = max(-(-n // threads), _MIN_CHUNK)
+        parts = [(i, min(n, i + per)) for i in range(0, n, per)]
+        if len(parts) <= 1:
+            for i0, i1 in parts:
+                fn(*head, i0, i1, *tail)
+            return
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2)
+        for future in [self.pool.submit(fn, *head, i0, i1, *tail) for i0, i1 in parts]:
+            future.result()
+
+
+_state: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def _kernel() -> _Kernel | None:
+    """The loaded kernel, built on first use; None where it cannot be built (torch path)."""
+    with _lock:
+        if "kernel" not in _state:
+            from ctrcal.layers.mcln_kernel import build_c_library
+
+            source = Path(__file__).with_name("dropout_kernel.c").read_text()
+            try:
+                _state["kernel"] = _Kernel(build_c_library(source, "dropout"))
+            except (RuntimeError, OSError) as exc:
+                _state["kernel"], _state["error"] = None, str(exc)
+        return _state["kernel"]
+
+
+def _reset_pool_after_fork() -> None:
+    kernel = _state.get("kernel")
+    if kernel is not None:
+        kernel.pool = None  # a forked child inherits the pool object but not its threads
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_pool_after_fork)
 
 
 def dropout_keep_mask(shape: torch.Size | tuple[int, ...], p: float) -> Tensor:
     """A bool tensor of ``shape`` whose elements are True independently with prob. ``1 - p``.
 
-    Keyed by one draw from torch's default CPU generator (see the module docstring).
+    Keyed by one draw from torch's default CPU generator: the mask :func:`relu_dropout` uses
+    after the same draw (see the module docstring).
     """
     n = 1
     for s in shape:
         n *= int(s)
-    seed = int(torch.randint(0, (1 << 63) - 1, (), dtype=torch.int64))
-    raw = np.random.PCG64(seed).random_raw((n + 1) // 2)
-    bits = torch.from_numpy(raw.view(np.int32)[:n])
-    return (bits < _keep_threshold(p)).view(shape)
+    key, threshold = _draw_key(), _keep_threshold(p)
+    kernel = _kernel()
+    if kernel is None:
+        return _keep_mask_torch(n, key, threshold).view(shape)
+    keep = torch.empty(n, dtype=torch.uint8)
+    kernel.run(n, kernel.lib.dropout_keep_mask, (keep.data_ptr(),), (key, threshold))
+    return keep.view(torch.bool).view(shape)
 
 
 class _ReLUDropoutFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, p: float) -> Tensor:  # type: ignore[override]
         scale = 1.0 / (1.0 - p)
-        y = torch.where(dropout_keep_mask(x.shape, p), x, 0.0).clamp_min_(0.0).mul_(scale)
+        key, threshold = _draw_key(), _keep_threshold(p)
+        kernel = _kernel() if x.dtype in _KERNEL_DTYPES else None
+        if kernel is not None:
+            y = torch.empty_like(x)
+            fn = kernel.lib.relu_dropout_fwd_f32 if x.dtype == torch.float32 else (
+                kernel.lib.relu_dropout_fwd_f64)  # fmt: skip
+            kernel.run(x.numel(), fn, (x.data_ptr(), y.data_ptr()), (key, threshold, scale))
+        else:
+            keep = _keep_mask_torch(x.numel(), key, threshold).view(x.shape)
+            y = torch.where(keep, x, 0.0).clamp_min_(0.0).mul_(scale)
         ctx.scale = scale
         ctx.save_for_backward(y)
         return y
@@ -66,8 +180,16 @@ class _ReLUDropoutFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
         (y,) = ctx.saved_tensors
-        # y > 0 exactly where the input was positive and the element was kept
-        return torch.ops.aten.threshold_backward(grad, y, 0.0).mul_(ctx.scale), None
+        kernel = _kernel() if y.dtype in _KERNEL_DTYPES and grad.dtype == y.dtype else None
+        if kernel is None:
+            # y > 0 exactly where the input was positive and the element was kept
+            return torch.ops.aten.threshold_backward(grad, y, 0.0).mul_(ctx.scale), None
+        grad = grad.contiguous()
+        dx = torch.empty_like(y)
+        fn = kernel.lib.relu_dropout_bwd_f32 if y.dtype == torch.float32 else (
+            kernel.lib.relu_dropout_bwd_f64)  # fmt: skip
+        kernel.run(y.numel(), fn, (grad.data_ptr(), y.data_ptr(), dx.data_ptr()), (ctx.scale,))
+        return dx, None
 
 
 def relu_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:

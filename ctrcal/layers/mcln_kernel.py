@@ -192,13 +192,13 @@ def _cache_dir() -> Path:
     return base / "kernels"
 
 
-def _compile(cc: str, folder: Path, name: str, flags: list[str]) -> Path:
-    """Compile the kernel inside ``folder`` and rename it to ``folder/name`` (atomic)."""
+def _compile(cc: str, folder: Path, name: str, flags: list[str], source: str = _C_SOURCE) -> Path:
+    """Compile ``source`` inside ``folder`` and rename it to ``folder/name`` (atomic)."""
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / name
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        src = Path(tmp) / "mcln.c"
-        src.write_text(_C_SOURCE)
+        src = Path(tmp) / "kernel.c"
+        src.write_text(source)
         out = Path(tmp) / name
         proc = subprocess.run(
             [cc, *flags, "-o", str(out), str(src), "-lm"],
@@ -222,29 +222,38 @@ def _cpu_identity() -> str:
     return "\n".join(sorted(set(keep)))
 
 
-def _build_kernel() -> _CKernel:
+def build_c_library(source: str, stem: str) -> ctypes.CDLL:
+    """Compile (once per machine, cached) and load a C source of ctrcal's CPU kernels.
+
+    Raises:
+        RuntimeError: no C compiler, or the source does not compile.
+    """
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not cc:
         raise RuntimeError("no C compiler found (set CC)")
     errors = []
     for flags in ([*_CFLAGS, *_NATIVE], _CFLAGS):  # native first; portable if that fails
-        parts = [_C_SOURCE, cc, *flags, _cpu_identity() if flags is not _CFLAGS else ""]
+        parts = [source, cc, *flags, _cpu_identity() if flags is not _CFLAGS else ""]
         tag = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
-        name = f"mcln_{platform.system()}_{platform.machine()}_{tag}.so".lower()
+        name = f"{stem}_{platform.system()}_{platform.machine()}_{tag}.so".lower()
         target = _cache_dir() / name
         try:
             if not target.exists():
                 try:
-                    target = _compile(cc, _cache_dir(), name, flags)
+                    target = _compile(cc, _cache_dir(), name, flags, source)
                 except OSError:
                     # unwritable cache: build in a private temporary folder for this process
                     # only (never load a shared, predictable temp path another user wrote)
                     folder = Path(tempfile.mkdtemp(prefix="ctrcal-kernel-"))
-                    target = _compile(cc, folder, name, flags)
-            return _CKernel(ctypes.CDLL(str(target)))
+                    target = _compile(cc, folder, name, flags, source)
+            return ctypes.CDLL(str(target))
         except (RuntimeError, OSError) as exc:
             errors.append(str(exc))
     raise RuntimeError("; ".join(errors))
+
+
+def _build_kernel() -> _CKernel:
+    return _CKernel(build_c_library(_C_SOURCE, "mcln"))
 
 
 def get_kernel() -> _CKernel:

@@ -162,3 +162,65 @@ def test_mlp_runs_its_relu_dropout_pairs_fused_with_dropout_semantics():
     # inverted dropout: keep rate 1 - p, kept values scaled by 1 / (1 - p)
     assert abs(kept.float().mean().item() - 0.75) < 0.01
     torch.testing.assert_close(out[positive][kept], post[positive][kept] / 0.75)
+
+
+# The C kernel and the torch fallback compute the same function of (key, element index).
+
+
+def _kernel_or_skip():
+    from ctrcal.layers import dropout
+
+    kernel = dropout._kernel()
+    if kernel is None:
+        pytest.skip(f"no C kernel here: {dropout._state.get('error')}")
+    return dropout, kernel
+
+
+@pytest.mark.parametrize("n", [1, 7, 70_001])
+@pytest.mark.parametrize("key", [0, 12345, (1 << 63) - 2])
+def test_kernel_mask_equals_the_torch_formula(n, key):
+    dropout, kernel = _kernel_or_skip()
+    for threshold in (0, 1, dropout._keep_threshold(0.2), 1 << 32):
+        keep = torch.empty(n, dtype=torch.uint8)
+        kernel.run(n, kernel.lib.dropout_keep_mask, (keep.data_ptr(),), (key, threshold))
+        ref = dropout._keep_mask_torch(n, key, threshold)
+        assert torch.equal(keep.bool(), ref), threshold
+    assert bool(ref.all())  # threshold 2**32 keeps everything, 0 nothing (checked above)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kernel_and_torch_fallback_give_the_same_outputs_and_gradients(dtype, monkeypatch):
+    dropout, _ = _kernel_or_skip()
+    x = torch.randn(300, 257, dtype=dtype)  # 77100 elements: more than one chunk
+    x[0, :3] = torch.tensor([float("nan"), 0.0, -0.0], dtype=dtype)
+    g = torch.randn_like(x)
+
+    def run():
+        xi = x.clone().requires_grad_(True)
+        torch.manual_seed(21)
+        y = relu_dropout(xi, 0.3, training=True)
+        (gx,) = torch.autograd.grad(y, xi, g)
+        return y, gx
+
+    y_kernel, gx_kernel = run()
+    monkeypatch.setitem(dropout._state, "kernel", None)
+    y_torch, gx_torch = run()
+    torch.testing.assert_close(y_kernel, y_torch, equal_nan=True, rtol=0, atol=0)
+    torch.testing.assert_close(gx_kernel, gx_torch, equal_nan=True, rtol=0, atol=0)
+    assert torch.isnan(y_kernel[0, 0]) or y_kernel[0, 0] == 0  # NaN passes where kept
+    assert (y_kernel[0, 1:3] == 0).all()
+
+
+def test_mask_does_not_depend_on_the_thread_split():
+    dropout, _ = _kernel_or_skip()
+    x = torch.randn(1000, 400)
+    old = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            torch.manual_seed(5)
+            outs.append(relu_dropout(x, 0.2, training=True))
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
