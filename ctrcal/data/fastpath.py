@@ -3,16 +3,22 @@
 :func:`encode_fast` writes exactly what the strict way of
 :func:`ctrcal.data.encode.encode_in_memory` writes (the same fitted state and rows, bit for
 bit), for the input nearly every Criteo file is: well formed, integer numerics, hex hashes.
-It is optimistic: the CSV reader parses the label and the ``I`` fields as Int64 itself (a
-value like ``1.0``, ``inf`` or ``x`` fails the read), categoricals stay polars strings, and
-each hash is used as the ``uint64`` key of its 8 bytes (:mod:`ctrcal.data.hexkeys`), read as
-a number only for the distinct values of the train split. Whenever the input is not what it
-assumes -- the read fails, a row has too many fields, a label is not 0/1, a categorical is
-not a hex value -- it returns None *before writing anything*, and the strict way (which flags
-such rows, names file / line / column, or skips them) prepares the data instead. A
-categorical column whose values are not all 8 lowercase hex digits (other datasets, upper
-case, short hashes) is read base 16 by polars as the strict way does, and encoded through
-the pipeline's own lookup; the other columns keep the fast way.
+It is optimistic:
+
+* the CSV reader parses the label and the ``I`` fields as Int64 itself (``1.0``, ``inf``,
+  ``nan`` or ``x`` fail the read; an accepted value equals the float the strict way reads);
+* each categorical becomes, as it is parsed, the ``uint64`` key of its 8 bytes
+  (:mod:`ctrcal.data.hexkeys`); keys are counted and looked up as integers, and read as hex
+  numbers only for the distinct values of the train split and the values outside the
+  vocabulary. A column with values of another length (short hashes, other datasets) is read
+  base 16 by polars as the strict way reads it, and the other columns keep their keys;
+* numeric columns spanning few integers are counted with a bincount and encoded through a
+  table of their model values (elementwise the same numbers as transforming every row).
+
+Whenever the input is not what it assumes -- the read fails, a row has more fields than the
+layout, a label is not 0/1, a categorical is not hex -- :func:`encode_fast` returns False
+*before writing anything*, and the strict way (which flags such rows with file, line and
+column, or skips them) prepares the data instead.
 
 Work per column is independent: the fit's counts of each column (train rows only), then,
 after :meth:`~ctrcal.data.features.FeaturePipeline.fit_stats`, the encoding of each column,
@@ -33,7 +39,7 @@ import pyarrow.parquet as pq
 
 from ctrcal.data import criteo
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
-from ctrcal.data.features import MISSING_ID, OOV_ID, FeaturePipeline
+from ctrcal.data.features import MISSING_ID, OOV_ID, FeaturePipeline, FitStats
 from ctrcal.data.hexkeys import hex8_to_u32, key_expr, u32_to_hex8
 from ctrcal.data.lookup import ValueIndex
 from ctrcal.data.splits import SPLITS, SplitPlan
@@ -45,26 +51,6 @@ bincount and encoded through a table of its model values (cheaper than per-row l
 
 class _NotFast(Exception):
     """The input needs the strict way (see the module docstring)."""
-
-
-class _Categorical:
-    """One categorical column as integer keys.
-
-    ``raw``: ``keys`` are the 8 bytes of each value (``uint64``, see
-    :mod:`ctrcal.data.hexkeys`); else ``values`` is the column read base 16 (``uint32``,
-    polars' ``str.to_integer``, as the strict way reads it). ``valid`` is None when nothing is
-    missing.
-    """
-
-    def __init__(self, strings: pl.Series, keys: pl.Series) -> None:
-        self.raw = keys.null_count() == strings.null_count()  # every value has 8 bytes
-        if not self.raw:
-            keys = strings.str.to_integer(base=16, dtype=pl.UInt32, strict=False)
-            if keys.null_count() != strings.null_count():
-                raise _NotFast  # a value that is not hex: the strict way names its row
-            self.values = keys
-        self.valid = keys.is_not_null().to_numpy() if keys.null_count() else None
-        self.keys = keys.fill_null(0).to_numpy() if self.valid is not None else keys.to_numpy()
 
 
 class _Numeric:
@@ -100,32 +86,64 @@ def encode_fast(
         return False
     for k, name in enumerate(SPLITS):
         (tmp / name).mkdir()
-        part = enc.filter(pl.Series(masks[k]))
-        write(part, tmp / name / "part-00000.parquet")
-        del part
+        write(enc.filter(pl.Series(masks[k])), tmp / name / "part-00000.parquet")
     clock.add("write")
     tally.fast = True
     return True
 
 
+def _odd(name: str) -> str:
+    return f"__other_length_{name}"
+
+
 def _parse(sources: list[Any]) -> tuple[pl.DataFrame, list[int]]:
+    """Every source's rows: ``label`` and ``I1..I13`` Int64, ``C1..C26`` integer keys (null =
+    missing): ``uint64`` keys of their 8-byte values (see :mod:`ctrcal.data.hexkeys`), or for
+    a column with values of other lengths the values read base 16 (``uint32``, polars'
+    ``str.to_integer``, as the strict way reads them). The keys are taken as the text is
+    parsed, so the strings of a whole file are never held at once. Also each source's rows.
+
+    Raises:
+        _NotFast: anything the strict way must flag (see the module docstring).
+    """
     queries = []
     for s in sources:
         lf = criteo.scan_raw(s.read_path, s.fmt, integers=True, row_index=False)
         label = pl.col(LABEL) if s.fmt.labelled else pl.lit(None, pl.Int64).alias(LABEL)
-        queries.append(lf.select(label, *NUMERIC_COLUMNS, *CATEGORICAL_COLUMNS, criteo.EXTRA_COL))
+        other = [(pl.col(c).is_not_null() & key_expr(c).is_null()).alias(_odd(c))
+                 for c in CATEGORICAL_COLUMNS]  # fmt: skip
+        keys = [key_expr(c) for c in CATEGORICAL_COLUMNS]
+        queries.append(lf.select(label, *NUMERIC_COLUMNS, *keys, *other, criteo.EXTRA_COL))
     try:
-        frames = pl.collect_all(queries)
+        frames = pl.collect_all(queries, engine="streaming")
     except pl.exceptions.PolarsError:
         raise _NotFast from None  # e.g. a numeric that is not an integer
     heights = [f.height for f in frames]
     frame = frames[0] if len(frames) == 1 else pl.concat(frames, rechunk=False)
+    del frames
     if frame[criteo.EXTRA_COL].null_count() != frame.height:
         raise _NotFast  # a row with more fields than the layout
     label = frame[LABEL]
     if label.null_count() != frame.height and (label.min() < 0 or label.max() > 1):
         raise _NotFast  # a label other than 0 / 1
-    return frame.drop(criteo.EXTRA_COL), heights
+    flags = frame.select(pl.col(_odd(c)).any() for c in CATEGORICAL_COLUMNS).row(0)
+    frame = frame.drop(criteo.EXTRA_COL, *(_odd(c) for c in CATEGORICAL_COLUMNS))
+    other = [c for c, flag in zip(CATEGORICAL_COLUMNS, flags, strict=True) if flag]
+    if other:
+        frame = frame.with_columns(_read_base16(sources, other))
+    return frame, heights
+
+
+def _read_base16(sources: list[Any], names: list[str]) -> pl.DataFrame:
+    """Categorical columns ``names`` read base 16 (``uint32``), reading the sources again."""
+    queries = [criteo.scan_raw(s.read_path, s.fmt, row_index=False).select(names)
+               for s in sources]  # fmt: skip
+    strings = pl.concat(pl.collect_all(queries, engine="streaming"))
+    values = strings.select(pl.col(n).str.to_integer(base=16, dtype=pl.UInt32, strict=False)
+                            for n in names)  # fmt: skip
+    if values.null_count().row(0) != strings.null_count().row(0):
+        raise _NotFast  # a value that is not hex: the strict way names its row
+    return values
 
 
 def _parse_fit_encode(
@@ -154,20 +172,25 @@ def _parse_fit_encode(
     check_rows(tally, sources)
     probs = _probs(sources, heights) if tally.with_prob else None
     tally.with_prob = probs is not None
+    clock("split")
 
-    # -- fit: each column's counts over the train rows --------------------------------------
+    # -- fit: each column's counts over the train rows (polars, a column per thread) --------
+    # each column is dropped once encoded, so memory shrinks as the encoded columns grow
+    keys = {name: frame[name] for name in pipe.categorical_fields}
+    numerics = {name: frame[name] for name in pipe.numeric_fields}
+    del frame
+    counted = FitStats(pipe.categorical_fields, pipe.numeric_fields)
+    counted.add_rows(tally.rows[0])
+    train_rows = pl.Series(train)
+    _run([(lambda name, col: counted.update_field(name, col.filter(train_rows)), name, col)
+          for name, col in (*numerics.items(), *keys.items())])  # fmt: skip
     stats = pipe.new_stats()
-    stats.add_rows(tally.rows[0])
-    keys = frame.select(key_expr(name) for name in pipe.categorical_fields)
-    cats: dict[str, _Categorical] = {}
-    nums: dict[str, _Numeric] = {}
-
-    def count_categorical(name: str, strings: pl.Series, key: pl.Series) -> None:
-        col = cats[name] = _Categorical(strings, key)
-        take = train if col.valid is None else train & col.valid
-        counted = col.keys[take]
-        counts = pl.Series("value", counted).value_counts(name="count")
-        if col.raw:
+    stats.add_rows(counted.rows)
+    for name in pipe.numeric_fields:
+        stats.add_counts(name, counted.counts(name), counted.nulls[name])
+    for name in pipe.categorical_fields:
+        counts = counted.counts(name)
+        if keys[name].dtype == pl.UInt64:
             values, valid, canonical = hex8_to_u32(counts["value"].to_numpy())
             if not valid.all():
                 raise _NotFast  # not hex: the strict way names the row
@@ -175,46 +198,28 @@ def _parse_fit_encode(
             if not canonical.all():
                 # upper case spells the same value as lower case: count them together
                 counts = counts.group_by("value").agg(pl.col("count").sum())
-        stats.add_counts(name, counts, tally.rows[0] - counted.size)
-
-    def count_numeric(name: str, series: pl.Series) -> None:
-        col = nums[name] = _Numeric(series)
-        take = train if col.valid is None else train & col.valid
-        if col.index is not None:
-            per_value = np.bincount(col.index[take], minlength=col.width)
-            present = np.flatnonzero(per_value)
-            counts = pl.DataFrame({"value": (present + col.low).astype(np.float64),
-                                   "count": per_value[present].astype(np.uint64)})  # fmt: skip
-        else:
-            values = series.filter(pl.Series(take))
-            counts = values.value_counts(name="count").rename({name: "value"})
-            counts = counts.with_columns(pl.col("value").cast(pl.Float64))
-        stats.add_counts(name, counts, tally.rows[0] - int(take.sum()))
-
-    jobs: list[tuple[Any, ...]] = [(count_numeric, m, frame[m]) for m in pipe.numeric_fields]
-    jobs += [(count_categorical, m, frame[m], keys[m]) for m in pipe.categorical_fields]
-    del frame, keys  # the strings are not needed once the keys are taken
-    _run(jobs)
-    del jobs
+        stats.add_counts(name, counts, counted.nulls[name])
     pipe.fit_stats(stats)
     clock("fit")
 
     # -- encode every row ------------------------------------------------------------------
     def encode_categorical(name: str) -> pl.Series:
-        col = cats.pop(name)
-        if not col.raw:
-            return pipe._encode_categorical(col.values)
+        key = keys.pop(name)
+        if key.dtype != pl.UInt64:
+            return pipe._encode_categorical(key)  # read base 16 as the strict way reads it
+        valid = key.is_not_null().to_numpy() if key.null_count() else None
+        key = key.fill_null(0).to_numpy() if valid is not None else key.to_numpy()
         vocab = pipe.vocab_[name]
         index = ValueIndex(u32_to_hex8(vocab["value"].to_numpy()), vocab["id"].to_numpy())
-        skip = None if col.valid is None else ~col.valid
-        ids = index.lookup(col.keys, OOV_ID, skip=skip)
+        skip = None if valid is None else ~valid
+        ids = index.lookup(key, OOV_ID, skip=skip)
         if skip is not None:
             ids[skip] = MISSING_ID
         # A key outside the vocabulary is a rare value, a held-out row's value the fit never
         # saw (still it must be hex), or one spelled in upper case (whose value may be kept)
         rows = np.flatnonzero(ids == OOV_ID)
-        values, valid, canonical = hex8_to_u32(col.keys[rows])
-        if not valid.all():
+        values, hexadecimal, canonical = hex8_to_u32(key[rows])
+        if not hexadecimal.all():
             raise _NotFast
         if not canonical.all():
             other = ~canonical
@@ -222,7 +227,7 @@ def _parse_fit_encode(
         return pl.Series(name, ids)
 
     def encode_numeric(name: str, j: int) -> pl.Series:
-        col = nums.pop(name)
+        col = _Numeric(numerics.pop(name))
         if col.index is None:
             return pipe._encode_numeric(col.series, j)
         # the model value of each integer in the column's range, then one gather: the same

@@ -501,15 +501,8 @@ class FitStats:
         if isinstance(frame, pl.DataFrame):
             # a chunk in memory: eager counts skip the query engine's per-query start-up
             self.rows += frame.height
-            nulls = frame.select(names).null_count().row(0, named=True)
             for name in names:
-                col = frame[name]
-                if name in self.numeric_fields:
-                    col = col.cast(pl.Float64)
-                counts = col.drop_nulls().value_counts(name="count").rename({name: "value"})
-                self.nulls[name] += int(nulls[name])
-                if counts.height:
-                    self._tables[name].add(counts)
+                self.update_field(name, frame[name])
             return self
         lf = frame.lazy()
         queries = []
@@ -532,6 +525,13 @@ class FitStats:
             if counts.height:
                 self._tables[name].add(counts)
         return self
+
+    def update_field(self, name: str, values: pl.Series) -> None:
+        """Add one field's values (of rows counted once with :meth:`add_rows`). Fields may be
+        updated from different threads at once, each field from one."""
+        col = values.cast(pl.Float64) if name in self.numeric_fields else values
+        counts = col.drop_nulls().value_counts(name="count").rename({col.name: "value"})
+        self.add_counts(name, counts, values.null_count())
 
     def add_counts(self, name: str, counts: pl.DataFrame, nulls: int) -> None:
         """Add one field's counts computed elsewhere (``value``, ``count`` over non-null

@@ -61,7 +61,10 @@ class ValueIndex:
         spare = 4 if len(keys) <= _SPARSE_UP_TO else 2
         self.bits = max(_MIN_BITS, int(spare * len(keys) - 1).bit_length())
         self.mask = (1 << self.bits) - 1
-        self.keys = np.zeros(1 << self.bits, dtype=self.dtype)
+        # an empty slot holds a key that is in no slot, so that a lookup needs one comparison
+        # per value to tell a hit from anything else (a value in [0, K] is always free)
+        free_key = np.setdiff1d(np.arange(len(keys) + 1, dtype=self.dtype), keys)[0]
+        self.keys = np.full(1 << self.bits, free_key, dtype=self.dtype)
         self.ids = np.full(1 << self.bits, _EMPTY, dtype=np.int32)
         # insert a probe round at a time: of the values that aim at one free slot the first
         # in ``values`` wins (the last write of the reversed order), the others probe on with
@@ -81,7 +84,10 @@ class ValueIndex:
     def _slot(self, keys: np.ndarray) -> np.ndarray:
         width = 8 * self.dtype.itemsize
         shift = self.dtype.type(width - self.bits)
-        return ((keys * _GOLDEN[self.dtype]) >> shift).astype(np.intp)
+        slot = np.multiply(keys, _GOLDEN[self.dtype])
+        slot >>= shift
+        # 64-bit slots below 2^bits are valid intp as they are: no conversion pass
+        return slot.view(np.intp) if slot.itemsize == np.dtype(np.intp).itemsize else slot
 
     def lookup(
         self, values: np.ndarray, default: int, skip: np.ndarray | None = None
@@ -102,14 +108,17 @@ class ValueIndex:
         keys = values.astype(self.dtype, copy=False)
         with np.errstate(over="ignore"):
             slot = self._slot(keys)
-        found = self.ids.take(slot)
-        occupied = found != _EMPTY
-        hit = (self.keys.take(slot) == keys) & occupied
-        out = np.where(hit, found, np.int32(default))
-        # a slot holding another key: probe on; an empty slot ends the probe (absent)
-        more = occupied & ~hit
-        rows = np.flatnonzero(more if skip is None else more & ~skip)
-        keys, slot = keys[rows], slot[rows]
+        # First round over every value: a hit is an equal key (an empty slot's key is in no
+        # slot, so it never equals a stored value; a value equal to it is absent anyway).
+        # Empty slots answer ``default`` straight away.
+        out = np.where(self.ids == _EMPTY, np.int32(default), self.ids).take(slot)
+        miss = np.flatnonzero(self.keys.take(slot) != keys)
+        if skip is not None and miss.size:
+            miss = miss[~skip[miss]]
+        # a miss on an occupied slot probes on; a miss on an empty slot is an absent value
+        miss = miss[self.ids.take(slot[miss]) != _EMPTY]
+        out[miss] = default
+        rows, keys, slot = miss, keys[miss], slot[miss]
         while rows.size:
             slot = (slot + 1) & self.mask
             found = self.ids.take(slot)

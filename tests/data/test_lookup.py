@@ -69,3 +69,19 @@ def test_bad_arguments():
         ValueIndex(np.array([1, 2]), np.array([3]))
     with pytest.raises(ValueError, match="non-negative"):
         ValueIndex(np.array([1]), np.array([-3]))
+
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint64, np.int64])
+def test_dense_small_values_and_the_empty_slot_key(dtype):
+    # 0..K-1 stored: empty slots hold K, the smallest free key; K and 0 must still resolve
+    size = 600
+    values = np.arange(size, dtype=dtype)
+    ids = np.arange(size, dtype=np.int32)[::-1].copy() + 3
+    index = ValueIndex(values[::-1].copy(), ids[::-1].copy())
+    queries = np.array([size, 0, size + 1, size - 1, *range(0, 3 * size, 7)], dtype=dtype)
+    np.testing.assert_array_equal(index.lookup(queries, 2),
+                                  _reference(values, ids, queries, 2))  # fmt: skip
+    skip = np.zeros(queries.size, dtype=bool)
+    skip[::3] = True
+    got = index.lookup(queries, 2, skip=skip)
+    np.testing.assert_array_equal(got[~skip], _reference(values, ids, queries, 2)[~skip])
