@@ -17,9 +17,9 @@ stock operators is the cost on the CPU:
   saving/restoring torch's RNG state (as checkpoints do) replays them; different seeds give
   independent masks. Every ``u_i`` is a pure function of ``(key, i)``, so no random state
   is carried from element to element.
-* **The kernel.** On the CPU a small C kernel (``dropout_kernel.c``, compiled once per
-  machine like the MC-LayerNorm kernel) computes the draw, the ReLU and the scaling in one
-  vectorised pass over the activation, and the backward in another, on row chunks in
+* **The kernel.** On the CPU a small C kernel (:mod:`ctrcal.layers.cpu_kernels`, compiled
+  once per machine like the MC-LayerNorm kernel) computes the draw, the ReLU and the scaling
+  in one vectorised pass over the activation, and the backward in another, on chunks in
   parallel. Without a C compiler the same masks come from the same function written in
   torch (slower, identical results).
 * **The node.** The backward is ``grad * scale`` where the output is positive and 0
@@ -31,16 +31,11 @@ Other devices (CUDA has a fused dropout kernel) and ``p == 0`` take the stock op
 
 from __future__ import annotations
 
-import ctypes
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ctrcal.layers.cpu_kernels import cpu_kernels, run_chunks, split_range
 
 __all__ = ["dropout_keep_mask", "relu_dropout", "run_sequential"]
 
@@ -79,68 +74,6 @@ def _keep_mask_torch(n: int, key: int, threshold: int) -> Tensor:
     return _shift_right(z, 32) < threshold
 
 
-class _Kernel:
-    """The compiled dropout kernel and a thread pool over element chunks."""
-
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        ptr, i64, u64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64
-        for suffix, real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
-            fwd = getattr(lib, f"relu_dropout_fwd_{suffix}")
-            fwd.argtypes, fwd.restype = [ptr, ptr, i64, i64, u64, u64, real], None
-            bwd = getattr(lib, f"relu_dropout_bwd_{suffix}")
-            bwd.argtypes, bwd.restype = [ptr, ptr, ptr, i64, i64, real], None
-        lib.dropout_keep_mask.argtypes, lib.dropout_keep_mask.restype = (
-            [ptr, i64, i64, u64, u64],
-            None,
-        )
-        self.lib = lib
-        self.pool: ThreadPoolExecutor | None = None
-
-    def run(self, n: int, fn: Any, *args: Any) -> None:
-        """``fn(*args[:k], i0, i1, *args[k:])`` over chunks of ``[0, n)``, on the pool threads
-        (ctypes releases the GIL); ``args`` is ``(pointers, tail)``."""
-        head, tail = args
-        threads = max(1, torch.get_num_threads())
-        per = max(-(-n // threads), _MIN_CHUNK)
-        parts = [(i, min(n, i + per)) for i in range(0, n, per)]
-        if len(parts) <= 1:
-            for i0, i1 in parts:
-                fn(*head, i0, i1, *tail)
-            return
-        if self.pool is None:
-            self.pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2)
-        for future in [self.pool.submit(fn, *head, i0, i1, *tail) for i0, i1 in parts]:
-            future.result()
-
-
-_state: dict[str, Any] = {}
-_lock = threading.Lock()
-
-
-def _kernel() -> _Kernel | None:
-    """The loaded kernel, built on first use; None where it cannot be built (torch path)."""
-    with _lock:
-        if "kernel" not in _state:
-            from ctrcal.layers.mcln_kernel import build_c_library
-
-            source = Path(__file__).with_name("dropout_kernel.c").read_text()
-            try:
-                _state["kernel"] = _Kernel(build_c_library(source, "dropout"))
-            except (RuntimeError, OSError) as exc:
-                _state["kernel"], _state["error"] = None, str(exc)
-        return _state["kernel"]
-
-
-def _reset_pool_after_fork() -> None:
-    kernel = _state.get("kernel")
-    if kernel is not None:
-        kernel.pool = None  # a forked child inherits the pool object but not its threads
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_pool_after_fork)
-
-
 def dropout_keep_mask(shape: torch.Size | tuple[int, ...], p: float) -> Tensor:
     """A bool tensor of ``shape`` whose elements are True independently with prob. ``1 - p``.
 
@@ -151,11 +84,13 @@ def dropout_keep_mask(shape: torch.Size | tuple[int, ...], p: float) -> Tensor:
     for s in shape:
         n *= int(s)
     key, threshold = _draw_key(), _keep_threshold(p)
-    kernel = _kernel()
-    if kernel is None:
+    lib = cpu_kernels()
+    if lib is None:
         return _keep_mask_torch(n, key, threshold).view(shape)
     keep = torch.empty(n, dtype=torch.uint8)
-    kernel.run(n, kernel.lib.dropout_keep_mask, (keep.data_ptr(),), (key, threshold))
+    ptr = keep.data_ptr()
+    run_chunks(split_range(n, _MIN_CHUNK),
+               lambda i0, i1: lib.dropout_keep_mask(ptr, i0, i1, key, threshold))  # fmt: skip
     return keep.view(torch.bool).view(shape)
 
 
@@ -164,12 +99,13 @@ class _ReLUDropoutFn(torch.autograd.Function):
     def forward(ctx, x: Tensor, p: float) -> Tensor:  # type: ignore[override]
         scale = 1.0 / (1.0 - p)
         key, threshold = _draw_key(), _keep_threshold(p)
-        kernel = _kernel() if x.dtype in _KERNEL_DTYPES else None
-        if kernel is not None:
+        lib = cpu_kernels() if x.dtype in _KERNEL_DTYPES else None
+        if lib is not None:
             y = torch.empty_like(x)
-            fn = kernel.lib.relu_dropout_fwd_f32 if x.dtype == torch.float32 else (
-                kernel.lib.relu_dropout_fwd_f64)  # fmt: skip
-            kernel.run(x.numel(), fn, (x.data_ptr(), y.data_ptr()), (key, threshold, scale))
+            fn = lib.relu_dropout_fwd_f32 if x.dtype == torch.float32 else lib.relu_dropout_fwd_f64
+            px, py = x.data_ptr(), y.data_ptr()
+            run_chunks(split_range(x.numel(), _MIN_CHUNK),
+                       lambda i0, i1: fn(px, py, i0, i1, key, threshold, scale))  # fmt: skip
         else:
             keep = _keep_mask_torch(x.numel(), key, threshold).view(x.shape)
             y = torch.where(keep, x, 0.0).clamp_min_(0.0).mul_(scale)
@@ -180,15 +116,17 @@ class _ReLUDropoutFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
         (y,) = ctx.saved_tensors
-        kernel = _kernel() if y.dtype in _KERNEL_DTYPES and grad.dtype == y.dtype else None
-        if kernel is None:
+        ok = y.dtype in _KERNEL_DTYPES and grad.dtype == y.dtype
+        lib = cpu_kernels() if ok else None
+        if lib is None:
             # y > 0 exactly where the input was positive and the element was kept
             return torch.ops.aten.threshold_backward(grad, y, 0.0).mul_(ctx.scale), None
         grad = grad.contiguous()
         dx = torch.empty_like(y)
-        fn = kernel.lib.relu_dropout_bwd_f32 if y.dtype == torch.float32 else (
-            kernel.lib.relu_dropout_bwd_f64)  # fmt: skip
-        kernel.run(y.numel(), fn, (grad.data_ptr(), y.data_ptr(), dx.data_ptr()), (ctx.scale,))
+        fn = lib.relu_dropout_bwd_f32 if y.dtype == torch.float32 else lib.relu_dropout_bwd_f64
+        pg, py, pdx, scale = grad.data_ptr(), y.data_ptr(), dx.data_ptr(), ctx.scale
+        run_chunks(split_range(y.numel(), _MIN_CHUNK),
+                   lambda i0, i1: fn(pg, py, pdx, i0, i1, scale))  # fmt: skip
         return dx, None
 
 

@@ -37,11 +37,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ctrcal.layers.mc_layernorm import MCLayerNorm, grouped_layer_norm, mc_grouped_layer_norm
 from ctrcal.layers.registry import create_norm
+from ctrcal.layers.table_lookup import table_lookup
 
 NUMERIC_EMBEDDINGS = ("linear", "scaled", "bucket")
 
@@ -122,6 +122,8 @@ class FeatureEmbedding(nn.Module):
             self.numeric_missing = nn.Parameter(torch.empty(shape))
         else:
             self.numeric_weight = self.numeric_bias = self.numeric_missing = None
+        # set by the training step: the backward adds the table's gradient into its .grad
+        self.grad_in_place = False
         self.reset_parameters()
 
     @property
@@ -150,20 +152,16 @@ class FeatureEmbedding(nn.Module):
         Returns:
             ``[B, Fn + Fc, D]`` embeddings, numeric fields first.
         """
-        parts: list[torch.Tensor] = []
-        if self.numeric_weight is not None:
-            parts.append(self._embed_numeric(numeric))
-        if self.table is not None:
-            ids = categorical
-            if self.numeric_embedding == "bucket" and self.num_numeric:
-                ids = torch.cat([self._bucketize(numeric), categorical], dim=1)
-            # `table.sparse` (standard nn.Embedding flag) makes the gradient a sparse tensor:
-            # the trainer accumulates it into a persistent dense .grad instead of allocating
-            # and zeroing a fresh table-sized gradient every step.
-            parts.append(
-                F.embedding(ids + self.offsets, self.table.weight, sparse=self.table.sparse)
-            )
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        lead = self._embed_numeric(numeric) if self.numeric_weight is not None else None
+        if self.table is None:
+            return lead
+        ids = categorical
+        if self.numeric_embedding == "bucket" and self.num_numeric:
+            ids = torch.cat([self._bucketize(numeric), categorical], dim=1)
+        # one node: the rows land in their place in the output, and the backward adds the
+        # table's gradient into a dense .grad kept across steps when the training step asks
+        # for it (`grad_in_place`), else as `table.sparse` says (see table_lookup)
+        return table_lookup(self.table, ids, self.offsets, lead, self.grad_in_place)
 
     def _embed_numeric(self, numeric: torch.Tensor) -> torch.Tensor:
         """``x*v + b`` (or ``x*v``), and the missing vector where ``x`` is NaN: ``[B, Fn, D]``.

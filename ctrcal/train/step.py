@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrcal.data.loader import Batch
+from ctrcal.layers.embedding import FeatureEmbedding
 from ctrcal.train.cpu_memory import retain_freed_memory
 
 __all__ = [
@@ -100,18 +101,26 @@ def make_step_context(
 ) -> StepContext:
     """Set up the training step for ``model`` (switching its tables to sparse gradients).
 
-    With ``sparse_tables`` every ``nn.Embedding`` of the model gets ``sparse=True``: the
-    lookup's backward then yields only the B*F touched rows, which autograd adds into the
-    table's dense ``.grad`` kept allocated across steps (zeroed in place), instead of
-    allocating, zeroing and filling a fresh table-sized gradient every step. The optimizer
-    still sees an ordinary dense gradient, so Adam's update of every row is unchanged.
+    With ``sparse_tables`` the tables' gradients touch only the B*F looked-up rows of a
+    dense ``.grad`` kept allocated across steps (zeroed in place), instead of a fresh
+    table-sized gradient allocated, zeroed and filled every step: a
+    :class:`~ctrcal.layers.embedding.FeatureEmbedding` gets ``grad_in_place`` (its backward
+    adds the rows straight into ``.grad``, see :mod:`ctrcal.layers.table_lookup`), any other
+    ``nn.Embedding`` ``sparse=True`` (autograd adds its sparse gradient into ``.grad``). The
+    optimizer still sees an ordinary dense gradient, so Adam's update of every row is
+    unchanged.
     """
     tables = embedding_tables(model)
     if device.type == "cpu":
         retain_freed_memory()  # no page faults on the activations every step
     if sparse_tables:
+        in_place = set()
         for module in model.modules():
-            if isinstance(module, nn.Embedding):
+            if isinstance(module, FeatureEmbedding) and module.table is not None:
+                module.grad_in_place = True
+                in_place.add(id(module.table))
+        for module in model.modules():
+            if isinstance(module, nn.Embedding) and id(module) not in in_place:
                 module.sparse = True
     return StepContext(
         model=model,

@@ -40,6 +40,7 @@ from torch import nn
 from ctrcal.config import Config
 from ctrcal.data.loader import Batch
 from ctrcal.errors import ConfigError, CtrcalError, DataError
+from ctrcal.layers.embedding import FeatureEmbedding
 from ctrcal.models.build import create_model
 from ctrcal.runs import LAST, check_resumable, run_progress, write_run_files
 from ctrcal.train import distributed as dist_util
@@ -354,6 +355,8 @@ def _train_in_context(
     for module in model.modules():  # hand back a plain model: dense lookups, no grads held
         if isinstance(module, nn.Embedding):
             module.sparse = False
+        if isinstance(module, FeatureEmbedding):
+            module.grad_in_place = False
     model.zero_grad(set_to_none=True)
     if best_state is not None:
         model.load_state_dict(best_state)

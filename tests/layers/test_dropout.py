@@ -168,21 +168,21 @@ def test_mlp_runs_its_relu_dropout_pairs_fused_with_dropout_semantics():
 
 
 def _kernel_or_skip():
-    from ctrcal.layers import dropout
+    from ctrcal.layers import cpu_kernels, dropout
 
-    kernel = dropout._kernel()
-    if kernel is None:
-        pytest.skip(f"no C kernel here: {dropout._state.get('error')}")
-    return dropout, kernel
+    lib = cpu_kernels.cpu_kernels()
+    if lib is None:
+        pytest.skip(f"no C kernel here: {cpu_kernels.kernel_error()}")
+    return dropout, lib
 
 
 @pytest.mark.parametrize("n", [1, 7, 70_001])
 @pytest.mark.parametrize("key", [0, 12345, (1 << 63) - 2])
 def test_kernel_mask_equals_the_torch_formula(n, key):
-    dropout, kernel = _kernel_or_skip()
+    dropout, lib = _kernel_or_skip()
     for threshold in (0, 1, dropout._keep_threshold(0.2), 1 << 32):
         keep = torch.empty(n, dtype=torch.uint8)
-        kernel.run(n, kernel.lib.dropout_keep_mask, (keep.data_ptr(),), (key, threshold))
+        lib.dropout_keep_mask(keep.data_ptr(), 0, n, key, threshold)
         ref = dropout._keep_mask_torch(n, key, threshold)
         assert torch.equal(keep.bool(), ref), threshold
     assert bool(ref.all())  # threshold 2**32 keeps everything, 0 nothing (checked above)
@@ -203,7 +203,7 @@ def test_kernel_and_torch_fallback_give_the_same_outputs_and_gradients(dtype, mo
         return y, gx
 
     y_kernel, gx_kernel = run()
-    monkeypatch.setitem(dropout._state, "kernel", None)
+    monkeypatch.setattr(dropout, "cpu_kernels", lambda: None)
     y_torch, gx_torch = run()
     torch.testing.assert_close(y_kernel, y_torch, equal_nan=True, rtol=0, atol=0)
     torch.testing.assert_close(gx_kernel, gx_torch, equal_nan=True, rtol=0, atol=0)

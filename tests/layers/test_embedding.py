@@ -50,15 +50,18 @@ def test_one_gather_per_batch(monkeypatch):
                            bucket_boundaries=[[0.0]] * FN)  # fmt: skip
     cat, num = _inputs()
     calls = []
-    original = torch.nn.functional.embedding
+    from ctrcal.layers import embedding as embedding_module
 
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
+    original = embedding_module.table_lookup
 
-    monkeypatch.setattr(torch.nn.functional, "embedding", counting)
+    def counting(table, ids, *args, **kwargs):
+        calls.append(ids.shape)
+        return original(table, ids, *args, **kwargs)
+
+    monkeypatch.setattr(embedding_module, "table_lookup", counting)
     emb(cat, num)
-    assert len(calls) == 1  # numeric buckets and categorical ids in one lookup
+    # numeric buckets and categorical ids in one lookup
+    assert calls == [torch.Size([cat.shape[0], FN + len(VOCAB)])]
 
 
 @pytest.mark.parametrize("mode", ["linear", "scaled", "bucket"])

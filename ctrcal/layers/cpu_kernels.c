@@ -1,0 +1,97 @@
+/* CPU kernels of training: fused ReLU + inverted dropout, embedding table lookups
+ * (loaded by ctrcal/layers/cpu_kernels.py).
+ *
+ * Dropout: element i (flat index) is kept when the high 32 bits of mix64(key + (i + 1) * GOLDEN) are
+ * below `threshold` (= round((1 - p) * 2^32)): SplitMix64's output function on its own
+ * counter sequence, so every element's draw is a pure function of (key, i) -- any split of the
+ * elements between threads gives the same mask, and the loops vectorise (no state carried
+ * from one element to the next). ctrcal/layers/dropout.py holds the same function in torch
+ * (the fallback, and the reference the tests compare with).
+ */
+#include <stdint.h>
+
+#define GOLDEN 0x9E3779B97F4A7C15ULL
+
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static inline int kept(uint64_t key, int64_t i, uint64_t threshold) {
+    return (mix64(key + (uint64_t)(i + 1) * GOLDEN) >> 32) < threshold;
+}
+
+/* y[i] = x[i] * scale where element i is kept and x[i] > 0 (NaN passes, as in ReLU), else 0,
+ * for i in [i0, i1). */
+void relu_dropout_fwd_f32(const float *x, float *y, int64_t i0, int64_t i1, uint64_t key,
+                          uint64_t threshold, float scale) {
+    for (int64_t i = i0; i < i1; ++i) {
+        float v = x[i];
+        y[i] = (kept(key, i, threshold) && !(v <= 0.0f)) ? v * scale : 0.0f;
+    }
+}
+
+void relu_dropout_fwd_f64(const double *x, double *y, int64_t i0, int64_t i1, uint64_t key,
+                          uint64_t threshold, double scale) {
+    for (int64_t i = i0; i < i1; ++i) {
+        double v = x[i];
+        y[i] = (kept(key, i, threshold) && !(v <= 0.0)) ? v * scale : 0.0;
+    }
+}
+
+/* dx[i] = g[i] * scale where the output y[i] is not <= 0 (kept and positive), else 0. */
+void relu_dropout_bwd_f32(const float *g, const float *y, float *dx, int64_t i0, int64_t i1,
+                          float scale) {
+    for (int64_t i = i0; i < i1; ++i) dx[i] = !(y[i] <= 0.0f) ? g[i] * scale : 0.0f;
+}
+
+void relu_dropout_bwd_f64(const double *g, const double *y, double *dx, int64_t i0, int64_t i1,
+                          double scale) {
+    for (int64_t i = i0; i < i1; ++i) dx[i] = !(y[i] <= 0.0) ? g[i] * scale : 0.0;
+}
+
+/* keep[i] = 1 where element i is kept, for i in [i0, i1). */
+void dropout_keep_mask(uint8_t *keep, int64_t i0, int64_t i1, uint64_t key, uint64_t threshold) {
+    for (int64_t i = i0; i < i1; ++i) keep[i] = (uint8_t)kept(key, i, threshold);
+}
+
+/* ---- Embedding table lookups (ctrcal/layers/table_lookup.py) ----
+ * ids [B, T] (int64, row-major), offsets [T]: row of (b, t) is ids[b, t] + offsets[t].
+ * out / grad: [B, *, D] with `row_stride` elements between batch rows; the T looked-up fields
+ * start at field `field0` (so numeric fields can sit before them in the same tensor). */
+
+/* out[b, field0 + t, :] = table[row(b, t), :] for b in [b0, b1). Returns -1, or the flat
+ * index b * T + t of the first row outside [0, rows) (nothing is read for it). */
+int64_t table_gather_f32(const float *table, int64_t rows, const int64_t *ids,
+                         const int64_t *offsets, float *out, int64_t b0, int64_t b1, int64_t T,
+                         int64_t D, int64_t row_stride, int64_t field0) {
+    for (int64_t b = b0; b < b1; ++b) {
+        float *dst = out + b * row_stride + field0 * D;
+        for (int64_t t = 0; t < T; ++t) {
+            int64_t r = ids[b * T + t] + offsets[t];
+            if (r < 0 || r >= rows) return b * T + t;
+            const float *src = table + r * D;
+            for (int64_t j = 0; j < D; ++j) dst[t * D + j] = src[j];
+        }
+    }
+    return -1;
+}
+
+/* grad_table[row(b, t), :] += grad[b, field0 + t, :] for every (b, t) whose row lies in
+ * [r0, r1): threads given disjoint row ranges never write the same row, and each row
+ * receives its contributions in batch order (deterministic). Rows were checked by the
+ * gather of the same ids. */
+void table_scatter_add_f32(float *grad_table, const int64_t *ids, const int64_t *offsets,
+                           const float *grad, int64_t B, int64_t T, int64_t D,
+                           int64_t row_stride, int64_t field0, int64_t r0, int64_t r1) {
+    for (int64_t b = 0; b < B; ++b) {
+        const float *src = grad + b * row_stride + field0 * D;
+        for (int64_t t = 0; t < T; ++t) {
+            int64_t r = ids[b * T + t] + offsets[t];
+            if (r < r0 || r >= r1) continue;
+            float *dst = grad_table + r * D;
+            for (int64_t j = 0; j < D; ++j) dst[j] += src[t * D + j];
+        }
+    }
+}

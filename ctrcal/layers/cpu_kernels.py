@@ -1,0 +1,87 @@
+"""ctrcal's small CPU kernels of training (``cpu_kernels.c``): build, load, run on chunks.
+
+The C source holds the fused ReLU + dropout (:mod:`ctrcal.layers.dropout`) and the embedding
+table gather / scatter-add (:mod:`ctrcal.layers.table_lookup`). It is compiled once per
+machine with the system C compiler and cached like the MC-LayerNorm kernel
+(:func:`ctrcal.layers.mcln_kernel.build_c_library`); where it cannot be built,
+:func:`cpu_kernels` is ``None`` and the callers take their torch paths. Calls go through
+ctypes, which releases the GIL, so :func:`run_chunks` runs the chunks of one call on a small
+thread pool (as many chunks as torch has intra-op threads).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["cpu_kernels", "kernel_error", "run_chunks", "split_range"]
+
+_state: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    ptr, i64, u64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64
+    for suffix, real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
+        fwd = getattr(lib, f"relu_dropout_fwd_{suffix}")
+        fwd.argtypes, fwd.restype = [ptr, ptr, i64, i64, u64, u64, real], None
+        bwd = getattr(lib, f"relu_dropout_bwd_{suffix}")
+        bwd.argtypes, bwd.restype = [ptr, ptr, ptr, i64, i64, real], None
+    lib.dropout_keep_mask.argtypes = [ptr, i64, i64, u64, u64]
+    lib.dropout_keep_mask.restype = None
+    lib.table_gather_f32.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64]
+    lib.table_gather_f32.restype = i64
+    lib.table_scatter_add_f32.argtypes = [ptr, ptr, ptr, ptr] + [i64] * 7
+    lib.table_scatter_add_f32.restype = None
+    return lib
+
+
+def cpu_kernels() -> ctypes.CDLL | None:
+    """The loaded library, built on first use; ``None`` where it cannot be built."""
+    with _lock:
+        if "lib" not in _state:
+            from ctrcal.layers.mcln_kernel import build_c_library
+
+            source = Path(__file__).with_name("cpu_kernels.c").read_text()
+            try:
+                _state["lib"] = _declare(build_c_library(source, "cpu_kernels"))
+            except (RuntimeError, OSError) as exc:
+                _state["lib"], _state["error"] = None, str(exc)
+        return _state["lib"]
+
+
+def kernel_error() -> str | None:
+    """Why :func:`cpu_kernels` is ``None`` (after a failed build), else ``None``."""
+    return _state.get("error")
+
+
+def split_range(n: int, min_chunk: int) -> list[tuple[int, int]]:
+    """``[0, n)`` in at most ``torch.get_num_threads()`` chunks of at least ``min_chunk``."""
+    threads = max(1, torch.get_num_threads())
+    per = max(-(-n // threads), min_chunk, 1)
+    return [(i, min(n, i + per)) for i in range(0, n, per)]
+
+
+def run_chunks(parts: list[tuple[int, int]], fn: Callable[[int, int], Any]) -> list[Any]:
+    """``fn(lo, hi)`` for every chunk, in parallel on the pool; the results in order."""
+    if len(parts) <= 1:
+        return [fn(lo, hi) for lo, hi in parts]
+    pool = _state.get("pool")
+    if pool is None:
+        pool = _state["pool"] = ThreadPoolExecutor(max_workers=os.cpu_count() or 2)
+    return [f.result() for f in [pool.submit(fn, lo, hi) for lo, hi in parts]]
+
+
+def _reset_pool_after_fork() -> None:
+    _state.pop("pool", None)  # a forked child inherits the pool object but not its threads
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_pool_after_fork)
