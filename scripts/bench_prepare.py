@@ -61,7 +61,8 @@ secs, cpu = time.perf_counter() - start, cpu_seconds() - cpu
 rss = peak_rss_mib()
 print(f"{res.total_rows} {secs} {rss} {cpu}")
 import json
-print(json.dumps(res.summary["timings"]), file=sys.stderr)
+print(json.dumps({"timings": res.summary["timings"], "reader": res.summary["path"]
+                  + (" (fast)" if res.summary.get("fast_path") else "")}), file=sys.stderr)
 """
 
 FLOOR = r"""
@@ -204,6 +205,7 @@ def main() -> int:
           f"{_load()}")  # fmt: skip
     floor_w, floor_c, prep_w, prep_c, rss_all = [], [], [], [], []
     phases: dict[str, list[float]] = {}
+    readers: set[str] = set()
     for r in range(args.repeat):
         rows, secs, _, _ = _run(FLOOR, str(raw))
         floor_w.append(secs)
@@ -215,7 +217,9 @@ def main() -> int:
         prep_w.append(secs)
         prep_c.append(_LAST_CPU[0])
         rss_all.append(rss)
-        for name, s in json.loads(laps).items():
+        report = json.loads(laps)
+        readers.add(report["reader"])
+        for name, s in report["timings"].items():
             phases.setdefault(name, []).append(s)
         print(f"round {r + 1}: bare parse {floor_w[-1]:.3f} s ({floor_c[-1]:.2f} CPU s), "
               f"prepare {secs:.3f} s ({prep_c[-1]:.2f} CPU s) = {secs / floor_w[-1]:.2f}x; "
@@ -229,6 +233,7 @@ def main() -> int:
     per_round = ", ".join(f"{p / f:.2f}" for p, f in zip(prep_w, floor_w, strict=True))
     print(f"  prepare / bare parse: {pw / fw:.2f}x wall (goal <= 1.5x), {pc / fc:.2f}x CPU "
           f"time; per-round wall ratios {per_round}")
+    print(f"  prepare path: {', '.join(sorted(readers))}")
     print("  prepare phases (s, wall): " + ", ".join(
         f"{name} {_median(v):.3f}" for name, v in phases.items()))  # fmt: skip
     if args.baseline:

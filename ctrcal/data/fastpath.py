@@ -245,7 +245,9 @@ def _parse_fit_encode(
     if probs is not None:
         encoded.append(probs.alias(PROB_COL))
     clock.add("encode")
-    return pl.DataFrame(encoded), masks
+    # one chunk per column whatever the parse's chunking, so the files written do not depend
+    # on how the streaming engine cut the text (reruns are byte-identical)
+    return pl.DataFrame(encoded).rechunk(), masks
 
 
 def _probs(sources: list[Any], heights: list[int]) -> pl.Series | None:

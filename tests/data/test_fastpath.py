@@ -161,6 +161,17 @@ def test_wide_numeric_range_and_large_integers(frame, tmp_path, monkeypatch):
     _prepare_both([path], tmp_path, monkeypatch)
 
 
+def test_reruns_are_byte_identical(frame, tmp_path):
+    # enough rows for the streaming parse to cut the text into several pieces
+    path = write_criteo(pl.concat([frame] * 40), tmp_path / "train.txt", "dac")
+    runs = [prepare([path], tmp_path / name, _cfg()) for name in ("a", "b")]
+    assert all(r.summary["fast_path"] for r in runs)
+    files = sorted(p.relative_to(runs[0].out_dir) for p in runs[0].out_dir.rglob("*.parquet"))
+    assert len(files) == 4
+    for rel in files:
+        assert (runs[0].out_dir / rel).read_bytes() == (runs[1].out_dir / rel).read_bytes(), rel
+
+
 def test_gzip_and_true_probabilities(tmp_path, monkeypatch):
     from ctrcal.data.synthetic import generate
 
