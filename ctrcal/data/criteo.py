@@ -327,8 +327,8 @@ def scan_raw(
     than the layout. With ``numbers`` the label and ``I`` fields are parsed as floats by the
     CSV reader itself (fast, but a non-numeric value fails the whole read); with ``integers``
     as Int64 (faster still; ``1.0``, ``inf``, ``nan`` or a value beyond Int64 fail the whole
-    read, and an accepted value equals what the float parse gives); otherwise every field is
-    a string. ``row_index=False`` leaves out ``_row``.
+    read, and an accepted value equals what the float parse gives, but for ``-0``, which is
+    0); otherwise every field is a string. ``row_index=False`` leaves out ``_row``.
 
     ``path`` may also be the bytes of whole lines of a file (a chunk, see
     :func:`iter_text_chunks`): ``row_offset`` is then the index of its first record in the

@@ -243,3 +243,17 @@ def test_malformed_hash_in_a_held_out_split(tmp_path):
     test = _write_rows(tmp_path / "te.txt", [GOOD] * 3 + [_with(20, "0000000g")] + [GOOD])
     with pytest.raises(DataError, match=rf"{test}: line 4: malformed row: C7 is not a hex"):
         prepare({"train": [train], "valid": [valid], "test": [test]}, tmp_path / "p")
+
+
+@pytest.mark.parametrize(
+    ("value", "fast"),
+    [("+5", True), ("05", True), ("-3", True), (" 7", True), ("", True),
+     ("9223372036854775807", True), ("9223372036854775808", False), ("260.0", False)],
+)  # fmt: skip
+def test_integer_spellings_read_as_the_float_reader_reads_them(tmp_path, monkeypatch, value, fast):
+    # what the integer reader accepts it reads as the float reader does; what it refuses
+    # (beyond Int64, a decimal point) the float reader still takes
+    rows = [_with(6, str(k % 7)) for k in range(30)]
+    rows[17] = _with(6, value)
+    path = _write_rows(tmp_path / "train.txt", rows)
+    _prepare_both([path], tmp_path, monkeypatch, _cfg(min_count=1), expect_fast=fast)
