@@ -70,13 +70,17 @@ def split_range(n: int, min_chunk: int) -> list[tuple[int, int]]:
 
 
 def run_chunks(parts: list[tuple[int, int]], fn: Callable[[int, int], Any]) -> list[Any]:
-    """``fn(lo, hi)`` for every chunk, in parallel on the pool; the results in order."""
+    """``fn(lo, hi)`` for every chunk, in parallel; the results in order. The calling thread
+    runs the first chunk itself (one hand-over fewer, one pool thread fewer competing with
+    torch's own threads), the pool the others."""
     if len(parts) <= 1:
         return [fn(lo, hi) for lo, hi in parts]
     pool = _state.get("pool")
     if pool is None:
         pool = _state["pool"] = ThreadPoolExecutor(max_workers=os.cpu_count() or 2)
-    return [f.result() for f in [pool.submit(fn, lo, hi) for lo, hi in parts]]
+    futures = [pool.submit(fn, lo, hi) for lo, hi in parts[1:]]
+    first = fn(*parts[0])
+    return [first, *(f.result() for f in futures)]
 
 
 def _reset_pool_after_fork() -> None:
