@@ -8,6 +8,7 @@
  * from one element to the next). ctrcal/layers/dropout.py holds the same function in torch
  * (the fallback, and the reference the tests compare with).
  */
+#include <math.h>
 #include <stdint.h>
 
 #define GOLDEN 0x9E3779B97F4A7C15ULL
@@ -92,6 +93,67 @@ void table_scatter_add_f32(float *grad_table, const int64_t *ids, const int64_t 
             if (r < r0 || r >= r1) continue;
             float *dst = grad_table + r * D;
             for (int64_t j = 0; j < D; ++j) dst[j] += src[t * D + j];
+        }
+    }
+}
+
+/* ---- LayerNorm -> ReLU -> inverted dropout, fused (ctrcal/layers/dropout.py) ----
+ * Rows [r0, r1) of x [R, N]: h = (x - mean) * rstd * w + b (biased variance, eps inside the
+ * square root, as torch.nn.LayerNorm), then y = h * scale where element r * N + j is kept
+ * (the dropout draw above) and h > 0, else 0. mean / rstd [R] are saved for the backward. */
+void ln_relu_dropout_fwd_f32(const float *x, const float *w, const float *b, float *y,
+                             float *mean, float *rstd, int64_t r0, int64_t r1, int64_t n,
+                             float eps, uint64_t key, uint64_t threshold, float scale) {
+    for (int64_t r = r0; r < r1; ++r) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < n; ++j) s += xr[j];
+        float mu = s / (float)n;
+        float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+        for (int64_t j = 0; j < n; ++j) {
+            float d = xr[j] - mu;
+            v += d * d;
+        }
+        float rs = 1.0f / sqrtf(v / (float)n + eps);
+        mean[r] = mu;
+        rstd[r] = rs;
+        for (int64_t j = 0; j < n; ++j) {
+            float h = (xr[j] - mu) * rs * w[j] + b[j];
+            yr[j] = (kept(key, r * n + j, threshold) && !(h <= 0.0f)) ? h * scale : 0.0f;
+        }
+    }
+}
+
+/* The backward of the above from the output gradient g and the output y (y > 0 exactly
+ * where the element was kept and h > 0): dx for rows [r0, r1), and this chunk's partial
+ * sums of the weight and bias gradients added into dw, db [N]. */
+void ln_relu_dropout_bwd_f32(const float *g, const float *y, const float *x, const float *w,
+                             const float *mean, const float *rstd, float *dx, float *dw,
+                             float *db, int64_t r0, int64_t r1, int64_t n, float scale) {
+    for (int64_t r = r0; r < r1; ++r) {
+        const float *gr = g + r * n, *yr = y + r * n, *xr = x + r * n;
+        float *dxr = dx + r * n;
+        float mu = mean[r], rs = rstd[r];
+        float s1 = 0.0f, s2 = 0.0f;
+#pragma omp simd reduction(+ : s1, s2)
+        for (int64_t j = 0; j < n; ++j) {
+            float dh = !(yr[j] <= 0.0f) ? gr[j] * scale : 0.0f;
+            float xh = (xr[j] - mu) * rs;
+            dw[j] += dh * xh;
+            db[j] += dh;
+            float a = dh * w[j];
+            s1 += a;
+            s2 += a * xh;
+        }
+        s1 /= (float)n;
+        s2 /= (float)n;
+        for (int64_t j = 0; j < n; ++j) {
+            float dh = !(yr[j] <= 0.0f) ? gr[j] * scale : 0.0f;
+            float xh = (xr[j] - mu) * rs;
+            dxr[j] = rs * (dh * w[j] - s1 - xh * s2);
         }
     }
 }

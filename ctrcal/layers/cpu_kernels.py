@@ -1,6 +1,7 @@
 """ctrcal's small CPU kernels of training (``cpu_kernels.c``): build, load, run on chunks.
 
-The C source holds the fused ReLU + dropout (:mod:`ctrcal.layers.dropout`) and the embedding
+The C source holds the fused ReLU + dropout and LayerNorm + ReLU + dropout
+(:mod:`ctrcal.layers.dropout`) and the embedding
 table gather / scatter-add (:mod:`ctrcal.layers.table_lookup`). It is compiled once per
 machine with the system C compiler and cached like the MC-LayerNorm kernel
 (:func:`ctrcal.layers.mcln_kernel.build_c_library`); where it cannot be built,
@@ -40,6 +41,11 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.table_gather_f32.restype = i64
     lib.table_scatter_add_f32.argtypes = [ptr, ptr, ptr, ptr] + [i64] * 7
     lib.table_scatter_add_f32.restype = None
+    f32 = ctypes.c_float
+    lib.ln_relu_dropout_fwd_f32.argtypes = [ptr] * 6 + [i64] * 3 + [f32, u64, u64, f32]
+    lib.ln_relu_dropout_fwd_f32.restype = None
+    lib.ln_relu_dropout_bwd_f32.argtypes = [ptr] * 9 + [i64] * 3 + [f32]
+    lib.ln_relu_dropout_bwd_f32.restype = None
     return lib
 
 

@@ -34,10 +34,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from ctrcal.layers.cpu_kernels import cpu_kernels, run_chunks, split_range
 
-__all__ = ["dropout_keep_mask", "relu_dropout", "run_sequential"]
+__all__ = ["dropout_keep_mask", "layer_norm_relu_dropout", "relu_dropout", "run_sequential"]
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
@@ -139,6 +140,89 @@ def relu_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     if x.device.type != "cpu" or not x.is_floating_point():
         return F.dropout(F.relu(x), p, training=True)
     return _ReLUDropoutFn.apply(x.contiguous(), p)
+
+
+_MIN_ROWS = 64  # rows per thread at least in the fused LayerNorm kernel
+
+
+class _LayerNormReLUDropoutFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, p):  # type: ignore[override]
+        lib = cpu_kernels()
+        rows, n = x.shape
+        scale = 1.0 / (1.0 - p)
+        key, threshold = _draw_key(), _keep_threshold(p)
+        y = torch.empty_like(x)
+        mean = torch.empty(rows, dtype=x.dtype)
+        rstd = torch.empty(rows, dtype=x.dtype)
+        ptrs = (x.data_ptr(), weight.data_ptr(), bias.data_ptr(), y.data_ptr(),
+                mean.data_ptr(), rstd.data_ptr())  # fmt: skip
+        run_chunks(split_range(rows, _MIN_ROWS),
+                   lambda r0, r1: lib.ln_relu_dropout_fwd_f32(
+                       *ptrs, r0, r1, n, eps, key, threshold, scale))  # fmt: skip
+        ctx.scale = scale
+        ctx.save_for_backward(x, weight, y, mean, rstd)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        x, weight, y, mean, rstd = ctx.saved_tensors
+        lib = cpu_kernels()
+        rows, n = x.shape
+        grad = grad.contiguous()
+        dx = torch.empty_like(x)
+        parts = split_range(rows, _MIN_ROWS)
+        # per-chunk partial sums of the affine gradients, added up afterwards
+        dw = torch.zeros(len(parts), n, dtype=x.dtype)
+        db = torch.zeros(len(parts), n, dtype=x.dtype)
+        ptrs = (grad.data_ptr(), y.data_ptr(), x.data_ptr(), weight.data_ptr(),
+                mean.data_ptr(), rstd.data_ptr(), dx.data_ptr())  # fmt: skip
+        index = {part: i for i, part in enumerate(parts)}
+        scale = ctx.scale
+
+        def run(r0: int, r1: int) -> None:
+            i = index[(r0, r1)]
+            lib.ln_relu_dropout_bwd_f32(*ptrs, dw[i].data_ptr(), db[i].data_ptr(), r0, r1, n,
+                                        scale)  # fmt: skip
+
+        run_chunks(parts, run)
+        return dx, dw.sum(0), db.sum(0), None, None
+
+
+def layer_norm_relu_dropout(x: Tensor, norm: nn.LayerNorm, p: float, training: bool) -> Tensor:
+    """``F.dropout(F.relu(norm(x)), p, training)``, as ONE pass each way on the CPU.
+
+    The fused kernel (:mod:`ctrcal.layers.cpu_kernels`) normalises a row, applies the affine,
+    the ReLU and the dropout mask of :func:`relu_dropout` (the same draw, so the same mask)
+    and writes the output once; its backward reads the output gradient, the output and the
+    input once and writes the input gradient, with the affine gradients summed per thread
+    chunk. Two activation-sized intermediate tensors (the norm's output and its gradient)
+    and their passes disappear. Anything else -- another norm setup, dtype or device, eval
+    mode, ``p == 0``, no C compiler -- runs the norm and :func:`relu_dropout`.
+
+    Args:
+        x: ``[B, N]`` input of the norm.
+        norm: an ``nn.LayerNorm(N)`` with affine weight and bias.
+        p: dropout rate; training: whether dropout is active.
+    """
+    fusable = (
+        training
+        and 0.0 < p < 1.0
+        and type(norm) is nn.LayerNorm
+        and norm.weight is not None
+        and norm.bias is not None
+        and x.dim() == 2
+        and tuple(norm.normalized_shape) == (x.shape[1],)
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and norm.weight.dtype == torch.float32
+        and not (norm._forward_hooks or norm._forward_pre_hooks)
+        and cpu_kernels() is not None
+    )
+    if not fusable:
+        return relu_dropout(norm(x), p, training)
+    return _LayerNormReLUDropoutFn.apply(x.contiguous(), norm.weight, norm.bias, norm.eps, p)
 
 
 def run_sequential(layers: nn.Sequential, x: Tensor) -> Tensor:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctrcal.layers.dropout import relu_dropout
+from ctrcal.layers.dropout import layer_norm_relu_dropout, relu_dropout
 from ctrcal.layers.registry import create_norm
 
 
@@ -136,8 +136,12 @@ class MaskBlock(nn.Module):
             mask = self.mask_layer(v_emb)
         else:
             mask = self.mask_layer[2](mask_hidden)
-        h = self.norm(self.hidden_layer(mask * v_hidden))
+        h = self.hidden_layer(mask * v_hidden)
         if type(self.activation) is nn.ReLU and type(self.dropout) is nn.Dropout:
-            # one fused node with a cheaper mask (same dropout in law): ctrcal.layers.dropout
-            return relu_dropout(h, self.dropout.p, self.dropout.training)
-        return self.dropout(self.activation(h))
+            # one fused node with a cheaper mask (same dropout in law), with the LayerNorm in
+            # it where the norm is one: ctrcal.layers.dropout
+            p, training = self.dropout.p, self.dropout.training
+            if type(self.norm) is nn.LayerNorm:
+                return layer_norm_relu_dropout(h, self.norm, p, training)
+            return relu_dropout(self.norm(h), p, training)
+        return self.dropout(self.activation(self.norm(h)))

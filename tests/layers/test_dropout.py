@@ -224,3 +224,87 @@ def test_mask_does_not_depend_on_the_thread_split():
     finally:
         torch.set_num_threads(old)
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+# LayerNorm -> ReLU -> dropout as one kernel: the same function as the three modules.
+
+
+def _affine_layernorm(n: int) -> torch.nn.LayerNorm:
+    ln = torch.nn.LayerNorm(n, eps=1e-3)
+    with torch.no_grad():
+        ln.weight.normal_()
+        ln.bias.normal_()
+    return ln
+
+
+def test_fused_layernorm_relu_dropout_equals_the_modules(monkeypatch):
+    from ctrcal.layers.dropout import layer_norm_relu_dropout
+
+    _, _ = _kernel_or_skip()
+    torch.manual_seed(30)
+    ln = _affine_layernorm(96)
+    x = torch.randn(700, 96) * 3 + 1  # several row chunks, rows with a far-from-zero mean
+    g = torch.randn(700, 96)
+    results = []
+    for fused in (True, False):
+        xi = x.clone().requires_grad_(True)
+        ln.zero_grad()
+        torch.manual_seed(31)
+        if fused:
+            y = layer_norm_relu_dropout(xi, ln, 0.3, training=True)
+        else:
+            y = relu_dropout(ln(xi), 0.3, training=True)
+        y.backward(g)
+        results.append((y.detach(), xi.grad, ln.weight.grad.clone(), ln.bias.grad.clone()))
+    (y_f, dx_f, dw_f, db_f), (y_u, dx_u, dw_u, db_u) = results
+    assert torch.equal(y_f == 0, y_u == 0)  # the same mask and the same ReLU zeros
+    # float32 rounding of a differently ordered row reduction, and of sums over 700 rows
+    torch.testing.assert_close(y_f, y_u, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dx_f, dx_u, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(dw_f, dw_u, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(db_f, db_u, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_layernorm_path_falls_back_where_it_does_not_apply():
+    from ctrcal.layers import dropout
+
+    torch.manual_seed(32)
+    x = torch.randn(50, 16)
+    ln = _affine_layernorm(16)
+    calls = []
+    real = dropout._LayerNormReLUDropoutFn.apply
+    dropout._LayerNormReLUDropoutFn.apply = lambda *a: calls.append(1) or real(*a)
+    try:
+        out = dropout.layer_norm_relu_dropout(x, ln, 0.2, training=False)  # eval: no dropout
+        torch.testing.assert_close(out, torch.relu(ln(x)))
+        no_affine = torch.nn.LayerNorm(16, elementwise_affine=False)
+        torch.manual_seed(1)
+        a = dropout.layer_norm_relu_dropout(x, no_affine, 0.2, training=True)
+        torch.manual_seed(1)
+        torch.testing.assert_close(a, relu_dropout(no_affine(x), 0.2, training=True))
+        dropout.layer_norm_relu_dropout(x.double(), ln.double(), 0.2, training=True)
+        assert calls == []
+    finally:
+        dropout._LayerNormReLUDropoutFn.apply = real
+
+
+def test_mask_block_with_layernorm_trains_like_the_unfused_modules(monkeypatch):
+    from ctrcal.layers import dropout, mask_block
+
+    _kernel_or_skip()
+    torch.manual_seed(33)
+    blk = MaskBlock(12, 12, 64, dropout=0.25)
+    v = torch.randn(300, 12)
+    torch.manual_seed(34)
+    fused = blk(v, v)
+    fused.sum().backward()
+    grads = {n: p.grad.clone() for n, p in blk.named_parameters()}
+    blk.zero_grad()
+    monkeypatch.setattr(mask_block, "layer_norm_relu_dropout",
+                        lambda x, norm, p, t: dropout.relu_dropout(norm(x), p, t))  # fmt: skip
+    torch.manual_seed(34)
+    plain = blk(v, v)
+    plain.sum().backward()
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
+    for n, p in blk.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-5, msg=n)
