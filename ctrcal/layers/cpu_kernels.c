@@ -157,3 +157,31 @@ void ln_relu_dropout_bwd_f32(const float *g, const float *y, const float *x, con
         }
     }
 }
+
+/* ---- The instance-guided mask applied to the block input (ctrcal/layers/mask_block.py) ----
+ * t [R, N] = mask pre-activation without its bias, b [N] the bias, v [R, N] the block input:
+ * z = (t + b) * v for rows [r0, r1). */
+void masked_input_fwd_f32(const float *t, const float *b, const float *v, float *z, int64_t r0,
+                          int64_t r1, int64_t n) {
+    for (int64_t r = r0; r < r1; ++r) {
+        const float *tr = t + r * n, *vr = v + r * n;
+        float *zr = z + r * n;
+        for (int64_t j = 0; j < n; ++j) zr[j] = (tr[j] + b[j]) * vr[j];
+    }
+}
+
+/* Its backward from g = dz: dt = g * v, dv = g * (t + b), and this chunk's column sums of dt
+ * (the bias gradient) added into db [N]. */
+void masked_input_bwd_f32(const float *g, const float *t, const float *b, const float *v,
+                          float *dt, float *dv, float *db, int64_t r0, int64_t r1, int64_t n) {
+    for (int64_t r = r0; r < r1; ++r) {
+        const float *gr = g + r * n, *tr = t + r * n, *vr = v + r * n;
+        float *dtr = dt + r * n, *dvr = dv + r * n;
+        for (int64_t j = 0; j < n; ++j) {
+            float d = gr[j] * vr[j];
+            dtr[j] = d;
+            db[j] += d;
+            dvr[j] = gr[j] * (tr[j] + b[j]);
+        }
+    }
+}

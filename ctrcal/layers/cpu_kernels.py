@@ -1,9 +1,9 @@
 """ctrcal's small CPU kernels of training (``cpu_kernels.c``): build, load, run on chunks.
 
 The C source holds the fused ReLU + dropout and LayerNorm + ReLU + dropout
-(:mod:`ctrcal.layers.dropout`) and the embedding
-table gather / scatter-add (:mod:`ctrcal.layers.table_lookup`). It is compiled once per
-machine with the system C compiler and cached like the MC-LayerNorm kernel
+(:mod:`ctrcal.layers.dropout`), MaskBlock's masked input (:mod:`ctrcal.layers.mask_block`)
+and the embedding table gather / scatter-add (:mod:`ctrcal.layers.table_lookup`). It is
+compiled once per machine with the system C compiler and cached like the MC-LayerNorm kernel
 (:func:`ctrcal.layers.mcln_kernel.build_c_library`); where it cannot be built,
 :func:`cpu_kernels` is ``None`` and the callers take their torch paths. Calls go through
 ctypes, which releases the GIL, so :func:`run_chunks` runs the chunks of one call on a small
@@ -46,6 +46,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ln_relu_dropout_fwd_f32.restype = None
     lib.ln_relu_dropout_bwd_f32.argtypes = [ptr] * 9 + [i64] * 3 + [f32]
     lib.ln_relu_dropout_bwd_f32.restype = None
+    lib.masked_input_fwd_f32.argtypes = [ptr] * 4 + [i64] * 3
+    lib.masked_input_fwd_f32.restype = None
+    lib.masked_input_bwd_f32.argtypes = [ptr] * 7 + [i64] * 3
+    lib.masked_input_bwd_f32.restype = None
     return lib
 
 

@@ -21,9 +21,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
+from ctrcal.layers.cpu_kernels import cpu_kernels, run_chunks, split_range
 from ctrcal.layers.dropout import layer_norm_relu_dropout, relu_dropout
 from ctrcal.layers.registry import create_norm
+
+_MIN_ROWS = 64  # rows per thread at least in the masked-input kernel
 
 
 def reduced_width(width: int, reduction_ratio: float) -> int:
@@ -73,6 +77,71 @@ def mask_hidden_layers(
     # in place: addmm's backward does not need its output, ReLU's backward needs only its own
     hidden = torch.relu_(F.linear(v_emb, weight, bias))
     return list(hidden.split([f.out_features for f in firsts], dim=1))
+
+
+class _MaskedInputFn(torch.autograd.Function):
+    """``(a @ W^T + b) * v`` with the bias add and the product in one C pass each way."""
+
+    @staticmethod
+    def forward(ctx, a, weight, bias, v):  # type: ignore[override]
+        lib = cpu_kernels()
+        t = a @ weight.t()  # the bias joins in the kernel, not in the matrix product
+        z = torch.empty_like(t)
+        rows, n = t.shape
+        ptrs = (t.data_ptr(), bias.data_ptr(), v.data_ptr(), z.data_ptr())
+        run_chunks(split_range(rows, _MIN_ROWS),
+                   lambda r0, r1: lib.masked_input_fwd_f32(*ptrs, r0, r1, n))  # fmt: skip
+        ctx.save_for_backward(a, weight, bias, v, t)
+        return z
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        a, weight, bias, v, t = ctx.saved_tensors
+        lib = cpu_kernels()
+        grad = grad.contiguous()
+        rows, n = t.shape
+        dt, dv = torch.empty_like(t), torch.empty_like(v)
+        parts = split_range(rows, _MIN_ROWS)
+        db = torch.zeros(len(parts), n, dtype=t.dtype)  # per-chunk partial bias gradients
+        index = {part: i for i, part in enumerate(parts)}
+        ptrs = (grad.data_ptr(), t.data_ptr(), bias.data_ptr(), v.data_ptr(), dt.data_ptr(),
+                dv.data_ptr())  # fmt: skip
+
+        def run(r0: int, r1: int) -> None:
+            lib.masked_input_bwd_f32(*ptrs, db[index[(r0, r1)]].data_ptr(), r0, r1, n)
+
+        run_chunks(parts, run)
+        da = dt @ weight if ctx.needs_input_grad[0] else None
+        dw = dt.t() @ a if ctx.needs_input_grad[1] else None
+        return da, dw, db.sum(0), dv
+
+
+def masked_input(layer: nn.Linear, a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``layer(a) * v``: the mask (the mask generator's last layer) applied to the input.
+
+    On the CPU in float32 the bias add and the product run as one C pass, and the backward
+    computes both products' gradients and the bias gradient in one pass over the output
+    gradient (instead of two products, and the bias gradient's own pass over their first):
+    see :mod:`ctrcal.layers.cpu_kernels`. Anything else runs ``layer(a) * v``.
+
+    Shapes:
+        a: ``[B, mask_width]``; v: ``[B, hidden_dim]``; output ``[B, hidden_dim]``.
+    """
+    fusable = (
+        type(layer) is nn.Linear
+        and layer.bias is not None
+        and not (layer._forward_hooks or layer._forward_pre_hooks)
+        and a.dim() == 2
+        and v.shape == (a.shape[0], layer.out_features)
+        and a.device.type == v.device.type == "cpu"
+        and a.dtype == v.dtype == layer.weight.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
+        and cpu_kernels() is not None
+    )
+    if not fusable:
+        return layer(a) * v
+    return _MaskedInputFn.apply(a, layer.weight, layer.bias, v.contiguous())
 
 
 class MaskBlock(nn.Module):
@@ -133,10 +202,8 @@ class MaskBlock(nn.Module):
         not read.
         """
         if mask_hidden is None:
-            mask = self.mask_layer(v_emb)
-        else:
-            mask = self.mask_layer[2](mask_hidden)
-        h = self.hidden_layer(mask * v_hidden)
+            mask_hidden = self.mask_layer[1](self.mask_layer[0](v_emb))
+        h = self.hidden_layer(masked_input(self.mask_layer[2], mask_hidden, v_hidden))
         if type(self.activation) is nn.ReLU and type(self.dropout) is nn.Dropout:
             # one fused node with a cheaper mask (same dropout in law), with the LayerNorm in
             # it where the norm is one: ctrcal.layers.dropout
