@@ -37,7 +37,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
-from ctrcal.data import criteo
+from ctrcal.data import criteo, tsv_reader
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.data.features import MISSING_ID, OOV_ID, FeaturePipeline, FitStats
 from ctrcal.data.hexkeys import hex8_to_u32, key_expr, u32_to_hex8
@@ -101,11 +101,19 @@ def _parse(sources: list[Any]) -> tuple[pl.DataFrame, list[int]]:
     missing): ``uint64`` keys of their 8-byte values (see :mod:`ctrcal.data.hexkeys`), or for
     a column with values of other lengths the values read base 16 (``uint32``, polars'
     ``str.to_integer``, as the strict way reads them). The keys are taken as the text is
-    parsed, so the strings of a whole file are never held at once. Also each source's rows.
+    parsed, so the strings of a whole file are never held at once. Files in the clean form
+    are read by :mod:`ctrcal.data.tsv_reader` instead (the same frame, in C, a chunk per
+    thread). Also each source's rows.
 
     Raises:
         _NotFast: anything the strict way must flag (see the module docstring).
     """
+    native = [tsv_reader.read_clean(s.read_path, s.fmt) for s in sources]
+    if all(f is not None for f in native):
+        frame = native[0] if len(native) == 1 else pl.concat(native, rechunk=False)
+        _check_labels(frame)
+        return frame, [f.height for f in native]
+    del native
     queries = []
     for s in sources:
         lf = criteo.scan_raw(s.read_path, s.fmt, integers=True, row_index=False)
@@ -123,15 +131,19 @@ def _parse(sources: list[Any]) -> tuple[pl.DataFrame, list[int]]:
     del frames
     if frame[criteo.EXTRA_COL].null_count() != frame.height:
         raise _NotFast  # a row with more fields than the layout
-    label = frame[LABEL]
-    if label.null_count() != frame.height and (label.min() < 0 or label.max() > 1):
-        raise _NotFast  # a label other than 0 / 1
+    _check_labels(frame)
     flags = frame.select(pl.col(_odd(c)).any() for c in CATEGORICAL_COLUMNS).row(0)
     frame = frame.drop(criteo.EXTRA_COL, *(_odd(c) for c in CATEGORICAL_COLUMNS))
     other = [c for c, flag in zip(CATEGORICAL_COLUMNS, flags, strict=True) if flag]
     if other:
         frame = frame.with_columns(_read_base16(sources, other))
     return frame, heights
+
+
+def _check_labels(frame: pl.DataFrame) -> None:
+    label = frame[LABEL]
+    if label.null_count() != frame.height and (label.min() < 0 or label.max() > 1):
+        raise _NotFast  # a label other than 0 / 1
 
 
 def _read_base16(sources: list[Any], names: list[str]) -> pl.DataFrame:

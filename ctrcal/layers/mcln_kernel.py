@@ -14,12 +14,8 @@ release the GIL, so row chunks run on a thread pool.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shutil
 import subprocess
-import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +26,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ctrcal.cbuild import build_c_library
+
 _C_SOURCE = Path(__file__).with_name("mcln_kernel.c").read_text()
 
 
@@ -38,11 +36,6 @@ def small_side(n: int, k: int) -> tuple[int, bool]:
     return (k, False) if k <= n - k else (n - k, True)
 
 
-_CFLAGS = ["-O3", "-fno-math-errno", "-fopenmp-simd", "-shared", "-fPIC"]
-# The machine's own vector instructions (AVX2 / AVX-512 where present) make the kernel about
-# twice as fast as the baseline x86-64 build; the cached library is keyed by the CPU's
-# identity, so a cache shared between different machines never loads a foreign build.
-_NATIVE = ["-march=native"]
 _MIN_CHUNK_ELEMENTS = 1 << 16  # a thread's chunk of rows spans at least this many elements
 
 
@@ -184,72 +177,6 @@ def _reset_pool_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_pool_after_fork)
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("CTRCAL_CACHE_DIR") or os.environ.get("XDG_CACHE_HOME")
-    base = Path(root) / "ctrcal" if root else Path.home() / ".cache" / "ctrcal"
-    return base / "kernels"
-
-
-def _compile(cc: str, folder: Path, name: str, flags: list[str], source: str = _C_SOURCE) -> Path:
-    """Compile ``source`` inside ``folder`` and rename it to ``folder/name`` (atomic)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / name
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        src = Path(tmp) / "kernel.c"
-        src.write_text(source)
-        out = Path(tmp) / name
-        proc = subprocess.run(
-            [cc, *flags, "-o", str(out), str(src), "-lm"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
-        os.replace(out, target)  # concurrent builders all end with one complete file
-    return target
-
-
-def _cpu_identity() -> str:
-    """Model name and feature flags of this CPU (what -march=native compiles for)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor()
-    keep = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags", "Features"))]
-    return "\n".join(sorted(set(keep)))
-
-
-def build_c_library(source: str, stem: str) -> ctypes.CDLL:
-    """Compile (once per machine, cached) and load a C source of ctrcal's CPU kernels.
-
-    Raises:
-        RuntimeError: no C compiler, or the source does not compile.
-    """
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        raise RuntimeError("no C compiler found (set CC)")
-    errors = []
-    for flags in ([*_CFLAGS, *_NATIVE], _CFLAGS):  # native first; portable if that fails
-        parts = [source, cc, *flags, _cpu_identity() if flags is not _CFLAGS else ""]
-        tag = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
-        name = f"{stem}_{platform.system()}_{platform.machine()}_{tag}.so".lower()
-        target = _cache_dir() / name
-        try:
-            if not target.exists():
-                try:
-                    target = _compile(cc, _cache_dir(), name, flags, source)
-                except OSError:
-                    # unwritable cache: build in a private temporary folder for this process
-                    # only (never load a shared, predictable temp path another user wrote)
-                    folder = Path(tempfile.mkdtemp(prefix="ctrcal-kernel-"))
-                    target = _compile(cc, folder, name, flags, source)
-            return ctypes.CDLL(str(target))
-        except (RuntimeError, OSError) as exc:
-            errors.append(str(exc))
-    raise RuntimeError("; ".join(errors))
 
 
 def _build_kernel() -> _CKernel:
