@@ -509,6 +509,9 @@ def _prepare_synthetic(cfg: Any, out_dir: Path, *, force: bool) -> PrepareResult
 
 def _reuse(out_dir: str | Path, key: str) -> PrepareResult:
     out_dir = Path(out_dir)
+    # a run killed after publishing but before removing its own temporaries (the synthetic
+    # source's, say) left them behind: reusing the result is when they are found next
+    clean_stale_temporaries(out_dir)
     fm = json.loads((out_dir / FEATURE_MAP_FILE).read_text())
     return PrepareResult(
         out_dir, True, key,
