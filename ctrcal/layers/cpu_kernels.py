@@ -4,7 +4,7 @@ The C source holds the fused ReLU + dropout and LayerNorm + ReLU + dropout
 (:mod:`ctrcal.layers.dropout`), MaskBlock's masked input (:mod:`ctrcal.layers.mask_block`)
 and the embedding table gather / scatter-add (:mod:`ctrcal.layers.table_lookup`). It is
 compiled once per machine with the system C compiler and cached like the MC-LayerNorm kernel
-(:func:`ctrcal.layers.mcln_kernel.build_c_library`); where it cannot be built,
+(:func:`ctrcal.cbuild.build_c_library`); where it cannot be built,
 :func:`cpu_kernels` is ``None`` and the callers take their torch paths. Calls go through
 ctypes, which releases the GIL, so :func:`run_chunks` runs the chunks of one call on a small
 thread pool (as many chunks as torch has intra-op threads).
@@ -57,7 +57,7 @@ def cpu_kernels() -> ctypes.CDLL | None:
     """The loaded library, built on first use; ``None`` where it cannot be built."""
     with _lock:
         if "lib" not in _state:
-            from ctrcal.layers.mcln_kernel import build_c_library
+            from ctrcal.cbuild import build_c_library
 
             source = Path(__file__).with_name("cpu_kernels.c").read_text()
             try:
