@@ -18,6 +18,9 @@ and after. Ratios measured within one run depend much less on the load than abso
 ``--baseline`` also times a straightforward pandas implementation of the same work (read as
 strings, per-column ``value_counts`` vocabulary, ``map``) on the same file.
 
+``CTRCAL_NATIVE_READER=0`` in the environment (passed on to the children) times the polars
+reader instead of the C reader of clean TSV files (:mod:`ctrcal.data.tsv_reader`).
+
 ``--stream`` forces the chunked, bounded-memory path (``in_memory_bytes=0``) whatever the
 size. ``--rss-sizes`` instead prepares inputs of each size with the chunked path (one child
 process each, the first N lines of one generated file) and prints peak RSS against input size:
