@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from batches import random_batch
 from torch import nn
 
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
@@ -15,9 +16,7 @@ D = 8
 
 
 def _inputs(b: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    cat = torch.stack([torch.randint(0, v, (b,), generator=g) for v in VOCAB], dim=1)
-    return cat, torch.randn(b, FN, generator=g)
+    return random_batch(VOCAB, FN, b, seed)
 
 
 @pytest.mark.parametrize("mode", ["linear", "scaled", "bucket"])

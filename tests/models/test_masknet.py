@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from batches import random_batch
 from torch import nn
 
 from ctrcal.config import ModelConfig, NormSpec, load_config
@@ -25,9 +26,7 @@ F = FN + len(VOCAB)
 
 
 def _inputs(b: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    cat = torch.stack([torch.randint(0, v, (b,), generator=g) for v in VOCAB], dim=1)
-    return cat, torch.randn(b, FN, generator=g)
+    return random_batch(VOCAB, FN, b, seed)
 
 
 def _model(**kwargs) -> MaskNet:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from batches import random_batch
 
 import ctrcal.models.masknet as masknet_module
 from ctrcal.layers.mask_block import mask_hidden_layers
@@ -15,9 +16,7 @@ D = 6
 
 
 def _inputs(b: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    cat = torch.stack([torch.randint(0, v, (b,), generator=g) for v in VOCAB], dim=1)
-    return cat, torch.randn(b, FN, generator=g)
+    return random_batch(VOCAB, FN, b, seed)
 
 
 def _pair(dtype: torch.dtype, **kwargs) -> tuple[MaskNet, MaskNet]:
