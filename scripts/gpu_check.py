@@ -10,7 +10,8 @@ Checks (tiny generated data; each prints PASS or FAIL with a reason):
 * Triton MC-LayerNorm vs the masked formula and the torch path, row (N=400) and grouped
   (39 fields x 16) shapes, fp32 and bf16: exact k per row, inclusion rates, subset-mean
   variance against theory, forward and gradients equal to the formula on the same subsets;
-* per-field MC-LayerNorm (FieldNorm) on the grouped kernel; torch.compile keeps the kernel;
+* per-field MC-LayerNorm (FieldNorm) on the grouped kernel; torch.compile keeps the kernel,
+  and the ``CTRCAL_MCLN_COMPILED=decomposed`` graph (subset op + tensor ops) equals it;
 * MaskNet forward/backward under bf16 autocast;
 * end to end through the command line: training runs with LayerNorm and MC-LayerNorm with the
   data resident on the GPU (fp32, bf16, compiled), DDP with NCCL over the visible GPUs
@@ -19,7 +20,7 @@ Checks (tiny generated data; each prints PASS or FAIL with a reason):
 
 Benchmarks (median of several timed rounds, CUDA-synchronised): MC-LN / LN forward+backward
 layer ratios, serial MaskNet training rows/s (data on the device; fp32 and bf16; LN and
-MC-LN; eager and compiled) and the MC-LN / LN step ratio, evaluation rows/s (one-shot LN,
+MC-LN; eager and compiled, MC-LN compiled both ways) and the MC-LN / LN step ratios, evaluation rows/s (one-shot LN,
 one-shot MC-LN, 10 MC samples).
 
 ``--quick`` (a few minutes) runs the Triton kernel checks (no torch-path or model checks, no
@@ -244,6 +245,32 @@ def check_compile() -> str:
     b = compiled(x)
     require(torch.equal(a, b), "compiled layer not reproducible under manual_seed")
     return f"{counter.frame_count} graph, op kept"
+
+
+@check("torch.compile, CTRCAL_MCLN_COMPILED=decomposed: subset op + fused tensor ops = kernel")
+def check_compile_decomposed() -> str:
+    from ctrcal.layers.mc_layernorm import MCLayerNorm
+
+    layer = MCLayerNorm(400, fraction=0.8).cuda().train()
+    x = torch.randn(512, 400, device="cuda")
+    results = []
+    for mode in ("decomposed", "kernel"):
+        os.environ["CTRCAL_MCLN_COMPILED"] = mode
+        torch._dynamo.reset()  # trace again under this mode
+        try:
+            compiled = torch.compile(layer, fullgraph=True)
+            torch.manual_seed(11)
+            xi = x.clone().requires_grad_()
+            y = compiled(xi)
+            (dx,) = torch.autograd.grad((y * y.cos()).sum(), [xi])
+            results.append((y.detach(), dx))
+        finally:
+            os.environ.pop("CTRCAL_MCLN_COMPILED", None)
+    (y_d, dx_d), (y_k, dx_k) = results
+    err_y = (y_d - y_k).abs().max().item()
+    err_dx = (dx_d - dx_k).abs().max().item()
+    require(err_y < 1e-4 and err_dx < 1e-4, f"max |diff| y {err_y:.2e}, dx {err_dx:.2e}")
+    return f"max |diff| y {err_y:.1e}, dx {err_dx:.1e}"
 
 
 @check("MaskNet forward/backward under bf16 autocast (LN and MC-LN everywhere)")
@@ -516,9 +543,15 @@ def bench_training(
     out: dict[tuple[str, str], float] = {}
     # each compiled (norm, precision) pair is a compile of its own: about a minute
     precisions = compile_precisions if compiled else ("fp32", "bf16")
-    for norm in ("layernorm", "mclayernorm"):
+    # compiled, MC-LN runs both ways a graph can hold it (ctrcal.layers.mc_layernorm
+    # .COMPILED_MODES): the fused kernel op, or the subset op with inductor-fused tensor ops
+    variants = [("layernorm", "kernel"), ("mclayernorm", "kernel")]
+    if compiled:
+        variants.append(("mclayernorm", "decomposed"))
+    for norm, mode in variants:
         model = _masknet(norm)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+        label = norm if mode == "kernel" else f"{norm}-{mode}"
         for precision in precisions:
             amp = precision == "bf16"
 
@@ -535,8 +568,12 @@ def bench_training(
 
             step.i = 0
             fn = torch.compile(step) if compiled else step
-            seconds = _time_cuda(fn, 20)
-            out[(norm, precision)] = seconds
+            os.environ["CTRCAL_MCLN_COMPILED"] = mode  # read when the step is traced
+            try:
+                seconds = _time_cuda(fn, 20)
+            finally:
+                os.environ.pop("CTRCAL_MCLN_COMPILED", None)
+            out[(label, precision)] = seconds
     return out
 
 
@@ -592,8 +629,9 @@ def benchmarks(
                 f"{batch / seconds:>14,.0f} rows/s"
             )
         for precision in sorted({p for _, p in res}):
-            ratio = res[("mclayernorm", precision)] / res[("layernorm", precision)]
-            print(f"  MC-LN / LN step time, {precision}: {ratio:.3f}")
+            for label in sorted({n for n, _ in res} - {"layernorm"}):
+                ratio = res[(label, precision)] / res[("layernorm", precision)]
+                print(f"  {label} / layernorm step time, {precision}: {ratio:.3f}")
     if evaluation:
         bench_eval(batch)
 
@@ -639,7 +677,8 @@ def main(argv: list[str] | None = None) -> int:
         checks = [
             check_row_statistics, check_row_statistics_torch, check_grouped_statistics,
             check_grouped_statistics_torch, check_row_formula, check_row_formula_bf16,
-            check_grouped_formula, check_wide, check_field_norm, check_compile, check_bf16,
+            check_grouped_formula, check_wide, check_field_norm, check_compile,
+            check_compile_decomposed, check_bf16,
             check_mc_predict,
         ]  # fmt: skip
         if args.quick:

@@ -382,6 +382,8 @@ def _normalize_rows(
     if mask is None and rows > 0:
         choice = _choose_backend(backend, x.device, n)
         if choice == "triton":
+            if _is_compiling() and compiled_mode() == "decomposed":
+                return _decomposed_rows(x, weight, bias, groups, k, eps, generator)
             try:
                 return _triton().triton_mc_layer_norm(x, weight, bias, groups, k, eps, generator)
             except Exception as exc:  # any compiler or driver failure: fall back, once
@@ -405,17 +407,77 @@ def _normalize_rows(
             raise ValueError(f"mask must have shape [{rows}, {n}], got {list(mask.shape)}")
         mask = mask.to(device=x.device, dtype=compute)
         counts = mask.sum(dim=1, keepdim=True)
+    return _masked_rows(x, mask, counts, weight, bias, groups, eps)
+
+
+def _masked_rows(
+    x: Tensor,
+    mask: Tensor | None,
+    counts: int | Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    groups: int,
+    eps: float,
+) -> Tensor:
+    """Rows x [R, N] normalised with the statistics of their ``mask`` [R, N] (0/1, in the
+    compute dtype; None: every feature) over ``counts`` (an int, or [R, 1]) features, then the
+    affine (weight/bias [groups, N] or [N]). Float32 statistics (float64 for float64 input);
+    the output has x's dtype."""
+    rows, n = x.shape
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     with torch.autocast(x.device.type, enabled=False):
         xf = x.to(compute)
-        mu = (xf * mask).sum(dim=1, keepdim=True) / counts
+        masked = xf if mask is None else xf * mask
+        mu = masked.sum(dim=1, keepdim=True) / counts
         xc = xf - mu
-        var = (xc * xc * mask).sum(dim=1, keepdim=True) / counts
+        sq = xc * xc if mask is None else xc * xc * mask
+        var = sq.sum(dim=1, keepdim=True) / counts
         y = (xc * torch.rsqrt(var + eps)).reshape(-1, groups, n)
         if weight is not None:
             y = y * weight.to(compute)
         if bias is not None:
             y = y + bias.to(compute)
     return y.reshape(rows, n).to(x.dtype)
+
+
+COMPILED_MODES = ("kernel", "decomposed")
+"""How a ``torch.compile`` graph runs the Triton MC-LayerNorm (environment variable
+``CTRCAL_MCLN_COMPILED``, read when a graph is traced). ``kernel`` (default): the fused forward
+and backward ops, kept whole in the graph. ``decomposed``: only the subset draw is an op
+(:func:`ctrcal.layers.mcln_triton.mc_subset_mask`, the same subsets from the same seed); the
+masked statistics, the affine and their gradients are ordinary tensor ops that inductor fuses
+with the neighbouring operations, at the cost of a one-byte-per-element mask."""
+
+
+def compiled_mode() -> str:
+    """The :data:`COMPILED_MODES` entry in force (``CTRCAL_MCLN_COMPILED``, default kernel)."""
+    mode = (os.environ.get("CTRCAL_MCLN_COMPILED") or "kernel").strip().lower()
+    if mode not in COMPILED_MODES:
+        raise ConfigError(
+            f"CTRCAL_MCLN_COMPILED must be one of {', '.join(COMPILED_MODES)}, got {mode!r}"
+        )
+    return mode
+
+
+def _decomposed_rows(
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    groups: int,
+    k: int,
+    eps: float,
+    generator: torch.Generator | None,
+) -> Tensor:
+    """MC-LayerNorm of x [R, N] (affine [groups, N] or [N]) as tensor ops around the Triton
+    subset draw: the traced form of the ``decomposed`` :func:`compiled_mode`. Statistics in
+    float32 (float64 input: float64); the output has x's dtype."""
+    rows, n = x.shape
+    if k == n:  # the full set draws nothing
+        return _masked_rows(x, None, n, weight, bias, groups, eps)
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    seed = _triton().draw_seed(x.device, generator)
+    mask = _triton().mc_subset_mask(seed, rows, n, k).to(compute)
+    return _masked_rows(x, mask, k, weight, bias, groups, eps)
 
 
 # ---------------------------------------------------------------------------------------------

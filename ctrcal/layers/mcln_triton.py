@@ -314,6 +314,21 @@ def subset_mask(rows: int, n: int, k: int, seed: Tensor) -> Tensor:
     return mask
 
 
+@torch.library.custom_op("ctrcal::mc_subset_mask", mutates_args=())
+def mc_subset_mask(seed: Tensor, rows: int, n: int, k: int) -> Tensor:
+    """uint8 [rows, n]: :func:`subset_mask` as an op that compiled graphs keep.
+
+    A compiled graph can take the subsets from this op and run the statistics, the affine and
+    their backward as ordinary tensor ops, which inductor fuses into the neighbouring
+    operations (see :func:`ctrcal.layers.mc_layernorm.compiled_mode`)."""
+    return subset_mask(rows, n, k, seed)
+
+
+@mc_subset_mask.register_fake
+def _(seed, rows, n, k):
+    return seed.new_empty(rows, n, dtype=torch.uint8)
+
+
 def _programs(device: torch.device, wanted: int) -> int:
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count

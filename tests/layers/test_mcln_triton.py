@@ -292,6 +292,61 @@ def test_compile_keeps_the_triton_op():
     assert x.grad is not None and layer.weight.grad is not None
 
 
+@needs_triton
+@pytest.mark.parametrize("per_field", [False, True])
+def test_decomposed_compiled_graph_draws_the_kernels_subsets(monkeypatch, per_field):
+    """CTRCAL_MCLN_COMPILED=decomposed: the graph keeps only the subset draw as an op and
+    equals the fused kernel (same RNG state, so the same subsets) in outputs and gradients."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    monkeypatch.setenv("CTRCAL_MCLN_COMPILED", "decomposed")
+    torch.manual_seed(0)
+    if per_field:
+        layer = GroupedMCLayerNorm(5, 16, fraction=0.5, backend="triton").train()
+        x = torch.randn(9, 5, 16)
+    else:
+        layer, x = MCLayerNorm(24, fraction=0.5, backend="triton").train(), torch.randn(9, 24)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(torch.randn_like(p))
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(layer, backend=counter, fullgraph=True)
+    results = []
+    for module in (compiled, layer):
+        torch.manual_seed(7)
+        xi = x.clone().requires_grad_()
+        y = module(xi)
+        grads = torch.autograd.grad((y * torch.cos(y)).sum(), [xi, *layer.parameters()])
+        results.append((y, grads))
+    assert counter.frame_count == 1
+    ops = [str(n.target) for g in counter.graphs for n in g.graph.nodes]
+    assert any("mc_subset_mask" in op for op in ops), ops
+    assert not any("mc_layer_norm_fwd" in op for op in ops), ops
+    (y_c, g_c), (y_e, g_e) = results
+    torch.testing.assert_close(y_c, y_e, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g_c, g_e, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@needs_triton
+def test_subset_mask_op_registration():
+    torch.library.opcheck(
+        torch.ops.ctrcal.mc_subset_mask.default,
+        (torch.tensor([3], dtype=torch.int64), 10, 12, 5),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+    mask = mcln_triton.mc_subset_mask(torch.tensor([3], dtype=torch.int64), 10, 12, 5)
+    assert mask.dtype == torch.uint8 and (mask.sum(1) == 5).all()
+
+
+def test_unknown_compiled_mode_is_a_clear_error(monkeypatch):
+    from ctrcal.errors import ConfigError
+
+    monkeypatch.setenv("CTRCAL_MCLN_COMPILED", "fused-ish")
+    with pytest.raises(ConfigError, match="CTRCAL_MCLN_COMPILED must be one of kernel, decomposed"):
+        mc_layernorm.compiled_mode()
+
+
 # ---------------------------------------------------------------------------------------------
 # bad input and fallbacks
 
