@@ -20,7 +20,12 @@ layout, a label is not 0/1, a categorical is not hex -- :func:`encode_fast` retu
 *before writing anything*, and the strict way (which flags such rows with file, line and
 column, or skips them) prepares the data instead.
 
-Work per column is independent: the fit's counts of each column (train rows only), then,
+Clean files (see :mod:`ctrcal.data.tsv_reader`) go further in C: their parsed arrays are coded
+column by column (:mod:`ctrcal.data.column_codes`, :mod:`ctrcal.data.coded_fit`), so the fit
+reads each column's distinct values and train counts, the encoding answers once per distinct
+value, and the rows come out grouped by split (each split written as a slice, not a filter).
+
+Otherwise work per column is independent: the fit's counts of each column (train rows only), then,
 after :meth:`~ctrcal.data.features.FeaturePipeline.fit_stats`, the encoding of each column,
 run on a thread per core (numpy and polars release the GIL).
 """
@@ -37,7 +42,8 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
-from ctrcal.data import criteo, tsv_reader
+from ctrcal.data import coded_fit, column_codes, criteo, tsv_reader
+from ctrcal.data.coded_fit import CodedInput
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.data.features import MISSING_ID, OOV_ID, FeaturePipeline, FitStats
 from ctrcal.data.hexkeys import hex8_to_u32, key_expr, u32_to_hex8
@@ -86,7 +92,9 @@ def encode_fast(
         return False
     for k, name in enumerate(SPLITS):
         (tmp / name).mkdir()
-        write(enc.filter(pl.Series(masks[k])), tmp / name / "part-00000.parquet")
+        rows = masks[k]
+        part = enc.slice(*rows) if isinstance(rows, tuple) else enc.filter(pl.Series(rows))
+        write(part, tmp / name / "part-00000.parquet")
     clock.add("write")
     tally.fast = True
     return True
@@ -96,7 +104,7 @@ def _odd(name: str) -> str:
     return f"__other_length_{name}"
 
 
-def _parse(sources: list[Any]) -> tuple[pl.DataFrame, list[int]]:
+def _parse(sources: list[Any]) -> tuple[pl.DataFrame | CodedInput, list[int]]:
     """Every source's rows: ``label`` and ``I1..I13`` Int64, ``C1..C26`` integer keys (null =
     missing): ``uint64`` keys of their 8-byte values (see :mod:`ctrcal.data.hexkeys`), or for
     a column with values of other lengths the values read base 16 (``uint32``, polars'
@@ -108,11 +116,17 @@ def _parse(sources: list[Any]) -> tuple[pl.DataFrame, list[int]]:
     Raises:
         _NotFast: anything the strict way must flag (see the module docstring).
     """
-    native = [tsv_reader.read_clean(s.read_path, s.fmt) for s in sources]
+    native = [tsv_reader.read_clean_columns(s.read_path, s.fmt) for s in sources]
     if all(f is not None for f in native):
-        frame = native[0] if len(native) == 1 else pl.concat(native, rechunk=False)
-        _check_labels(frame)
-        return frame, [f.height for f in native]
+        heights = [f.rows for f in native]
+        if column_codes.available():
+            coded = CodedInput.join(native)
+            _check_labels(coded.label_series())
+            return coded, heights
+        frames = [f.frame() for f in native]
+        frame = frames[0] if len(frames) == 1 else pl.concat(frames, rechunk=False)
+        _check_labels(frame[LABEL])
+        return frame, heights
     del native
     queries = []
     for s in sources:
@@ -131,7 +145,7 @@ def _parse(sources: list[Any]) -> tuple[pl.DataFrame, list[int]]:
     del frames
     if frame[criteo.EXTRA_COL].null_count() != frame.height:
         raise _NotFast  # a row with more fields than the layout
-    _check_labels(frame)
+    _check_labels(frame[LABEL])
     flags = frame.select(pl.col(_odd(c)).any() for c in CATEGORICAL_COLUMNS).row(0)
     frame = frame.drop(criteo.EXTRA_COL, *(_odd(c) for c in CATEGORICAL_COLUMNS))
     other = [c for c, flag in zip(CATEGORICAL_COLUMNS, flags, strict=True) if flag]
@@ -140,9 +154,8 @@ def _parse(sources: list[Any]) -> tuple[pl.DataFrame, list[int]]:
     return frame, heights
 
 
-def _check_labels(frame: pl.DataFrame) -> None:
-    label = frame[LABEL]
-    if label.null_count() != frame.height and (label.min() < 0 or label.max() > 1):
+def _check_labels(label: pl.Series) -> None:
+    if label.null_count() != len(label) and (label.min() < 0 or label.max() > 1):
         raise _NotFast  # a label other than 0 / 1
 
 
@@ -160,20 +173,20 @@ def _read_base16(sources: list[Any], names: list[str]) -> pl.DataFrame:
 
 def _parse_fit_encode(
     sources: list[Any], plan: SplitPlan, pipe: FeaturePipeline, clock: Any, tally: Any
-) -> tuple[pl.DataFrame, list[np.ndarray]]:
-    """Parse, fit on the train rows and encode every row; (encoded frame, row mask per
-    split)."""
+) -> tuple[pl.DataFrame, list[np.ndarray] | list[tuple[int, int]]]:
+    """Parse, fit on the train rows and encode every row; (encoded frame, per split its row
+    mask, or its (offset, rows) in a frame whose rows are grouped by split)."""
     from ctrcal.data.encode import PROB_COL, check_rows
 
     frame, heights = _parse(sources)
     clock("parse")
-    n = frame.height
+    n = sum(heights)
     file = np.repeat(np.arange(len(heights), dtype=np.int64), heights)
     row = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum([0, *heights[:-1]]), heights)
     codes = plan.codes(file, row)
     masks = [codes == k for k in range(len(SPLITS))]
     train = masks[0]
-    label = frame[LABEL]
+    label = frame.label_series() if isinstance(frame, CodedInput) else frame[LABEL]
     labelled = label.is_not_null().to_numpy()
     label_np = label.fill_null(0).to_numpy().astype(np.float64)
     for k, mask in enumerate(masks):
@@ -185,6 +198,8 @@ def _parse_fit_encode(
     probs = _probs(sources, heights) if tally.with_prob else None
     tally.with_prob = probs is not None
     clock("split")
+    if isinstance(frame, CodedInput):
+        return _fit_encode_coded(frame, masks, pipe, tally, probs, clock)
 
     # -- fit: each column's counts over the train rows (polars, a column per thread) --------
     # each column is dropped once encoded, so memory shrinks as the encoded columns grow
@@ -260,6 +275,35 @@ def _parse_fit_encode(
     # one chunk per column whatever the parse's chunking, so the files written do not depend
     # on how the streaming engine cut the text (reruns are byte-identical)
     return pl.DataFrame(encoded).rechunk(), masks
+
+
+def _fit_encode_coded(
+    data: CodedInput, masks: list[np.ndarray], pipe: FeaturePipeline, tally: Any,
+    probs: pl.Series | None, clock: Any,
+) -> tuple[pl.DataFrame, list[tuple[int, int]]]:
+    """The fit and encoding of :mod:`ctrcal.data.coded_fit`: the frame below with its rows
+    grouped by split (each split's rows in their order), and each split's (offset, rows)."""
+    from ctrcal.data.encode import PROB_COL
+
+    # the coding writes each row's code at its place in split order: a split is then a slice
+    # of the encoded columns instead of a filter of all of them
+    n = len(masks[0])
+    order = np.concatenate([np.flatnonzero(m) for m in masks])
+    dest = np.empty(n, dtype=np.int32)
+    dest[order] = np.arange(n, dtype=np.int32)
+    threads = min(pl.thread_pool_size(), os.cpu_count() or 1)
+    coded = coded_fit.fit(data, masks[0], pipe, tally.rows[0], threads, dest)
+    if coded is None:
+        raise _NotFast  # a key that is not hex: the strict way names the row
+    clock("fit")
+    label = pipe._encode_label(data.label_series(order))
+    columns = [label, *coded_fit.encode(coded, pipe, threads)]
+    if probs is not None:
+        columns.append(probs.gather(order).alias(PROB_COL))
+    clock.add("encode")
+    sizes = [int(m.sum()) for m in masks]
+    offsets = np.cumsum([0, *sizes[:-1]]).tolist()
+    return pl.DataFrame(columns), list(zip(offsets, sizes, strict=True))
 
 
 def _probs(sources: list[Any], heights: list[int]) -> pl.Series | None:

@@ -22,6 +22,7 @@ import os
 import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,36 @@ def _clean_layout(fmt: Any) -> bool:
     return fmt.separator == "\t" and not fmt.has_header and tuple(fmt.columns) == columns
 
 
+@dataclass
+class CleanColumns:
+    """A clean file's columns as the C reader leaves them (0/1 ``valid`` marks present values).
+
+    ``ints`` [I, N] int64 and ``ivalid`` [I, N] uint8: the label (when ``labelled``), then
+    ``I1..I13``; ``keys`` [26, N] uint64 and ``kvalid`` [26, N] uint8: ``C1..C26``'s keys (see
+    :mod:`ctrcal.data.hexkeys`)."""
+
+    ints: np.ndarray
+    ivalid: np.ndarray
+    keys: np.ndarray
+    kvalid: np.ndarray
+    labelled: bool
+
+    @property
+    def rows(self) -> int:
+        return self.keys.shape[1]
+
+    def frame(self) -> pl.DataFrame:
+        """The columns as :func:`read_clean` gives them."""
+        n = self.rows
+        columns = [] if self.labelled else [pl.Series(LABEL, [None] * n, dtype=pl.Int64)]
+        names = [LABEL] * self.labelled + list(NUMERIC_COLUMNS)
+        columns += [nullable_series(m, self.ints[j], self.ivalid[j], pa.int64())
+                    for j, m in enumerate(names)]  # fmt: skip
+        columns += [nullable_series(m, self.keys[j], self.kvalid[j], pa.uint64())
+                    for j, m in enumerate(CATEGORICAL_COLUMNS)]  # fmt: skip
+        return pl.DataFrame(columns)
+
+
 def read_clean(path: str | Path, fmt: Any, threads: int | None = None) -> pl.DataFrame | None:
     """The file's columns (see the module docstring), or None when it is not in the clean form.
 
@@ -79,6 +110,14 @@ def read_clean(path: str | Path, fmt: Any, threads: int | None = None) -> pl.Dat
         threads: chunks parsed in parallel (default: polars' thread pool size, at most the
             cores).
     """
+    columns = read_clean_columns(path, fmt, threads)
+    return None if columns is None else columns.frame()
+
+
+def read_clean_columns(
+    path: str | Path, fmt: Any, threads: int | None = None
+) -> CleanColumns | None:
+    """:func:`read_clean`'s columns as numpy arrays (:class:`CleanColumns`), or None."""
     if not _clean_layout(fmt) or not available():
         return None
     lib = _library()
@@ -96,7 +135,7 @@ def read_clean(path: str | Path, fmt: Any, threads: int | None = None) -> pl.Dat
 
 def _parse(
     lib: ctypes.CDLL, mm: mmap.mmap, base: int, size: int, labelled: bool, threads: int
-) -> pl.DataFrame | None:
+) -> CleanColumns | None:
     cuts = [0]
     for k in range(1, threads):
         nl = mm.find(b"\n", max(size * k // threads, cuts[-1]))
@@ -124,15 +163,12 @@ def _parse(
         parsed = list(pool.map(parse, spans, firsts))
     if parsed != counts:
         return None  # a line not in the clean form: polars reads the file
-    columns = [] if labelled else [pl.Series(LABEL, [None] * n, dtype=pl.Int64)]
-    names = [LABEL] * labelled + list(NUMERIC_COLUMNS)
-    columns += [_series(m, ints[j], ivalid[j], pa.int64()) for j, m in enumerate(names)]
-    columns += [_series(m, keys[j], kvalid[j], pa.uint64())
-                for j, m in enumerate(CATEGORICAL_COLUMNS)]  # fmt: skip
-    return pl.DataFrame(columns)
+    return CleanColumns(ints, ivalid, keys, kvalid, labelled)
 
 
-def _series(name: str, values: np.ndarray, valid: np.ndarray, dtype: pa.DataType) -> pl.Series:
+def nullable_series(
+    name: str, values: np.ndarray, valid: np.ndarray, dtype: pa.DataType
+) -> pl.Series:
     """``values`` as a polars column, null where ``valid`` is 0 (an Arrow validity bitmap)."""
     nulls = len(valid) - int(np.count_nonzero(valid))
     if nulls == 0:
@@ -142,4 +178,5 @@ def _series(name: str, values: np.ndarray, valid: np.ndarray, dtype: pa.DataType
     return pl.Series(name, array)
 
 
-__all__ = ["ENV_SWITCH", "available", "read_clean"]
+__all__ = ["ENV_SWITCH", "CleanColumns", "available", "nullable_series", "read_clean",
+           "read_clean_columns"]

@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from ctrcal.data import criteo, fastpath, tsv_reader
+from ctrcal.data import column_codes, criteo, fastpath, tsv_reader
 from ctrcal.data.prepare import prepare
 from ctrcal.data.synthetic import generate_frame, write_criteo
 from ctrcal.errors import DataError
@@ -153,8 +153,9 @@ def test_prepared_bytes_equal_with_and_without_the_c_reader(tmp_path, monkeypatc
     frame = generate_frame(3_000, seed=9)[0]
     path = write_criteo(frame, tmp_path / "train.txt", "dac")
     calls = []
-    real = tsv_reader.read_clean
-    monkeypatch.setattr(tsv_reader, "read_clean", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = tsv_reader.read_clean_columns
+    monkeypatch.setattr(tsv_reader, "read_clean_columns",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))  # fmt: skip
     off = _prepared(path, tmp_path / "off", monkeypatch, "0")
     one = _prepared(path, tmp_path / "one", monkeypatch, "1", threads=1)
     two = _prepared(path, tmp_path / "two", monkeypatch, "1", threads=2)
@@ -170,8 +171,9 @@ def test_without_a_compiler_polars_reads_the_file(tmp_path, monkeypatch):
     want = _prepared(path, tmp_path / "with", monkeypatch, "1")
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setattr(tsv_reader, "_state", {})
+    monkeypatch.setattr(column_codes, "_state", {})
     monkeypatch.setattr("ctrcal.cbuild._cache_dir", lambda: tmp_path / "empty-cache")
-    assert not tsv_reader.available()
+    assert not tsv_reader.available() and not column_codes.available()
     assert _native(path) is None
     assert _prepared(path, tmp_path / "without", monkeypatch, "1") == want
 
