@@ -20,8 +20,8 @@ Checks (tiny generated data; each prints PASS or FAIL with a reason):
 
 Benchmarks (median of several timed rounds, CUDA-synchronised): MC-LN / LN forward+backward
 layer ratios, serial MaskNet training rows/s (data on the device; fp32 and bf16; LN and
-MC-LN; eager and compiled, MC-LN compiled both ways) and the MC-LN / LN step ratios, evaluation rows/s (one-shot LN,
-one-shot MC-LN, 10 MC samples).
+MC-LN; eager and compiled, MC-LN compiled both ways) and the MC-LN / LN step ratios,
+evaluation rows/s (one-shot LN, one-shot MC-LN, 10 MC samples).
 
 ``--quick`` (a few minutes) runs the Triton kernel checks (no torch-path or model checks, no
 command-line runs) and the layer and training-step benchmarks (no evaluation benchmark);
