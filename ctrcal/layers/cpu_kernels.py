@@ -54,7 +54,11 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def cpu_kernels() -> ctypes.CDLL | None:
-    """The loaded library, built on first use; ``None`` where it cannot be built."""
+    """The loaded library, built on first use; ``None`` where it cannot be built, and while
+    ``torch.compile`` traces: a ctypes call would split the graph, and inductor generates
+    fused code for the plain torch ops the callers take instead."""
+    if torch.compiler.is_compiling():
+        return None
     with _lock:
         if "lib" not in _state:
             from ctrcal.cbuild import build_c_library

@@ -52,9 +52,13 @@ def _keep_threshold(p: float) -> int:
     return round((1.0 - p) * (1 << 32))
 
 
-def _draw_key() -> int:
-    """One 63-bit key from torch's default CPU generator (what seeds a call's mask)."""
-    return int(torch.randint(0, (1 << 63) - 1, ()))
+def _draw_key() -> int | Tensor:
+    """One 63-bit key from torch's default CPU generator (what seeds a call's mask).
+
+    An int, or while ``torch.compile`` traces the 0-dim int64 tensor itself: reading it back
+    would split the graph, and only the torch path (which takes either) runs there."""
+    key = torch.randint(0, (1 << 63) - 1, ())
+    return key if torch.compiler.is_compiling() else int(key)
 
 
 def _as_int64(v: int) -> int:
@@ -66,7 +70,7 @@ def _shift_right(z: Tensor, bits: int) -> Tensor:
     return (z >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def _keep_mask_torch(n: int, key: int, threshold: int) -> Tensor:
+def _keep_mask_torch(n: int, key: int | Tensor, threshold: int) -> Tensor:
     """The kernel's mask for elements ``0..n-1``, in torch (int64 arithmetic wraps mod 2**64)."""
     z = torch.arange(1, n + 1, dtype=torch.int64).mul_(_as_int64(_GOLDEN)).add_(key)
     z = (z ^ _shift_right(z, 30)).mul_(_as_int64(_MIX1))
