@@ -26,7 +26,8 @@ stock operators is the cost on the CPU:
   elsewhere: the output (saved anyway as the next layer's input) is all it needs, so no mask
   is stored and ReLU's own backward pass disappears.
 
-Other devices (CUDA has a fused dropout kernel) and ``p == 0`` take the stock operators.
+Other devices (CUDA has a fused dropout kernel), ``p == 0`` and graphs that ``torch.compile``
+traces take the stock operators.
 """
 
 from __future__ import annotations
@@ -52,13 +53,9 @@ def _keep_threshold(p: float) -> int:
     return round((1.0 - p) * (1 << 32))
 
 
-def _draw_key() -> int | Tensor:
-    """One 63-bit key from torch's default CPU generator (what seeds a call's mask).
-
-    An int, or while ``torch.compile`` traces the 0-dim int64 tensor itself: reading it back
-    would split the graph, and only the torch path (which takes either) runs there."""
-    key = torch.randint(0, (1 << 63) - 1, ())
-    return key if torch.compiler.is_compiling() else int(key)
+def _draw_key() -> int:
+    """One 63-bit key from torch's default CPU generator (what seeds a call's mask)."""
+    return int(torch.randint(0, (1 << 63) - 1, ()))
 
 
 def _as_int64(v: int) -> int:
@@ -70,7 +67,7 @@ def _shift_right(z: Tensor, bits: int) -> Tensor:
     return (z >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def _keep_mask_torch(n: int, key: int | Tensor, threshold: int) -> Tensor:
+def _keep_mask_torch(n: int, key: int, threshold: int) -> Tensor:
     """The kernel's mask for elements ``0..n-1``, in torch (int64 arithmetic wraps mod 2**64)."""
     z = torch.arange(1, n + 1, dtype=torch.int64).mul_(_as_int64(_GOLDEN)).add_(key)
     z = (z ^ _shift_right(z, 30)).mul_(_as_int64(_MIX1))
@@ -141,7 +138,10 @@ def relu_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     if not training or p == 0.0:
         return F.relu(x)
-    if x.device.type != "cpu" or not x.is_floating_point():
+    # a compiled graph takes the stock operators too: inductor fuses its own mask into the
+    # neighbouring code (the 64-bit hash does not fit its index arithmetic), so compiled and
+    # eager runs draw different masks
+    if x.device.type != "cpu" or not x.is_floating_point() or torch.compiler.is_compiling():
         return F.dropout(F.relu(x), p, training=True)
     return _ReLUDropoutFn.apply(x.contiguous(), p)
 
