@@ -125,16 +125,19 @@ def fit(
 
 def encode(coded: CodedColumns, pipe: FeaturePipeline, threads: int) -> list[pl.Series]:
     """Every row of the fitted columns encoded: the numeric, then the categorical columns in
-    the pipeline's order (float32 with nulls, int32 ids)."""
+    the pipeline's order (float32 with nulls, int32 ids). The encoding is written over the
+    codes, which ``coded`` no longer holds afterwards."""
     nums, cats = pipe.numeric_fields, pipe.categorical_fields
 
     def numeric(j: int, c: ColumnCodes) -> pl.Series:
-        z = c.gather(pipe._model_values(c.distinct.astype(np.float64), j), np.float32(np.nan))
+        z = c.gather(pipe._model_values(c.distinct.astype(np.float64), j), np.float32(np.nan),
+                     reuse=True)
         return pl.Series(nums[j], z, nan_to_null=True)
 
     def categorical(name: str, c: ColumnCodes, values: np.ndarray) -> pl.Series:
         # by value, so that an upper-case spelling of a kept value gets its id
-        return pl.Series(name, c.gather(pipe._index(name).lookup(values, OOV_ID), MISSING_ID))
+        return pl.Series(name, c.gather(pipe._index(name).lookup(values, OOV_ID), MISSING_ID,
+                                          reuse=True))
 
     jobs = [(numeric, j, c) for j, c in enumerate(coded.numeric)]
     jobs += [(categorical, n, c, v) for n, c, v in zip(cats, coded.categorical,

@@ -98,3 +98,10 @@ int64_t code_column(const uint64_t *values, const uint8_t *valid, const uint8_t 
     *train_missing = missing;
     return used;
 }
+
+/* out[i] = table[codes[i]] for 4-byte answers (int32 ids, float32 model values): the encoding
+ * of a coded column. codes index table directly (int32, no widening copy as numpy's take
+ * makes); the caller guarantees 0 <= codes[i] < the table's length, as code_column's are. */
+void gather4(const uint32_t *table, const int32_t *codes, int64_t n, uint32_t *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = table[codes[i]];
+}

@@ -43,6 +43,8 @@ def _library() -> ctypes.CDLL | None:
                 ptr, i64 = ctypes.c_void_p, ctypes.c_int64
                 lib.code_column.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr]
                 lib.code_column.restype = i64
+                lib.gather4.argtypes = [ptr, ptr, i64, ptr]
+                lib.gather4.restype = None
             except (RuntimeError, OSError, subprocess.SubprocessError):
                 lib = None
             _state["lib"] = lib
@@ -65,17 +67,27 @@ class ColumnCodes:
     train_counts: np.ndarray
     train_missing: int
 
-    def gather(self, per_value: np.ndarray, missing: Any) -> np.ndarray:
+    def gather(self, per_value: np.ndarray, missing: Any, reuse: bool = False) -> np.ndarray:
         """[N] ``per_value[index of the row's value]``, ``missing`` where the value is missing.
 
         Args:
             per_value: [D] the answer for each distinct value.
             missing: the answer for a missing value (of ``per_value``'s dtype).
+            reuse: write 4-byte answers over ``codes`` (then no longer usable) instead of
+                into new memory: the last gather of a column costs no fresh pages.
         """
         table = np.empty(len(per_value) + 1, dtype=per_value.dtype)
         table[0] = missing
         table[1:] = per_value
-        return table.take(self.codes)
+        if table.itemsize != 4:
+            return table.take(self.codes)
+        out = self.codes.view(table.dtype) if reuse else np.empty(len(self.codes), table.dtype)
+        # codes lie in [0, len(per_value)] by construction (see code_column); each is read
+        # before its own slot is written, so out may be codes itself
+        _library().gather4(table.ctypes.data, self.codes.ctypes.data, len(out), out.ctypes.data)
+        if reuse:
+            self.codes = None  # type: ignore[assignment]
+        return out
 
 
 def code_column(

@@ -66,6 +66,14 @@ def test_dest_reorders_the_codes_and_gather_answers_missing():
     np.testing.assert_array_equal(moved.codes[perm], plain.codes)
     answer = plain.gather(plain.distinct * 10, -1)
     np.testing.assert_array_equal(answer, np.where(valid == 1, values * 10, -1))
+    ids = np.arange(len(plain.distinct), dtype=np.int32) + 3
+    fresh = plain.gather(ids, np.int32(1))
+    assert fresh.dtype == np.int32 and plain.codes is not None
+    z = plain.distinct.astype(np.float32) / 7
+    values_z = moved.gather(z, np.float32(np.nan))
+    np.testing.assert_array_equal(moved.gather(z, np.float32(np.nan), reuse=True), values_z)
+    assert moved.codes is None  # written over
+    np.testing.assert_array_equal(fresh, np.where(valid == 1, ids[plain.codes - 1], 1))
     with pytest.raises(ValueError, match="outside"):
         column_codes.code_column(values, valid, train, dest=perm + 1)
     with pytest.raises(ValueError, match="shape"):
