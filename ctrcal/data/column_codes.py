@@ -29,7 +29,8 @@ from ctrcal.data.tsv_reader import ENV_SWITCH
 _SOURCE = Path(__file__).with_name("column_codes.c")
 _state: dict[str, Any] = {}
 _lock = threading.Lock()
-_MAX_ROWS = (1 << 31) - 1  # codes are int32
+MAX_ROWS = (1 << 31) - 1
+"""Rows one call can code (codes and destinations are int32)."""
 
 
 def _library() -> ctypes.CDLL | None:
@@ -111,8 +112,8 @@ def code_column(
     if lib is None:
         raise RuntimeError("the column_codes kernel is not available")
     n = len(values)
-    if n > _MAX_ROWS:
-        raise ValueError(f"{n} rows: at most {_MAX_ROWS} can be coded at once")
+    if n > MAX_ROWS:
+        raise ValueError(f"{n} rows: at most {MAX_ROWS} can be coded at once")
     values = np.ascontiguousarray(values)
     if values.dtype not in (np.int64, np.uint64):
         raise TypeError(f"code_column takes int64 or uint64 values, got {values.dtype}")
@@ -152,4 +153,4 @@ def code_columns(
         return list(pool.map(lambda c: code_column(c[0], c[1], train, dest), columns))
 
 
-__all__ = ["ColumnCodes", "available", "code_column", "code_columns"]
+__all__ = ["MAX_ROWS", "ColumnCodes", "available", "code_column", "code_columns"]

@@ -119,7 +119,7 @@ def _parse(sources: list[Any]) -> tuple[pl.DataFrame | CodedInput, list[int]]:
     native = [tsv_reader.read_clean_columns(s.read_path, s.fmt) for s in sources]
     if all(f is not None for f in native):
         heights = [f.rows for f in native]
-        if column_codes.available():
+        if column_codes.available() and sum(heights) <= column_codes.MAX_ROWS:
             coded = CodedInput.join(native)
             _check_labels(coded.label_series())
             return coded, heights
