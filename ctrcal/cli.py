@@ -126,6 +126,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    from ctrcal.runs import require_run_dir
+
+    require_run_dir(args.run_dir)  # a mistyped run answers before torch is imported
     from ctrcal.train.evaluate import evaluate_run
 
     metrics = evaluate_run(args.run_dir, args.split, args.data, mc_samples=args.mc_samples)

@@ -142,6 +142,31 @@ def run_progress(run_dir: str | Path) -> str:
     return "none"
 
 
+def require_run_dir(run_dir: str | Path) -> Path:
+    """``run_dir`` as a Path once it is a run directory with trained weights.
+
+    Cheap (no torch), so commands check it before their heavy imports.
+
+    Raises:
+        CtrcalError: no such directory, not a run directory, or no best checkpoint yet.
+    """
+    path = Path(run_dir)
+    if not path.exists():
+        raise CtrcalError(f"{run_dir}: no such run directory")
+    if not path.is_dir():
+        raise CtrcalError(f"{run_dir}: not a directory (expected a run directory)")
+    if not (path / CONFIG_FILE).exists():
+        raise CtrcalError(
+            f"{run_dir}: not a run directory (no {CONFIG_FILE}); `ctrcal train` writes one"
+        )
+    if not (path / BEST).exists():
+        raise CtrcalError(
+            f"{run_dir}: no trained weights yet (no {BEST}); finish the run with "
+            "`ctrcal train ... --resume`"
+        )
+    return path
+
+
 # checks a run's own config snapshot skips: the report it was trained for is not part of it
 SNAPSHOT_SKIPS = ("report",)
 

@@ -629,17 +629,17 @@ def _check_data_for_shifts(shifts: list[ShiftPlan], feature_map, data_dir: Path,
 def _check_stochastic(plan: VariantPlan, models, source: str) -> None:
     """MC passes need something that samples: MC-LayerNorm layers or (MC-Dropout) dropout."""
     from ctrcal.eval.predictive import dropout_modules
+    from ctrcal.layers.mc_layernorm import has_mc_layers
 
     if not plan.mc_samples:
         return
     for m in models:
-        mc_layers = [x for x in m.modules() if hasattr(x, "mc_sampling")]
         if plan.mc_dropout and not dropout_modules(m):
             raise ConfigError(
                 f"{source}: report.variants: {plan.name}: mc_dropout but the runs of "
                 f"{plan.run_variant} have no dropout layer"
             )
-        if not plan.mc_dropout and not mc_layers:
+        if not plan.mc_dropout and not has_mc_layers(m):
             raise ConfigError(
                 f"{source}: report.variants: {plan.name}: mc_samples but the runs of "
                 f"{plan.run_variant} have no MC layer (every pass would be the same); use "

@@ -78,6 +78,7 @@ __all__ = [
     "BACKENDS",
     "MCLayerNorm",
     "grouped_layer_norm",
+    "has_mc_layers",
     "kernel_available",
     "mc_grouped_layer_norm",
     "mc_layer_norm",
@@ -677,6 +678,11 @@ class MCLayerNorm(nn.LayerNorm):
 
 def _mc_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if hasattr(m, "mc_sampling")]
+
+
+def has_mc_layers(model: nn.Module) -> bool:
+    """Whether ``model`` holds a layer that MC sampling switches (so MC passes differ)."""
+    return bool(_mc_layers(model))
 
 
 def _noop_pre_hook(module: nn.Module, args: tuple) -> None:

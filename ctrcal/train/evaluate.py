@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ctrcal.errors import DataError
+from ctrcal.errors import ConfigError, DataError
 
 __all__ = ["evaluate_run", "monitor_value", "score_split", "valid_metrics"]
 
@@ -63,15 +63,22 @@ def evaluate_run(
             (checked before the model is loaded).
     """
     from ctrcal.data.feature_map import FeatureMap
-    from ctrcal.runs import run_data_dir
+    from ctrcal.layers.mc_layernorm import has_mc_layers
+    from ctrcal.runs import require_run_dir, run_data_dir
     from ctrcal.train.results import load_run
     from ctrcal.train.splits import open_split, require_labelled, resolve_data_mode
     from ctrcal.utils import resolve_device
 
+    require_run_dir(run_dir)
     data_dir = Path(data_dir) if data_dir is not None else run_data_dir(run_dir)
     current = FeatureMap.load(data_dir)
     require_labelled(current, split, data_dir, "evaluate")
     model, cfg, feature_map = load_run(run_dir)
+    if mc_samples > 0 and not has_mc_layers(model):
+        raise ConfigError(
+            f"{run_dir}: its model has no MC-LayerNorm layer, so MC passes would all be equal; "
+            "drop --mc-samples (mc_samples) or evaluate a run trained with mclayernorm"
+        )
     if list(current.vocab_sizes) != list(feature_map.vocab_sizes) or list(
         current.numeric_fields
     ) != list(feature_map.numeric_fields):

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -408,3 +412,38 @@ def test_compiled_training_on_cpu_matches_eager(prepared_dir, tmp_path):
         diff = (a.float() - b.float()).abs()
         assert diff.max() <= 5e-3, name
         assert (diff > 1e-4).float().mean() < 0.01, name
+
+
+def test_evaluate_names_what_is_wrong_with_the_run_directory(ln_run, tmp_path, capsys):
+    run, _ = ln_run
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("x")
+    started = tmp_path / "started"
+    started.mkdir()
+    shutil.copy(run / "config.yaml", started / "config.yaml")
+    cases = {
+        tmp_path / "nope": "no such run directory",
+        tmp_path / "file": "not a directory",
+        tmp_path / "empty": "not a run directory (no config.yaml)",
+        started: "no trained weights yet",
+    }
+    for path, message in cases.items():
+        assert main(["evaluate", str(path)]) == 1
+        err = capsys.readouterr().err
+        assert message in err and str(path) in err and len(err.strip().splitlines()) == 1
+    # MC passes of a model without MC layers would all be equal: refused, not averaged
+    assert main(["evaluate", str(run), "--mc-samples", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "no MC-LayerNorm layer" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_mistyped_run_directory_answers_before_torch_is_imported(tmp_path):
+    code = (
+        "import sys\nfrom ctrcal.cli import main\n"
+        f"assert main(['evaluate', {str(tmp_path / 'nope')!r}]) == 1\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "no such run directory" in res.stderr
