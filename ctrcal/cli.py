@@ -106,7 +106,6 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from ctrcal.runs import prepared_data_dir
-    from ctrcal.train.trainer import train
 
     cfg = _load(args)
     run_dir = args.out if args.out is not None else Path(cfg.out_dir)
@@ -120,6 +119,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         argv = ["train", str(args.config), "--data", str(data_dir), "--out", str(run_dir)]
         argv += ["--resume"] * args.resume + ["--debug"] * args.debug + list(args.overrides)
         return launch(args.nproc, argv)
+    # imported only now (torch): a wrong config or data directory answers at once
+    from ctrcal.train.trainer import train
+
     res = train(cfg, data_dir, run_dir, resume=args.resume)
     print(res.describe())
     return 0
@@ -146,10 +148,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_shift_report(args: argparse.Namespace) -> int:
     import time
 
-    from ctrcal.eval.report import finish_message, run_shift_report
+    from ctrcal.runs import require_prepared_dir
 
     start = time.perf_counter()
     cfg = _load(args)
+    if args.data is not None:
+        require_prepared_dir(args.data)
+    # imported only now (torch): a wrong config or data directory answers at once
+    from ctrcal.eval.report import finish_message, run_shift_report
+
     out = args.out if args.out is not None else Path(cfg.out_dir)
     paths = run_shift_report(
         cfg,

@@ -292,6 +292,15 @@ def prepared_data_dir(
             return _prepare(cfg, data_dir)
     if data_dir is None:
         return _prepare(cfg, Path(out_dir) / DATA_SUBDIR)
+    return require_prepared_dir(data_dir)
+
+
+def require_prepared_dir(data_dir: str | Path) -> Path:
+    """``data_dir`` (``--data``) as a Path once it holds prepared data (cheap: no torch).
+
+    Raises:
+        DataError: no feature map there.
+    """
     data_dir = Path(data_dir)
     if not (data_dir / FEATURE_MAP_FILE).is_file():
         raise DataError(

@@ -437,13 +437,26 @@ def test_evaluate_names_what_is_wrong_with_the_run_directory(ln_run, tmp_path, c
     assert "no MC-LayerNorm layer" in err and len(err.strip().splitlines()) == 1
 
 
-def test_a_mistyped_run_directory_answers_before_torch_is_imported(tmp_path):
-    code = (
-        "import sys\nfrom ctrcal.cli import main\n"
-        f"assert main(['evaluate', {str(tmp_path / 'nope')!r}]) == 1\n"
-        "assert 'torch' not in sys.modules\n"
-    )
+def test_wrong_paths_and_configs_answer_before_torch_is_imported(tmp_path):
+    """A typo costs a tenth of a second, not torch's import (over a second)."""
+    good = tmp_path / "good.yaml"
+    good.write_text("train: {epochs: 1}\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: {batch_size: 0}\n")
+    nope = str(tmp_path / "nope")
+    calls = [
+        (["evaluate", nope], 1, "no such run directory"),
+        (["train", str(bad), "--out", nope], 2, "train.batch_size"),
+        (["train", str(good), "--data", nope, "--out", nope], 1, "not a prepared data directory"),
+        (["shift-report", str(bad), "--out", nope], 2, "train.batch_size"),
+        (["shift-report", str(good), "--data", nope], 1, "not a prepared data directory"),
+    ]
+    code = "import sys\nfrom ctrcal.cli import main\n" + "".join(
+        f"assert main({argv!r}) == {status}\n" for argv, status, _ in calls
+    ) + "assert 'torch' not in sys.modules, 'torch imported'\n"
     root = Path(__file__).resolve().parents[2]
     res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    assert "no such run directory" in res.stderr
+    for _, _, message in calls:
+        assert message in res.stderr
+    assert not Path(nope).exists()  # nothing written for a refused command
