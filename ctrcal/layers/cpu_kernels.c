@@ -7,6 +7,10 @@
  * elements between threads gives the same mask, and the loops vectorise (no state carried
  * from one element to the next). ctrcal/layers/dropout.py holds the same function in torch
  * (the fallback, and the reference the tests compare with).
+ *
+ * Every pointer argument is `restrict`: the Python callers never pass overlapping buffers, and
+ * without that promise GCC leaves a loop that stores into one array while it accumulates into
+ * another unvectorised (the masked-input backward ran one element at a time).
  */
 #include <math.h>
 #include <stdint.h>
@@ -25,16 +29,16 @@ static inline int kept(uint64_t key, int64_t i, uint64_t threshold) {
 
 /* y[i] = x[i] * scale where element i is kept and x[i] > 0 (NaN passes, as in ReLU), else 0,
  * for i in [i0, i1). */
-void relu_dropout_fwd_f32(const float *x, float *y, int64_t i0, int64_t i1, uint64_t key,
-                          uint64_t threshold, float scale) {
+void relu_dropout_fwd_f32(const float *restrict x, float *restrict y, int64_t i0, int64_t i1,
+                          uint64_t key, uint64_t threshold, float scale) {
     for (int64_t i = i0; i < i1; ++i) {
         float v = x[i];
         y[i] = (kept(key, i, threshold) && !(v <= 0.0f)) ? v * scale : 0.0f;
     }
 }
 
-void relu_dropout_fwd_f64(const double *x, double *y, int64_t i0, int64_t i1, uint64_t key,
-                          uint64_t threshold, double scale) {
+void relu_dropout_fwd_f64(const double *restrict x, double *restrict y, int64_t i0, int64_t i1,
+                          uint64_t key, uint64_t threshold, double scale) {
     for (int64_t i = i0; i < i1; ++i) {
         double v = x[i];
         y[i] = (kept(key, i, threshold) && !(v <= 0.0)) ? v * scale : 0.0;
@@ -42,18 +46,19 @@ void relu_dropout_fwd_f64(const double *x, double *y, int64_t i0, int64_t i1, ui
 }
 
 /* dx[i] = g[i] * scale where the output y[i] is not <= 0 (kept and positive), else 0. */
-void relu_dropout_bwd_f32(const float *g, const float *y, float *dx, int64_t i0, int64_t i1,
-                          float scale) {
+void relu_dropout_bwd_f32(const float *restrict g, const float *restrict y, float *restrict dx,
+                          int64_t i0, int64_t i1, float scale) {
     for (int64_t i = i0; i < i1; ++i) dx[i] = !(y[i] <= 0.0f) ? g[i] * scale : 0.0f;
 }
 
-void relu_dropout_bwd_f64(const double *g, const double *y, double *dx, int64_t i0, int64_t i1,
-                          double scale) {
+void relu_dropout_bwd_f64(const double *restrict g, const double *restrict y, double *restrict dx,
+                          int64_t i0, int64_t i1, double scale) {
     for (int64_t i = i0; i < i1; ++i) dx[i] = !(y[i] <= 0.0) ? g[i] * scale : 0.0;
 }
 
 /* keep[i] = 1 where element i is kept, for i in [i0, i1). */
-void dropout_keep_mask(uint8_t *keep, int64_t i0, int64_t i1, uint64_t key, uint64_t threshold) {
+void dropout_keep_mask(uint8_t *restrict keep, int64_t i0, int64_t i1, uint64_t key,
+                       uint64_t threshold) {
     for (int64_t i = i0; i < i1; ++i) keep[i] = (uint8_t)kept(key, i, threshold);
 }
 
@@ -64,9 +69,9 @@ void dropout_keep_mask(uint8_t *keep, int64_t i0, int64_t i1, uint64_t key, uint
 
 /* out[b, field0 + t, :] = table[row(b, t), :] for b in [b0, b1). Returns -1, or the flat
  * index b * T + t of the first row outside [0, rows) (nothing is read for it). */
-int64_t table_gather_f32(const float *table, int64_t rows, const int64_t *ids,
-                         const int64_t *offsets, float *out, int64_t b0, int64_t b1, int64_t T,
-                         int64_t D, int64_t row_stride, int64_t field0) {
+int64_t table_gather_f32(const float *restrict table, int64_t rows, const int64_t *restrict ids,
+                         const int64_t *restrict offsets, float *restrict out, int64_t b0,
+                         int64_t b1, int64_t T, int64_t D, int64_t row_stride, int64_t field0) {
     for (int64_t b = b0; b < b1; ++b) {
         float *dst = out + b * row_stride + field0 * D;
         for (int64_t t = 0; t < T; ++t) {
@@ -83,9 +88,10 @@ int64_t table_gather_f32(const float *table, int64_t rows, const int64_t *ids,
  * [r0, r1): threads given disjoint row ranges never write the same row, and each row
  * receives its contributions in batch order (deterministic). Rows were checked by the
  * gather of the same ids. */
-void table_scatter_add_f32(float *grad_table, const int64_t *ids, const int64_t *offsets,
-                           const float *grad, int64_t B, int64_t T, int64_t D,
-                           int64_t row_stride, int64_t field0, int64_t r0, int64_t r1) {
+void table_scatter_add_f32(float *restrict grad_table, const int64_t *restrict ids,
+                           const int64_t *restrict offsets, const float *restrict grad, int64_t B,
+                           int64_t T, int64_t D, int64_t row_stride, int64_t field0, int64_t r0,
+                           int64_t r1) {
     for (int64_t b = 0; b < B; ++b) {
         const float *src = grad + b * row_stride + field0 * D;
         for (int64_t t = 0; t < T; ++t) {
@@ -101,9 +107,10 @@ void table_scatter_add_f32(float *grad_table, const int64_t *ids, const int64_t 
  * Rows [r0, r1) of x [R, N]: h = (x - mean) * rstd * w + b (biased variance, eps inside the
  * square root, as torch.nn.LayerNorm), then y = h * scale where element r * N + j is kept
  * (the dropout draw above) and h > 0, else 0. mean / rstd [R] are saved for the backward. */
-void ln_relu_dropout_fwd_f32(const float *x, const float *w, const float *b, float *y,
-                             float *mean, float *rstd, int64_t r0, int64_t r1, int64_t n,
-                             float eps, uint64_t key, uint64_t threshold, float scale) {
+void ln_relu_dropout_fwd_f32(const float *restrict x, const float *restrict w,
+                             const float *restrict b, float *restrict y, float *restrict mean,
+                             float *restrict rstd, int64_t r0, int64_t r1, int64_t n, float eps,
+                             uint64_t key, uint64_t threshold, float scale) {
     for (int64_t r = r0; r < r1; ++r) {
         const float *xr = x + r * n;
         float *yr = y + r * n;
@@ -130,9 +137,11 @@ void ln_relu_dropout_fwd_f32(const float *x, const float *w, const float *b, flo
 /* The backward of the above from the output gradient g and the output y (y > 0 exactly
  * where the element was kept and h > 0): dx for rows [r0, r1), and this chunk's partial
  * sums of the weight and bias gradients added into dw, db [N]. */
-void ln_relu_dropout_bwd_f32(const float *g, const float *y, const float *x, const float *w,
-                             const float *mean, const float *rstd, float *dx, float *dw,
-                             float *db, int64_t r0, int64_t r1, int64_t n, float scale) {
+void ln_relu_dropout_bwd_f32(const float *restrict g, const float *restrict y,
+                             const float *restrict x, const float *restrict w,
+                             const float *restrict mean, const float *restrict rstd,
+                             float *restrict dx, float *restrict dw, float *restrict db,
+                             int64_t r0, int64_t r1, int64_t n, float scale) {
     for (int64_t r = r0; r < r1; ++r) {
         const float *gr = g + r * n, *yr = y + r * n, *xr = x + r * n;
         float *dxr = dx + r * n;
@@ -161,8 +170,9 @@ void ln_relu_dropout_bwd_f32(const float *g, const float *y, const float *x, con
 /* ---- The instance-guided mask applied to the block input (ctrcal/layers/mask_block.py) ----
  * t [R, N] = mask pre-activation without its bias, b [N] the bias, v [R, N] the block input:
  * z = (t + b) * v for rows [r0, r1). */
-void masked_input_fwd_f32(const float *t, const float *b, const float *v, float *z, int64_t r0,
-                          int64_t r1, int64_t n) {
+void masked_input_fwd_f32(const float *restrict t, const float *restrict b,
+                          const float *restrict v, float *restrict z, int64_t r0, int64_t r1,
+                          int64_t n) {
     for (int64_t r = r0; r < r1; ++r) {
         const float *tr = t + r * n, *vr = v + r * n;
         float *zr = z + r * n;
@@ -172,8 +182,10 @@ void masked_input_fwd_f32(const float *t, const float *b, const float *v, float 
 
 /* Its backward from g = dz: dt = g * v, dv = g * (t + b), and this chunk's column sums of dt
  * (the bias gradient) added into db [N]. */
-void masked_input_bwd_f32(const float *g, const float *t, const float *b, const float *v,
-                          float *dt, float *dv, float *db, int64_t r0, int64_t r1, int64_t n) {
+void masked_input_bwd_f32(const float *restrict g, const float *restrict t,
+                          const float *restrict b, const float *restrict v, float *restrict dt,
+                          float *restrict dv, float *restrict db, int64_t r0, int64_t r1,
+                          int64_t n) {
     for (int64_t r = r0; r < r1; ++r) {
         const float *gr = g + r * n, *tr = t + r * n, *vr = v + r * n;
         float *dtr = dt + r * n, *dvr = dv + r * n;

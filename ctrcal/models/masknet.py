@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
+from ctrcal.layers.logit_head import linear_logit
 from ctrcal.layers.mask_block import MaskBlock, mask_hidden_layers
 from ctrcal.layers.spec import is_no_norm
 from ctrcal.models.build import create_model
@@ -160,7 +161,7 @@ class MaskNet(nn.Module):
                 ],
                 dim=1,
             )
-        return self.head(h).squeeze(-1)
+        return linear_logit(self.head, h)  # a matrix-vector product: see the function
 
 
 def build_model(model_cfg: Any, feature_map: Any) -> nn.Module:
