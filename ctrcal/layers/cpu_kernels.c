@@ -65,7 +65,11 @@ void dropout_keep_mask(uint8_t *restrict keep, int64_t i0, int64_t i1, uint64_t 
 /* ---- Embedding table lookups (ctrcal/layers/table_lookup.py) ----
  * ids [B, T] (int64, row-major), offsets [T]: row of (b, t) is ids[b, t] + offsets[t].
  * out / grad: [B, *, D] with `row_stride` elements between batch rows; the T looked-up fields
- * start at field `field0` (so numeric fields can sit before them in the same tensor). */
+ * start at field `field0` (so numeric fields can sit before them in the same tensor).
+ * Table rows are random accesses into a table much larger than the caches: each loop asks for
+ * the rows of the batch row AHEAD_ROWS further on (prefetch), so that many cache misses are in
+ * flight at once instead of one at a time. */
+#define AHEAD_ROWS 2
 
 /* out[b, field0 + t, :] = table[row(b, t), :] for b in [b0, b1). Returns -1, or the flat
  * index b * T + t of the first row outside [0, rows) (nothing is read for it). */
@@ -74,9 +78,14 @@ int64_t table_gather_f32(const float *restrict table, int64_t rows, const int64_
                          int64_t b1, int64_t T, int64_t D, int64_t row_stride, int64_t field0) {
     for (int64_t b = b0; b < b1; ++b) {
         float *dst = out + b * row_stride + field0 * D;
+        int ahead = b + AHEAD_ROWS < b1;
         for (int64_t t = 0; t < T; ++t) {
             int64_t r = ids[b * T + t] + offsets[t];
             if (r < 0 || r >= rows) return b * T + t;
+            if (ahead) {
+                int64_t rp = ids[(b + AHEAD_ROWS) * T + t] + offsets[t];
+                if (rp >= 0 && rp < rows) __builtin_prefetch(table + rp * D, 0, 0);
+            }
             const float *src = table + r * D;
             for (int64_t j = 0; j < D; ++j) dst[t * D + j] = src[j];
         }
@@ -94,7 +103,12 @@ void table_scatter_add_f32(float *restrict grad_table, const int64_t *restrict i
                            int64_t r1) {
     for (int64_t b = 0; b < B; ++b) {
         const float *src = grad + b * row_stride + field0 * D;
+        int ahead = b + AHEAD_ROWS < B;
         for (int64_t t = 0; t < T; ++t) {
+            if (ahead) {
+                int64_t rp = ids[(b + AHEAD_ROWS) * T + t] + offsets[t];
+                if (rp >= r0 && rp < r1) __builtin_prefetch(grad_table + rp * D, 1, 0);
+            }
             int64_t r = ids[b * T + t] + offsets[t];
             if (r < r0 || r >= r1) continue;
             float *dst = grad_table + r * D;
@@ -194,6 +208,56 @@ void masked_input_bwd_f32(const float *restrict g, const float *restrict t,
             dtr[j] = d;
             db[j] += d;
             dvr[j] = gr[j] * (tr[j] + b[j]);
+        }
+    }
+}
+
+/* ---- The masks' first layers, all blocks at once (ctrcal/layers/mask_block.py) ----
+ * t [R, W] = v_emb times the blocks' stacked first-layer weights, without the bias; block k
+ * owns the `widths[k]` columns after those of the blocks before it. h holds every block's
+ * ReLU(t + b) as its own contiguous [R, widths[k]] matrix, one after the other: block k's
+ * starts at element R * (widths[0] + ... + widths[k-1]). Rows [r0, r1). */
+void mask_hidden_fwd_f32(const float *restrict t, const float *restrict b, float *restrict h,
+                         int64_t r0, int64_t r1, int64_t R, int64_t blocks,
+                         const int64_t *restrict widths) {
+    int64_t W = 0;
+    for (int64_t k = 0; k < blocks; ++k) W += widths[k];
+    for (int64_t r = r0; r < r1; ++r) {
+        const float *tr = t + r * W;
+        int64_t col = 0;
+        for (int64_t k = 0; k < blocks; ++k) {
+            int64_t w = widths[k];
+            float *hr = h + R * col + r * w;
+            const float *tk = tr + col, *bk = b + col;
+            for (int64_t j = 0; j < w; ++j) {
+                float z = tk[j] + bk[j];
+                hr[j] = z <= 0.0f ? 0.0f : z; /* NaN passes, as in ReLU */
+            }
+            col += w;
+        }
+    }
+}
+
+/* Its backward: g[k] is block k's output gradient [R, widths[k]] (contiguous); dt [R, W] gets
+ * g where h is not <= 0, else 0, and db [W] this chunk's column sums of dt. */
+void mask_hidden_bwd_f32(const float *const *restrict g, const float *restrict h,
+                         float *restrict dt, float *restrict db, int64_t r0, int64_t r1,
+                         int64_t R, int64_t blocks, const int64_t *restrict widths) {
+    int64_t W = 0;
+    for (int64_t k = 0; k < blocks; ++k) W += widths[k];
+    for (int64_t r = r0; r < r1; ++r) {
+        float *dtr = dt + r * W;
+        int64_t col = 0;
+        for (int64_t k = 0; k < blocks; ++k) {
+            int64_t w = widths[k];
+            const float *gr = g[k] + r * w, *hr = h + R * col + r * w;
+            float *dk = dtr + col, *dbk = db + col;
+            for (int64_t j = 0; j < w; ++j) {
+                float d = !(hr[j] <= 0.0f) ? gr[j] : 0.0f; /* as ReLU's backward */
+                dk[j] = d;
+                dbk[j] += d;
+            }
+            col += w;
         }
     }
 }

@@ -1,7 +1,8 @@
 """ctrcal's small CPU kernels of training (``cpu_kernels.c``): build, load, run on chunks.
 
 The C source holds the fused ReLU + dropout and LayerNorm + ReLU + dropout
-(:mod:`ctrcal.layers.dropout`), MaskBlock's masked input (:mod:`ctrcal.layers.mask_block`)
+(:mod:`ctrcal.layers.dropout`), MaskBlock's masked input and the masks' first layers
+(:mod:`ctrcal.layers.mask_block`)
 and the embedding table gather / scatter-add (:mod:`ctrcal.layers.table_lookup`). It is
 compiled once per machine with the system C compiler and cached like the MC-LayerNorm kernel
 (:func:`ctrcal.cbuild.build_c_library`); where it cannot be built,
@@ -50,6 +51,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.masked_input_fwd_f32.restype = None
     lib.masked_input_bwd_f32.argtypes = [ptr] * 7 + [i64] * 3
     lib.masked_input_bwd_f32.restype = None
+    lib.mask_hidden_fwd_f32.argtypes = [ptr] * 3 + [i64] * 4 + [ptr]
+    lib.mask_hidden_fwd_f32.restype = None
+    lib.mask_hidden_bwd_f32.argtypes = [ptr] * 4 + [i64] * 4 + [ptr]
+    lib.mask_hidden_bwd_f32.restype = None
     return lib
 
 

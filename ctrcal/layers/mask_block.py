@@ -54,7 +54,9 @@ def mask_hidden_layers(
         v_emb: ``[B, input_dim]``, the same ``input_dim`` for every block.
 
     Returns:
-        Per block its ``[B, mask_width_i]`` activations (column views of one tensor), or
+        Per block its ``[B, mask_width_i]`` activations (each contiguous on the CPU in
+        float32, where :class:`_MaskHiddenFn` computes them; column views of one tensor
+        elsewhere), or
         ``None`` when a block's mask layer is not the stock ``Linear -> ReLU -> Linear`` (a
         user replaced or hooked it): the caller then runs the blocks one by one.
     """
@@ -71,12 +73,68 @@ def mask_hidden_layers(
             return None
         firsts.append(first)
     if len(firsts) == 1:
-        return [torch.relu(firsts[0](v_emb))]
-    weight = torch.cat([f.weight for f in firsts])
-    bias = torch.cat([f.bias for f in firsts])
+        weight, bias = firsts[0].weight, firsts[0].bias
+    else:
+        weight = torch.cat([f.weight for f in firsts])
+        bias = torch.cat([f.bias for f in firsts])
+    widths = tuple(f.out_features for f in firsts)
+    fusable = (
+        v_emb.dim() == 2
+        and v_emb.device.type == "cpu"
+        and v_emb.dtype == weight.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
+        and cpu_kernels() is not None
+    )
+    if fusable:
+        return list(_MaskHiddenFn.apply(v_emb.contiguous(), weight, bias, widths))
     # in place: addmm's backward does not need its output, ReLU's backward needs only its own
     hidden = torch.relu_(F.linear(v_emb, weight, bias))
-    return list(hidden.split([f.out_features for f in firsts], dim=1))
+    return list(hidden.split(widths, dim=1))
+
+
+class _MaskHiddenFn(torch.autograd.Function):
+    """``ReLU(v_emb @ W^T + b)`` split by block, with the bias, the ReLU and the split in one
+    C pass (each block's activations contiguous, as the next products like them), and in the
+    backward the blocks' gradients joined, masked by the ReLU and summed for the bias in one
+    pass (instead of a concatenation, the ReLU's backward and the bias gradient's sum)."""
+
+    @staticmethod
+    def forward(ctx, v_emb, weight, bias, widths):  # type: ignore[override]
+        lib = cpu_kernels()
+        t = v_emb @ weight.t()  # the bias joins in the kernel, not in the matrix product
+        rows = t.shape[0]
+        h = torch.empty(rows * t.shape[1], dtype=t.dtype)  # the blocks' matrices, one by one
+        w = torch.tensor(widths, dtype=torch.int64)
+        ptrs = (t.data_ptr(), bias.data_ptr(), h.data_ptr())
+        run_chunks(split_range(rows, _MIN_ROWS),
+                   lambda r0, r1: lib.mask_hidden_fwd_f32(
+                       *ptrs, r0, r1, rows, len(widths), w.data_ptr()))  # fmt: skip
+        ctx.save_for_backward(v_emb, weight, h, w)
+        outs = h.split([rows * k for k in widths])
+        return tuple(o.view(rows, k) for o, k in zip(outs, widths, strict=True))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):  # type: ignore[override]
+        v_emb, weight, h, w = ctx.saved_tensors
+        lib = cpu_kernels()
+        rows, width = v_emb.shape[0], weight.shape[0]
+        grads = [g.contiguous() for g in grads]
+        g_ptrs = torch.tensor([g.data_ptr() for g in grads], dtype=torch.int64)
+        dt = torch.empty(rows, width, dtype=h.dtype)
+        parts = split_range(rows, _MIN_ROWS)
+        db = torch.zeros(len(parts), width, dtype=h.dtype)  # per-chunk partial bias gradients
+        index = {part: i for i, part in enumerate(parts)}
+        ptrs = (g_ptrs.data_ptr(), h.data_ptr(), dt.data_ptr())
+
+        def run(r0: int, r1: int) -> None:
+            lib.mask_hidden_bwd_f32(ptrs[0], ptrs[1], ptrs[2], db[index[(r0, r1)]].data_ptr(),
+                                    r0, r1, rows, len(grads), w.data_ptr())  # fmt: skip
+
+        run_chunks(parts, run)
+        dv = dt @ weight if ctx.needs_input_grad[0] else None
+        dw = dt.t() @ v_emb if ctx.needs_input_grad[1] else None
+        return dv, dw, db.sum(0), None
 
 
 class _MaskedInputFn(torch.autograd.Function):

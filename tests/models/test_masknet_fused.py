@@ -90,3 +90,44 @@ def test_a_hooked_or_replaced_first_layer_runs_block_by_block():
     with_gelu = model(cat, num)
     model.blocks[0].mask_layer[1] = torch.nn.ReLU()
     assert not torch.allclose(with_gelu, model(cat, num))  # the GELU really ran
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_fused_first_layers_match_torch_in_float32(threads, monkeypatch):
+    # the C pass (bias, ReLU, split; joined gradients, ReLU mask, bias sum) against the same
+    # layers in torch, split into row chunks for 1 or 3 threads
+    torch.manual_seed(0)
+    blocks = MaskNet(VOCAB, FN, D, hidden_units=[16, 12, 9], reduction_ratio=0.5).blocks
+    for blk in blocks:
+        torch.nn.init.normal_(blk.mask_layer[0].bias)
+    v_emb = torch.randn(700, blocks[0].input_dim)
+    weights = [torch.randn(700, blk.mask_layer[0].out_features) for blk in blocks]
+
+    def grads_of(hidden, v):
+        loss = sum((h * w).sum() for h, w in zip(hidden, weights, strict=True))
+        params = [p for blk in blocks for p in blk.mask_layer[0].parameters()]
+        return torch.autograd.grad(loss, [v, *params])
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    v = v_emb.clone().requires_grad_(True)
+    fused = mask_hidden_layers(blocks, v)
+    assert all(h.is_contiguous() for h in fused)
+    assert fused[0].grad_fn is not None and "MaskHidden" in type(fused[0].grad_fn).__name__
+    fused_grads = grads_of(fused, v)
+    v_ref = v_emb.clone().requires_grad_(True)
+    ref = [torch.relu(blk.mask_layer[0](v_ref)) for blk in blocks]
+    ref_grads = grads_of(ref, v_ref)
+    for got, want in zip(fused, ref, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for got, want in zip(fused_grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_first_layers_pass_nan_like_relu():
+    _, model = _pair(torch.float32)
+    v_emb = torch.randn(4, model.embedding.output_dim)
+    v_emb[1, 0] = float("nan")
+    fused = mask_hidden_layers(model.blocks, v_emb)
+    for h, blk in zip(fused, model.blocks, strict=True):
+        ref = torch.relu(blk.mask_layer[0](v_emb))
+        torch.testing.assert_close(h, ref, equal_nan=True)
