@@ -261,3 +261,76 @@ void mask_hidden_bwd_f32(const float *const *restrict g, const float *restrict h
         }
     }
 }
+
+/* ---- LayerNorm -> ReLU -> dropout -> Linear(n -> 1), fused (ctrcal/layers/logit_head.py) ----
+ * The network's last activation y (as ln_relu_dropout_fwd_f32 computes it, with the same
+ * dropout draws) is never stored: each row's logit[r] = sum_j y[r, j] * hw[j] is formed
+ * while y is computed. The backward recomputes y from x, mean, rstd and the key. */
+void ln_relu_dropout_logit_fwd_f32(const float *restrict x, const float *restrict w,
+                                   const float *restrict b, const float *restrict hw,
+                                   float *restrict logit, float *restrict mean,
+                                   float *restrict rstd, int64_t r0, int64_t r1, int64_t n,
+                                   float eps, uint64_t key, uint64_t threshold, float scale) {
+    for (int64_t r = r0; r < r1; ++r) {
+        const float *xr = x + r * n;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < n; ++j) s += xr[j];
+        float mu = s / (float)n;
+        float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+        for (int64_t j = 0; j < n; ++j) {
+            float d = xr[j] - mu;
+            v += d * d;
+        }
+        float rs = 1.0f / sqrtf(v / (float)n + eps);
+        mean[r] = mu;
+        rstd[r] = rs;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t j = 0; j < n; ++j) {
+            float h = (xr[j] - mu) * rs * w[j] + b[j];
+            float y = (kept(key, r * n + j, threshold) && !(h <= 0.0f)) ? h * scale : 0.0f;
+            acc += y * hw[j];
+        }
+        logit[r] = acc;
+    }
+}
+
+/* Its backward from the logits' gradient gl [R]: dx for rows [r0, r1), and this chunk's
+ * partial sums of the LayerNorm's weight and bias gradients and of the head weight's
+ * gradient added into dw, db, dhw [n]. dx holds a row's dh until its second pass. */
+void ln_relu_dropout_logit_bwd_f32(const float *restrict gl, const float *restrict x,
+                                   const float *restrict w, const float *restrict b,
+                                   const float *restrict hw, const float *restrict mean,
+                                   const float *restrict rstd, float *restrict dx,
+                                   float *restrict dw, float *restrict db, float *restrict dhw,
+                                   int64_t r0, int64_t r1, int64_t n, uint64_t key,
+                                   uint64_t threshold, float scale) {
+    for (int64_t r = r0; r < r1; ++r) {
+        const float *xr = x + r * n;
+        float *dxr = dx + r * n;
+        float mu = mean[r], rs = rstd[r], g = gl[r];
+        float s1 = 0.0f, s2 = 0.0f;
+#pragma omp simd reduction(+ : s1, s2)
+        for (int64_t j = 0; j < n; ++j) {
+            float xh = (xr[j] - mu) * rs;
+            float h = xh * w[j] + b[j];
+            int keep = kept(key, r * n + j, threshold) && !(h <= 0.0f);
+            dhw[j] += keep ? h * scale * g : 0.0f;
+            float dh = keep ? g * hw[j] * scale : 0.0f;
+            dxr[j] = dh;
+            dw[j] += dh * xh;
+            db[j] += dh;
+            float a = dh * w[j];
+            s1 += a;
+            s2 += a * xh;
+        }
+        s1 /= (float)n;
+        s2 /= (float)n;
+        for (int64_t j = 0; j < n; ++j) {
+            float xh = (xr[j] - mu) * rs;
+            dxr[j] = rs * (dxr[j] * w[j] - s1 - xh * s2);
+        }
+    }
+}

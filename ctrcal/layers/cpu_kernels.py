@@ -2,7 +2,8 @@
 
 The C source holds the fused ReLU + dropout and LayerNorm + ReLU + dropout
 (:mod:`ctrcal.layers.dropout`), MaskBlock's masked input and the masks' first layers
-(:mod:`ctrcal.layers.mask_block`)
+(:mod:`ctrcal.layers.mask_block`), the last of those fused with a one-output head
+(:mod:`ctrcal.layers.logit_head`)
 and the embedding table gather / scatter-add (:mod:`ctrcal.layers.table_lookup`). It is
 compiled once per machine with the system C compiler and cached like the MC-LayerNorm kernel
 (:func:`ctrcal.cbuild.build_c_library`); where it cannot be built,
@@ -55,6 +56,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.mask_hidden_fwd_f32.restype = None
     lib.mask_hidden_bwd_f32.argtypes = [ptr] * 4 + [i64] * 4 + [ptr]
     lib.mask_hidden_bwd_f32.restype = None
+    lib.ln_relu_dropout_logit_fwd_f32.argtypes = [ptr] * 7 + [i64] * 3 + [f32, u64, u64, f32]
+    lib.ln_relu_dropout_logit_fwd_f32.restype = None
+    lib.ln_relu_dropout_logit_bwd_f32.argtypes = [ptr] * 11 + [i64] * 3 + [u64, u64, f32]
+    lib.ln_relu_dropout_logit_bwd_f32.restype = None
     return lib
 
 

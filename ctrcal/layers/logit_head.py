@@ -7,14 +7,21 @@ training step cost several times what the same work costs as ``addmv`` / ``mv`` 
 product, which run at memory speed. :func:`linear_logit` computes the same function with
 those (autograd's ``addmv`` backward: the input gradient is ``outer(grad, w)``, the weight
 gradient ``x^T · grad``), so only the summation order differs from ``layer(x)``.
+
+:func:`layer_norm_relu_dropout_logit` goes one step further for MaskNet's last block: its
+LayerNorm, ReLU, dropout and the head in one C pass each way.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
-__all__ = ["linear_logit"]
+from ctrcal.layers.cpu_kernels import cpu_kernels, run_chunks, split_range
+from ctrcal.layers.dropout import _draw_key, _keep_threshold, layer_norm_relu_dropout
+
+__all__ = ["layer_norm_relu_dropout_logit", "linear_logit"]
 
 
 def linear_logit(layer: nn.Module, x: Tensor) -> Tensor:
@@ -38,3 +45,101 @@ def linear_logit(layer: nn.Module, x: Tensor) -> Tensor:
     if layer.bias is None:
         return torch.mv(x, weight)
     return torch.addmv(layer.bias, x, weight)
+
+
+_MIN_ROWS = 64  # rows per thread at least in the fused kernel
+
+
+def layer_norm_relu_dropout_logit(
+    x: Tensor, norm: nn.Module, p: float, training: bool, head: nn.Module
+) -> Tensor:
+    """``linear_logit(head, F.dropout(F.relu(norm(x)), p, training))``: a network's last
+    LayerNorm, ReLU and dropout and its one-output head as ONE pass each way on the CPU.
+
+    The activation between the dropout and the head is never stored: the C kernel
+    (:mod:`ctrcal.layers.cpu_kernels`) normalises a row, applies the affine, the ReLU and
+    the dropout mask of :func:`~ctrcal.layers.dropout.relu_dropout` (the same draw from
+    torch's generator, so the same mask as the unfused layers) and sums the row against the
+    head's weight. The backward reads only ``x`` (and two numbers per row) and recomputes the
+    activation and the mask, where the unfused layers write, and read back, the activation,
+    the head's ``[B, N]`` input gradient and their own intermediate tensors. Anything else --
+    other modules, dtype or device, evaluation, ``p == 0``, no C compiler -- runs the layers.
+
+    Args:
+        x: ``[B, N]`` input of the norm.
+        norm: an ``nn.LayerNorm(N)`` with affine weight and bias.
+        p: dropout rate; training: whether dropout is active.
+        head: an ``nn.Linear(N, 1)``.
+
+    Returns:
+        Logits ``[B]``.
+    """
+    fusable = (
+        training
+        and 0.0 < p < 1.0
+        and type(norm) is nn.LayerNorm
+        and norm.weight is not None
+        and norm.bias is not None
+        and type(head) is nn.Linear
+        and head.out_features == 1
+        and x.dim() == 2
+        and tuple(norm.normalized_shape) == (x.shape[1],) == (head.in_features,)
+        and x.device.type == "cpu"
+        and x.dtype == norm.weight.dtype == head.weight.dtype == torch.float32
+        and not (norm._forward_hooks or norm._forward_pre_hooks)
+        and not (head._forward_hooks or head._forward_pre_hooks)
+        and not torch.is_autocast_enabled("cpu")
+        and cpu_kernels() is not None
+    )
+    if not fusable:
+        return linear_logit(head, layer_norm_relu_dropout(x, norm, p, training))
+    logit = _LayerNormReLUDropoutLogitFn.apply(
+        x.contiguous(), norm.weight, norm.bias, head.weight, norm.eps, p
+    )
+    return logit if head.bias is None else logit + head.bias
+
+
+class _LayerNormReLUDropoutLogitFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, head_weight, eps, p):  # type: ignore[override]
+        lib = cpu_kernels()
+        rows, n = x.shape
+        scale = 1.0 / (1.0 - p)
+        key, threshold = _draw_key(), _keep_threshold(p)
+        hw = head_weight.detach().reshape(n).contiguous()
+        logit = torch.empty(rows, dtype=x.dtype)
+        mean = torch.empty(rows, dtype=x.dtype)
+        rstd = torch.empty(rows, dtype=x.dtype)
+        ptrs = (x.data_ptr(), weight.data_ptr(), bias.data_ptr(), hw.data_ptr(),
+                logit.data_ptr(), mean.data_ptr(), rstd.data_ptr())  # fmt: skip
+        run_chunks(split_range(rows, _MIN_ROWS),
+                   lambda r0, r1: lib.ln_relu_dropout_logit_fwd_f32(
+                       *ptrs, r0, r1, n, eps, key, threshold, scale))  # fmt: skip
+        ctx.key, ctx.threshold, ctx.scale = key, threshold, scale
+        ctx.save_for_backward(x, weight, bias, hw, mean, rstd)
+        return logit
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        x, weight, bias, hw, mean, rstd = ctx.saved_tensors
+        lib = cpu_kernels()
+        rows, n = x.shape
+        grad = grad.contiguous()
+        dx = torch.empty_like(x)
+        parts = split_range(rows, _MIN_ROWS)
+        # per-chunk partial sums of the parameter gradients, added up afterwards
+        dw, db, dhw = (torch.zeros(len(parts), n, dtype=x.dtype) for _ in range(3))
+        ptrs = (grad.data_ptr(), x.data_ptr(), weight.data_ptr(), bias.data_ptr(),
+                hw.data_ptr(), mean.data_ptr(), rstd.data_ptr(), dx.data_ptr())  # fmt: skip
+        index = {part: i for i, part in enumerate(parts)}
+        key, threshold, scale = ctx.key, ctx.threshold, ctx.scale
+
+        def run(r0: int, r1: int) -> None:
+            i = index[(r0, r1)]
+            lib.ln_relu_dropout_logit_bwd_f32(*ptrs, dw[i].data_ptr(), db[i].data_ptr(),
+                                              dhw[i].data_ptr(), r0, r1, n, key, threshold,
+                                              scale)  # fmt: skip
+
+        run_chunks(parts, run)
+        return dx, dw.sum(0), db.sum(0), dhw.sum(0).view(1, n), None, None

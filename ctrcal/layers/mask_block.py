@@ -25,6 +25,7 @@ from torch.autograd.function import once_differentiable
 
 from ctrcal.layers.cpu_kernels import cpu_kernels, run_chunks, split_range
 from ctrcal.layers.dropout import layer_norm_relu_dropout, relu_dropout
+from ctrcal.layers.logit_head import layer_norm_relu_dropout_logit, linear_logit
 from ctrcal.layers.registry import create_norm
 
 _MIN_ROWS = 64  # rows per thread at least in the masked-input kernel
@@ -259,9 +260,7 @@ class MaskBlock(nn.Module):
         computed (by :func:`mask_hidden_layers` for several blocks at once); ``v_emb`` is then
         not read.
         """
-        if mask_hidden is None:
-            mask_hidden = self.mask_layer[1](self.mask_layer[0](v_emb))
-        h = self.hidden_layer(masked_input(self.mask_layer[2], mask_hidden, v_hidden))
+        h = self.pre_norm(v_emb, v_hidden, mask_hidden)
         if type(self.activation) is nn.ReLU and type(self.dropout) is nn.Dropout:
             # one fused node with a cheaper mask (same dropout in law), with the LayerNorm in
             # it where the norm is one: ctrcal.layers.dropout
@@ -270,3 +269,40 @@ class MaskBlock(nn.Module):
                 return layer_norm_relu_dropout(h, self.norm, p, training)
             return relu_dropout(self.norm(h), p, training)
         return self.dropout(self.activation(self.norm(h)))
+
+    def pre_norm(
+        self,
+        v_emb: torch.Tensor | None,
+        v_hidden: torch.Tensor,
+        mask_hidden: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The block up to its norm: ``W3 · (mask ⊙ v_hidden)``, ``[B, output_dim]``."""
+        if mask_hidden is None:
+            mask_hidden = self.mask_layer[1](self.mask_layer[0](v_emb))
+        return self.hidden_layer(masked_input(self.mask_layer[2], mask_hidden, v_hidden))
+
+    def forward_logit(
+        self,
+        v_emb: torch.Tensor | None,
+        v_hidden: torch.Tensor,
+        head: nn.Module,
+        mask_hidden: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits ``[B]``: ``head`` (a one-output layer) applied to the block's output.
+
+        For a network's last block. Where the block ends in the stock LayerNorm, ReLU and
+        dropout modules (and nobody hooked the block), those and the head run as one fused
+        node (:func:`~ctrcal.layers.logit_head.layer_norm_relu_dropout_logit`); otherwise
+        this is ``linear_logit(head, self(v_emb, v_hidden, mask_hidden))``.
+        """
+        stock = (
+            type(self.norm) is nn.LayerNorm
+            and type(self.activation) is nn.ReLU
+            and type(self.dropout) is nn.Dropout
+            and not (self._forward_hooks or self._forward_pre_hooks)
+        )
+        if not stock:
+            return linear_logit(head, self(v_emb, v_hidden, mask_hidden=mask_hidden))
+        h = self.pre_norm(v_emb, v_hidden, mask_hidden)
+        p, training = self.dropout.p, self.dropout.training
+        return layer_norm_relu_dropout_logit(h, self.norm, p, training, head)

@@ -151,8 +151,14 @@ class MaskNet(nn.Module):
             hidden = [None] * len(self.blocks)
         if self.variant == "serial":
             h = v_in
-            for blk, mask_hidden in zip(self.blocks, hidden, strict=True):
+            for blk, mask_hidden in zip(self.blocks[:-1], hidden[:-1], strict=True):
                 h = blk(v_emb, h, mask_hidden=mask_hidden)
+            last = self.blocks[-1]
+            if type(last) is MaskBlock:
+                # its norm, ReLU and dropout and the head run as one node where they are the
+                # stock modules: see MaskBlock.forward_logit
+                return last.forward_logit(v_emb, h, self.head, mask_hidden=hidden[-1])
+            h = last(v_emb, h, mask_hidden=hidden[-1])
         else:
             h = torch.cat(
                 [

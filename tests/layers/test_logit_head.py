@@ -6,7 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from ctrcal.layers.logit_head import linear_logit
+import ctrcal.layers.logit_head as logit_head_module
+from ctrcal.layers.dropout import layer_norm_relu_dropout
+from ctrcal.layers.logit_head import layer_norm_relu_dropout_logit, linear_logit
 
 
 def _grads(layer: nn.Linear, x: torch.Tensor, fn) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -57,3 +59,64 @@ def test_autocast_keeps_the_layers_own_precision():
     x = torch.randn(4, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert linear_logit(layer, x).dtype == layer(x).squeeze(-1).dtype == torch.bfloat16
+
+
+def _tail(n: int = 40) -> tuple[nn.LayerNorm, nn.Linear]:
+    torch.manual_seed(0)
+    norm, head = nn.LayerNorm(n), nn.Linear(n, 1)
+    with torch.no_grad():  # non-trivial affine parameters, so a mixed-up one would show
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.normal_(0.0, 0.3)
+        head.bias.fill_(0.25)
+    return norm, head
+
+
+def _tail_grads(fn, x, norm, head, seed):
+    x = x.detach().clone().requires_grad_(True)
+    params = [norm.weight, norm.bias, head.weight, head.bias]
+    torch.manual_seed(seed)  # the dropout mask's draw
+    out = fn(x)
+    grads = torch.autograd.grad((out * torch.linspace(-1, 2, out.numel())).sum(), [x, *params])
+    return out.detach(), grads
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_fused_tail_equals_the_layers_with_the_same_dropout_mask(threads, monkeypatch):
+    norm, head = _tail()
+    x = torch.randn(300, 40) * 2.0 + 0.5
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # row chunks per thread
+    calls = []
+    apply = logit_head_module._LayerNormReLUDropoutLogitFn.apply
+    monkeypatch.setattr(logit_head_module._LayerNormReLUDropoutLogitFn, "apply",
+                        lambda *a: calls.append(1) or apply(*a))  # fmt: skip
+    out, grads = _tail_grads(
+        lambda v: layer_norm_relu_dropout_logit(v, norm, 0.3, True, head), x, norm, head, 7
+    )
+    assert calls == [1]  # the fused kernel ran
+    ref, ref_grads = _tail_grads(
+        lambda v: linear_logit(head, layer_norm_relu_dropout(v, norm, 0.3, True)), x, norm, head, 7
+    )
+    assert out.shape == (300,)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for name, got, want in zip(["x", "norm.w", "norm.b", "head.w", "head.b"], grads, ref_grads,
+                               strict=True):  # fmt: skip
+        assert got.shape == want.shape, name
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=name)
+    # another draw, another mask
+    other, _ = _tail_grads(
+        lambda v: layer_norm_relu_dropout_logit(v, norm, 0.3, True, head), x, norm, head, 8
+    )
+    assert not torch.allclose(out, other)
+
+
+def test_fused_tail_without_dropout_or_kernel_runs_the_layers():
+    norm, head = _tail()
+    x = torch.randn(20, 40)
+    expected = head(torch.relu(norm(x))).squeeze(-1)
+    torch.testing.assert_close(layer_norm_relu_dropout_logit(x, norm, 0.3, False, head), expected)
+    torch.testing.assert_close(layer_norm_relu_dropout_logit(x, norm, 0.0, True, head), expected)
+    x64, norm64, head64 = x.double(), norm.double(), head.double()
+    torch.testing.assert_close(
+        layer_norm_relu_dropout_logit(x64, norm64, 0.3, False, head64),
+        head64(torch.relu(norm64(x64))).squeeze(-1),
+    )

@@ -131,3 +131,38 @@ def test_fused_first_layers_pass_nan_like_relu():
     for h, blk in zip(fused, model.blocks, strict=True):
         ref = torch.relu(blk.mask_layer[0](v_emb))
         torch.testing.assert_close(h, ref, equal_nan=True)
+
+
+def _train_step_grads(model: MaskNet, seed: int) -> tuple[torch.Tensor, dict]:
+    cat, num = _inputs(b=64)
+    torch.manual_seed(seed)  # the dropout masks' draws
+    out = model(cat, num)
+    (out * torch.linspace(-1, 1, out.numel())).sum().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_fused_last_block_and_head_equal_the_modules_in_training(monkeypatch):
+    # the last block's LayerNorm, ReLU, dropout and the head as one node: the same logits and
+    # gradients as the modules, with the same dropout masks from the same draws
+    fused_model, plain_model = _pair(torch.float32, dropout=0.3)
+    fused_model.train()
+    plain_model.train()
+    out_f, grads_f = _train_step_grads(fused_model, 5)
+    with monkeypatch.context() as mp:
+        mp.setattr(masknet_module.MaskBlock, "forward_logit",
+                   lambda blk, v, h, head, mask_hidden=None: head(
+                       blk(v, h, mask_hidden=mask_hidden)).squeeze(-1))  # fmt: skip
+        out_p, grads_p = _train_step_grads(plain_model, 5)
+    torch.testing.assert_close(out_f, out_p, rtol=1e-5, atol=1e-5)
+    for name in grads_p:
+        torch.testing.assert_close(grads_f[name], grads_p[name], rtol=1e-4, atol=1e-5, msg=name)
+    assert grads_f["head.weight"].abs().sum() > 0 and grads_f["blocks.2.norm.bias"].abs().sum() > 0
+
+
+def test_a_hooked_last_block_runs_as_a_module():
+    _, model = _pair(torch.float32, dropout=0.3)
+    seen = []
+    model.blocks[-1].register_forward_hook(lambda mod, inp, out: seen.append(out.shape))
+    cat, num = _inputs()
+    assert model.train()(cat, num).shape == (16,)
+    assert seen == [(16, 9)]
