@@ -334,3 +334,80 @@ void ln_relu_dropout_logit_bwd_f32(const float *restrict gl, const float *restri
         }
     }
 }
+
+/* ---- One block's LayerNorm -> ReLU -> dropout fused with the next block's masked input ----
+ * (ctrcal/layers/mask_block.py). In a serial MaskNet a block's output y feeds only the next
+ * block's masked input z = (t + c) * y (t: that block's mask without its bias c), so y is
+ * never stored: z is formed while y is computed (y as ln_relu_dropout_fwd_f32 computes it,
+ * with the same dropout draws), and the backward recomputes y from x, mean, rstd and the key.
+ * Rows [r0, r1) of x, t, z [R, n]. */
+void ln_relu_dropout_mask_fwd_f32(const float *restrict x, const float *restrict w,
+                                  const float *restrict b, const float *restrict t,
+                                  const float *restrict c, float *restrict z,
+                                  float *restrict mean, float *restrict rstd, int64_t r0,
+                                  int64_t r1, int64_t n, float eps, uint64_t key,
+                                  uint64_t threshold, float scale) {
+    for (int64_t r = r0; r < r1; ++r) {
+        const float *xr = x + r * n, *tr = t + r * n;
+        float *zr = z + r * n;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < n; ++j) s += xr[j];
+        float mu = s / (float)n;
+        float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+        for (int64_t j = 0; j < n; ++j) {
+            float d = xr[j] - mu;
+            v += d * d;
+        }
+        float rs = 1.0f / sqrtf(v / (float)n + eps);
+        mean[r] = mu;
+        rstd[r] = rs;
+        for (int64_t j = 0; j < n; ++j) {
+            float h = (xr[j] - mu) * rs * w[j] + b[j];
+            float y = (kept(key, r * n + j, threshold) && !(h <= 0.0f)) ? h * scale : 0.0f;
+            zr[j] = (tr[j] + c[j]) * y;
+        }
+    }
+}
+
+/* Its backward from gz = dz: dt = gz * y (the next block's mask gradient) with this chunk's
+ * column sums added into dc [n], and through dy = gz * (t + c) the LayerNorm's backward: dx,
+ * and this chunk's partial sums of its weight and bias gradients added into dw, db [n].
+ * dx holds a row's dh until its second pass. */
+void ln_relu_dropout_mask_bwd_f32(const float *restrict gz, const float *restrict x,
+                                  const float *restrict w, const float *restrict b,
+                                  const float *restrict t, const float *restrict c,
+                                  const float *restrict mean, const float *restrict rstd,
+                                  float *restrict dx, float *restrict dt, float *restrict dw,
+                                  float *restrict db, float *restrict dc, int64_t r0, int64_t r1,
+                                  int64_t n, uint64_t key, uint64_t threshold, float scale) {
+    for (int64_t r = r0; r < r1; ++r) {
+        const float *xr = x + r * n, *tr = t + r * n, *gr = gz + r * n;
+        float *dxr = dx + r * n, *dtr = dt + r * n;
+        float mu = mean[r], rs = rstd[r];
+        float s1 = 0.0f, s2 = 0.0f;
+#pragma omp simd reduction(+ : s1, s2)
+        for (int64_t j = 0; j < n; ++j) {
+            float xh = (xr[j] - mu) * rs;
+            float h = xh * w[j] + b[j];
+            int keep = kept(key, r * n + j, threshold) && !(h <= 0.0f);
+            float d = keep ? gr[j] * h * scale : 0.0f; /* gz * y */
+            dtr[j] = d;
+            dc[j] += d;
+            float dh = keep ? gr[j] * (tr[j] + c[j]) * scale : 0.0f;
+            dxr[j] = dh;
+            dw[j] += dh * xh;
+            db[j] += dh;
+            float a = dh * w[j];
+            s1 += a;
+            s2 += a * xh;
+        }
+        s1 /= (float)n;
+        s2 /= (float)n;
+        for (int64_t j = 0; j < n; ++j) {
+            float xh = (xr[j] - mu) * rs;
+            dxr[j] = rs * (dxr[j] * w[j] - s1 - xh * s2);
+        }
+    }
+}

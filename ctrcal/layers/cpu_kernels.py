@@ -60,6 +60,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ln_relu_dropout_logit_fwd_f32.restype = None
     lib.ln_relu_dropout_logit_bwd_f32.argtypes = [ptr] * 11 + [i64] * 3 + [u64, u64, f32]
     lib.ln_relu_dropout_logit_bwd_f32.restype = None
+    lib.ln_relu_dropout_mask_fwd_f32.argtypes = [ptr] * 8 + [i64] * 3 + [f32, u64, u64, f32]
+    lib.ln_relu_dropout_mask_fwd_f32.restype = None
+    lib.ln_relu_dropout_mask_bwd_f32.argtypes = [ptr] * 13 + [i64] * 3 + [u64, u64, f32]
+    lib.ln_relu_dropout_mask_bwd_f32.restype = None
     return lib
 
 

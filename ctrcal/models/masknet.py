@@ -29,7 +29,7 @@ from torch import nn
 
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.logit_head import linear_logit
-from ctrcal.layers.mask_block import MaskBlock, mask_hidden_layers
+from ctrcal.layers.mask_block import MaskBlock, mask_hidden_layers, serial_logits
 from ctrcal.layers.spec import is_no_norm
 from ctrcal.models.build import create_model
 
@@ -150,23 +150,14 @@ class MaskNet(nn.Module):
         if hidden is None:
             hidden = [None] * len(self.blocks)
         if self.variant == "serial":
-            h = v_in
-            for blk, mask_hidden in zip(self.blocks[:-1], hidden[:-1], strict=True):
-                h = blk(v_emb, h, mask_hidden=mask_hidden)
-            last = self.blocks[-1]
-            if type(last) is MaskBlock:
-                # its norm, ReLU and dropout and the head run as one node where they are the
-                # stock modules: see MaskBlock.forward_logit
-                return last.forward_logit(v_emb, h, self.head, mask_hidden=hidden[-1])
-            h = last(v_emb, h, mask_hidden=hidden[-1])
-        else:
-            h = torch.cat(
-                [
-                    blk(v_emb, v_in, mask_hidden=m)
-                    for blk, m in zip(self.blocks, hidden, strict=True)
-                ],
-                dim=1,
-            )
+            # each block's norm, ReLU and dropout run inside one node with what reads their
+            # output (the next block's masked input, the head) where the modules are the
+            # stock ones: see serial_logits
+            return serial_logits(list(self.blocks), self.head, v_emb, v_in, hidden)
+        h = torch.cat(
+            [blk(v_emb, v_in, mask_hidden=m) for blk, m in zip(self.blocks, hidden, strict=True)],
+            dim=1,
+        )
         return linear_logit(self.head, h)  # a matrix-vector product: see the function
 
 

@@ -49,13 +49,19 @@ def test_the_kernel_runs_in_a_training_masknet(kernels, monkeypatch):
     from ctrcal.models.masknet import MaskNet
 
     calls = []
-    real = mask_block_module._MaskedInputFn.apply
-    monkeypatch.setattr(mask_block_module._MaskedInputFn, "apply",
-                        lambda *args: calls.append(1) or real(*args))  # fmt: skip
-    model = MaskNet([9, 7], 3, embedding_dim=4, hidden_units=[16, 8], dropout=0.1)
+    for fn in (mask_block_module._MaskedInputFn, mask_block_module._NormMaskedInputFn):
+        monkeypatch.setattr(fn, "apply",
+                            lambda *args, real=fn.apply, name=fn.__name__:
+                            calls.append(name) or real(*args))  # fmt: skip
+    model = MaskNet([9, 7], 3, embedding_dim=4, hidden_units=[16, 8, 6], dropout=0.1)
     cat = torch.stack([torch.randint(0, 9, (32,)), torch.randint(0, 7, (32,))], 1)
     model(cat, torch.randn(32, 3)).sum().backward()
-    assert len(calls) == 2  # one per MaskBlock
+    # the first block's masked input reads the embedding; every later one reads the block
+    # before it, whose LayerNorm, ReLU and dropout run in the same node
+    assert calls == ["_MaskedInputFn", "_NormMaskedInputFn", "_NormMaskedInputFn"]
+    calls.clear()
+    model.eval()(cat, torch.randn(32, 3))  # no dropout: the masked inputs one by one
+    assert calls == ["_MaskedInputFn"] * 3
 
 
 def test_other_cases_run_the_modules(monkeypatch):

@@ -134,24 +134,32 @@ def test_fused_first_layers_pass_nan_like_relu():
 
 
 def _train_step_grads(model: MaskNet, seed: int) -> tuple[torch.Tensor, dict]:
-    cat, num = _inputs(b=64)
+    cat, num = _inputs(b=300)
     torch.manual_seed(seed)  # the dropout masks' draws
     out = model(cat, num)
     (out * torch.linspace(-1, 1, out.numel())).sum().backward()
     return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def test_fused_last_block_and_head_equal_the_modules_in_training(monkeypatch):
-    # the last block's LayerNorm, ReLU, dropout and the head as one node: the same logits and
-    # gradients as the modules, with the same dropout masks from the same draws
+def _modules_only(blocks, head, v_emb, v_in, hidden):
+    h = v_in
+    for blk, m in zip(blocks, hidden, strict=True):
+        h = blk(v_emb, h, mask_hidden=m)
+    return head(h).squeeze(-1)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_fused_serial_chain_equals_the_modules_in_training(threads, monkeypatch):
+    # every block's LayerNorm, ReLU and dropout fused with the next block's masked input, the
+    # last one's with the head: the same logits and gradients as the modules, with the same
+    # dropout masks from the same draws, whatever the row chunks per thread
     fused_model, plain_model = _pair(torch.float32, dropout=0.3)
     fused_model.train()
     plain_model.train()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     out_f, grads_f = _train_step_grads(fused_model, 5)
     with monkeypatch.context() as mp:
-        mp.setattr(masknet_module.MaskBlock, "forward_logit",
-                   lambda blk, v, h, head, mask_hidden=None: head(
-                       blk(v, h, mask_hidden=mask_hidden)).squeeze(-1))  # fmt: skip
+        mp.setattr(masknet_module, "serial_logits", _modules_only)
         out_p, grads_p = _train_step_grads(plain_model, 5)
     torch.testing.assert_close(out_f, out_p, rtol=1e-5, atol=1e-5)
     for name in grads_p:
