@@ -411,3 +411,54 @@ void ln_relu_dropout_mask_bwd_f32(const float *restrict gz, const float *restric
         }
     }
 }
+
+/* ---- Numeric embeddings (ctrcal/layers/embedding.py) ----
+ * x [B, F] values (NaN = missing), w / bias / miss [F, D]: out[b, f, :] = miss[f, :] where
+ * x[b, f] is NaN, else x[b, f] * w[f, :] (+ bias[f, :] when bias is not NULL). out rows are
+ * `row_stride` elements apart, its F fields contiguous. Rows [b0, b1). */
+void numeric_embed_fwd_f32(const float *restrict x, const float *restrict w,
+                           const float *restrict bias, const float *restrict miss,
+                           float *restrict out, int64_t b0, int64_t b1, int64_t F, int64_t D,
+                           int64_t row_stride) {
+    for (int64_t r = b0; r < b1; ++r) {
+        float *o = out + r * row_stride;
+        for (int64_t f = 0; f < F; ++f) {
+            float v = x[r * F + f];
+            float *of = o + f * D;
+            const float *wf = w + f * D, *mf = miss + f * D;
+            if (isnan(v)) {
+                for (int64_t j = 0; j < D; ++j) of[j] = mf[j];
+            } else if (bias) {
+                const float *bf = bias + f * D;
+                for (int64_t j = 0; j < D; ++j) of[j] = v * wf[j] + bf[j];
+            } else {
+                for (int64_t j = 0; j < D; ++j) of[j] = v * wf[j];
+            }
+        }
+    }
+}
+
+/* Its backward from g (laid out as out): this chunk's partial gradients of w, bias (when not
+ * NULL) and miss [F, D] added into dw, dbias, dmiss. */
+void numeric_embed_bwd_f32(const float *restrict x, const float *restrict g,
+                           float *restrict dw, float *restrict dbias, float *restrict dmiss,
+                           int64_t b0, int64_t b1, int64_t F, int64_t D, int64_t row_stride) {
+    for (int64_t r = b0; r < b1; ++r) {
+        const float *gr = g + r * row_stride;
+        for (int64_t f = 0; f < F; ++f) {
+            float v = x[r * F + f];
+            const float *gf = gr + f * D;
+            if (isnan(v)) {
+                float *mf = dmiss + f * D;
+                for (int64_t j = 0; j < D; ++j) mf[j] += gf[j];
+                continue;
+            }
+            float *wf = dw + f * D;
+            for (int64_t j = 0; j < D; ++j) wf[j] += v * gf[j];
+            if (dbias) {
+                float *bf = dbias + f * D;
+                for (int64_t j = 0; j < D; ++j) bf[j] += gf[j];
+            }
+        }
+    }
+}

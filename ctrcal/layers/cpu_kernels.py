@@ -4,7 +4,8 @@ The C source holds the fused ReLU + dropout and LayerNorm + ReLU + dropout
 (:mod:`ctrcal.layers.dropout`), MaskBlock's masked input and the masks' first layers
 (:mod:`ctrcal.layers.mask_block`), the last of those fused with a one-output head
 (:mod:`ctrcal.layers.logit_head`)
-and the embedding table gather / scatter-add (:mod:`ctrcal.layers.table_lookup`). It is
+the embedding table gather / scatter-add (:mod:`ctrcal.layers.table_lookup`) and the numeric
+embeddings (:mod:`ctrcal.layers.embedding`). It is
 compiled once per machine with the system C compiler and cached like the MC-LayerNorm kernel
 (:func:`ctrcal.cbuild.build_c_library`); where it cannot be built,
 :func:`cpu_kernels` is ``None`` and the callers take their torch paths. Calls go through
@@ -64,6 +65,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ln_relu_dropout_mask_fwd_f32.restype = None
     lib.ln_relu_dropout_mask_bwd_f32.argtypes = [ptr] * 13 + [i64] * 3 + [u64, u64, f32]
     lib.ln_relu_dropout_mask_bwd_f32.restype = None
+    lib.numeric_embed_fwd_f32.argtypes = [ptr] * 5 + [i64] * 5
+    lib.numeric_embed_fwd_f32.restype = None
+    lib.numeric_embed_bwd_f32.argtypes = [ptr] * 5 + [i64] * 5
+    lib.numeric_embed_bwd_f32.restype = None
     return lib
 
 

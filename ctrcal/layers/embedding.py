@@ -38,7 +38,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
+from ctrcal.layers.cpu_kernels import cpu_kernels, run_chunks, split_range
 from ctrcal.layers.mc_layernorm import MCLayerNorm, grouped_layer_norm, mc_grouped_layer_norm
 from ctrcal.layers.registry import create_norm
 from ctrcal.layers.table_lookup import table_lookup
@@ -166,15 +168,27 @@ class FeatureEmbedding(nn.Module):
     def _embed_numeric(self, numeric: torch.Tensor) -> torch.Tensor:
         """``x*v + b`` (or ``x*v``), and the missing vector where ``x`` is NaN: ``[B, Fn, D]``.
 
-        Computed as ONE small matrix product ``[x~, m] @ W + b`` with ``x~`` the values with NaN
-        set to 0, ``m`` the missing indicators and ``W`` block-diagonal (``v_j`` on the value
-        rows, ``missing_j - b_j`` on the indicator rows): NaN never meets the arithmetic, and a
-        GEMM (forward and backward) is several times cheaper on the CPU than the equivalent
-        broadcast ``where``/``addcmul`` over ``[B, Fn, D]``. It runs in float32 even under
-        autocast, so that small numeric shifts are not rounded away by bf16.
+        On the CPU in float32 (values that need no gradient) one C pass each way computes
+        it (:class:`_NumericEmbedFn`). Elsewhere it is ONE small matrix product
+        ``[x~, m] @ W + b`` with ``x~`` the values with NaN set to 0, ``m`` the missing
+        indicators and ``W`` block-diagonal (``v_j`` on the value rows, ``missing_j - b_j`` on
+        the indicator rows): NaN never meets the arithmetic, and a GEMM (forward and backward)
+        is several times cheaper than the equivalent broadcast ``where``/``addcmul`` over
+        ``[B, Fn, D]``. Both run in float32 even under autocast, so that small numeric shifts
+        are not rounded away by bf16.
         """
         fn, dim = self.num_numeric, self.embedding_dim
         weight, bias, missing_vec = self.numeric_weight, self.numeric_bias, self.numeric_missing
+        if (
+            numeric.dim() == 2
+            and numeric.device.type == "cpu"
+            and weight.dtype == torch.float32
+            and not numeric.requires_grad
+            and cpu_kernels() is not None
+        ):
+            # one C pass each way instead of the product and its operands (same function)
+            x = numeric.to(torch.float32).contiguous()
+            return _NumericEmbedFn.apply(x, weight, bias, missing_vec)
         missing = torch.isnan(numeric)
         with torch.autocast(numeric.device.type, enabled=False):
             x = torch.nan_to_num(numeric.to(weight.dtype), nan=0.0)
@@ -201,6 +215,54 @@ class FeatureEmbedding(nn.Module):
             f"categorical={self.num_categorical}, dim={self.embedding_dim}, "
             f"table_rows={self.table.num_embeddings if self.table is not None else 0}"
         )
+
+
+_MIN_ROWS = 256  # batch rows per thread at least in the numeric embedding kernel
+
+
+class _NumericEmbedFn(torch.autograd.Function):
+    """``x*v (+ b)``, or the missing vector where ``x`` is NaN, ``[B, Fn, D]``, in one C pass
+    each way (:mod:`ctrcal.layers.cpu_kernels`); the values themselves get no gradient."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, missing):  # type: ignore[override]
+        lib = cpu_kernels()
+        rows, fields = x.shape
+        dim = weight.shape[1]
+        out = torch.empty(rows, fields, dim, dtype=weight.dtype)
+        ptrs = (x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                missing.data_ptr(), out.data_ptr())  # fmt: skip
+        run_chunks(split_range(rows, _MIN_ROWS),
+                   lambda b0, b1: lib.numeric_embed_fwd_f32(*ptrs, b0, b1, fields, dim,
+                                                            fields * dim))  # fmt: skip
+        ctx.save_for_backward(x)
+        ctx.has_bias = bias is not None
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        (x,) = ctx.saved_tensors
+        lib = cpu_kernels()
+        rows, fields = x.shape
+        dim = grad.shape[2]
+        if grad.stride(2) != 1 or grad.stride(1) != dim:
+            grad = grad.contiguous()
+        parts = split_range(rows, _MIN_ROWS)
+        # per-chunk partial sums (weight, bias, missing), added up afterwards
+        acc = torch.zeros(3, len(parts), fields, dim, dtype=grad.dtype)
+        index = {part: i for i, part in enumerate(parts)}
+
+        def run(b0: int, b1: int) -> None:
+            i = index[(b0, b1)]
+            dbias = acc[1, i].data_ptr() if ctx.has_bias else 0
+            lib.numeric_embed_bwd_f32(x.data_ptr(), grad.data_ptr(), acc[0, i].data_ptr(), dbias,
+                                      acc[2, i].data_ptr(), b0, b1, fields, dim,
+                                      grad.stride(0))  # fmt: skip
+
+        run_chunks(parts, run)
+        sums = acc.sum(1)
+        return None, sums[0], sums[1] if ctx.has_bias else None, sums[2]
 
 
 def _check_boundaries(boundaries: Any, num_numeric: int) -> list[list[float]]:

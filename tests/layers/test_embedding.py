@@ -7,6 +7,7 @@ import torch
 from batches import random_batch
 from torch import nn
 
+import ctrcal.layers.embedding as embedding_module
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.mc_layernorm import MCLayerNorm
 
@@ -252,3 +253,46 @@ def test_numeric_embedding_stays_float32_under_autocast():
         out = emb(cat, num + 1e-3)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, emb(cat, num + 1e-3))
+
+
+@pytest.mark.parametrize("mode", ["linear", "scaled"])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_numeric_kernel_equals_the_torch_path(mode, threads, monkeypatch):
+    # the C pass against the block-diagonal product it replaces: values, missing values,
+    # gradients of every numeric parameter, rows split into chunks for 1 or 3 threads
+    torch.manual_seed(0)
+    emb = FeatureEmbedding(VOCAB, FN, D, numeric_embedding=mode, init_std=0.5)
+    cat, num = random_batch(VOCAB, FN, 700, seed=3)
+    num[::7, 1] = float("nan")
+    num[5, :] = float("nan")
+    weights = torch.randn(700, FN + len(VOCAB), D)
+
+    def run():
+        emb.zero_grad(set_to_none=True)
+        out = emb(cat, num)
+        (out * weights).sum().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in emb.named_parameters()}
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    calls = []
+    apply = embedding_module._NumericEmbedFn.apply
+    monkeypatch.setattr(embedding_module._NumericEmbedFn, "apply",
+                        lambda *a: calls.append(1) or apply(*a))  # fmt: skip
+    out, grads = run()
+    assert calls == [1]
+    monkeypatch.setattr(embedding_module, "cpu_kernels", lambda: None)
+    ref, ref_grads = run()
+    assert calls == [1]  # the torch path ran
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    assert grads.keys() == ref_grads.keys()
+    for name in ref_grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-5, atol=1e-5, msg=name)
+    assert grads["numeric_missing"][1].abs().sum() > 0
+
+
+def test_numeric_values_that_need_a_gradient_get_one():
+    emb = FeatureEmbedding(VOCAB, FN, D, init_std=0.5)
+    cat, num = _inputs()
+    num.requires_grad_(True)
+    emb(cat, num).sum().backward()
+    assert num.grad is not None and num.grad.abs().sum() > 0
