@@ -27,6 +27,9 @@ from ctrcal.data.features import MISSING_ID, OOV_ID, FeaturePipeline, FitStats
 from ctrcal.data.hexkeys import hex8_to_u32
 from ctrcal.data.tsv_reader import CleanColumns, nullable_series
 
+_EXACT = 2**53
+"""Integers up to this magnitude are exact in float64."""
+
 
 @dataclass
 class CodedInput:
@@ -105,8 +108,12 @@ def fit(
     stats.add_rows(rows)
     for name, c in zip(nums, num_codes, strict=True):
         seen = c.train_counts > 0
-        stats.add_counts(name, _counts(c.distinct[seen].astype(np.float64),
-                                       c.train_counts[seen]), c.train_missing)  # fmt: skip
+        counts = _counts(c.distinct[seen].astype(np.float64), c.train_counts[seen])
+        if seen.any() and max(-int(c.distinct.min()), int(c.distinct.max())) > _EXACT:
+            # integers beyond 2^53 can share a float64: count them together, as counting the
+            # float64 values of the rows does
+            counts = counts.group_by("value").agg(pl.col("count").sum())
+        stats.add_counts(name, counts, c.train_missing)
     cat_values = []
     for name, c in zip(cats, cat_codes, strict=True):
         values, hexadecimal, canonical = hex8_to_u32(c.distinct)

@@ -185,6 +185,30 @@ def test_upper_case_train_values_are_counted_with_lower_case(frame, tmp_path, mo
     _assert_same(_ways([path], tmp_path, monkeypatch, _cfg(2)))
 
 
+def test_integers_sharing_a_float64_are_counted_together(frame, tmp_path, monkeypatch):
+    rows = pl.int_range(pl.len())
+    big = frame.with_columns(
+        pl.when(rows % 3 == 0).then(2**55).when(rows % 3 == 1).then(2**55 + 1)
+        .otherwise(pl.col("I7")).alias("I7"),
+        pl.when(rows % 5 == 0).then(-(2**56) - 1).otherwise(pl.col("I8")).alias("I8"),
+    )  # fmt: skip
+    path = write_criteo(big, tmp_path / "train.txt", "dac")
+    seen = {}
+    real = coded_fit.FitStats.add_counts
+
+    def add_counts(self, name, counts, nulls):
+        seen.setdefault(name, counts)  # the first way prepared is the coded one
+        return real(self, name, counts, nulls)
+
+    with monkeypatch.context() as m:
+        m.setattr(coded_fit.FitStats, "add_counts", add_counts)
+        _assert_same(_ways([path], tmp_path, monkeypatch, _cfg(2)))
+    # the histogram the statistics come from has one row per float64 value, as everywhere
+    for name in ("I7", "I8"):
+        assert seen[name]["value"].is_unique().all(), name
+    assert seen["I7"].filter(pl.col("value") == float(2**55))["count"].item() > 1_000
+
+
 def test_real_dac_samples(criteo_samples, tmp_path, monkeypatch):
     source = criteo_samples / "sample_train.txt"  # Kaggle's layout, no newline at the end
     _assert_same(_ways([source], tmp_path / "pooled", monkeypatch, _cfg(1)))
