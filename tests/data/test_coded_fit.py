@@ -151,6 +151,15 @@ def test_random_splits_equal_the_reference_ways(frame, tmp_path, monkeypatch, mi
     assert test["I1"].null_count() > 0
 
 
+def test_an_empty_split(frame, tmp_path, monkeypatch):
+    cfg = _cfg(2)
+    cfg.data.split = [0.9, 0.0, 0.1]
+    path = write_criteo(frame.slice(0, 1_000), tmp_path / "day.txt", "dac")
+    ways = _ways([path], tmp_path, monkeypatch, cfg)
+    _assert_same(ways)
+    assert pl.read_parquet(ways["coded"] / "valid").height == 0
+
+
 def test_explicit_splits_with_unseen_values_and_an_unlabelled_test(frame, tmp_path,
                                                                    monkeypatch):  # fmt: skip
     # values only the held-out files carry, upper-case spellings of kept values, a value of
