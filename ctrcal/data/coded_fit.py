@@ -138,13 +138,13 @@ def encode(coded: CodedColumns, pipe: FeaturePipeline, threads: int) -> list[pl.
 
     def numeric(j: int, c: ColumnCodes) -> pl.Series:
         z = c.gather(pipe._model_values(c.distinct.astype(np.float64), j), np.float32(np.nan),
-                     reuse=True)
-        return pl.Series(nums[j], z, nan_to_null=True)
+                     reuse=True)  # fmt: skip
+        return nullable_series(nums[j], z, ~np.isnan(z))
 
     def categorical(name: str, c: ColumnCodes, values: np.ndarray) -> pl.Series:
         # by value, so that an upper-case spelling of a kept value gets its id
-        return pl.Series(name, c.gather(pipe._index(name).lookup(values, OOV_ID), MISSING_ID,
-                                          reuse=True))
+        ids = c.gather(pipe._index(name).lookup(values, OOV_ID), MISSING_ID, reuse=True)
+        return nullable_series(name, ids)
 
     jobs = [(numeric, j, c) for j, c in enumerate(coded.numeric)]
     jobs += [(categorical, n, c, v) for n, c, v in zip(cats, coded.categorical,
@@ -153,7 +153,8 @@ def encode(coded: CodedColumns, pipe: FeaturePipeline, threads: int) -> list[pl.
 
 
 def _counts(values: np.ndarray, counts: np.ndarray) -> pl.DataFrame:
-    return pl.DataFrame({"value": values, "count": counts.astype(np.uint64)})
+    return pl.DataFrame([nullable_series("value", values),
+                         nullable_series("count", counts.astype(np.uint64))])  # fmt: skip
 
 
 def _run(jobs: list[tuple], threads: int) -> list[pl.Series]:

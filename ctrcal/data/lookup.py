@@ -63,7 +63,10 @@ class ValueIndex:
         self.mask = (1 << self.bits) - 1
         # an empty slot holds a key that is in no slot, so that a lookup needs one comparison
         # per value to tell a hit from anything else (a value in [0, K] is always free)
-        free_key = np.setdiff1d(np.arange(len(keys) + 1, dtype=self.dtype), keys)[0]
+        # (the smallest such value, by a mask: np.setdiff1d would sort, and import numpy.ma)
+        taken = np.zeros(len(keys) + 1, dtype=bool)
+        taken[keys[keys <= len(keys)].astype(np.intp)] = True
+        free_key = self.dtype.type(np.flatnonzero(~taken)[0])
         self.keys = np.full(1 << self.bits, free_key, dtype=self.dtype)
         self.ids = np.full(1 << self.bits, _EMPTY, dtype=np.int32)
         # insert a probe round at a time: of the values that aim at one free slot the first

@@ -167,13 +167,19 @@ def _parse(
 
 
 def nullable_series(
-    name: str, values: np.ndarray, valid: np.ndarray, dtype: pa.DataType
+    name: str,
+    values: np.ndarray,
+    valid: np.ndarray | None = None,
+    dtype: pa.DataType | None = None,
 ) -> pl.Series:
-    """``values`` as a polars column, null where ``valid`` is 0 (an Arrow validity bitmap)."""
-    nulls = len(valid) - int(np.count_nonzero(valid))
-    if nulls == 0:
-        return pl.Series(name, values)
-    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    """``values`` ([N], contiguous) as a polars column without a copy, null where ``valid``
+    ([N] bool or 0/1, optional) is 0 (an Arrow validity bitmap); ``dtype`` defaults to the
+    Arrow type of ``values``. Built from Arrow buffers: polars' own conversion of numpy arrays
+    (and ``pyarrow.array``) imports ``numpy.ma``, 10-50 ms once per process."""
+    values = np.ascontiguousarray(values)
+    dtype = dtype if dtype is not None else pa.from_numpy_dtype(values.dtype)
+    nulls = 0 if valid is None else len(valid) - int(np.count_nonzero(valid))
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
     array = pa.Array.from_buffers(dtype, len(values), [bitmap, pa.py_buffer(values)], nulls)
     return pl.Series(name, array)
 
