@@ -230,3 +230,15 @@ def test_real_dac_samples(criteo_samples, tmp_path, monkeypatch):
     cut["test"].write_bytes(b"\n".join(line.split(b"\t", 1)[1] for line in lines[85:]))
     inputs = {name: [path] for name, path in cut.items()}
     _assert_same(_ways(inputs, tmp_path / "explicit", monkeypatch, _cfg(2)))
+
+
+def test_nullable_series_marks_nulls_without_copying():
+    values = np.arange(6, dtype=np.float32)
+    series = tsv_reader.nullable_series("x", values, np.array([1, 0, 1, 1, 0, 1], dtype=bool))
+    assert series.dtype == pl.Float32 and series.to_list() == [0, None, 2, 3, None, 5]
+    plain = tsv_reader.nullable_series("y", values.astype(np.uint64))
+    assert plain.dtype == pl.UInt64 and plain.null_count() == 0
+    ids = np.array([3, 4], dtype=np.int32)
+    shared = tsv_reader.nullable_series("z", ids)
+    ids[0] = 9  # the column is a view of the array
+    assert shared.to_list() == [9, 4]
