@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -118,9 +119,14 @@ class PrepareResult:
             f"({rate:,.0f} rows/s) -> {self.out_dir}"
         ]
         for k in self.rows:
-            lines.append(
-                f"  {k:5s} {self.rows[k]:>12,} rows, {100 * self.positive_rate[k]:.2f}% positive"
-            )
+            rate = self.positive_rate[k]
+            if self.rows[k] == 0:
+                what = "empty"
+            elif rate is None or math.isnan(rate):
+                what = "no labels (not scored; training needs labelled train and valid)"
+            else:
+                what = f"{100 * rate:.2f}% positive"
+            lines.append(f"  {k:5s} {self.rows[k]:>12,} rows, {what}")
         fm = self.summary
         if fm:
             lines.append(

@@ -121,3 +121,5 @@ def test_one_row_files(tmp_path, in_memory):
     cfg.data.split = [1, 0, 0]
     res = prepare(paths["train"], tmp_path / "q", cfg, in_memory_bytes=in_memory)
     assert res.rows == {"train": 1, "valid": 0, "test": 0}
+    text = res.describe()
+    assert "valid            0 rows, empty" in text and "nan" not in text

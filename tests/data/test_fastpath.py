@@ -131,6 +131,7 @@ def test_explicit_splits_and_unlabelled_test(frame, tmp_path, monkeypatch):
     res = _prepare_both(paths, tmp_path, monkeypatch)
     assert res.rows == {"train": 2_400, "valid": 300, "test": 300}
     assert pl.read_parquet(res.out_dir / "test")["label"].null_count() == 300
+    assert "test           300 rows, no labels (not scored" in res.describe()
 
 
 def test_non_canonical_hex_columns_read_as_numbers(frame, tmp_path, monkeypatch):
