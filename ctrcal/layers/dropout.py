@@ -39,7 +39,13 @@ from torch.autograd.function import once_differentiable
 
 from ctrcal.layers.cpu_kernels import cpu_kernels, run_chunks, split_range
 
-__all__ = ["dropout_keep_mask", "layer_norm_relu_dropout", "relu_dropout", "run_sequential"]
+__all__ = [
+    "dropout_keep_mask",
+    "layer_norm_fusable",
+    "layer_norm_relu_dropout",
+    "relu_dropout",
+    "run_sequential",
+]
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
@@ -194,6 +200,27 @@ class _LayerNormReLUDropoutFn(torch.autograd.Function):
         return dx, dw.sum(0), db.sum(0), None, None
 
 
+def layer_norm_fusable(x: Tensor, norm: nn.Module, p: float, training: bool) -> bool:
+    """Whether the C kernels may run ``F.dropout(F.relu(norm(x)), p, training)`` for x
+    ``[B, N]``: training with ``0 < p < 1``, a plain affine ``nn.LayerNorm(N)`` without hooks,
+    float32 CPU tensors outside autocast, and the kernels built. The one statement of that
+    rule; kernels that fuse more around the norm add their own conditions to it."""
+    return (
+        training
+        and 0.0 < p < 1.0
+        and type(norm) is nn.LayerNorm
+        and norm.weight is not None
+        and norm.bias is not None
+        and not (norm._forward_hooks or norm._forward_pre_hooks)
+        and x.dim() == 2
+        and tuple(norm.normalized_shape) == (x.shape[1],)
+        and x.device.type == "cpu"
+        and x.dtype == norm.weight.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
+        and cpu_kernels() is not None
+    )
+
+
 def layer_norm_relu_dropout(x: Tensor, norm: nn.LayerNorm, p: float, training: bool) -> Tensor:
     """``F.dropout(F.relu(norm(x)), p, training)``, as ONE pass each way on the CPU.
 
@@ -210,21 +237,7 @@ def layer_norm_relu_dropout(x: Tensor, norm: nn.LayerNorm, p: float, training: b
         norm: an ``nn.LayerNorm(N)`` with affine weight and bias.
         p: dropout rate; training: whether dropout is active.
     """
-    fusable = (
-        training
-        and 0.0 < p < 1.0
-        and type(norm) is nn.LayerNorm
-        and norm.weight is not None
-        and norm.bias is not None
-        and x.dim() == 2
-        and tuple(norm.normalized_shape) == (x.shape[1],)
-        and x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and norm.weight.dtype == torch.float32
-        and not (norm._forward_hooks or norm._forward_pre_hooks)
-        and cpu_kernels() is not None
-    )
-    if not fusable:
+    if not layer_norm_fusable(x, norm, p, training):
         return relu_dropout(norm(x), p, training)
     return _LayerNormReLUDropoutFn.apply(x.contiguous(), norm.weight, norm.bias, norm.eps, p)
 

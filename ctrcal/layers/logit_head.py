@@ -19,7 +19,12 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from ctrcal.layers.cpu_kernels import cpu_kernels, run_chunks, split_range
-from ctrcal.layers.dropout import _draw_key, _keep_threshold, layer_norm_relu_dropout
+from ctrcal.layers.dropout import (
+    _draw_key,
+    _keep_threshold,
+    layer_norm_fusable,
+    layer_norm_relu_dropout,
+)
 
 __all__ = ["layer_norm_relu_dropout_logit", "linear_logit"]
 
@@ -75,21 +80,12 @@ def layer_norm_relu_dropout_logit(
         Logits ``[B]``.
     """
     fusable = (
-        training
-        and 0.0 < p < 1.0
-        and type(norm) is nn.LayerNorm
-        and norm.weight is not None
-        and norm.bias is not None
+        layer_norm_fusable(x, norm, p, training)
         and type(head) is nn.Linear
         and head.out_features == 1
-        and x.dim() == 2
-        and tuple(norm.normalized_shape) == (x.shape[1],) == (head.in_features,)
-        and x.device.type == "cpu"
-        and x.dtype == norm.weight.dtype == head.weight.dtype == torch.float32
-        and not (norm._forward_hooks or norm._forward_pre_hooks)
+        and head.in_features == x.shape[1]
+        and head.weight.dtype == torch.float32
         and not (head._forward_hooks or head._forward_pre_hooks)
-        and not torch.is_autocast_enabled("cpu")
-        and cpu_kernels() is not None
     )
     if not fusable:
         return linear_logit(head, layer_norm_relu_dropout(x, norm, p, training))

@@ -27,6 +27,7 @@ from ctrcal.layers.cpu_kernels import cpu_kernels, run_chunks, split_range
 from ctrcal.layers.dropout import (
     _draw_key,
     _keep_threshold,
+    layer_norm_fusable,
     layer_norm_relu_dropout,
     relu_dropout,
 )
@@ -391,23 +392,15 @@ def layer_norm_relu_dropout_masked(
         x: ``[B, N]``; a: ``[B, mask_width]``; output ``[B, N]``.
     """
     fusable = (
-        training
-        and 0.0 < p < 1.0
-        and type(norm) is nn.LayerNorm
-        and norm.weight is not None
-        and norm.bias is not None
-        and not (norm._forward_hooks or norm._forward_pre_hooks)
+        layer_norm_fusable(x, norm, p, training)
         and type(layer) is nn.Linear
         and layer.bias is not None
         and not (layer._forward_hooks or layer._forward_pre_hooks)
-        and x.dim() == 2
         and a.dim() == 2
         and a.shape[0] == x.shape[0]
-        and tuple(norm.normalized_shape) == (x.shape[1],) == (layer.out_features,)
-        and x.device.type == a.device.type == "cpu"
-        and x.dtype == a.dtype == norm.weight.dtype == layer.weight.dtype == torch.float32
-        and not torch.is_autocast_enabled("cpu")
-        and cpu_kernels() is not None
+        and layer.out_features == x.shape[1]
+        and a.device.type == "cpu"
+        and a.dtype == layer.weight.dtype == torch.float32
     )
     if not fusable:
         return masked_input(layer, a, layer_norm_relu_dropout(x, norm, p, training))
