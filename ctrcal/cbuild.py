@@ -13,6 +13,8 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 _CFLAGS = ["-O3", "-fno-math-errno", "-fopenmp-simd", "-shared", "-fPIC"]
@@ -88,4 +90,41 @@ def build_c_library(source: str, stem: str) -> ctypes.CDLL:
     raise RuntimeError("; ".join(errors))
 
 
-__all__ = ["build_c_library"]
+class LazyLibrary:
+    """One C source of ctrcal's kernels, built and loaded on first use, once per process.
+
+    Args:
+        source: the ``.c`` file.
+        stem: the name of the cached build.
+        declare: sets the functions' ``argtypes`` / ``restype`` on the loaded library.
+
+    :meth:`get` is thread-safe; a failed build is remembered (:attr:`error`), not retried.
+    """
+
+    def __init__(self, source: Path, stem: str, declare: Callable[[ctypes.CDLL], None]) -> None:
+        self.source, self.stem, self.declare = source, stem, declare
+        self.error: str | None = None
+        self._lib: ctypes.CDLL | None = None
+        self._tried = False
+        self._lock = threading.Lock()
+
+    def get(self) -> ctypes.CDLL | None:
+        """The loaded library; None where it cannot be built."""
+        with self._lock:
+            if not self._tried:
+                try:
+                    lib = build_c_library(self.source.read_text(), self.stem)
+                    self.declare(lib)
+                    self._lib = lib
+                except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                    self._lib, self.error = None, str(exc)
+                self._tried = True
+            return self._lib
+
+    def forget(self) -> None:
+        """Build (or fail) again on the next :meth:`get` (tests change the compiler)."""
+        with self._lock:
+            self._lib, self.error, self._tried = None, None, False
+
+
+__all__ = ["LazyLibrary", "build_c_library"]

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import subprocess
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,32 +22,28 @@ from typing import Any
 
 import numpy as np
 
+from ctrcal.cbuild import LazyLibrary
 from ctrcal.data.tsv_reader import ENV_SWITCH
 
 _SOURCE = Path(__file__).with_name("column_codes.c")
-_state: dict[str, Any] = {}
-_lock = threading.Lock()
 MAX_ROWS = (1 << 31) - 1
 """Rows one call can code (codes and destinations are int32)."""
 
 
+def _declare(lib: ctypes.CDLL) -> None:
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.code_column.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr]
+    lib.code_column.restype = i64
+    lib.gather4.argtypes = [ptr, ptr, i64, ptr]
+    lib.gather4.restype = None
+
+
+_LIBRARY = LazyLibrary(_SOURCE, "column_codes", _declare)
+
+
 def _library() -> ctypes.CDLL | None:
     """The compiled kernel, built on first use; None where it cannot be built."""
-    with _lock:
-        if "lib" not in _state:
-            try:
-                from ctrcal.cbuild import build_c_library
-
-                lib = build_c_library(_SOURCE.read_text(), "column_codes")
-                ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-                lib.code_column.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr]
-                lib.code_column.restype = i64
-                lib.gather4.argtypes = [ptr, ptr, i64, ptr]
-                lib.gather4.restype = None
-            except (RuntimeError, OSError, subprocess.SubprocessError):
-                lib = None
-            _state["lib"] = lib
-        return _state["lib"]
+    return _LIBRARY.get()
 
 
 def available() -> bool:

@@ -19,8 +19,6 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import subprocess
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,34 +28,30 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from ctrcal.cbuild import LazyLibrary
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 
 ENV_SWITCH = "CTRCAL_NATIVE_READER"
 """Set to ``0`` to read every file with polars (the C reader is then never built)."""
 
 _SOURCE = Path(__file__).with_name("tsv_reader.c")
-_state: dict[str, Any] = {}
-_lock = threading.Lock()
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.tsv_count_rows.argtypes = [ptr, i64]
+    lib.tsv_count_rows.restype = i64
+    lib.tsv_parse.argtypes = [ptr, i64, ctypes.c_int, ctypes.c_int, i64, i64,
+                              ptr, ptr, ptr, ptr]  # fmt: skip
+    lib.tsv_parse.restype = i64
+
+
+_LIBRARY = LazyLibrary(_SOURCE, "tsv_reader", _declare)
 
 
 def _library() -> ctypes.CDLL | None:
     """The compiled reader, built on first use; None where it cannot be built."""
-    with _lock:
-        if "lib" not in _state:
-            try:
-                from ctrcal.cbuild import build_c_library
-
-                lib = build_c_library(_SOURCE.read_text(), "tsv_reader")
-                ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-                lib.tsv_count_rows.argtypes = [ptr, i64]
-                lib.tsv_count_rows.restype = i64
-                lib.tsv_parse.argtypes = [ptr, i64, ctypes.c_int, ctypes.c_int, i64, i64,
-                                          ptr, ptr, ptr, ptr]  # fmt: skip
-                lib.tsv_parse.restype = i64
-            except (RuntimeError, OSError, subprocess.SubprocessError):
-                lib = None
-            _state["lib"] = lib
-        return _state["lib"]
+    return _LIBRARY.get()
 
 
 def available() -> bool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,13 +24,12 @@ from typing import Any
 
 import torch
 
+from ctrcal.cbuild import LazyLibrary
+
 __all__ = ["cpu_kernels", "kernel_error", "run_chunks", "split_range"]
 
-_state: dict[str, Any] = {}
-_lock = threading.Lock()
 
-
-def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+def _declare(lib: ctypes.CDLL) -> None:
     ptr, i64, u64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64
     for suffix, real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
         fwd = getattr(lib, f"relu_dropout_fwd_{suffix}")
@@ -69,7 +67,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.numeric_embed_fwd_f32.restype = None
     lib.numeric_embed_bwd_f32.argtypes = [ptr] * 5 + [i64] * 5
     lib.numeric_embed_bwd_f32.restype = None
-    return lib
+
+
+_LIBRARY = LazyLibrary(Path(__file__).with_name("cpu_kernels.c"), "cpu_kernels", _declare)
+_pool: dict[str, ThreadPoolExecutor] = {}  # the chunks' thread pool, made on first use
 
 
 def cpu_kernels() -> ctypes.CDLL | None:
@@ -78,21 +79,12 @@ def cpu_kernels() -> ctypes.CDLL | None:
     fused code for the plain torch ops the callers take instead."""
     if torch.compiler.is_compiling():
         return None
-    with _lock:
-        if "lib" not in _state:
-            from ctrcal.cbuild import build_c_library
-
-            source = Path(__file__).with_name("cpu_kernels.c").read_text()
-            try:
-                _state["lib"] = _declare(build_c_library(source, "cpu_kernels"))
-            except (RuntimeError, OSError) as exc:
-                _state["lib"], _state["error"] = None, str(exc)
-        return _state["lib"]
+    return _LIBRARY.get()
 
 
 def kernel_error() -> str | None:
     """Why :func:`cpu_kernels` is ``None`` (after a failed build), else ``None``."""
-    return _state.get("error")
+    return _LIBRARY.error
 
 
 def split_range(n: int, min_chunk: int) -> list[tuple[int, int]]:
@@ -108,16 +100,16 @@ def run_chunks(parts: list[tuple[int, int]], fn: Callable[[int, int], Any]) -> l
     torch's own threads), the pool the others."""
     if len(parts) <= 1:
         return [fn(lo, hi) for lo, hi in parts]
-    pool = _state.get("pool")
+    pool = _pool.get("pool")
     if pool is None:
-        pool = _state["pool"] = ThreadPoolExecutor(max_workers=os.cpu_count() or 2)
+        pool = _pool["pool"] = ThreadPoolExecutor(max_workers=os.cpu_count() or 2)
     futures = [pool.submit(fn, lo, hi) for lo, hi in parts[1:]]
     first = fn(*parts[0])
     return [first, *(f.result() for f in futures)]
 
 
 def _reset_pool_after_fork() -> None:
-    _state.pop("pool", None)  # a forked child inherits the pool object but not its threads
+    _pool.pop("pool", None)  # a forked child inherits the pool object but not its threads
 
 
 if hasattr(os, "register_at_fork"):

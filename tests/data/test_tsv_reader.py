@@ -170,12 +170,18 @@ def test_without_a_compiler_polars_reads_the_file(tmp_path, monkeypatch):
     path = write_criteo(frame, tmp_path / "train.txt", "dac")
     want = _prepared(path, tmp_path / "with", monkeypatch, "1")
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    monkeypatch.setattr(tsv_reader, "_state", {})
-    monkeypatch.setattr(column_codes, "_state", {})
     monkeypatch.setattr("ctrcal.cbuild._cache_dir", lambda: tmp_path / "empty-cache")
-    assert not tsv_reader.available() and not column_codes.available()
-    assert _native(path) is None
-    assert _prepared(path, tmp_path / "without", monkeypatch, "1") == want
+    libraries = (tsv_reader._LIBRARY, column_codes._LIBRARY)
+    try:
+        for lib in libraries:
+            lib.forget()
+        assert not tsv_reader.available() and not column_codes.available()
+        assert all("no-such-compiler" in lib.error for lib in libraries)
+        assert _native(path) is None
+        assert _prepared(path, tmp_path / "without", monkeypatch, "1") == want
+    finally:
+        for lib in libraries:  # the next test builds (or loads the cached build) again
+            lib.forget()
 
 
 def test_columns_outlive_the_file(tmp_path):
