@@ -27,6 +27,40 @@ static inline int kept(uint64_t key, int64_t i, uint64_t threshold) {
     return (mix64(key + (uint64_t)(i + 1) * GOLDEN) >> 32) < threshold;
 }
 
+/* A row's LayerNorm statistics: mean and 1 / sqrt(biased variance + eps). */
+static inline void row_stats(const float *restrict xr, int64_t n, float eps, float *mu_out,
+                             float *rs_out) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < n; ++j) s += xr[j];
+    float mu = s / (float)n;
+    float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+    for (int64_t j = 0; j < n; ++j) {
+        float d = xr[j] - mu;
+        v += d * d;
+    }
+    *mu_out = mu;
+    *rs_out = 1.0f / sqrtf(v / (float)n + eps);
+}
+
+/* ReLU then inverted dropout of one normalised, affine value h (element i of the call). */
+static inline float relu_dropout1(float h, uint64_t key, int64_t i, uint64_t threshold,
+                                  float scale) {
+    return (kept(key, i, threshold) && !(h <= 0.0f)) ? h * scale : 0.0f;
+}
+
+/* The LayerNorm backward's last pass over a row: dxr holds dh (the affine output's
+ * gradient) and becomes dx, given the row means m1 = mean(dh * w), m2 = mean(dh * w * xhat). */
+static inline void ln_dx_finish(float *restrict dxr, const float *restrict xr,
+                                const float *restrict w, float mu, float rs, float m1, float m2,
+                                int64_t n) {
+    for (int64_t j = 0; j < n; ++j) {
+        float xh = (xr[j] - mu) * rs;
+        dxr[j] = rs * (dxr[j] * w[j] - m1 - xh * m2);
+    }
+}
+
 /* y[i] = x[i] * scale where element i is kept and x[i] > 0 (NaN passes, as in ReLU), else 0,
  * for i in [i0, i1). */
 void relu_dropout_fwd_f32(const float *restrict x, float *restrict y, int64_t i0, int64_t i1,
@@ -128,22 +162,13 @@ void ln_relu_dropout_fwd_f32(const float *restrict x, const float *restrict w,
     for (int64_t r = r0; r < r1; ++r) {
         const float *xr = x + r * n;
         float *yr = y + r * n;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int64_t j = 0; j < n; ++j) s += xr[j];
-        float mu = s / (float)n;
-        float v = 0.0f;
-#pragma omp simd reduction(+ : v)
-        for (int64_t j = 0; j < n; ++j) {
-            float d = xr[j] - mu;
-            v += d * d;
-        }
-        float rs = 1.0f / sqrtf(v / (float)n + eps);
+        float mu, rs;
+        row_stats(xr, n, eps, &mu, &rs);
         mean[r] = mu;
         rstd[r] = rs;
         for (int64_t j = 0; j < n; ++j) {
             float h = (xr[j] - mu) * rs * w[j] + b[j];
-            yr[j] = (kept(key, r * n + j, threshold) && !(h <= 0.0f)) ? h * scale : 0.0f;
+            yr[j] = relu_dropout1(h, key, r * n + j, threshold, scale);
         }
     }
 }
@@ -273,24 +298,15 @@ void ln_relu_dropout_logit_fwd_f32(const float *restrict x, const float *restric
                                    float eps, uint64_t key, uint64_t threshold, float scale) {
     for (int64_t r = r0; r < r1; ++r) {
         const float *xr = x + r * n;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int64_t j = 0; j < n; ++j) s += xr[j];
-        float mu = s / (float)n;
-        float v = 0.0f;
-#pragma omp simd reduction(+ : v)
-        for (int64_t j = 0; j < n; ++j) {
-            float d = xr[j] - mu;
-            v += d * d;
-        }
-        float rs = 1.0f / sqrtf(v / (float)n + eps);
+        float mu, rs;
+        row_stats(xr, n, eps, &mu, &rs);
         mean[r] = mu;
         rstd[r] = rs;
         float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
         for (int64_t j = 0; j < n; ++j) {
             float h = (xr[j] - mu) * rs * w[j] + b[j];
-            float y = (kept(key, r * n + j, threshold) && !(h <= 0.0f)) ? h * scale : 0.0f;
+            float y = relu_dropout1(h, key, r * n + j, threshold, scale);
             acc += y * hw[j];
         }
         logit[r] = acc;
@@ -326,12 +342,7 @@ void ln_relu_dropout_logit_bwd_f32(const float *restrict gl, const float *restri
             s1 += a;
             s2 += a * xh;
         }
-        s1 /= (float)n;
-        s2 /= (float)n;
-        for (int64_t j = 0; j < n; ++j) {
-            float xh = (xr[j] - mu) * rs;
-            dxr[j] = rs * (dxr[j] * w[j] - s1 - xh * s2);
-        }
+        ln_dx_finish(dxr, xr, w, mu, rs, s1 / (float)n, s2 / (float)n, n);
     }
 }
 
@@ -350,22 +361,13 @@ void ln_relu_dropout_mask_fwd_f32(const float *restrict x, const float *restrict
     for (int64_t r = r0; r < r1; ++r) {
         const float *xr = x + r * n, *tr = t + r * n;
         float *zr = z + r * n;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int64_t j = 0; j < n; ++j) s += xr[j];
-        float mu = s / (float)n;
-        float v = 0.0f;
-#pragma omp simd reduction(+ : v)
-        for (int64_t j = 0; j < n; ++j) {
-            float d = xr[j] - mu;
-            v += d * d;
-        }
-        float rs = 1.0f / sqrtf(v / (float)n + eps);
+        float mu, rs;
+        row_stats(xr, n, eps, &mu, &rs);
         mean[r] = mu;
         rstd[r] = rs;
         for (int64_t j = 0; j < n; ++j) {
             float h = (xr[j] - mu) * rs * w[j] + b[j];
-            float y = (kept(key, r * n + j, threshold) && !(h <= 0.0f)) ? h * scale : 0.0f;
+            float y = relu_dropout1(h, key, r * n + j, threshold, scale);
             zr[j] = (tr[j] + c[j]) * y;
         }
     }
@@ -403,12 +405,7 @@ void ln_relu_dropout_mask_bwd_f32(const float *restrict gz, const float *restric
             s1 += a;
             s2 += a * xh;
         }
-        s1 /= (float)n;
-        s2 /= (float)n;
-        for (int64_t j = 0; j < n; ++j) {
-            float xh = (xr[j] - mu) * rs;
-            dxr[j] = rs * (dxr[j] * w[j] - s1 - xh * s2);
-        }
+        ln_dx_finish(dxr, xr, w, mu, rs, s1 / (float)n, s2 / (float)n, n);
     }
 }
 
