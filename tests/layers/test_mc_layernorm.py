@@ -490,7 +490,7 @@ def test_compiled_graph_keeps_the_kernel_and_equals_eager(monkeypatch, per_field
     be 10-20x slower) and draws the same subsets as eager from the same RNG state."""
     if not kernel_available():
         pytest.skip("no C compiler: the MC-LayerNorm C kernel cannot be built here")
-    from torch._dynamo.testing import CompileCounterWithBackend
+    from compiled import compiled_and_eager
 
     from ctrcal.layers.embedding import FieldNorm
 
@@ -500,17 +500,8 @@ def test_compiled_graph_keeps_the_kernel_and_equals_eager(monkeypatch, per_field
         layer, x = FieldNorm(5, 16, "mclayernorm").train(), torch.randn(9, 5, 16)
     else:
         layer, x = MCLayerNorm(24, fraction=0.5).train(), torch.randn(9, 24)
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(layer, backend=counter, fullgraph=True)
-    results = []
-    for module in (compiled, layer):
-        torch.manual_seed(7)
-        xi = x.clone().requires_grad_()
-        y = module(xi)
-        grads = torch.autograd.grad(y.square().sum(), [xi, *layer.parameters()])
-        results.append((y, grads))
-    assert counter.frame_count == 1
-    ops = [str(n.target) for g in counter.graphs for n in g.graph.nodes]
+    frames, ops, results = compiled_and_eager(layer, x, lambda y: y.square().sum())
+    assert frames == 1
     assert any("mc_layer_norm_cpu_fwd" in op for op in ops), ops
     (y_c, g_c), (y_e, g_e) = results
     assert torch.equal(y_c, y_e)

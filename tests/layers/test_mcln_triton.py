@@ -297,7 +297,7 @@ def test_compile_keeps_the_triton_op():
 def test_decomposed_compiled_graph_draws_the_kernels_subsets(monkeypatch, per_field):
     """CTRCAL_MCLN_COMPILED=decomposed: the graph keeps only the subset draw as an op and
     equals the fused kernel (same RNG state, so the same subsets) in outputs and gradients."""
-    from torch._dynamo.testing import CompileCounterWithBackend
+    from compiled import compiled_and_eager
 
     monkeypatch.setenv("CTRCAL_MCLN_COMPILED", "decomposed")
     torch.manual_seed(0)
@@ -309,17 +309,8 @@ def test_decomposed_compiled_graph_draws_the_kernels_subsets(monkeypatch, per_fi
     with torch.no_grad():
         for p in layer.parameters():
             p.add_(torch.randn_like(p))
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(layer, backend=counter, fullgraph=True)
-    results = []
-    for module in (compiled, layer):
-        torch.manual_seed(7)
-        xi = x.clone().requires_grad_()
-        y = module(xi)
-        grads = torch.autograd.grad((y * torch.cos(y)).sum(), [xi, *layer.parameters()])
-        results.append((y, grads))
-    assert counter.frame_count == 1
-    ops = [str(n.target) for g in counter.graphs for n in g.graph.nodes]
+    frames, ops, results = compiled_and_eager(layer, x, lambda y: (y * torch.cos(y)).sum())
+    assert frames == 1
     assert any("mc_subset_mask" in op for op in ops), ops
     assert not any("mc_layer_norm_fwd" in op for op in ops), ops
     (y_c, g_c), (y_e, g_e) = results
