@@ -64,6 +64,7 @@ RESULT_FILE = "result.json"
 CHECKPOINTS = "checkpoints"
 BEST = f"{CHECKPOINTS}/best.pt"
 LAST = f"{CHECKPOINTS}/last.pt"
+BEST_PREV = f"{CHECKPOINTS}/best.prev.pt"  # the previous best while a new one is uncommitted
 DATA_SUBDIR = "data"  # where a command prepares the config's data under its output directory
 
 # Keys that change how fast, where or how visibly a run goes, not what it learns. A key ending
@@ -159,7 +160,7 @@ def require_run_dir(run_dir: str | Path) -> Path:
         raise CtrcalError(
             f"{run_dir}: not a run directory (no {CONFIG_FILE}); `ctrcal train` writes one"
         )
-    if not (path / BEST).exists():
+    if not ((path / BEST).exists() or (path / BEST_PREV).exists()):
         raise CtrcalError(
             f"{run_dir}: no trained weights yet (no {BEST}); finish the run with "
             "`ctrcal train ... --resume`"

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ctrcal.errors import CtrcalError
-from ctrcal.runs import BEST
+from ctrcal.runs import BEST, BEST_PREV
 from ctrcal.utils import atomic_path
 
 __all__ = [
@@ -42,13 +42,6 @@ __all__ = [
     "save_checkpoint",
 ]
 
-_PREV_SUFFIX = ".prev"  # best.pt -> best.prev.pt while the new best is not yet committed
-
-
-def _prev(best: Path) -> Path:
-    return best.with_name(best.stem + _PREV_SUFFIX + best.suffix)
-
-
 def save_best(run_dir: str | Path, payload: dict[str, Any]) -> None:
     """Write a new ``best.pt``, keeping the old one as ``best.prev.pt`` (see module doc)."""
     best = Path(run_dir) / BEST
@@ -57,13 +50,13 @@ def save_best(run_dir: str | Path, payload: dict[str, Any]) -> None:
         torch.save(payload, tmp)
     nxt = best.with_name(".next-" + best.name)
     if best.exists():
-        os.replace(best, _prev(best))
+        os.replace(best, Path(run_dir) / BEST_PREV)
     os.replace(nxt, best)
 
 
 def commit_best(run_dir: str | Path) -> None:
     """Drop ``best.prev.pt`` once ``last.pt`` names the new best epoch."""
-    _prev(Path(run_dir) / BEST).unlink(missing_ok=True)
+    (Path(run_dir) / BEST_PREV).unlink(missing_ok=True)
 
 
 def load_best(run_dir: str | Path, epoch: int | None = None) -> dict[str, Any] | None:
@@ -74,7 +67,7 @@ def load_best(run_dir: str | Path, epoch: int | None = None) -> dict[str, Any] |
     ``best.pt`` so the files are as the last finished epoch left them.
     """
     best = Path(run_dir) / BEST
-    for path in (best, _prev(best)):
+    for path in (best, Path(run_dir) / BEST_PREV):
         if path.exists():
             state = load_checkpoint(path)
             if epoch is None or int(state.get("epoch", -1)) == int(epoch):

@@ -15,7 +15,13 @@ from torch import nn
 
 from ctrcal.config import Config
 from ctrcal.errors import CtrcalError
-from ctrcal.runs import FEATURE_MAP_FILE, METRICS_FILE, RESULT_FILE, load_run_config
+from ctrcal.runs import (
+    FEATURE_MAP_FILE,
+    METRICS_FILE,
+    RESULT_FILE,
+    load_run_config,
+    require_run_dir,
+)
 from ctrcal.utils import write_json_atomic, write_text_atomic
 
 __all__ = ["TrainResult", "load_run", "read_result", "write_history", "write_result"]
@@ -98,11 +104,11 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Config, Any]:
     from ctrcal.models.build import create_model
     from ctrcal.train.checkpoint import load_best
 
-    run_dir = Path(run_dir)
+    run_dir = require_run_dir(run_dir)
     cfg = load_run_config(run_dir)
     feature_map = FeatureMap.load(run_dir / FEATURE_MAP_FILE)
     state = load_best(run_dir)
-    if state is None:
+    if state is None:  # checked above; gone since
         raise CtrcalError(f"{run_dir}: no trained weights yet (no best checkpoint)")
     model = create_model(cfg.model, feature_map, check=False)
     model.load_state_dict(state["model"])

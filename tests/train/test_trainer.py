@@ -431,6 +431,12 @@ def test_evaluate_names_what_is_wrong_with_the_run_directory(ln_run, tmp_path, c
         assert main(["evaluate", str(path)]) == 1
         err = capsys.readouterr().err
         assert message in err and str(path) in err and len(err.strip().splitlines()) == 1
+    # killed between moving best.pt aside and writing the new one: the previous best serves
+    only_prev = tmp_path / "only_prev"
+    shutil.copytree(run, only_prev)
+    (only_prev / "checkpoints" / "best.pt").rename(only_prev / "checkpoints" / "best.prev.pt")
+    assert main(["evaluate", str(only_prev), "--split", "valid"]) == 0
+    assert "AUC" in capsys.readouterr().out
     # MC passes of a model without MC layers would all be equal: refused, not averaged
     assert main(["evaluate", str(run), "--mc-samples", "4"]) == 2
     err = capsys.readouterr().err
