@@ -22,6 +22,7 @@ _CFLAGS = ["-O3", "-fno-math-errno", "-fopenmp-simd", "-shared", "-fPIC"]
 # twice as fast as the baseline x86-64 build; the cached library is keyed by the CPU's
 # identity, so a cache shared between different machines never loads a foreign build.
 _NATIVE = ["-march=native"]
+_OPENMP = ["-fopenmp"]
 
 
 def _cache_dir() -> Path:
@@ -60,8 +61,12 @@ def _cpu_identity() -> str:
     return "\n".join(sorted(set(keep)))
 
 
-def build_c_library(source: str, stem: str) -> ctypes.CDLL:
+def build_c_library(source: str, stem: str, openmp: bool = False) -> ctypes.CDLL:
     """Compile (once per machine, cached) and load a C source of ctrcal's CPU kernels.
+
+    Args:
+        openmp: try ``-fopenmp`` first (the source's ``omp parallel`` loops then run on the
+            OpenMP runtime the process has loaded; without it they run on one thread).
 
     Raises:
         RuntimeError: no C compiler, or the source does not compile.
@@ -70,8 +75,12 @@ def build_c_library(source: str, stem: str) -> ctypes.CDLL:
     if not cc:
         raise RuntimeError("no C compiler found (set CC)")
     errors = []
-    for flags in ([*_CFLAGS, *_NATIVE], _CFLAGS):  # native first; portable if that fails
-        parts = [source, cc, *flags, _cpu_identity() if flags is not _CFLAGS else ""]
+    # native first, portable if that fails; each with OpenMP first where asked for
+    choices = [[*base, *extra] for base in ([*_CFLAGS, *_NATIVE], _CFLAGS)
+               for extra in ((_OPENMP, []) if openmp else ([],))]  # fmt: skip
+    for flags in choices:
+        native = _NATIVE[0] in flags
+        parts = [source, cc, *flags, _cpu_identity() if native else ""]
         tag = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
         name = f"{stem}_{platform.system()}_{platform.machine()}_{tag}.so".lower()
         target = _cache_dir() / name
@@ -97,12 +106,16 @@ class LazyLibrary:
         source: the ``.c`` file.
         stem: the name of the cached build.
         declare: sets the functions' ``argtypes`` / ``restype`` on the loaded library.
+        openmp: asked once, at the build: whether to build with OpenMP (see
+            :func:`build_c_library`).
 
     :meth:`get` is thread-safe; a failed build is remembered (:attr:`error`), not retried.
     """
 
-    def __init__(self, source: Path, stem: str, declare: Callable[[ctypes.CDLL], None]) -> None:
+    def __init__(self, source: Path, stem: str, declare: Callable[[ctypes.CDLL], None],
+                 openmp: Callable[[], bool] | None = None) -> None:  # fmt: skip
         self.source, self.stem, self.declare = source, stem, declare
+        self.openmp = openmp
         self.error: str | None = None
         self._lib: ctypes.CDLL | None = None
         self._tried = False
@@ -113,7 +126,8 @@ class LazyLibrary:
         with self._lock:
             if not self._tried:
                 try:
-                    lib = build_c_library(self.source.read_text(), self.stem)
+                    openmp = bool(self.openmp and self.openmp())
+                    lib = build_c_library(self.source.read_text(), self.stem, openmp)
                     self.declare(lib)
                     self._lib = lib
                 except (RuntimeError, OSError, subprocess.SubprocessError) as exc:

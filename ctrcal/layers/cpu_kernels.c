@@ -11,9 +11,37 @@
  * Every pointer argument is `restrict`: the Python callers never pass overlapping buffers, and
  * without that promise GCC leaves a loop that stores into one array while it accumulates into
  * another unvectorised (the masked-input backward ran one element at a time).
+ *
+ * Threads: every exported kernel takes its work as chunks -- `bounds` [chunks + 1] holds the
+ * row (or element) ranges [bounds[c], bounds[c + 1]) -- and runs chunks [c0, c1) of them, in
+ * parallel when the library is built with OpenMP. It is built so only where PyTorch's own
+ * OpenMP runtime is already loaded (cpu_kernels.py), so the kernels run on the same team of
+ * threads as torch's operators: no second pool competing with torch's spinning workers for
+ * the cores, no hand-over through Python. Partial sums (gradients of vectors) go to one slice
+ * per chunk, `c * stride` elements into their buffer, added up by the caller: the results do
+ * not depend on which thread ran which chunk.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
+
+/* Runs CALL for every chunk c in [c0, c1), with lo, hi its range: the body of every kernel. */
+#define FOR_EACH_CHUNK(CALL)                                                                \
+    _Pragma("omp parallel for if (c1 - c0 > 1) num_threads((int)(c1 - c0)) schedule(static, 1)") \
+    for (int64_t c = c0; c < c1; ++c) {                                                     \
+        const int64_t lo = bounds[c], hi = bounds[c + 1];                                   \
+        CALL;                                                                               \
+    }
+#define CHUNKS const int64_t *restrict bounds, int64_t c0, int64_t c1
+
+/* 1 when the kernels run their chunks in parallel (built with OpenMP), else 0. */
+int cpu_kernels_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 #define GOLDEN 0x9E3779B97F4A7C15ULL
 
@@ -63,7 +91,7 @@ static inline void ln_dx_finish(float *restrict dxr, const float *restrict xr,
 
 /* y[i] = x[i] * scale where element i is kept and x[i] > 0 (NaN passes, as in ReLU), else 0,
  * for i in [i0, i1). */
-void relu_dropout_fwd_f32(const float *restrict x, float *restrict y, int64_t i0, int64_t i1,
+static void relu_dropout_fwd_f32_range(const float *restrict x, float *restrict y, int64_t i0, int64_t i1,
                           uint64_t key, uint64_t threshold, float scale) {
     for (int64_t i = i0; i < i1; ++i) {
         float v = x[i];
@@ -71,7 +99,7 @@ void relu_dropout_fwd_f32(const float *restrict x, float *restrict y, int64_t i0
     }
 }
 
-void relu_dropout_fwd_f64(const double *restrict x, double *restrict y, int64_t i0, int64_t i1,
+static void relu_dropout_fwd_f64_range(const double *restrict x, double *restrict y, int64_t i0, int64_t i1,
                           uint64_t key, uint64_t threshold, double scale) {
     for (int64_t i = i0; i < i1; ++i) {
         double v = x[i];
@@ -80,18 +108,18 @@ void relu_dropout_fwd_f64(const double *restrict x, double *restrict y, int64_t 
 }
 
 /* dx[i] = g[i] * scale where the output y[i] is not <= 0 (kept and positive), else 0. */
-void relu_dropout_bwd_f32(const float *restrict g, const float *restrict y, float *restrict dx,
+static void relu_dropout_bwd_f32_range(const float *restrict g, const float *restrict y, float *restrict dx,
                           int64_t i0, int64_t i1, float scale) {
     for (int64_t i = i0; i < i1; ++i) dx[i] = !(y[i] <= 0.0f) ? g[i] * scale : 0.0f;
 }
 
-void relu_dropout_bwd_f64(const double *restrict g, const double *restrict y, double *restrict dx,
+static void relu_dropout_bwd_f64_range(const double *restrict g, const double *restrict y, double *restrict dx,
                           int64_t i0, int64_t i1, double scale) {
     for (int64_t i = i0; i < i1; ++i) dx[i] = !(y[i] <= 0.0) ? g[i] * scale : 0.0;
 }
 
 /* keep[i] = 1 where element i is kept, for i in [i0, i1). */
-void dropout_keep_mask(uint8_t *restrict keep, int64_t i0, int64_t i1, uint64_t key,
+static void dropout_keep_mask_range(uint8_t *restrict keep, int64_t i0, int64_t i1, uint64_t key,
                        uint64_t threshold) {
     for (int64_t i = i0; i < i1; ++i) keep[i] = (uint8_t)kept(key, i, threshold);
 }
@@ -107,7 +135,7 @@ void dropout_keep_mask(uint8_t *restrict keep, int64_t i0, int64_t i1, uint64_t 
 
 /* out[b, field0 + t, :] = table[row(b, t), :] for b in [b0, b1). Returns -1, or the flat
  * index b * T + t of the first row outside [0, rows) (nothing is read for it). */
-int64_t table_gather_f32(const float *restrict table, int64_t rows, const int64_t *restrict ids,
+static int64_t table_gather_f32_range(const float *restrict table, int64_t rows, const int64_t *restrict ids,
                          const int64_t *restrict offsets, float *restrict out, int64_t b0,
                          int64_t b1, int64_t T, int64_t D, int64_t row_stride, int64_t field0) {
     for (int64_t b = b0; b < b1; ++b) {
@@ -131,7 +159,7 @@ int64_t table_gather_f32(const float *restrict table, int64_t rows, const int64_
  * [r0, r1): threads given disjoint row ranges never write the same row, and each row
  * receives its contributions in batch order (deterministic). Rows were checked by the
  * gather of the same ids. */
-void table_scatter_add_f32(float *restrict grad_table, const int64_t *restrict ids,
+static void table_scatter_add_f32_range(float *restrict grad_table, const int64_t *restrict ids,
                            const int64_t *restrict offsets, const float *restrict grad, int64_t B,
                            int64_t T, int64_t D, int64_t row_stride, int64_t field0, int64_t r0,
                            int64_t r1) {
@@ -155,7 +183,7 @@ void table_scatter_add_f32(float *restrict grad_table, const int64_t *restrict i
  * Rows [r0, r1) of x [R, N]: h = (x - mean) * rstd * w + b (biased variance, eps inside the
  * square root, as torch.nn.LayerNorm), then y = h * scale where element r * N + j is kept
  * (the dropout draw above) and h > 0, else 0. mean / rstd [R] are saved for the backward. */
-void ln_relu_dropout_fwd_f32(const float *restrict x, const float *restrict w,
+static void ln_relu_dropout_fwd_f32_range(const float *restrict x, const float *restrict w,
                              const float *restrict b, float *restrict y, float *restrict mean,
                              float *restrict rstd, int64_t r0, int64_t r1, int64_t n, float eps,
                              uint64_t key, uint64_t threshold, float scale) {
@@ -176,7 +204,7 @@ void ln_relu_dropout_fwd_f32(const float *restrict x, const float *restrict w,
 /* The backward of the above from the output gradient g and the output y (y > 0 exactly
  * where the element was kept and h > 0): dx for rows [r0, r1), and this chunk's partial
  * sums of the weight and bias gradients added into dw, db [N]. */
-void ln_relu_dropout_bwd_f32(const float *restrict g, const float *restrict y,
+static void ln_relu_dropout_bwd_f32_range(const float *restrict g, const float *restrict y,
                              const float *restrict x, const float *restrict w,
                              const float *restrict mean, const float *restrict rstd,
                              float *restrict dx, float *restrict dw, float *restrict db,
@@ -209,7 +237,7 @@ void ln_relu_dropout_bwd_f32(const float *restrict g, const float *restrict y,
 /* ---- The instance-guided mask applied to the block input (ctrcal/layers/mask_block.py) ----
  * t [R, N] = mask pre-activation without its bias, b [N] the bias, v [R, N] the block input:
  * z = (t + b) * v for rows [r0, r1). */
-void masked_input_fwd_f32(const float *restrict t, const float *restrict b,
+static void masked_input_fwd_f32_range(const float *restrict t, const float *restrict b,
                           const float *restrict v, float *restrict z, int64_t r0, int64_t r1,
                           int64_t n) {
     for (int64_t r = r0; r < r1; ++r) {
@@ -221,7 +249,7 @@ void masked_input_fwd_f32(const float *restrict t, const float *restrict b,
 
 /* Its backward from g = dz: dt = g * v, dv = g * (t + b), and this chunk's column sums of dt
  * (the bias gradient) added into db [N]. */
-void masked_input_bwd_f32(const float *restrict g, const float *restrict t,
+static void masked_input_bwd_f32_range(const float *restrict g, const float *restrict t,
                           const float *restrict b, const float *restrict v, float *restrict dt,
                           float *restrict dv, float *restrict db, int64_t r0, int64_t r1,
                           int64_t n) {
@@ -242,7 +270,7 @@ void masked_input_bwd_f32(const float *restrict g, const float *restrict t,
  * owns the `widths[k]` columns after those of the blocks before it. h holds every block's
  * ReLU(t + b) as its own contiguous [R, widths[k]] matrix, one after the other: block k's
  * starts at element R * (widths[0] + ... + widths[k-1]). Rows [r0, r1). */
-void mask_hidden_fwd_f32(const float *restrict t, const float *restrict b, float *restrict h,
+static void mask_hidden_fwd_f32_range(const float *restrict t, const float *restrict b, float *restrict h,
                          int64_t r0, int64_t r1, int64_t R, int64_t blocks,
                          const int64_t *restrict widths) {
     int64_t W = 0;
@@ -265,7 +293,7 @@ void mask_hidden_fwd_f32(const float *restrict t, const float *restrict b, float
 
 /* Its backward: g[k] is block k's output gradient [R, widths[k]] (contiguous); dt [R, W] gets
  * g where h is not <= 0, else 0, and db [W] this chunk's column sums of dt. */
-void mask_hidden_bwd_f32(const float *const *restrict g, const float *restrict h,
+static void mask_hidden_bwd_f32_range(const float *const *restrict g, const float *restrict h,
                          float *restrict dt, float *restrict db, int64_t r0, int64_t r1,
                          int64_t R, int64_t blocks, const int64_t *restrict widths) {
     int64_t W = 0;
@@ -291,7 +319,7 @@ void mask_hidden_bwd_f32(const float *const *restrict g, const float *restrict h
  * The network's last activation y (as ln_relu_dropout_fwd_f32 computes it, with the same
  * dropout draws) is never stored: each row's logit[r] = sum_j y[r, j] * hw[j] is formed
  * while y is computed. The backward recomputes y from x, mean, rstd and the key. */
-void ln_relu_dropout_logit_fwd_f32(const float *restrict x, const float *restrict w,
+static void ln_relu_dropout_logit_fwd_f32_range(const float *restrict x, const float *restrict w,
                                    const float *restrict b, const float *restrict hw,
                                    float *restrict logit, float *restrict mean,
                                    float *restrict rstd, int64_t r0, int64_t r1, int64_t n,
@@ -316,7 +344,7 @@ void ln_relu_dropout_logit_fwd_f32(const float *restrict x, const float *restric
 /* Its backward from the logits' gradient gl [R]: dx for rows [r0, r1), and this chunk's
  * partial sums of the LayerNorm's weight and bias gradients and of the head weight's
  * gradient added into dw, db, dhw [n]. dx holds a row's dh until its second pass. */
-void ln_relu_dropout_logit_bwd_f32(const float *restrict gl, const float *restrict x,
+static void ln_relu_dropout_logit_bwd_f32_range(const float *restrict gl, const float *restrict x,
                                    const float *restrict w, const float *restrict b,
                                    const float *restrict hw, const float *restrict mean,
                                    const float *restrict rstd, float *restrict dx,
@@ -352,7 +380,7 @@ void ln_relu_dropout_logit_bwd_f32(const float *restrict gl, const float *restri
  * never stored: z is formed while y is computed (y as ln_relu_dropout_fwd_f32 computes it,
  * with the same dropout draws), and the backward recomputes y from x, mean, rstd and the key.
  * Rows [r0, r1) of x, t, z [R, n]. */
-void ln_relu_dropout_mask_fwd_f32(const float *restrict x, const float *restrict w,
+static void ln_relu_dropout_mask_fwd_f32_range(const float *restrict x, const float *restrict w,
                                   const float *restrict b, const float *restrict t,
                                   const float *restrict c, float *restrict z,
                                   float *restrict mean, float *restrict rstd, int64_t r0,
@@ -377,7 +405,7 @@ void ln_relu_dropout_mask_fwd_f32(const float *restrict x, const float *restrict
  * column sums added into dc [n], and through dy = gz * (t + c) the LayerNorm's backward: dx,
  * and this chunk's partial sums of its weight and bias gradients added into dw, db [n].
  * dx holds a row's dh until its second pass. */
-void ln_relu_dropout_mask_bwd_f32(const float *restrict gz, const float *restrict x,
+static void ln_relu_dropout_mask_bwd_f32_range(const float *restrict gz, const float *restrict x,
                                   const float *restrict w, const float *restrict b,
                                   const float *restrict t, const float *restrict c,
                                   const float *restrict mean, const float *restrict rstd,
@@ -413,7 +441,7 @@ void ln_relu_dropout_mask_bwd_f32(const float *restrict gz, const float *restric
  * x [B, F] values (NaN = missing), w / bias / miss [F, D]: out[b, f, :] = miss[f, :] where
  * x[b, f] is NaN, else x[b, f] * w[f, :] (+ bias[f, :] when bias is not NULL). out rows are
  * `row_stride` elements apart, its F fields contiguous. Rows [b0, b1). */
-void numeric_embed_fwd_f32(const float *restrict x, const float *restrict w,
+static void numeric_embed_fwd_f32_range(const float *restrict x, const float *restrict w,
                            const float *restrict bias, const float *restrict miss,
                            float *restrict out, int64_t b0, int64_t b1, int64_t F, int64_t D,
                            int64_t row_stride) {
@@ -437,7 +465,7 @@ void numeric_embed_fwd_f32(const float *restrict x, const float *restrict w,
 
 /* Its backward from g (laid out as out): this chunk's partial gradients of w, bias (when not
  * NULL) and miss [F, D] added into dw, dbias, dmiss. */
-void numeric_embed_bwd_f32(const float *restrict x, const float *restrict g,
+static void numeric_embed_bwd_f32_range(const float *restrict x, const float *restrict g,
                            float *restrict dw, float *restrict dbias, float *restrict dmiss,
                            int64_t b0, int64_t b1, int64_t F, int64_t D, int64_t row_stride) {
     for (int64_t r = b0; r < b1; ++r) {
@@ -458,4 +486,134 @@ void numeric_embed_bwd_f32(const float *restrict x, const float *restrict g,
             }
         }
     }
+}
+
+/* ---- The exported kernels: the functions above over chunks (see the top of the file) ---- */
+
+void relu_dropout_fwd_f32(const float *x, float *y, uint64_t key, uint64_t threshold, float scale,
+                          CHUNKS) {
+    FOR_EACH_CHUNK(relu_dropout_fwd_f32_range(x, y, lo, hi, key, threshold, scale));
+}
+
+void relu_dropout_fwd_f64(const double *x, double *y, uint64_t key, uint64_t threshold,
+                          double scale, CHUNKS) {
+    FOR_EACH_CHUNK(relu_dropout_fwd_f64_range(x, y, lo, hi, key, threshold, scale));
+}
+
+void relu_dropout_bwd_f32(const float *g, const float *y, float *dx, float scale, CHUNKS) {
+    FOR_EACH_CHUNK(relu_dropout_bwd_f32_range(g, y, dx, lo, hi, scale));
+}
+
+void relu_dropout_bwd_f64(const double *g, const double *y, double *dx, double scale, CHUNKS) {
+    FOR_EACH_CHUNK(relu_dropout_bwd_f64_range(g, y, dx, lo, hi, scale));
+}
+
+void dropout_keep_mask(uint8_t *keep, uint64_t key, uint64_t threshold, CHUNKS) {
+    FOR_EACH_CHUNK(dropout_keep_mask_range(keep, lo, hi, key, threshold));
+}
+
+/* bad[c]: chunk c's answer (-1, or the first flat index outside the table). */
+void table_gather_f32(const float *table, int64_t rows, const int64_t *ids,
+                      const int64_t *offsets, float *out, int64_t T, int64_t D,
+                      int64_t row_stride, int64_t field0, int64_t *bad, CHUNKS) {
+    FOR_EACH_CHUNK(bad[c] = table_gather_f32_range(table, rows, ids, offsets, out, lo, hi, T, D,
+                                                   row_stride, field0));
+}
+
+/* The chunks are ranges of table rows (each thread owns the rows it writes). */
+void table_scatter_add_f32(float *grad_table, const int64_t *ids, const int64_t *offsets,
+                           const float *grad, int64_t B, int64_t T, int64_t D, int64_t row_stride,
+                           int64_t field0, CHUNKS) {
+    FOR_EACH_CHUNK(table_scatter_add_f32_range(grad_table, ids, offsets, grad, B, T, D,
+                                               row_stride, field0, lo, hi));
+}
+
+void ln_relu_dropout_fwd_f32(const float *x, const float *w, const float *b, float *y,
+                             float *mean, float *rstd, int64_t n, float eps, uint64_t key,
+                             uint64_t threshold, float scale, CHUNKS) {
+    FOR_EACH_CHUNK(ln_relu_dropout_fwd_f32_range(x, w, b, y, mean, rstd, lo, hi, n, eps, key,
+                                                 threshold, scale));
+}
+
+/* dw, db: [chunks, n] partial sums. */
+void ln_relu_dropout_bwd_f32(const float *g, const float *y, const float *x, const float *w,
+                             const float *mean, const float *rstd, float *dx, float *dw,
+                             float *db, int64_t n, float scale, CHUNKS) {
+    FOR_EACH_CHUNK(ln_relu_dropout_bwd_f32_range(g, y, x, w, mean, rstd, dx, dw + c * n,
+                                                 db + c * n, lo, hi, n, scale));
+}
+
+void masked_input_fwd_f32(const float *t, const float *b, const float *v, float *z, int64_t n,
+                          CHUNKS) {
+    FOR_EACH_CHUNK(masked_input_fwd_f32_range(t, b, v, z, lo, hi, n));
+}
+
+/* db: [chunks, n] partial sums. */
+void masked_input_bwd_f32(const float *g, const float *t, const float *b, const float *v,
+                          float *dt, float *dv, float *db, int64_t n, CHUNKS) {
+    FOR_EACH_CHUNK(masked_input_bwd_f32_range(g, t, b, v, dt, dv, db + c * n, lo, hi, n));
+}
+
+void mask_hidden_fwd_f32(const float *t, const float *b, float *h, int64_t R, int64_t blocks,
+                         const int64_t *widths, CHUNKS) {
+    FOR_EACH_CHUNK(mask_hidden_fwd_f32_range(t, b, h, lo, hi, R, blocks, widths));
+}
+
+/* db: [chunks, W] partial sums, W the sum of the widths. */
+void mask_hidden_bwd_f32(const float *const *g, const float *h, float *dt, float *db, int64_t R,
+                         int64_t blocks, const int64_t *widths, CHUNKS) {
+    int64_t W = 0;
+    for (int64_t k = 0; k < blocks; ++k) W += widths[k];
+    FOR_EACH_CHUNK(mask_hidden_bwd_f32_range(g, h, dt, db + c * W, lo, hi, R, blocks, widths));
+}
+
+void ln_relu_dropout_logit_fwd_f32(const float *x, const float *w, const float *b,
+                                   const float *hw, float *logit, float *mean, float *rstd,
+                                   int64_t n, float eps, uint64_t key, uint64_t threshold,
+                                   float scale, CHUNKS) {
+    FOR_EACH_CHUNK(ln_relu_dropout_logit_fwd_f32_range(x, w, b, hw, logit, mean, rstd, lo, hi, n,
+                                                       eps, key, threshold, scale));
+}
+
+/* dw, db, dhw: [chunks, n] partial sums. */
+void ln_relu_dropout_logit_bwd_f32(const float *gl, const float *x, const float *w,
+                                   const float *b, const float *hw, const float *mean,
+                                   const float *rstd, float *dx, float *dw, float *db,
+                                   float *dhw, int64_t n, uint64_t key, uint64_t threshold,
+                                   float scale, CHUNKS) {
+    FOR_EACH_CHUNK(ln_relu_dropout_logit_bwd_f32_range(gl, x, w, b, hw, mean, rstd, dx,
+                                                       dw + c * n, db + c * n, dhw + c * n, lo,
+                                                       hi, n, key, threshold, scale));
+}
+
+void ln_relu_dropout_mask_fwd_f32(const float *x, const float *w, const float *b, const float *t,
+                                  const float *cb, float *z, float *mean, float *rstd, int64_t n,
+                                  float eps, uint64_t key, uint64_t threshold, float scale,
+                                  CHUNKS) {
+    FOR_EACH_CHUNK(ln_relu_dropout_mask_fwd_f32_range(x, w, b, t, cb, z, mean, rstd, lo, hi, n,
+                                                      eps, key, threshold, scale));
+}
+
+/* dw, db, dc: [chunks, n] partial sums. */
+void ln_relu_dropout_mask_bwd_f32(const float *gz, const float *x, const float *w,
+                                  const float *b, const float *t, const float *cb,
+                                  const float *mean, const float *rstd, float *dx, float *dt,
+                                  float *dw, float *db, float *dc, int64_t n, uint64_t key,
+                                  uint64_t threshold, float scale, CHUNKS) {
+    FOR_EACH_CHUNK(ln_relu_dropout_mask_bwd_f32_range(gz, x, w, b, t, cb, mean, rstd, dx, dt,
+                                                      dw + c * n, db + c * n, dc + c * n, lo,
+                                                      hi, n, key, threshold, scale));
+}
+
+void numeric_embed_fwd_f32(const float *x, const float *w, const float *bias, const float *miss,
+                           float *out, int64_t F, int64_t D, int64_t row_stride, CHUNKS) {
+    FOR_EACH_CHUNK(numeric_embed_fwd_f32_range(x, w, bias, miss, out, lo, hi, F, D, row_stride));
+}
+
+/* dw, dbias (NULL: no bias), dmiss: [chunks, F, D] partial sums. */
+void numeric_embed_bwd_f32(const float *x, const float *g, float *dw, float *dbias, float *dmiss,
+                           int64_t F, int64_t D, int64_t row_stride, CHUNKS) {
+    FOR_EACH_CHUNK(numeric_embed_bwd_f32_range(x, g, dw + c * F * D,
+                                               dbias ? dbias + c * F * D : NULL,
+                                               dmiss + c * F * D, lo, hi, F, D, row_stride));
 }

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ctrcal.layers.cpu_kernels import cpu_kernels, run_chunks, split_range
+from ctrcal.layers.cpu_kernels import Chunks, cpu_kernels
 
 __all__ = [
     "dropout_keep_mask",
@@ -96,9 +96,7 @@ def dropout_keep_mask(shape: torch.Size | tuple[int, ...], p: float) -> Tensor:
     if lib is None:
         return _keep_mask_torch(n, key, threshold).view(shape)
     keep = torch.empty(n, dtype=torch.uint8)
-    ptr = keep.data_ptr()
-    run_chunks(split_range(n, _MIN_CHUNK),
-               lambda i0, i1: lib.dropout_keep_mask(ptr, i0, i1, key, threshold))  # fmt: skip
+    Chunks(n, _MIN_CHUNK).run(lib.dropout_keep_mask, keep.data_ptr(), key, threshold)
     return keep.view(torch.bool).view(shape)
 
 
@@ -111,9 +109,8 @@ class _ReLUDropoutFn(torch.autograd.Function):
         if lib is not None:
             y = torch.empty_like(x)
             fn = lib.relu_dropout_fwd_f32 if x.dtype == torch.float32 else lib.relu_dropout_fwd_f64
-            px, py = x.data_ptr(), y.data_ptr()
-            run_chunks(split_range(x.numel(), _MIN_CHUNK),
-                       lambda i0, i1: fn(px, py, i0, i1, key, threshold, scale))  # fmt: skip
+            Chunks(x.numel(), _MIN_CHUNK).run(fn, x.data_ptr(), y.data_ptr(), key, threshold,
+                                              scale)  # fmt: skip
         else:
             keep = _keep_mask_torch(x.numel(), key, threshold).view(x.shape)
             y = torch.where(keep, x, 0.0).clamp_min_(0.0).mul_(scale)
@@ -132,9 +129,8 @@ class _ReLUDropoutFn(torch.autograd.Function):
         grad = grad.contiguous()
         dx = torch.empty_like(y)
         fn = lib.relu_dropout_bwd_f32 if y.dtype == torch.float32 else lib.relu_dropout_bwd_f64
-        pg, py, pdx, scale = grad.data_ptr(), y.data_ptr(), dx.data_ptr(), ctx.scale
-        run_chunks(split_range(y.numel(), _MIN_CHUNK),
-                   lambda i0, i1: fn(pg, py, pdx, i0, i1, scale))  # fmt: skip
+        Chunks(y.numel(), _MIN_CHUNK).run(fn, grad.data_ptr(), y.data_ptr(), dx.data_ptr(),
+                                          ctx.scale)  # fmt: skip
         return dx, None
 
 
@@ -165,11 +161,9 @@ class _LayerNormReLUDropoutFn(torch.autograd.Function):
         y = torch.empty_like(x)
         mean = torch.empty(rows, dtype=x.dtype)
         rstd = torch.empty(rows, dtype=x.dtype)
-        ptrs = (x.data_ptr(), weight.data_ptr(), bias.data_ptr(), y.data_ptr(),
-                mean.data_ptr(), rstd.data_ptr())  # fmt: skip
-        run_chunks(split_range(rows, _MIN_ROWS),
-                   lambda r0, r1: lib.ln_relu_dropout_fwd_f32(
-                       *ptrs, r0, r1, n, eps, key, threshold, scale))  # fmt: skip
+        Chunks(rows, _MIN_ROWS).run(lib.ln_relu_dropout_fwd_f32, x.data_ptr(), weight.data_ptr(),
+                                    bias.data_ptr(), y.data_ptr(), mean.data_ptr(),
+                                    rstd.data_ptr(), n, eps, key, threshold, scale)  # fmt: skip
         ctx.scale = scale
         ctx.save_for_backward(x, weight, y, mean, rstd)
         return y
@@ -182,21 +176,11 @@ class _LayerNormReLUDropoutFn(torch.autograd.Function):
         rows, n = x.shape
         grad = grad.contiguous()
         dx = torch.empty_like(x)
-        parts = split_range(rows, _MIN_ROWS)
-        # per-chunk partial sums of the affine gradients, added up afterwards
-        dw = torch.zeros(len(parts), n, dtype=x.dtype)
-        db = torch.zeros(len(parts), n, dtype=x.dtype)
-        ptrs = (grad.data_ptr(), y.data_ptr(), x.data_ptr(), weight.data_ptr(),
-                mean.data_ptr(), rstd.data_ptr(), dx.data_ptr())  # fmt: skip
-        index = {part: i for i, part in enumerate(parts)}
-        scale = ctx.scale
-
-        def run(r0: int, r1: int) -> None:
-            i = index[(r0, r1)]
-            lib.ln_relu_dropout_bwd_f32(*ptrs, dw[i].data_ptr(), db[i].data_ptr(), r0, r1, n,
-                                        scale)  # fmt: skip
-
-        run_chunks(parts, run)
+        chunks = Chunks(rows, _MIN_ROWS)
+        dw, db = chunks.partials(n), chunks.partials(n)  # the affine gradients, per chunk
+        chunks.run(lib.ln_relu_dropout_bwd_f32, grad.data_ptr(), y.data_ptr(), x.data_ptr(),
+                   weight.data_ptr(), mean.data_ptr(), rstd.data_ptr(), dx.data_ptr(),
+                   dw.data_ptr(), db.data_ptr(), n, ctx.scale)  # fmt: skip
         return dx, dw.sum(0), db.sum(0), None, None
 
 

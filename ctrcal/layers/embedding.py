@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from ctrcal.layers.cpu_kernels import cpu_kernels, run_chunks, split_range
+from ctrcal.layers.cpu_kernels import Chunks, cpu_kernels
 from ctrcal.layers.mc_layernorm import MCLayerNorm, grouped_layer_norm, mc_grouped_layer_norm
 from ctrcal.layers.registry import create_norm
 from ctrcal.layers.table_lookup import table_lookup
@@ -230,11 +230,10 @@ class _NumericEmbedFn(torch.autograd.Function):
         rows, fields = x.shape
         dim = weight.shape[1]
         out = torch.empty(rows, fields, dim, dtype=weight.dtype)
-        ptrs = (x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                missing.data_ptr(), out.data_ptr())  # fmt: skip
-        run_chunks(split_range(rows, _MIN_ROWS),
-                   lambda b0, b1: lib.numeric_embed_fwd_f32(*ptrs, b0, b1, fields, dim,
-                                                            fields * dim))  # fmt: skip
+        Chunks(rows, _MIN_ROWS).run(
+            lib.numeric_embed_fwd_f32, x.data_ptr(), weight.data_ptr(),
+            0 if bias is None else bias.data_ptr(), missing.data_ptr(), out.data_ptr(), fields,
+            dim, fields * dim)  # fmt: skip
         ctx.save_for_backward(x)
         ctx.has_bias = bias is not None
         return out
@@ -248,21 +247,12 @@ class _NumericEmbedFn(torch.autograd.Function):
         dim = grad.shape[2]
         if grad.stride(2) != 1 or grad.stride(1) != dim:
             grad = grad.contiguous()
-        parts = split_range(rows, _MIN_ROWS)
-        # per-chunk partial sums (weight, bias, missing), added up afterwards
-        acc = torch.zeros(3, len(parts), fields, dim, dtype=grad.dtype)
-        index = {part: i for i, part in enumerate(parts)}
-
-        def run(b0: int, b1: int) -> None:
-            i = index[(b0, b1)]
-            dbias = acc[1, i].data_ptr() if ctx.has_bias else 0
-            lib.numeric_embed_bwd_f32(x.data_ptr(), grad.data_ptr(), acc[0, i].data_ptr(), dbias,
-                                      acc[2, i].data_ptr(), b0, b1, fields, dim,
-                                      grad.stride(0))  # fmt: skip
-
-        run_chunks(parts, run)
-        sums = acc.sum(1)
-        return None, sums[0], sums[1] if ctx.has_bias else None, sums[2]
+        chunks = Chunks(rows, _MIN_ROWS)
+        dw, db, dm = (chunks.partials(fields, dim, dtype=grad.dtype) for _ in range(3))
+        chunks.run(lib.numeric_embed_bwd_f32, x.data_ptr(), grad.data_ptr(), dw.data_ptr(),
+                   db.data_ptr() if ctx.has_bias else 0, dm.data_ptr(), fields, dim,
+                   grad.stride(0))  # fmt: skip
+        return None, dw.sum(0), db.sum(0) if ctx.has_bias else None, dm.sum(0)
 
 
 def _check_boundaries(boundaries: Any, num_numeric: int) -> list[list[float]]:

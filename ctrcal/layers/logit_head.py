@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ctrcal.layers.cpu_kernels import cpu_kernels, run_chunks, split_range
+from ctrcal.layers.cpu_kernels import Chunks, cpu_kernels
 from ctrcal.layers.dropout import (
     _draw_key,
     _keep_threshold,
@@ -106,11 +106,10 @@ class _LayerNormReLUDropoutLogitFn(torch.autograd.Function):
         logit = torch.empty(rows, dtype=x.dtype)
         mean = torch.empty(rows, dtype=x.dtype)
         rstd = torch.empty(rows, dtype=x.dtype)
-        ptrs = (x.data_ptr(), weight.data_ptr(), bias.data_ptr(), hw.data_ptr(),
-                logit.data_ptr(), mean.data_ptr(), rstd.data_ptr())  # fmt: skip
-        run_chunks(split_range(rows, _MIN_ROWS),
-                   lambda r0, r1: lib.ln_relu_dropout_logit_fwd_f32(
-                       *ptrs, r0, r1, n, eps, key, threshold, scale))  # fmt: skip
+        Chunks(rows, _MIN_ROWS).run(
+            lib.ln_relu_dropout_logit_fwd_f32, x.data_ptr(), weight.data_ptr(), bias.data_ptr(),
+            hw.data_ptr(), logit.data_ptr(), mean.data_ptr(), rstd.data_ptr(), n, eps, key,
+            threshold, scale)  # fmt: skip
         ctx.key, ctx.threshold, ctx.scale = key, threshold, scale
         ctx.save_for_backward(x, weight, bias, hw, mean, rstd)
         return logit
@@ -123,19 +122,10 @@ class _LayerNormReLUDropoutLogitFn(torch.autograd.Function):
         rows, n = x.shape
         grad = grad.contiguous()
         dx = torch.empty_like(x)
-        parts = split_range(rows, _MIN_ROWS)
-        # per-chunk partial sums of the parameter gradients, added up afterwards
-        dw, db, dhw = (torch.zeros(len(parts), n, dtype=x.dtype) for _ in range(3))
-        ptrs = (grad.data_ptr(), x.data_ptr(), weight.data_ptr(), bias.data_ptr(),
-                hw.data_ptr(), mean.data_ptr(), rstd.data_ptr(), dx.data_ptr())  # fmt: skip
-        index = {part: i for i, part in enumerate(parts)}
-        key, threshold, scale = ctx.key, ctx.threshold, ctx.scale
-
-        def run(r0: int, r1: int) -> None:
-            i = index[(r0, r1)]
-            lib.ln_relu_dropout_logit_bwd_f32(*ptrs, dw[i].data_ptr(), db[i].data_ptr(),
-                                              dhw[i].data_ptr(), r0, r1, n, key, threshold,
-                                              scale)  # fmt: skip
-
-        run_chunks(parts, run)
+        chunks = Chunks(rows, _MIN_ROWS)
+        dw, db, dhw = (chunks.partials(n) for _ in range(3))  # parameter gradients, per chunk
+        chunks.run(lib.ln_relu_dropout_logit_bwd_f32, grad.data_ptr(), x.data_ptr(),
+                   weight.data_ptr(), bias.data_ptr(), hw.data_ptr(), mean.data_ptr(),
+                   rstd.data_ptr(), dx.data_ptr(), dw.data_ptr(), db.data_ptr(), dhw.data_ptr(),
+                   n, ctx.key, ctx.threshold, ctx.scale)  # fmt: skip
         return dx, dw.sum(0), db.sum(0), dhw.sum(0).view(1, n), None, None

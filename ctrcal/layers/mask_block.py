@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from ctrcal.layers.cpu_kernels import cpu_kernels, run_chunks, split_range
+from ctrcal.layers.cpu_kernels import Chunks, cpu_kernels
 from ctrcal.layers.dropout import (
     _draw_key,
     _keep_threshold,
@@ -112,10 +112,8 @@ class _MaskHiddenFn(torch.autograd.Function):
         rows = t.shape[0]
         h = torch.empty(rows * t.shape[1], dtype=t.dtype)  # the blocks' matrices, one by one
         w = torch.tensor(widths, dtype=torch.int64)
-        ptrs = (t.data_ptr(), bias.data_ptr(), h.data_ptr())
-        run_chunks(split_range(rows, _MIN_ROWS),
-                   lambda r0, r1: lib.mask_hidden_fwd_f32(
-                       *ptrs, r0, r1, rows, len(widths), w.data_ptr()))  # fmt: skip
+        Chunks(rows, _MIN_ROWS).run(lib.mask_hidden_fwd_f32, t.data_ptr(), bias.data_ptr(),
+                                    h.data_ptr(), rows, len(widths), w.data_ptr())  # fmt: skip
         ctx.save_for_backward(v_emb, weight, h, w)
         outs = h.split([rows * k for k in widths])
         return tuple(o.view(rows, k) for o, k in zip(outs, widths, strict=True))
@@ -129,16 +127,10 @@ class _MaskHiddenFn(torch.autograd.Function):
         grads = [g.contiguous() for g in grads]
         g_ptrs = torch.tensor([g.data_ptr() for g in grads], dtype=torch.int64)
         dt = torch.empty(rows, width, dtype=h.dtype)
-        parts = split_range(rows, _MIN_ROWS)
-        db = torch.zeros(len(parts), width, dtype=h.dtype)  # per-chunk partial bias gradients
-        index = {part: i for i, part in enumerate(parts)}
-        ptrs = (g_ptrs.data_ptr(), h.data_ptr(), dt.data_ptr())
-
-        def run(r0: int, r1: int) -> None:
-            lib.mask_hidden_bwd_f32(ptrs[0], ptrs[1], ptrs[2], db[index[(r0, r1)]].data_ptr(),
-                                    r0, r1, rows, len(grads), w.data_ptr())  # fmt: skip
-
-        run_chunks(parts, run)
+        chunks = Chunks(rows, _MIN_ROWS)
+        db = chunks.partials(width)  # the bias gradient, per chunk
+        chunks.run(lib.mask_hidden_bwd_f32, g_ptrs.data_ptr(), h.data_ptr(), dt.data_ptr(),
+                   db.data_ptr(), rows, len(grads), w.data_ptr())  # fmt: skip
         dv = dt @ weight if ctx.needs_input_grad[0] else None
         dw = dt.t() @ v_emb if ctx.needs_input_grad[1] else None
         return dv, dw, db.sum(0), None
@@ -153,9 +145,8 @@ class _MaskedInputFn(torch.autograd.Function):
         t = a @ weight.t()  # the bias joins in the kernel, not in the matrix product
         z = torch.empty_like(t)
         rows, n = t.shape
-        ptrs = (t.data_ptr(), bias.data_ptr(), v.data_ptr(), z.data_ptr())
-        run_chunks(split_range(rows, _MIN_ROWS),
-                   lambda r0, r1: lib.masked_input_fwd_f32(*ptrs, r0, r1, n))  # fmt: skip
+        Chunks(rows, _MIN_ROWS).run(lib.masked_input_fwd_f32, t.data_ptr(), bias.data_ptr(),
+                                    v.data_ptr(), z.data_ptr(), n)  # fmt: skip
         ctx.save_for_backward(a, weight, bias, v, t)
         return z
 
@@ -167,16 +158,10 @@ class _MaskedInputFn(torch.autograd.Function):
         grad = grad.contiguous()
         rows, n = t.shape
         dt, dv = torch.empty_like(t), torch.empty_like(v)
-        parts = split_range(rows, _MIN_ROWS)
-        db = torch.zeros(len(parts), n, dtype=t.dtype)  # per-chunk partial bias gradients
-        index = {part: i for i, part in enumerate(parts)}
-        ptrs = (grad.data_ptr(), t.data_ptr(), bias.data_ptr(), v.data_ptr(), dt.data_ptr(),
-                dv.data_ptr())  # fmt: skip
-
-        def run(r0: int, r1: int) -> None:
-            lib.masked_input_bwd_f32(*ptrs, db[index[(r0, r1)]].data_ptr(), r0, r1, n)
-
-        run_chunks(parts, run)
+        chunks = Chunks(rows, _MIN_ROWS)
+        db = chunks.partials(n)  # the bias gradient, per chunk
+        chunks.run(lib.masked_input_bwd_f32, grad.data_ptr(), t.data_ptr(), bias.data_ptr(),
+                   v.data_ptr(), dt.data_ptr(), dv.data_ptr(), db.data_ptr(), n)  # fmt: skip
         da = dt @ weight if ctx.needs_input_grad[0] else None
         dw = dt.t() @ a if ctx.needs_input_grad[1] else None
         return da, dw, db.sum(0), dv
@@ -419,11 +404,10 @@ class _NormMaskedInputFn(torch.autograd.Function):
         z = torch.empty_like(x)
         mean = torch.empty(rows, dtype=x.dtype)
         rstd = torch.empty(rows, dtype=x.dtype)
-        ptrs = (x.data_ptr(), weight.data_ptr(), bias.data_ptr(), t.data_ptr(),
-                mask_bias.data_ptr(), z.data_ptr(), mean.data_ptr(), rstd.data_ptr())  # fmt: skip
-        run_chunks(split_range(rows, _MIN_ROWS),
-                   lambda r0, r1: lib.ln_relu_dropout_mask_fwd_f32(
-                       *ptrs, r0, r1, n, eps, key, threshold, scale))  # fmt: skip
+        Chunks(rows, _MIN_ROWS).run(
+            lib.ln_relu_dropout_mask_fwd_f32, x.data_ptr(), weight.data_ptr(), bias.data_ptr(),
+            t.data_ptr(), mask_bias.data_ptr(), z.data_ptr(), mean.data_ptr(), rstd.data_ptr(),
+            n, eps, key, threshold, scale)  # fmt: skip
         ctx.key, ctx.threshold, ctx.scale = key, threshold, scale
         ctx.save_for_backward(x, weight, bias, a, mask_weight, mask_bias, t, mean, rstd)
         return z
@@ -436,22 +420,13 @@ class _NormMaskedInputFn(torch.autograd.Function):
         rows, n = x.shape
         grad = grad.contiguous()
         dx, dt = torch.empty_like(x), torch.empty_like(t)
-        parts = split_range(rows, _MIN_ROWS)
-        # per-chunk partial sums of the vector gradients, added up afterwards
-        dw, db, dc = (torch.zeros(len(parts), n, dtype=x.dtype) for _ in range(3))
-        ptrs = (grad.data_ptr(), x.data_ptr(), weight.data_ptr(), bias.data_ptr(),
-                t.data_ptr(), mask_bias.data_ptr(), mean.data_ptr(), rstd.data_ptr(),
-                dx.data_ptr(), dt.data_ptr())  # fmt: skip
-        index = {part: i for i, part in enumerate(parts)}
-        key, threshold, scale = ctx.key, ctx.threshold, ctx.scale
-
-        def run(r0: int, r1: int) -> None:
-            i = index[(r0, r1)]
-            lib.ln_relu_dropout_mask_bwd_f32(*ptrs, dw[i].data_ptr(), db[i].data_ptr(),
-                                             dc[i].data_ptr(), r0, r1, n, key, threshold,
-                                             scale)  # fmt: skip
-
-        run_chunks(parts, run)
+        chunks = Chunks(rows, _MIN_ROWS)
+        dw, db, dc = (chunks.partials(n) for _ in range(3))  # the vector gradients, per chunk
+        chunks.run(lib.ln_relu_dropout_mask_bwd_f32, grad.data_ptr(), x.data_ptr(),
+                   weight.data_ptr(), bias.data_ptr(), t.data_ptr(), mask_bias.data_ptr(),
+                   mean.data_ptr(), rstd.data_ptr(), dx.data_ptr(), dt.data_ptr(), dw.data_ptr(),
+                   db.data_ptr(), dc.data_ptr(), n, ctx.key, ctx.threshold,
+                   ctx.scale)  # fmt: skip
         da = dt @ mask_weight if ctx.needs_input_grad[3] else None
         dmw = dt.t() @ a if ctx.needs_input_grad[4] else None
         return dx, dw.sum(0), db.sum(0), da, dmw, dc.sum(0), None, None

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ctrcal.layers.cpu_kernels import cpu_kernels, run_chunks, split_range
+from ctrcal.layers.cpu_kernels import Chunks, cpu_kernels
 
 __all__ = ["table_lookup"]
 
@@ -84,18 +84,14 @@ class _TableLookup(torch.autograd.Function):
         if lead is not None:
             out[:, :lead_fields].copy_(lead)
         w = weight.detach().contiguous()
-        args = (w.data_ptr(), rows, ids.data_ptr(), offsets.data_ptr(), out.data_ptr())
-        tail = (fields, dim, out.stride(0), lead_fields)
-        bad = [
-            r
-            for r in run_chunks(
-                split_range(batch, _MIN_BATCH_CHUNK),
-                lambda b0, b1: lib.table_gather_f32(*args, b0, b1, *tail),
-            )
-            if r >= 0
-        ]
-        if bad:
-            b, t = divmod(min(bad), fields)
+        chunks = Chunks(batch, _MIN_BATCH_CHUNK)
+        bad = torch.empty(chunks.count, dtype=torch.int64)  # per chunk: -1 or the first bad id
+        chunks.run(lib.table_gather_f32, w.data_ptr(), rows, ids.data_ptr(), offsets.data_ptr(),
+                   out.data_ptr(), fields, dim, out.stride(0), lead_fields,
+                   bad.data_ptr())  # fmt: skip
+        bad = bad[bad >= 0]
+        if bad.numel():
+            b, t = divmod(int(bad.min()), fields)
             raise IndexError(
                 f"embedding id {int(ids[b, t])} of field {t} (batch row {b}) maps to table "
                 f"row {int(ids[b, t] + offsets[t])}, outside the table's {rows} rows"
@@ -128,10 +124,8 @@ class _TableLookup(torch.autograd.Function):
         else:
             target = torch.zeros_like(weight, memory_format=torch.contiguous_format)
         lib = cpu_kernels()
-        args = (target.data_ptr(), ids.data_ptr(), offsets.data_ptr(), grad.data_ptr())
-        shape = (batch, fields, dim, grad.stride(0), lead_fields)
-        run_chunks(
-            split_range(rows, _MIN_TABLE_CHUNK),
-            lambda r0, r1: lib.table_scatter_add_f32(*args, *shape, r0, r1),
-        )
+        # chunks of table rows: each thread adds into the rows it owns
+        Chunks(rows, _MIN_TABLE_CHUNK).run(
+            lib.table_scatter_add_f32, target.data_ptr(), ids.data_ptr(), offsets.data_ptr(),
+            grad.data_ptr(), batch, fields, dim, grad.stride(0), lead_fields)  # fmt: skip
         return grad_lead, None, None, (None if mode == "in_place" else target), None

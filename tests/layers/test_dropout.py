@@ -182,7 +182,8 @@ def test_kernel_mask_equals_the_torch_formula(n, key):
     dropout, lib = _kernel_or_skip()
     for threshold in (0, 1, dropout._keep_threshold(0.2), 1 << 32):
         keep = torch.empty(n, dtype=torch.uint8)
-        lib.dropout_keep_mask(keep.data_ptr(), 0, n, key, threshold)
+        bounds = torch.tensor([0, n // 3, n])  # two chunks, the kernels' calling convention
+        lib.dropout_keep_mask(keep.data_ptr(), key, threshold, bounds.data_ptr(), 0, 2)
         ref = dropout._keep_mask_torch(n, key, threshold)
         assert torch.equal(keep.bool(), ref), threshold
     assert bool(ref.all())  # threshold 2**32 keeps everything, 0 nothing (checked above)
