@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 _CFLAGS = ["-O3", "-fno-math-errno", "-fopenmp-simd", "-shared", "-fPIC"]
@@ -31,13 +31,17 @@ def _cache_dir() -> Path:
     return base / "kernels"
 
 
-def _compile(cc: str, folder: Path, name: str, flags: list[str], source: str) -> Path:
-    """Compile ``source`` inside ``folder`` and rename it to ``folder/name`` (atomic)."""
+def _compile(cc: str, folder: Path, name: str, flags: list[str], source: str,
+             headers: Mapping[str, str]) -> Path:  # fmt: skip
+    """Compile ``source`` (beside its ``headers``, name -> text) inside ``folder`` and rename
+    the library to ``folder/name`` (atomic)."""
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / name
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         src = Path(tmp) / "kernel.c"
         src.write_text(source)
+        for header, text in headers.items():
+            (Path(tmp) / header).write_text(text)
         out = Path(tmp) / name
         proc = subprocess.run(
             [cc, *flags, "-o", str(out), str(src), "-lm"],
@@ -61,10 +65,12 @@ def _cpu_identity() -> str:
     return "\n".join(sorted(set(keep)))
 
 
-def build_c_library(source: str, stem: str, openmp: bool = False) -> ctypes.CDLL:
+def build_c_library(source: str, stem: str, openmp: bool = False,
+                    headers: Mapping[str, str] | None = None) -> ctypes.CDLL:  # fmt: skip
     """Compile (once per machine, cached) and load a C source of ctrcal's CPU kernels.
 
     Args:
+        headers: the local headers it includes, file name -> text.
         openmp: try ``-fopenmp`` first (the source's ``omp parallel`` loops then run on the
             OpenMP runtime the process has loaded; without it they run on one thread).
 
@@ -74,25 +80,26 @@ def build_c_library(source: str, stem: str, openmp: bool = False) -> ctypes.CDLL
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not cc:
         raise RuntimeError("no C compiler found (set CC)")
+    headers = dict(headers or {})
     errors = []
     # native first, portable if that fails; each with OpenMP first where asked for
     choices = [[*base, *extra] for base in ([*_CFLAGS, *_NATIVE], _CFLAGS)
                for extra in ((_OPENMP, []) if openmp else ([],))]  # fmt: skip
     for flags in choices:
         native = _NATIVE[0] in flags
-        parts = [source, cc, *flags, _cpu_identity() if native else ""]
+        parts = [source, *headers.values(), cc, *flags, _cpu_identity() if native else ""]
         tag = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
         name = f"{stem}_{platform.system()}_{platform.machine()}_{tag}.so".lower()
         target = _cache_dir() / name
         try:
             if not target.exists():
                 try:
-                    target = _compile(cc, _cache_dir(), name, flags, source)
+                    target = _compile(cc, _cache_dir(), name, flags, source, headers)
                 except OSError:
                     # unwritable cache: build in a private temporary folder for this process
                     # only (never load a shared, predictable temp path another user wrote)
                     folder = Path(tempfile.mkdtemp(prefix="ctrcal-kernel-"))
-                    target = _compile(cc, folder, name, flags, source)
+                    target = _compile(cc, folder, name, flags, source, headers)
             return ctypes.CDLL(str(target))
         except (RuntimeError, OSError) as exc:
             errors.append(str(exc))
@@ -108,14 +115,16 @@ class LazyLibrary:
         declare: sets the functions' ``argtypes`` / ``restype`` on the loaded library.
         openmp: asked once, at the build: whether to build with OpenMP (see
             :func:`build_c_library`).
+        headers: the local headers the source includes.
 
     :meth:`get` is thread-safe; a failed build is remembered (:attr:`error`), not retried.
     """
 
     def __init__(self, source: Path, stem: str, declare: Callable[[ctypes.CDLL], None],
-                 openmp: Callable[[], bool] | None = None) -> None:  # fmt: skip
+                 openmp: Callable[[], bool] | None = None,
+                 headers: Sequence[Path] = ()) -> None:  # fmt: skip
         self.source, self.stem, self.declare = source, stem, declare
-        self.openmp = openmp
+        self.openmp, self.headers = openmp, tuple(headers)
         self.error: str | None = None
         self._lib: ctypes.CDLL | None = None
         self._tried = False
@@ -127,7 +136,8 @@ class LazyLibrary:
             if not self._tried:
                 try:
                     openmp = bool(self.openmp and self.openmp())
-                    lib = build_c_library(self.source.read_text(), self.stem, openmp)
+                    headers = {h.name: h.read_text() for h in self.headers}
+                    lib = build_c_library(self.source.read_text(), self.stem, openmp, headers)
                     self.declare(lib)
                     self._lib = lib
                 except (RuntimeError, OSError, subprocess.SubprocessError) as exc:

@@ -12,36 +12,14 @@
  * without that promise GCC leaves a loop that stores into one array while it accumulates into
  * another unvectorised (the masked-input backward ran one element at a time).
  *
- * Threads: every exported kernel takes its work as chunks -- `bounds` [chunks + 1] holds the
- * row (or element) ranges [bounds[c], bounds[c + 1]) -- and runs chunks [c0, c1) of them, in
- * parallel when the library is built with OpenMP. It is built so only where PyTorch's own
- * OpenMP runtime is already loaded (cpu_kernels.py), so the kernels run on the same team of
- * threads as torch's operators: no second pool competing with torch's spinning workers for
- * the cores, no hand-over through Python. Partial sums (gradients of vectors) go to one slice
- * per chunk, `c * stride` elements into their buffer, added up by the caller: the results do
- * not depend on which thread ran which chunk.
+ * Threads: every exported kernel runs one of the functions below over chunks of its rows (or
+ * elements), by the convention of chunks.h.
  */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
-/* Runs CALL for every chunk c in [c0, c1), with lo, hi its range: the body of every kernel. */
-#define FOR_EACH_CHUNK(CALL)                                                                \
-    _Pragma("omp parallel for if (c1 - c0 > 1) num_threads((int)(c1 - c0)) schedule(static, 1)") \
-    for (int64_t c = c0; c < c1; ++c) {                                                     \
-        const int64_t lo = bounds[c], hi = bounds[c + 1];                                   \
-        CALL;                                                                               \
-    }
-#define CHUNKS const int64_t *restrict bounds, int64_t c0, int64_t c1
-
-/* 1 when the kernels run their chunks in parallel (built with OpenMP), else 0. */
-int cpu_kernels_openmp(void) {
-#ifdef _OPENMP
-    return 1;
-#else
-    return 0;
-#endif
-}
+#include "chunks.h"
 
 #define GOLDEN 0x9E3779B97F4A7C15ULL
 

@@ -37,7 +37,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ctrcal.layers.cpu_kernels import Chunks, cpu_kernels
+from ctrcal.layers.chunks import Chunks
+from ctrcal.layers.cpu_kernels import cpu_kernels
 
 __all__ = [
     "dropout_keep_mask",
@@ -51,7 +52,8 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
 _MIX2 = 0x94D049BB133111EB
 _MIN_CHUNK = 1 << 16  # elements per thread at least (below that a thread costs more)
-_KERNEL_DTYPES = (torch.float32, torch.float64)
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}  # the C kernels' dtypes
+_KERNEL_DTYPES = tuple(_SUFFIX)
 
 
 def _keep_threshold(p: float) -> int:
@@ -96,7 +98,7 @@ def dropout_keep_mask(shape: torch.Size | tuple[int, ...], p: float) -> Tensor:
     if lib is None:
         return _keep_mask_torch(n, key, threshold).view(shape)
     keep = torch.empty(n, dtype=torch.uint8)
-    Chunks(n, _MIN_CHUNK).run(lib.dropout_keep_mask, keep.data_ptr(), key, threshold)
+    Chunks(n, _MIN_CHUNK).run(lib, "dropout_keep_mask", keep.data_ptr(), key, threshold)
     return keep.view(torch.bool).view(shape)
 
 
@@ -108,9 +110,9 @@ class _ReLUDropoutFn(torch.autograd.Function):
         lib = cpu_kernels() if x.dtype in _KERNEL_DTYPES else None
         if lib is not None:
             y = torch.empty_like(x)
-            fn = lib.relu_dropout_fwd_f32 if x.dtype == torch.float32 else lib.relu_dropout_fwd_f64
-            Chunks(x.numel(), _MIN_CHUNK).run(fn, x.data_ptr(), y.data_ptr(), key, threshold,
-                                              scale)  # fmt: skip
+            name = "relu_dropout_fwd_" + _SUFFIX[x.dtype]
+            Chunks(x.numel(), _MIN_CHUNK).run(lib, name, x.data_ptr(), y.data_ptr(), key,
+                                              threshold, scale)  # fmt: skip
         else:
             keep = _keep_mask_torch(x.numel(), key, threshold).view(x.shape)
             y = torch.where(keep, x, 0.0).clamp_min_(0.0).mul_(scale)
@@ -128,8 +130,8 @@ class _ReLUDropoutFn(torch.autograd.Function):
             return torch.ops.aten.threshold_backward(grad, y, 0.0).mul_(ctx.scale), None
         grad = grad.contiguous()
         dx = torch.empty_like(y)
-        fn = lib.relu_dropout_bwd_f32 if y.dtype == torch.float32 else lib.relu_dropout_bwd_f64
-        Chunks(y.numel(), _MIN_CHUNK).run(fn, grad.data_ptr(), y.data_ptr(), dx.data_ptr(),
+        Chunks(y.numel(), _MIN_CHUNK).run(lib, "relu_dropout_bwd_" + _SUFFIX[y.dtype],
+                                          grad.data_ptr(), y.data_ptr(), dx.data_ptr(),
                                           ctx.scale)  # fmt: skip
         return dx, None
 
@@ -161,7 +163,7 @@ class _LayerNormReLUDropoutFn(torch.autograd.Function):
         y = torch.empty_like(x)
         mean = torch.empty(rows, dtype=x.dtype)
         rstd = torch.empty(rows, dtype=x.dtype)
-        Chunks(rows, _MIN_ROWS).run(lib.ln_relu_dropout_fwd_f32, x.data_ptr(), weight.data_ptr(),
+        Chunks(rows, _MIN_ROWS).run(lib, "ln_relu_dropout_fwd_f32", x.data_ptr(), weight.data_ptr(),
                                     bias.data_ptr(), y.data_ptr(), mean.data_ptr(),
                                     rstd.data_ptr(), n, eps, key, threshold, scale)  # fmt: skip
         ctx.scale = scale
@@ -178,7 +180,7 @@ class _LayerNormReLUDropoutFn(torch.autograd.Function):
         dx = torch.empty_like(x)
         chunks = Chunks(rows, _MIN_ROWS)
         dw, db = chunks.partials(n), chunks.partials(n)  # the affine gradients, per chunk
-        chunks.run(lib.ln_relu_dropout_bwd_f32, grad.data_ptr(), y.data_ptr(), x.data_ptr(),
+        chunks.run(lib, "ln_relu_dropout_bwd_f32", grad.data_ptr(), y.data_ptr(), x.data_ptr(),
                    weight.data_ptr(), mean.data_ptr(), rstd.data_ptr(), dx.data_ptr(),
                    dw.data_ptr(), db.data_ptr(), n, ctx.scale)  # fmt: skip
         return dx, dw.sum(0), db.sum(0), None, None

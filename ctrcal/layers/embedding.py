@@ -40,7 +40,8 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from ctrcal.layers.cpu_kernels import Chunks, cpu_kernels
+from ctrcal.layers.chunks import Chunks
+from ctrcal.layers.cpu_kernels import cpu_kernels
 from ctrcal.layers.mc_layernorm import MCLayerNorm, grouped_layer_norm, mc_grouped_layer_norm
 from ctrcal.layers.registry import create_norm
 from ctrcal.layers.table_lookup import table_lookup
@@ -230,8 +231,7 @@ class _NumericEmbedFn(torch.autograd.Function):
         rows, fields = x.shape
         dim = weight.shape[1]
         out = torch.empty(rows, fields, dim, dtype=weight.dtype)
-        Chunks(rows, _MIN_ROWS).run(
-            lib.numeric_embed_fwd_f32, x.data_ptr(), weight.data_ptr(),
+        Chunks(rows, _MIN_ROWS).run(lib, "numeric_embed_fwd_f32", x.data_ptr(), weight.data_ptr(),
             0 if bias is None else bias.data_ptr(), missing.data_ptr(), out.data_ptr(), fields,
             dim, fields * dim)  # fmt: skip
         ctx.save_for_backward(x)
@@ -249,7 +249,7 @@ class _NumericEmbedFn(torch.autograd.Function):
             grad = grad.contiguous()
         chunks = Chunks(rows, _MIN_ROWS)
         dw, db, dm = (chunks.partials(fields, dim, dtype=grad.dtype) for _ in range(3))
-        chunks.run(lib.numeric_embed_bwd_f32, x.data_ptr(), grad.data_ptr(), dw.data_ptr(),
+        chunks.run(lib, "numeric_embed_bwd_f32", x.data_ptr(), grad.data_ptr(), dw.data_ptr(),
                    db.data_ptr() if ctx.has_bias else 0, dm.data_ptr(), fields, dim,
                    grad.stride(0))  # fmt: skip
         return None, dw.sum(0), db.sum(0) if ctx.has_bias else None, dm.sum(0)

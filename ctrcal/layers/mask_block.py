@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from ctrcal.layers.cpu_kernels import Chunks, cpu_kernels
+from ctrcal.layers.chunks import Chunks
+from ctrcal.layers.cpu_kernels import cpu_kernels
 from ctrcal.layers.dropout import (
     _draw_key,
     _keep_threshold,
@@ -112,7 +113,7 @@ class _MaskHiddenFn(torch.autograd.Function):
         rows = t.shape[0]
         h = torch.empty(rows * t.shape[1], dtype=t.dtype)  # the blocks' matrices, one by one
         w = torch.tensor(widths, dtype=torch.int64)
-        Chunks(rows, _MIN_ROWS).run(lib.mask_hidden_fwd_f32, t.data_ptr(), bias.data_ptr(),
+        Chunks(rows, _MIN_ROWS).run(lib, "mask_hidden_fwd_f32", t.data_ptr(), bias.data_ptr(),
                                     h.data_ptr(), rows, len(widths), w.data_ptr())  # fmt: skip
         ctx.save_for_backward(v_emb, weight, h, w)
         outs = h.split([rows * k for k in widths])
@@ -129,7 +130,7 @@ class _MaskHiddenFn(torch.autograd.Function):
         dt = torch.empty(rows, width, dtype=h.dtype)
         chunks = Chunks(rows, _MIN_ROWS)
         db = chunks.partials(width)  # the bias gradient, per chunk
-        chunks.run(lib.mask_hidden_bwd_f32, g_ptrs.data_ptr(), h.data_ptr(), dt.data_ptr(),
+        chunks.run(lib, "mask_hidden_bwd_f32", g_ptrs.data_ptr(), h.data_ptr(), dt.data_ptr(),
                    db.data_ptr(), rows, len(grads), w.data_ptr())  # fmt: skip
         dv = dt @ weight if ctx.needs_input_grad[0] else None
         dw = dt.t() @ v_emb if ctx.needs_input_grad[1] else None
@@ -145,7 +146,7 @@ class _MaskedInputFn(torch.autograd.Function):
         t = a @ weight.t()  # the bias joins in the kernel, not in the matrix product
         z = torch.empty_like(t)
         rows, n = t.shape
-        Chunks(rows, _MIN_ROWS).run(lib.masked_input_fwd_f32, t.data_ptr(), bias.data_ptr(),
+        Chunks(rows, _MIN_ROWS).run(lib, "masked_input_fwd_f32", t.data_ptr(), bias.data_ptr(),
                                     v.data_ptr(), z.data_ptr(), n)  # fmt: skip
         ctx.save_for_backward(a, weight, bias, v, t)
         return z
@@ -160,7 +161,7 @@ class _MaskedInputFn(torch.autograd.Function):
         dt, dv = torch.empty_like(t), torch.empty_like(v)
         chunks = Chunks(rows, _MIN_ROWS)
         db = chunks.partials(n)  # the bias gradient, per chunk
-        chunks.run(lib.masked_input_bwd_f32, grad.data_ptr(), t.data_ptr(), bias.data_ptr(),
+        chunks.run(lib, "masked_input_bwd_f32", grad.data_ptr(), t.data_ptr(), bias.data_ptr(),
                    v.data_ptr(), dt.data_ptr(), dv.data_ptr(), db.data_ptr(), n)  # fmt: skip
         da = dt @ weight if ctx.needs_input_grad[0] else None
         dw = dt.t() @ a if ctx.needs_input_grad[1] else None
@@ -405,9 +406,9 @@ class _NormMaskedInputFn(torch.autograd.Function):
         mean = torch.empty(rows, dtype=x.dtype)
         rstd = torch.empty(rows, dtype=x.dtype)
         Chunks(rows, _MIN_ROWS).run(
-            lib.ln_relu_dropout_mask_fwd_f32, x.data_ptr(), weight.data_ptr(), bias.data_ptr(),
-            t.data_ptr(), mask_bias.data_ptr(), z.data_ptr(), mean.data_ptr(), rstd.data_ptr(),
-            n, eps, key, threshold, scale)  # fmt: skip
+            lib, "ln_relu_dropout_mask_fwd_f32", x.data_ptr(), weight.data_ptr(),
+            bias.data_ptr(), t.data_ptr(), mask_bias.data_ptr(), z.data_ptr(), mean.data_ptr(),
+            rstd.data_ptr(), n, eps, key, threshold, scale)  # fmt: skip
         ctx.key, ctx.threshold, ctx.scale = key, threshold, scale
         ctx.save_for_backward(x, weight, bias, a, mask_weight, mask_bias, t, mean, rstd)
         return z
@@ -422,7 +423,7 @@ class _NormMaskedInputFn(torch.autograd.Function):
         dx, dt = torch.empty_like(x), torch.empty_like(t)
         chunks = Chunks(rows, _MIN_ROWS)
         dw, db, dc = (chunks.partials(n) for _ in range(3))  # the vector gradients, per chunk
-        chunks.run(lib.ln_relu_dropout_mask_bwd_f32, grad.data_ptr(), x.data_ptr(),
+        chunks.run(lib, "ln_relu_dropout_mask_bwd_f32", grad.data_ptr(), x.data_ptr(),
                    weight.data_ptr(), bias.data_ptr(), t.data_ptr(), mask_bias.data_ptr(),
                    mean.data_ptr(), rstd.data_ptr(), dx.data_ptr(), dt.data_ptr(), dw.data_ptr(),
                    db.data_ptr(), dc.data_ptr(), n, ctx.key, ctx.threshold,

@@ -132,12 +132,8 @@ def sample_subset_mask(
         seed = _triton().draw_seed(device, generator)
         return _triton().subset_mask(rows, n, k, seed).to(dtype)
     if _use_kernel(backend, device):
-        kernel = mcln_kernel.get_kernel()
-        mask = torch.empty(rows, n, dtype=torch.uint8)
-        d, invert = small_side(n, k)
         key = _draw_key(generator, device)
-        kernel.run_rows(rows, n, lambda r0, r1: kernel.sample(mask, r0, r1, n, d, invert, key))
-        return mask.to(dtype)
+        return mcln_kernel.subset_mask(rows, n, k, key).to(dtype)
     return _torch_subset_mask(rows, n, k, generator, device, dtype)
 
 
@@ -548,15 +544,17 @@ def _use_kernel(backend: str | None, device: torch.device) -> bool:
 
 def _c_kernel_ready() -> bool:
     if not mcln_kernel.kernel_available():
-        state = mcln_kernel._kernel_state
-        if not state.get("warned"):
-            state["warned"] = True
+        if not _warned:
+            _warned.append(True)
             warnings.warn(
-                f"{state.get('error')}; MC-LayerNorm uses the slower pure-torch path",
+                f"{mcln_kernel.kernel_error()}; MC-LayerNorm uses the slower pure-torch path",
                 stacklevel=5,
             )
         return False
     return True
+
+
+_warned: list[bool] = []  # the missing kernel is said once per process
 
 
 # A graph being compiled asks once, at trace time, and keeps the answer as a constant (the

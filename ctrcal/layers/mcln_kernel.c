@@ -5,11 +5,16 @@
  * draws (with `invert`, the N - k positions left out), never as an N-wide mask: the
  * statistics are a plain pass over the row corrected on those d positions, and the backward
  * writes the plain formula for every element and rewrites the d positions with the other
- * one. The row loops stay the ones of LayerNorm (no mask to load, convert and multiply). */
+ * one. The row loops stay the ones of LayerNorm (no mask to load, convert and multiply).
+ *
+ * The exported functions at the end run the row functions over chunks of rows, by the
+ * convention of chunks.h; a nonzero return means a chunk could not allocate its scratch. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+
+#include "chunks.h"
 
 static inline uint64_t mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
@@ -96,18 +101,10 @@ static int scratch_init(scratch_t *s, int64_t n, int64_t d) {
 }
 static void scratch_free(scratch_t *s) { free(s->heap); }
 
-/* the d positions of rows r0..r1 into idx [R, d] */
-int mcln_draw(int32_t *idx, int64_t r0, int64_t r1, int64_t n, int64_t d, uint64_t key) {
-    scratch_t s;
-    if (scratch_init(&s, n, d)) return -1;
-    for (int64_t r = r0; r < r1; ++r) draw_row(idx + r * d, s.tt, s.bits, r, n, d, key);
-    scratch_free(&s);
-    return 0;
-}
 /* the subsets of rows r0..r1 as a 0/1 mask [R, n] (the positions drawn are the ones left out
    with invert) */
-int mcln_sample(uint8_t *m, int64_t r0, int64_t r1, int64_t n, int64_t d, int invert,
-                uint64_t key) {
+static int mcln_sample_range(uint8_t *m, int64_t r0, int64_t r1, int64_t n, int64_t d,
+                             int invert, uint64_t key) {
     scratch_t s;
     if (scratch_init(&s, n, d)) return -1;
     int32_t *idx = (int32_t *)malloc((size_t)(d > 0 ? d : 1) * sizeof(int32_t));
@@ -222,7 +219,7 @@ INLINE void bwd_rows_##SUF(const T *dy, const T *x, const T *w0, const int32_t *
         dx_row_##SUF(dyr, xr, w, idx0 + r * d, dx + r * n, n, mu, rs, A, B, k, d, invert);         \
     }                                                                                              \
 }                                                                                                  \
-int mcln_fwd_##SUF(const T *x, const T *w, const T *b, T *y, int32_t *idx, T *mean, T *rstd, \
+static int mcln_fwd_range_##SUF(const T *x, const T *w, const T *b, T *y, int32_t *idx, T *mean, T *rstd, \
                    int64_t r0, int64_t r1, int64_t n, int64_t g, int64_t k, int64_t d,        \
                    int invert, double eps, uint64_t key) {                                    \
     scratch_t sc;                                                                             \
@@ -239,7 +236,7 @@ int mcln_fwd_##SUF(const T *x, const T *w, const T *b, T *y, int32_t *idx, T *me
     scratch_free(&sc);                                                                        \
     return 0;                                                                                 \
 }                                                                                             \
-void mcln_bwd_##SUF(const T *dy, const T *x, const T *w, const int32_t *idx, const T *mean,  \
+static void mcln_bwd_range_##SUF(const T *dy, const T *x, const T *w, const int32_t *idx, const T *mean,  \
                     const T *rstd, T *dx, T *dw, T *db, int64_t r0, int64_t r1, int64_t n,    \
                     int64_t g, int64_t k, int64_t d, int invert) {                            \
     switch (n) {                                                                              \
@@ -254,3 +251,33 @@ void mcln_bwd_##SUF(const T *dy, const T *x, const T *w, const int32_t *idx, con
 }
 DEFINE(float, f32)
 DEFINE(double, f64)
+
+/* ---- The exported kernels: the functions above over chunks of rows ---- */
+
+/* The subsets of the rows as a 0/1 mask [R, n] (see mcln_sample_range). */
+int mcln_sample(uint8_t *m, int64_t n, int64_t d, int invert, uint64_t key, CHUNKS) {
+    int failed = 0;
+    FOR_EACH_CHUNK_WITH(reduction(| : failed),
+                        failed |= mcln_sample_range(m, lo, hi, n, d, invert, key));
+    return failed;
+}
+
+/* dw (NULL: no weight), db: [chunks, g, n] partial sums. */
+#define DEFINE_CHUNKED(T, SUF)                                                                \
+int mcln_fwd_##SUF(const T *x, const T *w, const T *b, T *y, int32_t *idx, T *mean, T *rstd,  \
+                   int64_t n, int64_t g, int64_t k, int64_t d, int invert, double eps,        \
+                   uint64_t key, CHUNKS) {                                                    \
+    int failed = 0;                                                                           \
+    FOR_EACH_CHUNK_WITH(reduction(| : failed),                                                \
+                        failed |= mcln_fwd_range_##SUF(x, w, b, y, idx, mean, rstd, lo, hi, n, \
+                                                       g, k, d, invert, eps, key));           \
+    return failed;                                                                            \
+}                                                                                             \
+void mcln_bwd_##SUF(const T *dy, const T *x, const T *w, const int32_t *idx, const T *mean,  \
+                    const T *rstd, T *dx, T *dw, T *db, int64_t n, int64_t g, int64_t k,      \
+                    int64_t d, int invert, CHUNKS) {                                          \
+    FOR_EACH_CHUNK(mcln_bwd_range_##SUF(dy, x, w, idx, mean, rstd, dx, dw ? dw + c * g * n : 0, \
+                                        db + c * g * n, lo, hi, n, g, k, d, invert));          \
+}
+DEFINE_CHUNKED(float, f32)
+DEFINE_CHUNKED(double, f64)

@@ -7,28 +7,21 @@ pass over the row corrected on those positions, then the output in a second pass
 backward recomputes x_hat from the saved mean/rstd and rewrites the d positions' gradient.
 
 The kernel is compiled once per machine with the system C compiler (about a second), cached
-under ``~/.cache/ctrcal/kernels`` (or ``$CTRCAL_CACHE_DIR``), and loaded with ctypes; calls
-release the GIL, so row chunks run on a thread pool.
+under ``~/.cache/ctrcal/kernels`` (or ``$CTRCAL_CACHE_DIR``), and loaded with ctypes; a call's
+rows are split between threads by :mod:`ctrcal.layers.chunks`.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
-import subprocess
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ctrcal.cbuild import build_c_library
-
-_C_SOURCE = Path(__file__).with_name("mcln_kernel.c").read_text()
+from ctrcal.cbuild import LazyLibrary
+from ctrcal.layers.chunks import HEADER, Chunks, torch_uses_loaded_openmp
 
 
 def small_side(n: int, k: int) -> tuple[int, bool]:
@@ -39,172 +32,104 @@ def small_side(n: int, k: int) -> tuple[int, bool]:
 _MIN_CHUNK_ELEMENTS = 1 << 16  # a thread's chunk of rows spans at least this many elements
 
 
-class _CKernel:
-    """The compiled kernel and a thread pool over row chunks (ctypes releases the GIL)."""
-
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-        lib.mcln_sample.argtypes = [ptr, i64, i64, i64, i64, ctypes.c_int, ctypes.c_uint64]
-        lib.mcln_sample.restype = ctypes.c_int
-        for suffix in ("f32", "f64"):
-            getattr(lib, f"mcln_fwd_{suffix}").argtypes = (
-                [ptr] * 7
-                + [i64] * 6
-                + [
-                    ctypes.c_int,
-                    ctypes.c_double,
-                    ctypes.c_uint64,
-                ]
-            )
-            getattr(lib, f"mcln_fwd_{suffix}").restype = ctypes.c_int
-            getattr(lib, f"mcln_bwd_{suffix}").argtypes = [ptr] * 9 + [i64] * 6 + [ctypes.c_int]
-        self.lib = lib
-        self._pool: ThreadPoolExecutor | None = None
-
-    @staticmethod
-    def _p(t: Tensor | None) -> int | None:
-        return None if t is None else t.data_ptr()
-
-    def chunks(self, rows: int, n: int) -> list[tuple[int, int]]:
-        threads = max(1, torch.get_num_threads())
-        per = max(-(-rows // threads), -(-_MIN_CHUNK_ELEMENTS // max(n, 1)))
-        return [(r, min(rows, r + per)) for r in range(0, rows, per)]
-
-    def run(self, parts: list[tuple[int, ...]], fn: Callable[..., None]) -> None:
-        if len(parts) <= 1:
-            for part in parts:
-                fn(*part)
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2)
-        for future in [self._pool.submit(fn, *part) for part in parts]:
-            future.result()
-
-    def run_rows(self, rows: int, n: int, fn: Callable[[int, int], None]) -> None:
-        self.run(self.chunks(rows, n), fn)
-
-    def sample(self, mask: Tensor, r0: int, r1: int, n: int, d: int, inv: bool, key: int) -> None:
-        _check(self.lib.mcln_sample(mask.data_ptr(), r0, r1, n, d, int(inv), key))
-
-    def forward(
-        self,
-        x: Tensor,
-        w: Tensor | None,
-        b: Tensor | None,
-        k: int,
-        eps: float,
-        key: int,
-        groups: int = 1,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Rows of x [R, N] (row r uses affine row r % groups of w, b [groups, N]).
-
-        Returns y [R, N], the drawn positions [R, d] (int32; see :func:`small_side`), and the
-        per-row mean and 1/std [R].
-        """
-        rows, n = x.shape
-        y = torch.empty_like(x)
-        d, invert = small_side(n, k)
-        idx = torch.empty(rows, d, dtype=torch.int32)
-        mean = torch.empty(rows, dtype=x.dtype)
-        rstd = torch.empty(rows, dtype=x.dtype)
-        fn = self.lib.mcln_fwd_f64 if x.dtype == torch.float64 else self.lib.mcln_fwd_f32
-        p = self._p
-        args = (p(x), p(w), p(b), p(y), p(idx), p(mean), p(rstd))
-        self.run_rows(
-            rows,
-            n,
-            lambda r0, r1: _check(fn(*args, r0, r1, n, groups, k, d, int(invert), eps, key)),
-        )
-        return y, idx, mean, rstd
-
-    def backward(
-        self,
-        dy: Tensor,
-        x: Tensor,
-        w: Tensor | None,
-        idx: Tensor,
-        mean: Tensor,
-        rstd: Tensor,
-        k: int,
-        groups: int = 1,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        rows, n = x.shape
-        d, invert = small_side(n, k)
-        parts = self.chunks(rows, n)
-        dx = torch.empty_like(x)
-        # per-chunk partial sums of dweight / dbias, added up afterwards (one chunk: no sum)
-        chunks = max(len(parts), 1)
-        dw = torch.zeros(chunks, groups, n, dtype=x.dtype) if w is not None else None
-        db = torch.zeros(chunks, groups, n, dtype=x.dtype)
-        fn = self.lib.mcln_bwd_f64 if x.dtype == torch.float64 else self.lib.mcln_bwd_f32
-        p = self._p
-        head = (p(dy), p(x), p(w), p(idx), p(mean), p(rstd), p(dx))
-        self.run(
-            [(i, r0, r1) for i, (r0, r1) in enumerate(parts)],
-            lambda i, r0, r1: fn(
-                *head,
-                p(dw[i]) if dw is not None else None,
-                p(db[i]),
-                r0,
-                r1,
-                n,
-                groups,
-                k,
-                d,
-                int(invert),
-            ),
-        )
-        if chunks == 1:
-            return dx, dw[0] if dw is not None else None, db[0]
-        return dx, dw.sum(0) if dw is not None else None, db.sum(0)
+def _row_chunks(rows: int, n: int) -> Chunks:
+    return Chunks(rows, -(-_MIN_CHUNK_ELEMENTS // max(n, 1)))
 
 
-def _check(status: int) -> None:
-    if status != 0:
-        raise MemoryError("MC-LayerNorm C kernel: out of memory for its scratch space")
+def _declare(lib: ctypes.CDLL) -> None:
+    ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    chunks = [ptr, i64, i64]  # bounds, first chunk, end chunk (chunks.h)
+    lib.mcln_sample.argtypes = [ptr, i64, i64, c_int, ctypes.c_uint64, *chunks]
+    lib.mcln_sample.restype = c_int
+    for suffix in ("f32", "f64"):
+        fwd, bwd = getattr(lib, f"mcln_fwd_{suffix}"), getattr(lib, f"mcln_bwd_{suffix}")
+        fwd.argtypes = [ptr] * 7 + [i64] * 4 + [c_int, ctypes.c_double, ctypes.c_uint64, *chunks]
+        fwd.restype = c_int
+        bwd.argtypes = [ptr] * 9 + [i64] * 4 + [c_int, *chunks]
+        bwd.restype = None
+    lib.chunks_in_parallel.argtypes, lib.chunks_in_parallel.restype = [], c_int
 
 
-_kernel_state: dict[str, Any] = {}
-_kernel_lock = threading.Lock()
+_LIBRARY = LazyLibrary(Path(__file__).with_name("mcln_kernel.c"), "mcln", _declare,
+                       openmp=torch_uses_loaded_openmp, headers=[HEADER])  # fmt: skip
 
 
-def _reset_pool_after_fork() -> None:
-    # a forked child inherits the pool object but not its threads
-    kernel = _kernel_state.get("kernel")
-    if kernel is not None:
-        kernel._pool = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_pool_after_fork)
-
-
-def _build_kernel() -> _CKernel:
-    return _CKernel(build_c_library(_C_SOURCE, "mcln"))
-
-
-def get_kernel() -> _CKernel:
+def get_kernel() -> ctypes.CDLL:
     """The loaded C kernel, built on first use. Raises RuntimeError when it cannot be built."""
-    with _kernel_lock:
-        if "kernel" not in _kernel_state:
-            try:
-                _kernel_state["kernel"] = _build_kernel()
-            except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-                _kernel_state["kernel"] = None
-                _kernel_state["error"] = str(exc)
-        kernel = _kernel_state["kernel"]
-    if kernel is None:
-        raise RuntimeError(f"MC-LayerNorm C kernel unavailable: {_kernel_state['error']}")
-    return kernel
+    lib = _LIBRARY.get()
+    if lib is None:
+        raise RuntimeError(f"MC-LayerNorm C kernel unavailable: {_LIBRARY.error}")
+    return lib
 
 
 def kernel_available() -> bool:
     """Whether the fused C kernel for CPU builds and loads here (builds it on first call)."""
-    try:
-        get_kernel()
-    except RuntimeError:
-        return False
-    return True
+    return _LIBRARY.get() is not None
+
+
+def kernel_error() -> str | None:
+    """Why the kernel is unavailable (after a failed build), else ``None``."""
+    return _LIBRARY.error
+
+
+def _p(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _check(failed: int) -> None:
+    if failed:
+        raise MemoryError("MC-LayerNorm C kernel: out of memory for its scratch space")
+
+
+def subset_mask(rows: int, n: int, k: int, key: int) -> Tensor:
+    """The rows' subsets as a uint8 0/1 mask [rows, n], exactly k ones a row (the subsets the
+    forward draws from the same key)."""
+    mask = torch.empty(rows, n, dtype=torch.uint8)
+    d, invert = small_side(n, k)
+    failed = _row_chunks(rows, n).run(get_kernel(), "mcln_sample", mask.data_ptr(), n, d,
+                                      int(invert), key)  # fmt: skip
+    _check(any(failed))
+    return mask
+
+
+def forward(
+    x: Tensor, w: Tensor | None, b: Tensor | None, k: int, eps: float, key: int, groups: int = 1
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Rows of x [R, N] (row r uses affine row r % groups of w, b [groups, N]).
+
+    Returns y [R, N], the drawn positions [R, d] (int32; see :func:`small_side`), and the
+    per-row mean and 1/std [R].
+    """
+    rows, n = x.shape
+    y = torch.empty_like(x)
+    d, invert = small_side(n, k)
+    idx = torch.empty(rows, d, dtype=torch.int32)
+    mean = torch.empty(rows, dtype=x.dtype)
+    rstd = torch.empty(rows, dtype=x.dtype)
+    name = "mcln_fwd_f64" if x.dtype == torch.float64 else "mcln_fwd_f32"
+    failed = _row_chunks(rows, n).run(get_kernel(), name, _p(x), _p(w), _p(b), _p(y), _p(idx),
+                                      _p(mean), _p(rstd), n, groups, k, d, int(invert), eps,
+                                      key)  # fmt: skip
+    _check(any(failed))
+    return y, idx, mean, rstd
+
+
+def backward(
+    dy: Tensor, x: Tensor, w: Tensor | None, idx: Tensor, mean: Tensor, rstd: Tensor, k: int,
+    groups: int = 1,
+) -> tuple[Tensor, Tensor | None, Tensor]:  # fmt: skip
+    """dx [R, N], dweight [groups, N] (None without weight) and dbias [groups, N]."""
+    rows, n = x.shape
+    d, invert = small_side(n, k)
+    chunks = _row_chunks(rows, n)
+    dx = torch.empty_like(x)
+    # per-chunk partial sums of dweight / dbias, added up afterwards
+    dw = chunks.partials(groups, n, dtype=x.dtype) if w is not None else None
+    db = chunks.partials(groups, n, dtype=x.dtype)
+    name = "mcln_bwd_f64" if x.dtype == torch.float64 else "mcln_bwd_f32"
+    chunks.run(get_kernel(), name, _p(dy), _p(x), _p(w), _p(idx), _p(mean), _p(rstd), _p(dx),
+               _p(dw), _p(db), n, groups, k, d, int(invert))  # fmt: skip
+    return dx, dw.sum(0) if dw is not None else None, db.sum(0)
 
 
 class KernelMCLayerNorm(torch.autograd.Function):
@@ -216,7 +141,7 @@ class KernelMCLayerNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, k, eps, key, groups=1):  # type: ignore[override]
-        y, idx, mean, rstd = get_kernel().forward(x, weight, bias, k, eps, key, groups)
+        y, idx, mean, rstd = forward(x, weight, bias, k, eps, key, groups)
         ctx.save_for_backward(x, weight, idx, mean, rstd)
         ctx.k, ctx.groups = k, groups
         ctx.bias_shape = bias.shape if bias is not None else None
@@ -226,7 +151,7 @@ class KernelMCLayerNorm(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):  # type: ignore[override]
         x, w, idx, mean, rstd = ctx.saved_tensors
-        dx, dw, db = get_kernel().backward(
+        dx, dw, db = backward(
             dy.contiguous(), x, w, idx, mean, rstd, ctx.k, ctx.groups
         )
         return (
@@ -254,7 +179,7 @@ def mc_layer_norm_cpu_fwd(
     """Fused forward on x [R, N] float32/float64 contiguous, affine [groups, N] or None, the
     rows' key a one-element int64 tensor: (y [R, N], positions [R, d] int32, mean [R],
     rstd [R])."""
-    return get_kernel().forward(x, weight, bias, k, eps, int(key.item()), groups)
+    return forward(x, weight, bias, k, eps, int(key.item()), groups)
 
 
 @mc_layer_norm_cpu_fwd.register_fake
@@ -272,7 +197,7 @@ def mc_layer_norm_cpu_bwd(
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """Fused backward: (dx [R, N], dweight [groups, N] (empty [0] without weight),
     dbias [groups, N])."""
-    dx, dw, db = get_kernel().backward(dy, x, weight, idx, mean, rstd, k, groups)
+    dx, dw, db = backward(dy, x, weight, idx, mean, rstd, k, groups)
     return dx, dw if dw is not None else x.new_empty(0), db
 
 

@@ -518,9 +518,11 @@ def test_backend_validation_and_fallback(monkeypatch):
     assert not mc_layernorm._use_kernel(None, torch.device("cpu"))
     monkeypatch.delenv("CTRCAL_MCLN_BACKEND")
     # a kernel that cannot be built: auto warns once and falls back, "c" raises
-    monkeypatch.setitem(mcln_kernel._kernel_state, "kernel", None)
-    monkeypatch.setitem(mcln_kernel._kernel_state, "error", "no C compiler found")
-    monkeypatch.setitem(mcln_kernel._kernel_state, "warned", False)
+    library = mcln_kernel._LIBRARY
+    monkeypatch.setattr(library, "_lib", None)
+    monkeypatch.setattr(library, "_tried", True)
+    monkeypatch.setattr(library, "error", "no C compiler found")
+    monkeypatch.setattr(mc_layernorm, "_warned", [])
     with pytest.warns(UserWarning, match="pure-torch"):
         y = MCLayerNorm(8, fraction=0.5).train()(torch.randn(4, 8))
     assert y.shape == (4, 8)
