@@ -415,6 +415,51 @@ static void ln_relu_dropout_mask_bwd_f32_range(const float *restrict gz, const f
     }
 }
 
+/* ---- DCNv2's full-rank cross layer (ctrcal/layers/cross.py) ----
+ * t [R, n] = x W^T without the bias b [n]: u = t + b is written over t (the backward needs
+ * it), and y = x0 * u + x, for rows [r0, r1). */
+static void cross_fwd_f32_range(float *restrict t, const float *restrict b,
+                                const float *restrict x0, const float *restrict x,
+                                float *restrict y, int64_t r0, int64_t r1, int64_t n) {
+    for (int64_t r = r0; r < r1; ++r) {
+        float *tr = t + r * n, *yr = y + r * n;
+        const float *x0r = x0 + r * n, *xr = x + r * n;
+        for (int64_t j = 0; j < n; ++j) {
+            float u = tr[j] + b[j];
+            tr[j] = u;
+            yr[j] = x0r[j] * u + xr[j];
+        }
+    }
+}
+
+/* Its backward from g = dy: du = g * x0, and g * u added into dx0 (written when `first`:
+ * the network's last layer, the first one back), and this chunk's column sums of du (the
+ * bias gradient) added into db [n]. */
+static void cross_bwd_f32_range(const float *restrict g, const float *restrict x0,
+                                const float *restrict u, float *restrict du,
+                                float *restrict dx0, float *restrict db, int64_t r0,
+                                int64_t r1, int64_t n, int first) {
+    for (int64_t r = r0; r < r1; ++r) {
+        const float *gr = g + r * n, *x0r = x0 + r * n, *ur = u + r * n;
+        float *dur = du + r * n, *dx0r = dx0 + r * n;
+        if (first) {
+            for (int64_t j = 0; j < n; ++j) {
+                float d = gr[j] * x0r[j];
+                dur[j] = d;
+                db[j] += d;
+                dx0r[j] = gr[j] * ur[j];
+            }
+        } else {
+            for (int64_t j = 0; j < n; ++j) {
+                float d = gr[j] * x0r[j];
+                dur[j] = d;
+                db[j] += d;
+                dx0r[j] += gr[j] * ur[j];
+            }
+        }
+    }
+}
+
 /* ---- Numeric embeddings (ctrcal/layers/embedding.py) ----
  * x [B, F] values (NaN = missing), w / bias / miss [F, D]: out[b, f, :] = miss[f, :] where
  * x[b, f] is NaN, else x[b, f] * w[f, :] (+ bias[f, :] when bias is not NULL). out rows are
@@ -594,4 +639,15 @@ void numeric_embed_bwd_f32(const float *x, const float *g, float *dw, float *dbi
     FOR_EACH_CHUNK(numeric_embed_bwd_f32_range(x, g, dw + c * F * D,
                                                dbias ? dbias + c * F * D : NULL,
                                                dmiss + c * F * D, lo, hi, F, D, row_stride));
+}
+
+void cross_fwd_f32(float *t, const float *b, const float *x0, const float *x, float *y, int64_t n,
+                   CHUNKS) {
+    FOR_EACH_CHUNK(cross_fwd_f32_range(t, b, x0, x, y, lo, hi, n));
+}
+
+/* db: [chunks, n] partial sums. */
+void cross_bwd_f32(const float *g, const float *x0, const float *u, float *du, float *dx0,
+                   float *db, int64_t n, int first, CHUNKS) {
+    FOR_EACH_CHUNK(cross_bwd_f32_range(g, x0, u, du, dx0, db + c * n, lo, hi, n, first));
 }

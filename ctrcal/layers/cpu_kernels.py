@@ -4,10 +4,11 @@ The C source holds the fused ReLU + dropout and LayerNorm + ReLU + dropout
 (:mod:`ctrcal.layers.dropout`), MaskBlock's masked input and the masks' first layers
 (:mod:`ctrcal.layers.mask_block`), the last of those fused with a one-output head
 (:mod:`ctrcal.layers.logit_head`), the embedding table gather / scatter-add
-(:mod:`ctrcal.layers.table_lookup`) and the numeric embeddings
-(:mod:`ctrcal.layers.embedding`). It is compiled once per machine with the system C compiler
-and cached like the MC-LayerNorm kernel (:func:`ctrcal.cbuild.build_c_library`); where it
-cannot be built, :func:`cpu_kernels` is ``None`` and the callers take their torch paths.
+(:mod:`ctrcal.layers.table_lookup`), the numeric embeddings
+(:mod:`ctrcal.layers.embedding`) and DCNv2's full-rank cross layers
+(:mod:`ctrcal.layers.cross`). It is compiled once per machine with the system C compiler and
+cached like the MC-LayerNorm kernel (:func:`ctrcal.cbuild.build_c_library`); where it cannot
+be built, :func:`cpu_kernels` is ``None`` and the callers take their torch paths.
 
 Threads: see :mod:`ctrcal.layers.chunks`.
 """
@@ -46,6 +47,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ln_relu_dropout_mask_bwd_f32.argtypes = [ptr] * 13 + [i64, u64, u64, f32, *chunks]
     lib.numeric_embed_fwd_f32.argtypes = [ptr] * 5 + [i64] * 3 + chunks
     lib.numeric_embed_bwd_f32.argtypes = [ptr] * 5 + [i64] * 3 + chunks
+    lib.cross_fwd_f32.argtypes = [ptr] * 5 + [i64, *chunks]
+    lib.cross_bwd_f32.argtypes = [ptr] * 6 + [i64, ctypes.c_int, *chunks]
     for name in _KERNELS:
         getattr(lib, name).restype = None
     lib.chunks_in_parallel.argtypes, lib.chunks_in_parallel.restype = [], ctypes.c_int
@@ -58,7 +61,7 @@ _KERNELS = (
     "masked_input_bwd_f32", "mask_hidden_fwd_f32", "mask_hidden_bwd_f32",
     "ln_relu_dropout_logit_fwd_f32", "ln_relu_dropout_logit_bwd_f32",
     "ln_relu_dropout_mask_fwd_f32", "ln_relu_dropout_mask_bwd_f32", "numeric_embed_fwd_f32",
-    "numeric_embed_bwd_f32",
+    "numeric_embed_bwd_f32", "cross_fwd_f32", "cross_bwd_f32",
 )  # fmt: skip
 
 

@@ -17,12 +17,22 @@ nonlinear projection in the low-rank space and a softmax gate over experts::
 Every layer is a few dense matrix products on contiguous ``[B, d]`` tensors: the experts of
 a layer are stacked into one ``[d, E*r]`` projection and batched ``einsum``s, never a Python
 loop over experts, and the cross update is one fused ``addcmul``.
+
+Full rank on float32 CPU tensors, the layers run as one autograd Function with a C pass each
+way per layer (:mod:`ctrcal.layers.cpu_kernels`): forward, the bias add and the cross update;
+backward, ``du = g * x0``, the bias gradient's column sums and the accumulation of ``x0``'s
+gradient in one pass, then ``dx = g + du W`` as one ``addmm``. Autograd ran five elementwise
+passes for that per layer (two products, a sum and two accumulations).
 """
 
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+
+from ctrcal.layers.chunks import Chunks
+from ctrcal.layers.cpu_kernels import cpu_kernels
 
 __all__ = ["CrossNet"]
 
@@ -90,6 +100,9 @@ class CrossNet(nn.Module):
     def forward(self, x0: torch.Tensor) -> torch.Tensor:
         x = x0
         if self.layers is not None:
+            if _fusable(x0, self.layers):
+                params = [p for lin in self.layers for p in (lin.weight, lin.bias)]
+                return _FullRankCrossFn.apply(x0.contiguous(), *params)
             for lin in self.layers:
                 x = torch.addcmul(x, x0, lin(x))
             return x
@@ -113,3 +126,72 @@ class CrossNet(nn.Module):
             f"input_dim={self.input_dim}, num_layers={self.num_layers}, "
             f"low_rank={self.low_rank}, num_experts={self.num_experts}"
         )
+
+
+_MIN_ROWS = 64  # rows per thread at least in the cross-layer kernels
+
+
+def _fusable(x0: Tensor, layers: nn.ModuleList) -> bool:
+    """Whether the C kernels may run these full-rank layers on x0 ``[B, d]``: plain
+    ``nn.Linear`` layers without hooks, float32 CPU tensors outside autocast, not while
+    ``torch.compile`` traces (:func:`cpu_kernels` is None then), and the kernels built."""
+    return (
+        x0.dim() == 2
+        and x0.device.type == "cpu"
+        and x0.dtype == torch.float32
+        and all(
+            type(lin) is nn.Linear
+            and lin.bias is not None
+            and lin.weight.dtype == torch.float32
+            and not (lin._forward_hooks or lin._forward_pre_hooks)
+            for lin in layers
+        )
+        and not torch.is_autocast_enabled("cpu")
+        and cpu_kernels() is not None
+    )
+
+
+class _FullRankCrossFn(torch.autograd.Function):
+    """``x_{l+1} = x0 * (x_l W_l^T + b_l) + x_l`` for every layer; params are W_0, b_0,
+    W_1, b_1, ... Saves each layer's input x_l and u_l = x_l W_l^T + b_l, as autograd did."""
+
+    @staticmethod
+    def forward(ctx, x0, *params):  # type: ignore[override]
+        lib = cpu_kernels()
+        rows, n = x0.shape
+        x, saved = x0, []
+        for weight, bias in zip(params[0::2], params[1::2], strict=True):
+            u = x @ weight.t()  # the bias joins in the kernel, which writes u over it
+            y = torch.empty_like(x0)
+            Chunks(rows, _MIN_ROWS).run(lib, "cross_fwd_f32", u.data_ptr(), bias.data_ptr(),
+                                        x0.data_ptr(), x.data_ptr(), y.data_ptr(),
+                                        n)  # fmt: skip
+            saved += [x, u]
+            x = y
+        ctx.save_for_backward(x0, *params[0::2], *saved)
+        ctx.layers = len(params) // 2
+        return x
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        x0, *rest = ctx.saved_tensors
+        layers = ctx.layers
+        weights, saved = rest[:layers], rest[layers:]
+        lib = cpu_kernels()
+        rows, n = x0.shape
+        g = grad.contiguous()
+        dx0 = torch.empty_like(x0)  # written by the first pass back, then accumulated
+        grads: list[Tensor | None] = [None] * (2 * layers)
+        for i in reversed(range(layers)):
+            x, u = saved[2 * i], saved[2 * i + 1]
+            chunks = Chunks(rows, _MIN_ROWS)
+            db = chunks.partials(n)  # the bias gradient, per chunk
+            du = torch.empty_like(x0)
+            chunks.run(lib, "cross_bwd_f32", g.data_ptr(), x0.data_ptr(), u.data_ptr(),
+                       du.data_ptr(), dx0.data_ptr(), db.data_ptr(), n,
+                       int(i == layers - 1))  # fmt: skip
+            grads[2 * i] = du.t() @ x
+            grads[2 * i + 1] = db.sum(0)
+            g = torch.addmm(g, du, weights[i])  # the gradient of x_i: g + du W_i
+        return dx0.add_(g), *grads

@@ -48,6 +48,42 @@ def test_full_rank_cross_layers_follow_the_formula():
     torch.testing.assert_close(net(x0), x)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("layers", [1, 3])
+def test_fused_full_rank_cross_equals_the_autograd_layers(threads, layers, monkeypatch):
+    """The C pass each way (CPU, float32) against the same layers through autograd: outputs
+    and the gradients of x0 (used by every layer), every weight and every bias."""
+    from ctrcal.layers import cross as cross_module
+    from ctrcal.layers.cpu_kernels import cpu_kernels, kernel_error
+
+    if cpu_kernels() is None:
+        pytest.skip(f"no C kernel here: {kernel_error()}")
+    torch.manual_seed(0)
+    net = CrossNet(39, layers)
+    with torch.no_grad():
+        for lin in net.layers:
+            lin.bias.normal_()
+    base = torch.randn(700, 41)
+    g = torch.randn(700, 39)
+    results = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for fused in (True, False):
+            if not fused:
+                monkeypatch.setattr(cross_module, "_fusable", lambda x0, layers: False)
+            net.zero_grad()
+            x0 = base[:, 1:40].clone().requires_grad_(True)  # not contiguous in base
+            y = net(x0)
+            (y * g).sum().backward()
+            results.append([y.detach(), x0.grad]
+                           + [p.grad.clone() for p in net.parameters()])  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(*results, strict=True):  # sums over 700 rows of terms ~1, in other orders
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+
+
 def test_mixture_of_experts_matches_a_loop_over_experts():
     torch.manual_seed(0)
     net = CrossNet(6, 2, low_rank=3, num_experts=4)
