@@ -70,9 +70,9 @@ def build_c_library(source: str, stem: str, openmp: bool = False,
     """Compile (once per machine, cached) and load a C source of ctrcal's CPU kernels.
 
     Args:
-        headers: the local headers it includes, file name -> text.
         openmp: try ``-fopenmp`` first (the source's ``omp parallel`` loops then run on the
             OpenMP runtime the process has loaded; without it they run on one thread).
+        headers: the local headers it includes, file name -> text.
 
     Raises:
         RuntimeError: no C compiler, or the source does not compile.
