@@ -32,6 +32,8 @@ traces take the stock operators.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -228,9 +230,10 @@ def layer_norm_relu_dropout(x: Tensor, norm: nn.LayerNorm, p: float, training: b
     return _LayerNormReLUDropoutFn.apply(x.contiguous(), norm.weight, norm.bias, norm.eps, p)
 
 
-def run_sequential(layers: nn.Sequential, x: Tensor) -> Tensor:
-    """``layers(x)``, with every ``nn.ReLU`` directly followed by an ``nn.Dropout`` run as one
-    :func:`relu_dropout` (the dropout module's ``p`` and ``training`` decide, as they would)."""
+def run_sequential(layers: Iterable[nn.Module], x: Tensor) -> Tensor:
+    """``nn.Sequential(*layers)(x)``, with every ``nn.ReLU`` directly followed by an
+    ``nn.Dropout`` run as one :func:`relu_dropout` (the dropout module's ``p`` and
+    ``training`` decide, as they would)."""
     mods = list(layers)
     i = 0
     while i < len(mods):

@@ -25,9 +25,10 @@ from ctrcal.layers.dropout import (
     _keep_threshold,
     layer_norm_fusable,
     layer_norm_relu_dropout,
+    run_sequential,
 )
 
-__all__ = ["layer_norm_relu_dropout_logit", "linear_logit"]
+__all__ = ["layer_norm_relu_dropout_logit", "linear_logit", "sequential_logit"]
 
 
 def linear_logit(layer: nn.Module, x: Tensor) -> Tensor:
@@ -51,6 +52,18 @@ def linear_logit(layer: nn.Module, x: Tensor) -> Tensor:
     if layer.bias is None:
         return torch.mv(x, weight)
     return torch.addmv(layer.bias, x, weight)
+
+
+def sequential_logit(head: nn.Module, x: Tensor) -> Tensor:
+    """``head(x).squeeze(-1)`` for an ``nn.Sequential`` tower ending in a one-output linear:
+    logits ``[B]`` from ``[B, N]``, every ReLU + Dropout pair run as one fused pass
+    (:func:`~ctrcal.layers.dropout.run_sequential`) and the last layer as a matrix-vector
+    product (:func:`linear_logit`). A head of another type, or with hooks, runs ``head(x)``.
+    """
+    if type(head) is not nn.Sequential or head._forward_hooks or head._forward_pre_hooks:
+        return linear_logit(head, x)
+    *body, last = head
+    return linear_logit(last, run_sequential(body, x))
 
 
 _MIN_ROWS = 64  # rows per thread at least in the fused kernel

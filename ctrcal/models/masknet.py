@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
-from ctrcal.layers.logit_head import linear_logit
+from ctrcal.layers.logit_head import sequential_logit
 from ctrcal.layers.mask_block import MaskBlock, mask_hidden_layers, serial_logits
 from ctrcal.layers.spec import is_no_norm
 from ctrcal.models.build import create_model
@@ -158,7 +158,8 @@ class MaskNet(nn.Module):
             [blk(v_emb, v_in, mask_hidden=m) for blk, m in zip(self.blocks, hidden, strict=True)],
             dim=1,
         )
-        return linear_logit(self.head, h)  # a matrix-vector product: see the function
+        # the tower's ReLU + Dropout pairs fused, its last layer a matrix-vector product
+        return sequential_logit(self.head, h)
 
 
 def build_model(model_cfg: Any, feature_map: Any) -> nn.Module:

@@ -120,3 +120,41 @@ def test_fused_tail_without_dropout_or_kernel_runs_the_layers():
         layer_norm_relu_dropout_logit(x64, norm64, 0.3, False, head64),
         head64(torch.relu(norm64(x64))).squeeze(-1),
     )
+
+
+def _tower(dropout: float) -> nn.Sequential:
+    torch.manual_seed(3)
+    layers: list[nn.Module] = []
+    for width_in, width_out in ((24, 32), (32, 16)):
+        layers += [nn.Linear(width_in, width_out), nn.ReLU(), nn.Dropout(dropout)]
+    return nn.Sequential(*layers, nn.Linear(16, 1))
+
+
+def test_sequential_logit_equals_the_tower_in_eval_and_fuses_its_dropout_in_training():
+    from ctrcal.layers.dropout import relu_dropout
+    from ctrcal.layers.logit_head import sequential_logit
+
+    head = _tower(0.3)
+    x = torch.randn(200, 24, requires_grad=True)
+    head.eval()
+    torch.testing.assert_close(sequential_logit(head, x), head(x).squeeze(-1))
+    head.train()
+    torch.manual_seed(7)
+    got = sequential_logit(head, x)
+    torch.manual_seed(7)  # the same draws: the fused ReLU + dropout, not F.dropout's bernoulli
+    h = relu_dropout(head[0](x), 0.3)
+    h = relu_dropout(head[3](h), 0.3)
+    want = head[6](h).squeeze(-1)
+    torch.testing.assert_close(got, want)
+    got.sum().backward()
+    assert x.grad is not None and all(p.grad is not None for p in head.parameters())
+
+
+def test_sequential_logit_keeps_the_heads_hooks():
+    from ctrcal.layers.logit_head import sequential_logit
+
+    head = _tower(0.0).eval()
+    calls = []
+    head.register_forward_hook(lambda module, args, out: calls.append(out.shape))
+    out = sequential_logit(head, torch.randn(5, 24))
+    assert out.shape == (5,) and calls == [torch.Size([5, 1])]
