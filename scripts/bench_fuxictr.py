@@ -3,7 +3,7 @@
 Usage::
 
     python scripts/bench_fuxictr.py --fuxictr-python /path/to/fuxienv/bin/python \\
-        --model-zoo /path/to/FuxiCTR/model_zoo [--models masknet dcnv2 dnn] \\
+        --model-zoo /path/to/FuxiCTR/model_zoo [--models masknet masknet_parallel dcnv2 dnn] \\
         [--batch-size 10000] [--rounds 5] [--steps 3] [--threads N] [--vocab 1000000]
 
 FuxiCTR (2.3.10) is not a dependency of ctrcal: install it in an environment of its own
@@ -48,8 +48,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
-# One entry per model: ctrcal's config (model + train sections are used) and FuxiCTR's model
-# class and keyword arguments for the same BARS Criteo x1 setting.
+# One entry per model: ctrcal's config (model + train sections are used, with any overrides)
+# and FuxiCTR's model class and keyword arguments for the same BARS setting.
 MODELS: dict[str, dict[str, Any]] = {
     "masknet": {
         "config": "configs/criteo_x1.yaml",
@@ -64,6 +64,28 @@ MODELS: dict[str, dict[str, Any]] = {
             "emb_layernorm": False,
             "net_layernorm": True,
             "net_dropout": 0.2,
+            "embedding_regularizer": 1e-5,
+            "net_regularizer": 0,
+        },
+    },
+    "masknet_parallel": {
+        # the BARS x4 MaskNet (parallel, 2 blocks of 500, MLP [1000 x 5], dropout 0.3) on the
+        # same x1-style rows: numerics embedded as x * v on both sides (x4 buckets them)
+        "config": "configs/criteo_x4.yaml",
+        "overrides": ["model.numeric_embedding=scaled"],
+        "fuxictr_dir": "MaskNet",
+        "fuxictr_class": "MaskNet",
+        "fuxictr_kwargs": {
+            "embedding_dim": 16,
+            "dnn_hidden_units": [1000, 1000, 1000, 1000, 1000],
+            "dnn_hidden_activations": "ReLU",
+            "model_type": "ParallelMaskNet",
+            "parallel_num_blocks": 2,
+            "parallel_block_dim": 500,
+            "reduction_ratio": 0.1,
+            "emb_layernorm": False,
+            "net_layernorm": False,
+            "net_dropout": 0.3,
             "embedding_regularizer": 1e-5,
             "net_regularizer": 0,
         },
@@ -173,7 +195,8 @@ def ctrcal_worker(spec: dict[str, Any]) -> None:
     from ctrcal.train.cpu_matmul import cpu_matmul
 
     torch.set_num_threads(spec["threads"])
-    cfg = load_config(REPO / spec["config"], [f"train.batch_size={spec['batch_size']}"])
+    overrides = [*spec.get("overrides", []), f"train.batch_size={spec['batch_size']}"]
+    cfg = load_config(REPO / spec["config"], overrides)
     fmap = types.SimpleNamespace(
         vocab_sizes=spec["vocab_sizes"],
         numeric_fields=spec["numeric_fields"],
@@ -316,6 +339,7 @@ def bench_model(name: str, args: argparse.Namespace, data_dir: Path, work: Path,
     entry = MODELS[name]
     spec = {
         "config": entry["config"],
+        "overrides": entry.get("overrides", []),
         "fuxictr_dir": entry["fuxictr_dir"],
         "fuxictr_class": entry["fuxictr_class"],
         "fuxictr_kwargs": entry["fuxictr_kwargs"],
