@@ -2,7 +2,9 @@
  * record per '\n' line) parsed straight into columns.
  *
  * Only the clean form is accepted: integer fields spelled -?[0-9]{1,18} or empty, hash fields
- * of exactly 8 hex digits or empty, exactly the layout's number of fields on every line. Any
+ * of exactly 8 hex digits or empty, the layout's number of fields on every line -- or fewer
+ * on a ragged row that ends within its hash fields (published Criteo samples drop trailing
+ * empty fields), whose missing fields are missing, as the general reader pads them. Any
  * other line makes tsv_parse return its index (as -1 - index), and the caller reads the file
  * the general way instead; nothing here decides what an unusual line means.
  */
@@ -96,22 +98,41 @@ int64_t tsv_parse(const char *buf, int64_t len, int nint, int ncat, int64_t stri
             ints[(int64_t)f * stride + r] = neg ? -v : v;
             ivalid[(int64_t)f * stride + r] = digits != 0;
         }
+        int present = ncat; /* hash fields on the line: fewer on a ragged row */
         for (int f = 0; f < ncat; f++) {
             const int last = f == ncat - 1;
             const unsigned char stop = last ? '\n' : '\t';
             uint64_t key = 0;
             int valid = 0;
             if (p < end && *p != stop) {
-                if (end - p < 8) return -1 - line;
-                key = load8(p);
-                if (!all_hex(key)) return -1 - line;
+                if (end - p < 8 || !all_hex(key = load8(p))) {
+                    if (!last && *p == '\n') { /* the line ends with this field, empty */
+                        present = f;
+                        break;
+                    }
+                    return -1 - line;
+                }
                 p += 8;
                 valid = 1;
             }
-            if (p < end ? *p != stop : !last) return -1 - line;
-            if (p < end) p++; /* a last line may end without '\n' */
             keys[(int64_t)f * stride + r] = key;
             kvalid[(int64_t)f * stride + r] = (uint8_t)valid;
+            if (p < end ? *p != stop : !last) {
+                if (!last && (p == end || *p == '\n')) { /* the line ends after this field */
+                    present = f + 1;
+                    break;
+                }
+                return -1 - line;
+            }
+            if (p < end) p++; /* a last line may end without '\n' */
+        }
+        if (present < ncat) { /* a ragged row: its last hash fields are missing, as the
+                                 general reader pads them */
+            for (int f = present; f < ncat; f++) {
+                keys[(int64_t)f * stride + r] = 0;
+                kvalid[(int64_t)f * stride + r] = 0;
+            }
+            if (p < end) p++;
         }
         line++;
     }

@@ -104,9 +104,31 @@ NOT_CLEAN = {
     "long hash": [_with(20, "123456789")],
     "non-hex hash": [_with(20, "0000000g")],
     "extra field": [[*GOOD, "extra"]],
-    "short row": [GOOD[:-1]],
+    "row ending in its integers": [GOOD[:10]],
+    "row ending after its integers": [GOOD[:14]],
     "empty line": [GOOD, [], GOOD],
 }
+
+
+@pytest.mark.parametrize("layout", ["dac", "dac_test"])
+def test_ragged_rows_read_as_polars_pads_them(tmp_path, monkeypatch, layout):
+    """Rows that end within their hash fields (published samples drop trailing empty fields):
+    the missing fields are missing, as in the general reader, also on a last line without a
+    newline and at a chunk boundary of every thread count."""
+    good = GOOD if layout == "dac" else GOOD[1:]
+    ints = len(good) - 26
+    rows = [good[: ints + 1 + k % 26] if k % 3 else good for k in range(300)]
+    rows[5] = good[: ints + 1][:-1] + [""]  # the first hash field empty, nothing after it
+    rows.append(good[:-2])
+    for last in (True, False):
+        path = _write(tmp_path / f"ragged_{last}.txt", rows, last=last)
+        assert criteo.detect_format(path, "auto").layout == layout
+        want = _polars(path, monkeypatch)
+        assert want[criteo.CATEGORICAL_COLUMNS[-1]].null_count() > 100
+        for threads in (1, 2, 3, 7):
+            got = _native(path, threads)
+            assert got is not None
+            _assert_same_frame(got, want)
 
 
 @pytest.mark.parametrize("case", NOT_CLEAN)
