@@ -313,6 +313,11 @@ class FeaturePipeline:
             ids[missing] = MISSING_ID
         return pl.Series(col.name, ids)
 
+    def categorical_ids(self, name: str, values: np.ndarray) -> np.ndarray:
+        """[K] int32 ids of field ``name``'s values ([K] integers): a kept value's id, else
+        :data:`OOV_ID`. The pipeline asks it once per distinct value and gathers the answers."""
+        return self._index(name).lookup(values, OOV_ID)
+
     def _index(self, name: str) -> ValueIndex:
         """The :class:`ValueIndex` of a field's vocabulary (built once per fitted state)."""
         cache = self.__dict__.setdefault("_indexes", {})

@@ -20,9 +20,9 @@ A prepared directory holds::
                            (+ true_prob float32 when the sources are synthetic)
 
 The jobs live in their own modules: :mod:`ctrcal.data.splits` (which row goes where),
-:mod:`ctrcal.data.encode` (parse, check, fit on the train rows only, write; in memory for
-inputs up to :data:`IN_MEMORY_BYTES` of text, else chunk by chunk with bounded memory -- both
-write the same data), :mod:`ctrcal.data.publish` (owned temporary directory, atomic
+:mod:`ctrcal.data.encode` (the streaming pipeline: parse and code chunk by chunk, fit on the
+train rows' distinct values, encode by gather, write; memory does not grow with the rows),
+:mod:`ctrcal.data.publish` (owned temporary directory, atomic
 publication, a lock so that concurrent runs into one directory take turns, cleanup after
 killed runs). A run killed at any moment leaves ``DIR`` as it was (or absent); the same
 command again gives the output of an uninterrupted run.
@@ -50,19 +50,14 @@ import polars as pl
 
 from ctrcal.data import criteo
 from ctrcal.data.criteo import LABEL
-from ctrcal.data.encode import (
-    PROB_COL,
-    Clock,
-    Source,
-    encode_chunked,
-    encode_in_memory,
-)
+from ctrcal.data.encode import Clock, Source, encode_sources
 from ctrcal.data.features import (
     FEATURE_MAP_FILE,
     SCHEMA_VERSION,
     FeaturePipeline,
     resolve_numeric_transform,
 )
+from ctrcal.data.parse import CHUNK_BYTES
 from ctrcal.data.publish import (
     OWNER_FILE,
     check_out_dir,
@@ -72,14 +67,11 @@ from ctrcal.data.publish import (
     publish,
     publish_lock,
 )
-from ctrcal.data.splits import SPLITS, check_fractions, plan_splits, read_order, text_bytes
+from ctrcal.data.splits import SPLITS, check_fractions, plan_splits, read_order
+from ctrcal.data.write import PROB_COL
 from ctrcal.errors import DataError
 
-PREPARE_VERSION = 3  # 2: original-space numeric statistics, data.split_order; 3: numpy encoding
-IN_MEMORY_BYTES = 1 << 30
-"""Text up to this size in all is parsed into memory (~1 GiB of text is ~4.5M Criteo rows and
-about as much memory once typed); larger inputs take the chunked path, whose memory does not
-grow with the number of rows."""
+PREPARE_VERSION = 4  # 2: original-space statistics, split_order; 3: numpy; 4: one pipeline
 _SPLIT_WORDS = {"train": 0, "training": 0, "tr": 0, "valid": 1, "validation": 1, "val": 1,
                 "dev": 1, "test": 2, "testing": 2, "te": 2}  # fmt: skip
 
@@ -112,7 +104,7 @@ class PrepareResult:
             )
         rate = self.summary.get("read_rows", self.total_rows) / max(self.seconds, 1e-9)
         how = self.layout or ""
-        if self.summary.get("path") == "chunked":
+        if self.summary.get("chunks"):
             how += f", {self.summary['chunks']} chunks"
         lines = [
             f"prepared {self.total_rows:,} rows ({how}) in {self.seconds:.1f} s "
@@ -240,7 +232,6 @@ def prepare(
     *,
     resplit: bool = False,
     force: bool = False,
-    in_memory_bytes: int | None = None,
     chunk_bytes: int | None = None,
 ) -> PrepareResult:
     """Prepare raw Criteo data into ``out_dir``, or reuse it when inputs and config are unchanged.
@@ -255,13 +246,8 @@ def prepare(
         on_bad_row: ``error`` or ``skip``; None takes ``cfg.data.on_bad_row``.
         resplit: allow pooling and re-splitting files whose names say they are splits.
         force: prepare even if an up-to-date ``out_dir`` exists.
-        in_memory_bytes: inputs up to this many bytes of text in all are parsed into memory;
-            larger ones take the chunked, bounded-memory path (default: the environment
-            variable ``CTRCAL_PREPARE_IN_MEMORY_BYTES``, else :data:`IN_MEMORY_BYTES` or a
-            quarter of the available memory, whichever is less; 0 forces the chunked path).
-            Both paths write the same data.
-        chunk_bytes: text bytes per chunk of the chunked path (default:
-            ``CTRCAL_PREPARE_CHUNK_BYTES``, else :data:`ctrcal.data.encode.CHUNK_BYTES`).
+        chunk_bytes: text bytes per chunk (default: ``CTRCAL_PREPARE_CHUNK_BYTES``, else
+            :data:`ctrcal.data.parse.CHUNK_BYTES`); the output does not depend on it.
 
     Returns:
         :class:`PrepareResult` (``.out_dir``, rows per split, ``.describe()`` for people).
@@ -285,7 +271,7 @@ def prepare(
         else:
             return _prepare_synthetic(cfg, Path(out_dir), force=force)
     return _prepare_files(inputs, Path(out_dir), cfg, on_bad_row, resplit=resplit, force=force,
-                          in_memory_bytes=in_memory_bytes, chunk_bytes=chunk_bytes)  # fmt: skip
+                          chunk_bytes=chunk_bytes)  # fmt: skip
 
 
 def _prepare_files(
@@ -298,14 +284,9 @@ def _prepare_files(
     force: bool = False,
     identity: Any = None,
     synthetic_info: Mapping[str, Any] | None = None,
-    in_memory_bytes: int | None = None,
     chunk_bytes: int | None = None,
 ) -> PrepareResult:
-    from ctrcal.data.encode import CHUNK_BYTES
-
     start = time.perf_counter()
-    in_memory_bytes = _size_setting(in_memory_bytes, "CTRCAL_PREPARE_IN_MEMORY_BYTES",
-                                    _auto_in_memory_bytes(), 0)  # fmt: skip
     chunk_bytes = _size_setting(chunk_bytes, "CTRCAL_PREPARE_CHUNK_BYTES", CHUNK_BYTES, 1)
     on_bad_row = on_bad_row or cfg.data.on_bad_row
     if on_bad_row not in ("error", "skip"):
@@ -333,7 +314,7 @@ def _prepare_files(
         tmp = owned_temp_dir(out_dir)
         try:
             result = _prepare_into(tmp, sources, cfg, on_bad_row, key, synthetic_info or {},
-                                   in_memory_bytes, chunk_bytes)  # fmt: skip
+                                   chunk_bytes)  # fmt: skip
             shutil.rmtree(tmp / "_work", ignore_errors=True)
             (tmp / OWNER_FILE).unlink(missing_ok=True)
             publish(tmp, out_dir, key)
@@ -343,19 +324,6 @@ def _prepare_files(
     result.out_dir = out_dir
     result.seconds = time.perf_counter() - start
     return result
-
-
-def _auto_in_memory_bytes() -> int:
-    """:data:`IN_MEMORY_BYTES`, or less on a small machine: the in-memory path peaks at about
-    three times the text's size, so allow a quarter of the memory available (Linux)."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return min(IN_MEMORY_BYTES, int(line.split()[1]) * 1024 // 4)
-    except (OSError, ValueError, IndexError):
-        pass
-    return IN_MEMORY_BYTES
 
 
 def _size_setting(value: int | None, env: str, default: int, minimum: int) -> int:
@@ -380,7 +348,6 @@ def _prepare_into(
     on_bad_row: str,
     key: str,
     synthetic_info: Mapping[str, Any],
-    in_memory_bytes: int,
     chunk_bytes: int,
 ) -> PrepareResult:
     from ctrcal.data.synthetic import prob_path
@@ -418,11 +385,7 @@ def _prepare_into(
         cfg.data.split_seed, cfg.data.split_order, [s.fmt.header_lines for s in sources],
     )  # fmt: skip
     clock("detect")
-    chunked = sum(text_bytes(s.path) for s in sources) > in_memory_bytes
-    if chunked:
-        tally = encode_chunked(tmp, sources, on_bad_row, plan, pipe, clock, chunk_bytes)
-    else:
-        tally = encode_in_memory(tmp, sources, on_bad_row, plan, pipe, clock)
+    tally = encode_sources(tmp, sources, on_bad_row, plan, pipe, clock, chunk_bytes)
     rows = {name: tally.rows[k] for k, name in enumerate(SPLITS)}
     rates = {name: tally.rate(k) for k, name in enumerate(SPLITS)}
     bad = tally.bad
@@ -458,9 +421,8 @@ def _prepare_into(
         "min_count": pipe.min_count,
         "numeric_transform": transform,
         "read_rows": sum(rows.values()) + bad,
-        "path": "chunked" if chunked else "memory",
-        "fast_path": tally.fast,
         "chunks": tally.chunks,
+        "native_chunks": tally.native_chunks,
         "timings": clock.laps,
     }
     if oracle:
