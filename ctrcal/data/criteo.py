@@ -38,12 +38,13 @@ import gzip
 import re
 import zlib
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
+from ctrcal.data.chunks import BOM
 from ctrcal.data.criteo_schema import (  # noqa: F401 - the schema, re-exported for readers
     CATEGORICAL_COLUMNS,
     COLUMNS,
@@ -64,7 +65,6 @@ EXTRA_COL = "_extra"  # catches fields beyond the layout's last one
 # Bad-row codes: 1 = label, 2..14 = I1..I13, 15..40 = C1..C26, 99 = too many fields.
 _TOO_MANY = 99
 _SNIFF_BYTES = 1 << 16
-_BOM = b"\xef\xbb\xbf"
 _SNIFF_LINES = 200
 
 
@@ -137,7 +137,7 @@ def _open_text_head(path: Path) -> str:
             f"{path}: is a parquet file; expected raw Criteo text (TSV/CSV). A directory "
             "prepared by 'ctrcal prepare' is used directly with --data"
         )
-    raw = raw.removeprefix(_BOM)  # Excel and many exporters start a UTF-8 CSV with one
+    raw = raw.removeprefix(BOM)  # Excel and many exporters start a UTF-8 CSV with one
     if b"\0" in raw:
         raise DataError(f"{path}: binary data, expected Criteo text (TSV/CSV)")
     text = raw.decode("utf-8", errors="replace")
@@ -295,11 +295,6 @@ def _looks_like_x1(lines: list[str], canon: list[str | None], sep: str) -> bool:
 # Reading
 
 
-def is_gzip(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        return fh.read(2) == b"\x1f\x8b"
-
-
 def scan_raw(
     path: str | Path | bytes,
     fmt: CriteoFormat,
@@ -311,7 +306,8 @@ def scan_raw(
 
     Missing fields (short rows) are null; ``_extra`` is non-null where a row has more fields
     than the layout. ``path`` may also be the bytes of whole lines of a file (a chunk, see
-    :func:`iter_text_chunks`): ``row_offset`` is then the index of its first record in the
+    :func:`~ctrcal.data.chunks.iter_text_chunks`): ``row_offset`` is then the index of its
+    first record in the
     file, and ``skip_header=False`` because a chunk has no header.
     """
     schema = {name: pl.Utf8 for name in fmt.columns}
@@ -330,44 +326,6 @@ def scan_raw(
         raise_if_empty=False,
     )
     return lf.with_row_index(ROW_COL, offset=row_offset)
-
-
-def iter_text_chunks(
-    path: str | Path, chunk_bytes: int, skip_lines: int = 0
-) -> Iterator[bytes]:
-    """Whole lines of a (possibly gzipped) text file, about ``chunk_bytes`` bytes at a time.
-
-    Each chunk ends at a newline (the last one may not), so parsing the chunks one after the
-    other gives the records of parsing the file at once; a gzip file is decompressed as it is
-    read (nothing is written to disk). The first ``skip_lines`` lines (a header) are skipped.
-
-    Yields:
-        bytes.
-
-    Raises:
-        DataError: unreadable file, corrupt or truncated gzip.
-    """
-    path = Path(path)
-    try:
-        fh = gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")  # noqa: SIM115
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        with fh:
-            for _ in range(skip_lines):
-                fh.readline()
-            first = skip_lines == 0
-            while True:
-                block = fh.read(chunk_bytes)
-                if first:
-                    block, first = block.removeprefix(_BOM), False
-                if not block:
-                    break
-                if not block.endswith(b"\n"):
-                    block += fh.readline()  # complete the last line
-                yield block
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise DataError(f"{path}: corrupt or truncated gzip file ({exc})") from None
 
 
 def _checks(fmt: CriteoFormat, parsed: dict[str, pl.Expr]) -> list[pl.Expr]:
@@ -482,7 +440,8 @@ def describe_bad_row(
     """``FILE: line N: malformed row: <what> (got <value>)`` for record ``row`` (0-based).
 
     With ``chunk`` (lines of the file whose first record is ``row_offset``, see
-    :func:`iter_text_chunks`) the row is looked up there instead of re-reading the file.
+    :func:`~ctrcal.data.chunks.iter_text_chunks`) the row is looked up there instead of
+    re-reading the file.
     """
     line = row + 1 + fmt.header_lines
     if chunk is not None:

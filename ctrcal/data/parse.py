@@ -1,7 +1,7 @@
 """The one parser entry: a raw file's chunks of whole lines -> typed, checked columns.
 
 :func:`iter_chunks` cuts a file (plain or gzip, decompressed as it is read) into chunks of
-whole lines (:func:`~ctrcal.data.criteo.iter_text_chunks`; a small file is one chunk) and
+whole lines (:func:`~ctrcal.data.chunks.iter_text_chunks`; a small file is one chunk) and
 parses each one with the C reader first (:mod:`ctrcal.data.tsv_reader`). A chunk the C reader
 cannot take -- a header CSV layout with an ``Id`` column, decimal ids, a float-written integer,
 a malformed row -- is re-parsed by polars' text parser, that chunk only, and checked row by
@@ -24,6 +24,7 @@ import numpy as np
 import polars as pl
 
 from ctrcal.data import criteo, tsv_reader
+from ctrcal.data.chunks import iter_text_chunks
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS, CriteoFormat
 from ctrcal.errors import DataError
 
@@ -97,7 +98,7 @@ def iter_chunks(
     workers = workers or threads()
     native = tsv_reader.takes_layout(fmt) and tsv_reader.available()
     offset = 0
-    for chunk in criteo.iter_text_chunks(path, chunk_bytes, fmt.header_lines):
+    for chunk in iter_text_chunks(path, chunk_bytes, fmt.header_lines):
         parsed = _native(chunk, fmt, offset, workers) if native else None
         if parsed is None:
             parsed = _polars(chunk, path, fmt, offset, on_bad_row)
@@ -105,7 +106,9 @@ def iter_chunks(
         yield parsed
 
 
-def _native(chunk: bytes, fmt: CriteoFormat, offset: int, workers: int) -> ParsedChunk | None:
+def _native(
+    chunk: memoryview | bytes, fmt: CriteoFormat, offset: int, workers: int
+) -> ParsedChunk | None:
     out = tsv_reader.read_clean(chunk, fmt, workers)
     if out is None:
         return None
@@ -123,8 +126,9 @@ def _native(chunk: bytes, fmt: CriteoFormat, offset: int, workers: int) -> Parse
 
 
 def _polars(
-    chunk: bytes, path: Path, fmt: CriteoFormat, offset: int, on_bad_row: str
+    chunk: memoryview | bytes, path: Path, fmt: CriteoFormat, offset: int, on_bad_row: str
 ) -> ParsedChunk:
+    chunk = bytes(chunk)  # the slow path's own copy: polars and the messages read bytes
     error = _not_utf8(chunk, path, fmt, offset)
     if error is not None:
         raise error

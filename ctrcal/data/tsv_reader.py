@@ -58,12 +58,12 @@ def takes_layout(fmt: Any) -> bool:
 
 
 def read_clean(
-    chunk: bytes, fmt: Any, threads: int
+    chunk: memoryview | bytes, fmt: Any, threads: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """The chunk's columns, or None when a line is not in the clean form.
 
     Args:
-        chunk: whole lines of a file (see :func:`ctrcal.data.criteo.iter_text_chunks`).
+        chunk: whole lines of a file (see :func:`ctrcal.data.chunks.iter_text_chunks`).
         fmt: the file's format (:func:`takes_layout` must be true).
         threads: pieces parsed in parallel.
 
@@ -79,10 +79,11 @@ def read_clean(
     base = view.ctypes.data
     cuts = [0]
     for k in range(1, max(1, threads)):
-        nl = chunk.find(b"\n", max(size * k // threads, cuts[-1]))
-        if nl < 0 or nl + 1 >= size:
+        start = max(size * k // threads, cuts[-1])
+        hits = np.flatnonzero(view[start : start + (1 << 20)] == 10)[:1]
+        if not len(hits) or start + int(hits[0]) + 1 >= size:
             break
-        cuts.append(nl + 1)
+        cuts.append(start + int(hits[0]) + 1)
     cuts.append(size)
     spans = list(zip(cuts[:-1], cuts[1:], strict=True))
     nnum = len(NUMERIC_COLUMNS) + int(fmt.labelled)
