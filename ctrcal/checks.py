@@ -50,6 +50,8 @@ def check_data(cfg: Config, problems: Problems) -> None:
 def check_features(cfg: Config, problems: Problems) -> None:
     f = cfg.features
     problems.integer("features.min_count", f.min_count, low=1)
+    problems.integer("features.max_vocab", f.max_vocab, low=0)
+    problems.integer("features.hash_buckets", f.hash_buckets, low=1)
     if f.numeric_buckets < 0 or f.numeric_buckets == 1:
         problems.add(
             "features.numeric_buckets", f"expected 0 (off) or >= 2, got {f.numeric_buckets}"

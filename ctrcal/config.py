@@ -82,11 +82,18 @@ class DataConfig:
 
 @dataclass
 class FeaturesConfig:
-    """The feature pipeline fitted on the train split."""
+    """The feature pipeline fitted on the train split.
+
+    ``max_vocab`` (0 = no cap) caps each categorical field's kept values; a field with more
+    hashes all but its most frequent ``max_vocab`` values into ``hash_buckets`` ids (see
+    :mod:`ctrcal.data.features`), so that its embedding table fits a device.
+    """
 
     min_count: int = 10
     numeric_transform: Literal["log_standardize", "standardize", "identity", "auto"] = "auto"
     numeric_buckets: int = 0
+    max_vocab: int = 0
+    hash_buckets: int = 1000
 
 
 class ModelConfig:

@@ -17,6 +17,11 @@ thread):
       2 = OOV_ID      seen fewer than ``min_count`` times in train, or never seen
       3 ...           kept values, ordered by train frequency (most frequent first; ties by
                       the value), so ``vocab_size = 3 + number of kept values``
+      3 + K ...       with ``max_vocab = K``, for a field with more than K values seen at least
+                      ``min_count`` times: the K most frequent keep their ids and every other
+                      value (rarer, beyond the cap, or never seen) takes one of ``hash_buckets``
+                      ids by a fixed hash of the value (as DLRM caps its tables), so
+                      ``vocab_size = 3 + K + hash_buckets``; a field within the cap is as above
 
 Fitting reads exact counts (:class:`FitStats`): per categorical field the count of each
 value, per numeric field the count of each distinct raw value (a histogram: Criteo numerics
@@ -99,6 +104,10 @@ class FeaturePipeline:
             ``auto`` first with :func:`resolve_numeric_transform`).
         numeric_buckets: when > 0, also store ``numeric_buckets - 1`` quantile boundaries per
             numeric field (model-input space) for bucketised embeddings.
+        max_vocab: when > 0, at most this many kept values per categorical field; a field with
+            more hashes every value but its ``max_vocab`` most frequent into
+            ``hash_buckets`` ids (see the module docstring).
+        hash_buckets: the number of hashed ids of a capped field.
         categorical_fields / numeric_fields: the columns to encode.
 
     Example::
@@ -120,10 +129,14 @@ class FeaturePipeline:
         numeric_buckets: int = 0,
         categorical_fields: tuple[str, ...] | list[str] = CATEGORICAL_COLUMNS,
         numeric_fields: tuple[str, ...] | list[str] = NUMERIC_COLUMNS,
+        max_vocab: int = 0,
+        hash_buckets: int = 1000,
     ) -> None:
         self.min_count = min_count
         self.numeric_transform = numeric_transform
         self.numeric_buckets = numeric_buckets
+        self.max_vocab = max_vocab
+        self.hash_buckets = hash_buckets
         self.categorical_fields = list(categorical_fields)
         self.numeric_fields = list(numeric_fields)
 
@@ -136,6 +149,8 @@ class FeaturePipeline:
             "numeric_buckets": self.numeric_buckets,
             "categorical_fields": self.categorical_fields,
             "numeric_fields": self.numeric_fields,
+            "max_vocab": self.max_vocab,
+            "hash_buckets": self.hash_buckets,
         }
 
     def _check_params(self) -> None:
@@ -148,6 +163,10 @@ class FeaturePipeline:
             raise DataError(f"min_count must be >= 1, got {self.min_count}")
         if self.numeric_buckets < 0 or self.numeric_buckets == 1:
             raise DataError(f"numeric_buckets must be 0 or >= 2, got {self.numeric_buckets}")
+        if self.max_vocab < 0:
+            raise DataError(f"max_vocab must be 0 (no cap) or positive, got {self.max_vocab}")
+        if self.max_vocab and self.hash_buckets < 1:
+            raise DataError(f"hash_buckets must be >= 1 with max_vocab, got {self.hash_buckets}")
 
     # -- numeric expressions --------------------------------------------------------------
 
@@ -189,6 +208,7 @@ class FeaturePipeline:
             raise DataError("cannot fit the feature pipeline on an empty train split")
         self.rows_ = rows
         self.vocab_ = {}
+        self.hashed_ = {}
         self.distinct_ = {}
         self.categorical_missing_rate_ = {}
         for name in self.categorical_fields:
@@ -197,6 +217,10 @@ class FeaturePipeline:
             kept = counts.filter(pl.col("count") >= self.min_count).sort(
                 ["count", "value"], descending=[True, False]
             )
+            capped = 0 < self.max_vocab < kept.height
+            self.hashed_[name] = self.hash_buckets if capped else 0
+            if capped:
+                kept = kept.head(self.max_vocab)
             self.vocab_[name] = kept.with_columns(
                 (pl.int_range(pl.len(), dtype=pl.Int32) + NUM_RESERVED).alias("id")
             )
@@ -308,15 +332,22 @@ class FeaturePipeline:
             )
             return mapped.set(col.is_null(), MISSING_ID).alias(col.name)  # type: ignore[arg-type]
         missing = col.is_null().to_numpy() if col.null_count() else None
-        ids = self._index(col.name).lookup(col.fill_null(0).to_numpy(), OOV_ID, skip=missing)
+        ids = self.categorical_ids(col.name, col.fill_null(0).to_numpy())
         if missing is not None:
             ids[missing] = MISSING_ID
         return pl.Series(col.name, ids)
 
     def categorical_ids(self, name: str, values: np.ndarray) -> np.ndarray:
         """[K] int32 ids of field ``name``'s values ([K] integers): a kept value's id, else
-        :data:`OOV_ID`. The pipeline asks it once per distinct value and gathers the answers."""
-        return self._index(name).lookup(values, OOV_ID)
+        :data:`OOV_ID`, or in a capped field the value's hashed id. The pipeline asks it once
+        per distinct value and gathers the answers."""
+        ids = self._index(name).lookup(values, OOV_ID)
+        buckets = self.hashed_.get(name, 0)
+        if buckets:
+            other = np.flatnonzero(ids == OOV_ID)
+            first = NUM_RESERVED + self.vocab_[name].height
+            ids[other] = first + hash_bucket(values[other], buckets)
+        return ids
 
     def _index(self, name: str) -> ValueIndex:
         """The :class:`ValueIndex` of a field's vocabulary (built once per fitted state)."""
@@ -332,7 +363,8 @@ class FeaturePipeline:
 
     @property
     def vocab_sizes_(self) -> list[int]:
-        return [NUM_RESERVED + self.vocab_[n].height for n in self.categorical_fields]
+        return [NUM_RESERVED + self.vocab_[n].height + self.hashed_.get(n, 0)
+                for n in self.categorical_fields]  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON body of ``feature_map.json`` (without sources and splits)."""
@@ -361,6 +393,7 @@ class FeaturePipeline:
                 "kind": "categorical",
                 "dtype": "int32",
                 "vocab_size": size,
+                "hashed_ids": self.hashed_.get(name, 0),
                 "distinct_in_train": self.distinct_[name],
                 "missing_rate": self.categorical_missing_rate_[name],
             })  # fmt: skip
@@ -419,6 +452,7 @@ class FeaturePipeline:
         pipe.numeric_missing_rate_ = [f["missing_rate"] for f in nums]
         pipe.bucket_boundaries_ = fmap.bucket_boundaries
         pipe.distinct_ = {f["name"]: f["distinct_in_train"] for f in cats}
+        pipe.hashed_ = {f["name"]: f.get("hashed_ids", 0) for f in cats}
         pipe.categorical_missing_rate_ = {f["name"]: f["missing_rate"] for f in cats}
         pipe.vocab_ = {
             n: vocab.filter(pl.col("field") == n).select("value", "count", "id").sort("id")
@@ -429,6 +463,15 @@ class FeaturePipeline:
     def feature_map(self) -> FeatureMap:
         """The :class:`FeatureMap` view of the fitted state."""
         return FeatureMap.from_dict(self.to_dict())
+
+
+def hash_bucket(values: np.ndarray, buckets: int) -> np.ndarray:
+    """[K] int32 bucket in ``[0, buckets)`` of each integer value: the top 32 bits of a
+    Fibonacci hash (fixed, so a value lands in the same bucket in every split and run)."""
+    v = np.asarray(values).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        mixed = (v * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)
+    return (mixed % np.uint64(buckets)).astype(np.int32)
 
 
 # ---------------------------------------------------------------------------------------------

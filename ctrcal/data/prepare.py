@@ -126,6 +126,8 @@ class PrepareResult:
                 f"min_count {fm['min_count']}), {fm['num_numeric']} numeric "
                 f"({fm['numeric_transform']})"
             )
+        if fm.get("tables"):
+            lines.extend(_describe_tables(fm))
         if self.bad_rows:
             lines.append(f"  skipped {self.bad_rows:,} malformed rows")
         if "oracle" in fm:
@@ -133,6 +135,36 @@ class PrepareResult:
             lines.append(f"  oracle (true probabilities): AUC {o['auc']:.4f}, logloss "
                          f"{o['logloss']:.4f}")  # fmt: skip
         return "\n".join(lines)
+
+
+def _describe_tables(fm: Mapping[str, Any]) -> list[str]:
+    """Each categorical field's embedding table size, and their memory at the model's
+    embedding dimension (float32)."""
+    tables = fm["tables"]
+    sizes = ", ".join(f"{n} {v:,}" for n, v in tables.items())
+    lines = [f"  embedding table rows: {sizes}"]
+    if fm.get("hashed"):
+        lines.append(f"  capped at max_vocab {fm['max_vocab']:,} (+ hashed ids): "
+                     + ", ".join(fm["hashed"]))  # fmt: skip
+    dim, total = fm.get("embedding_dim"), sum(tables.values())
+    if dim:
+        lines.append(f"  embedding memory at dim {dim}: {total:,} rows x {dim} x 4 B = "
+                     f"{total * dim * 4 / 2**20:,.1f} MiB")  # fmt: skip
+    return lines
+
+
+def _embedding_dim(cfg: Any) -> int | None:
+    """The configured model's embedding dimension (its argument, else its default), or None
+    for a model without one."""
+    dim = cfg.model.kwargs.get("embedding_dim")
+    if dim is None:
+        try:
+            from ctrcal.models.registry import model_defaults
+
+            dim = model_defaults(cfg.model.name).get("embedding_dim")
+        except Exception:  # noqa: BLE001 - a model that cannot be resolved has no dimension
+            return None
+    return dim if isinstance(dim, int) and not isinstance(dim, bool) else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,6 +243,8 @@ def _params(cfg: Any, on_bad_row: str, random_split: bool) -> dict[str, Any]:
         "min_count": feats.min_count,
         "numeric_transform": feats.numeric_transform,
         "numeric_buckets": feats.numeric_buckets,
+        "max_vocab": feats.max_vocab,
+        "hash_buckets": feats.hash_buckets,
     }
     if random_split:
         out["split"] = list(data.split)
@@ -379,6 +413,8 @@ def _prepare_into(
         min_count=cfg.features.min_count,
         numeric_transform=transform,
         numeric_buckets=cfg.features.numeric_buckets,
+        max_vocab=cfg.features.max_vocab,
+        hash_buckets=cfg.features.hash_buckets,
     )
     plan = plan_splits(
         [s.path for s in sources], [s.split for s in sources], cfg.data.split,
@@ -424,6 +460,10 @@ def _prepare_into(
         "chunks": tally.chunks,
         "native_chunks": tally.native_chunks,
         "timings": clock.laps,
+        "tables": dict(zip(pipe.categorical_fields, pipe.vocab_sizes_, strict=True)),
+        "hashed": [n for n in pipe.categorical_fields if pipe.hashed_[n]],
+        "max_vocab": pipe.max_vocab,
+        "embedding_dim": _embedding_dim(cfg),
     }
     if oracle:
         summary["oracle"] = oracle
