@@ -78,6 +78,9 @@ class DataConfig:
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     on_bad_row: Literal["error", "skip"] = "error"
     prepared_dir: str | None = None
+    # a DatasetSchema: a built-in name (criteo, avazu), a YAML file or the schema inline
+    # (ctrcal.data.schema); None reads Criteo files, their layout detected
+    schema: str | dict[str, Any] | None = None
 
 
 @dataclass

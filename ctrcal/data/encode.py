@@ -34,7 +34,6 @@ import pyarrow.parquet as pq
 
 from ctrcal.data import parse
 from ctrcal.data.coder import ColumnCoder, gather, numeric_bits
-from ctrcal.data.criteo import CriteoFormat
 from ctrcal.data.features import MISSING_ID, FeaturePipeline, FitStats
 from ctrcal.data.splits import SPLITS, SplitPlan
 from ctrcal.data.write import PROB_COL, PartWriter, encoded_schema
@@ -50,7 +49,7 @@ class Source:
 
     path: Path  # as given
     split: int | None  # None: split by the plan
-    fmt: CriteoFormat | None = None
+    fmt: Any = None  # CriteoFormat, or SchemaFormat for data described by a schema
     prob: Path | None = None  # true probabilities of generated data
 
 
@@ -195,7 +194,7 @@ def encode_sources(
             probs = ProbReader(s.prob) if tally.with_prob else None
             records = 0
             for chunk in parse.iter_chunks(s.path, s.fmt, on_bad_row, chunk_bytes, workers):
-                split = plan.codes(np.full(len(chunk), i, dtype=np.int64), chunk.rows)
+                split = plan.codes(np.full(len(chunk), i, dtype=np.int64), chunk.rows, chunk.time)
                 prob = None
                 if tally.with_prob:
                     prob = probs.take(chunk.records)

@@ -19,6 +19,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -41,6 +42,7 @@ class ParsedChunk:
         label: [N] float64 click (0/1), NaN where the file has no labels.
         numeric: [Fn, N] float64 ``I1..I13``; numeric_valid: [Fn, N] uint8, 0 = missing.
         categorical: [Fc, N] uint64 ``C1..C26`` values; categorical_valid: [Fc, N] uint8.
+        time: [N] int64 the time column's value (schemas with a time column), else None.
         records: records read in the chunk (good and malformed).
         bad: malformed records skipped.
         native: parsed by the C reader.
@@ -55,6 +57,7 @@ class ParsedChunk:
     records: int
     bad: int = 0
     native: bool = False
+    time: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -84,17 +87,24 @@ def threads() -> int:
 
 def iter_chunks(
     path: Path,
-    fmt: CriteoFormat,
+    fmt: Any,
     on_bad_row: str,
     chunk_bytes: int = CHUNK_BYTES,
     workers: int | None = None,
 ) -> Iterator[ParsedChunk]:
-    """Parse a file chunk by chunk (see the module docstring).
+    """Parse a file chunk by chunk (see the module docstring). ``fmt`` is a Criteo file's
+    :class:`~ctrcal.data.criteo.CriteoFormat`, or a schema'd file's
+    :class:`~ctrcal.data.schema_reader.SchemaFormat` (read by :mod:`ctrcal.data.schema_reader`).
 
     Raises:
         DataError: unreadable file, corrupt gzip, text that is not UTF-8 (naming the line),
             or with ``on_bad_row="error"`` the first malformed row (file, line, column).
     """
+    from ctrcal.data import schema_reader
+
+    if isinstance(fmt, schema_reader.SchemaFormat):
+        yield from schema_reader.iter_chunks(path, fmt, on_bad_row, chunk_bytes)
+        return
     workers = workers or threads()
     native = tsv_reader.takes_layout(fmt) and tsv_reader.available()
     offset = 0

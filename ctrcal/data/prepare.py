@@ -48,7 +48,7 @@ from typing import Any
 
 import polars as pl
 
-from ctrcal.data import criteo
+from ctrcal.data import criteo, schema_reader
 from ctrcal.data.criteo import LABEL
 from ctrcal.data.encode import Clock, Source, encode_sources
 from ctrcal.data.features import (
@@ -67,7 +67,14 @@ from ctrcal.data.publish import (
     publish,
     publish_lock,
 )
-from ctrcal.data.splits import SPLITS, check_fractions, plan_splits, read_order
+from ctrcal.data.schema import DatasetSchema, resolve_schema
+from ctrcal.data.splits import (
+    SPLITS,
+    check_fractions,
+    plan_splits,
+    plan_time_column,
+    read_order,
+)
 from ctrcal.data.write import PROB_COL
 from ctrcal.errors import DataError
 
@@ -235,9 +242,19 @@ def source_hash(identity: Any, params: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def data_schema(cfg: Any) -> DatasetSchema | None:
+    """The config's ``data.schema`` (None: Criteo files, their layout detected per file)."""
+    from ctrcal.data.schema import CRITEO
+
+    schema = resolve_schema(getattr(cfg.data, "schema", None))
+    return None if schema is CRITEO else schema
+
+
 def _params(cfg: Any, on_bad_row: str, random_split: bool) -> dict[str, Any]:
     data, feats = cfg.data, cfg.features
+    schema = data_schema(cfg)
     out = {
+        "schema": None if schema is None else schema.to_dict(),
         "layout": data.layout,
         "on_bad_row": on_bad_row,
         "min_count": feats.min_count,
@@ -390,15 +407,19 @@ def _prepare_into(
     work.mkdir()
     clock = Clock()
     # -- detect every source ----------------------------------------------------------------
+    schema = data_schema(cfg)
     for s in sources:
-        s.fmt = criteo.detect_format(s.path, cfg.data.layout)
+        if schema is None:
+            s.fmt = criteo.detect_format(s.path, cfg.data.layout)
+            p = prob_path(s.path)
+            s.prob = p if p.exists() else None
+        else:
+            s.fmt = schema_reader.detect(s.path, schema)
         if not s.fmt.labelled and (s.split is None or s.split < 2):
             raise DataError(
                 f"{s.path}: has no labels ({s.fmt.layout} layout); training and validation "
                 "need labelled rows (an unlabelled file can only be the explicit test split)"
             )
-        p = prob_path(s.path)
-        s.prob = p if p.exists() else None
     layouts = sorted({s.fmt.layout for s in sources if s.fmt})
     families = {"x1" if lay == "x1" else "raw" for lay in layouts}
     if len(families) > 1:
@@ -409,17 +430,25 @@ def _prepare_into(
     transform = resolve_numeric_transform(
         cfg.features.numeric_transform, "x1" if families == {"x1"} else layout
     )
+    fields = {} if schema is None else {"categorical_fields": schema.categorical_fields,
+                                        "numeric_fields": schema.numeric}  # fmt: skip
     pipe = FeaturePipeline(
         min_count=cfg.features.min_count,
         numeric_transform=transform,
         numeric_buckets=cfg.features.numeric_buckets,
         max_vocab=cfg.features.max_vocab,
         hash_buckets=cfg.features.hash_buckets,
+        **fields,
     )
-    plan = plan_splits(
-        [s.path for s in sources], [s.split for s in sources], cfg.data.split,
-        cfg.data.split_seed, cfg.data.split_order, [s.fmt.header_lines for s in sources],
-    )  # fmt: skip
+    if schema is not None and schema.time and sources[0].split is None \
+            and cfg.data.split_order == "time":
+        counts = pl.concat([schema_reader.time_counts(s.path, s.fmt) for s in sources])
+        plan = plan_time_column(counts, cfg.data.split)
+    else:
+        plan = plan_splits(
+            [s.path for s in sources], [s.split for s in sources], cfg.data.split,
+            cfg.data.split_seed, cfg.data.split_order, [s.fmt.header_lines for s in sources],
+        )  # fmt: skip
     clock("detect")
     tally = encode_sources(tmp, sources, on_bad_row, plan, pipe, clock, chunk_bytes)
     rows = {name: tally.rows[k] for k, name in enumerate(SPLITS)}
@@ -443,6 +472,8 @@ def _prepare_into(
         },
         "bad_rows_skipped": bad,
     }
+    if schema is not None:
+        extra["schema"] = schema.to_dict()
     if synthetic_info:
         extra["synthetic"] = dict(synthetic_info)
     if oracle:
