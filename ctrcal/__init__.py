@@ -50,6 +50,8 @@ _EXPORTS = {
     "Batch": "ctrcal.data.loader",
     "FeaturePipeline": "ctrcal.data.features",
     "read_criteo": "ctrcal.data.criteo",
+    "DatasetSchema": "ctrcal.data.schema",
+    "register_schema": "ctrcal.data.schema",
     # evaluation
     "GaussianShift": "ctrcal.eval.shift",
     "create_shift": "ctrcal.eval.shifts",

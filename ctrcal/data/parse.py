@@ -196,7 +196,13 @@ def read_frame(
     """Every good row of ``paths`` as one typed frame (see :meth:`ParsedChunk.frame`)."""
     frames = [c.frame() for p, f in zip(paths, formats, strict=True)
               for c in iter_chunks(p, f, on_bad_row)]  # fmt: skip
-    return pl.concat(frames) if frames else pl.DataFrame()
+    if not frames:  # nothing but a header
+        fn, fc = len(NUMERIC_COLUMNS), len(CATEGORICAL_COLUMNS)
+        none = ParsedChunk(np.empty(0, np.int64), np.empty(0), np.empty((fn, 0)),
+                           np.empty((fn, 0), np.uint8), np.empty((fc, 0), np.uint64),
+                           np.empty((fc, 0), np.uint8), records=0)  # fmt: skip
+        frames = [none.frame()]
+    return pl.concat(frames)
 
 
 __all__ = ["CHUNK_BYTES", "ParsedChunk", "iter_chunks", "read_frame", "threads"]

@@ -111,8 +111,9 @@ class PrepareResult:
             )
         rate = self.summary.get("read_rows", self.total_rows) / max(self.seconds, 1e-9)
         how = self.layout or ""
-        if self.summary.get("chunks"):
-            how += f", {self.summary['chunks']} chunks"
+        chunks = self.summary.get("chunks")
+        if chunks:
+            how += f", {chunks} chunk{'s' if chunks > 1 else ''}"
         lines = [
             f"prepared {self.total_rows:,} rows ({how}) in {self.seconds:.1f} s "
             f"({rate:,.0f} rows/s) -> {self.out_dir}"
