@@ -6,16 +6,16 @@ Usage::
                                     [--workdir /tmp/ctrcal-bench-prepare] [--repeat 1]
                                     [--chunk-mb 32] [--keep]
 
-One synthetic dac file of the largest size is generated once (minutes for 45M rows, ~11 GB;
-kept in ``--workdir`` for later runs, never in the repository), and each smaller size is its
-first N lines. For each size, ``--repeat`` alternating rounds each run, as whole processes,
-(1) the floor of any polars pipeline -- parsing the file into string columns and nothing else
--- and (2) ``ctrcal prepare`` of the same file into a fresh directory (default config: random
-split, min_count 10). Printed per size: the rows, the text's size, prepare's wall seconds and
-rows/s, its peak RSS and per-phase seconds, the bare parse's wall seconds and peak RSS, and
-the ratio of the two (goal: <= 1.5x). The bare parse holds the whole file in memory; where it
-would not fit in the memory available (about 3.3 bytes per byte of text) it is skipped and
-prepare's rows/s is compared with the smaller sizes' instead. The CPU (``lscpu`` model name,
+One synthetic dac file of the largest size is generated once (minutes for 45M rows, ~11 GB; kept
+in ``--workdir`` for later runs, never in the repository), and each smaller size is its first N
+lines. For each size, ``--repeat`` alternating rounds (one above 5M rows) each run, as whole
+processes, (1) the floor of any polars pipeline -- parsing the file into string columns and
+nothing else -- and (2) ``ctrcal prepare`` of the same file into a fresh directory (default
+config: random split, min_count 10). Printed per size: the rows, the text's size, prepare's wall
+seconds and rows/s, its peak RSS and per-phase seconds, the bare parse's wall seconds and peak
+RSS, and the ratio of the two (goal: <= 1.5x). The bare parse holds the whole file in memory;
+where it would not fit in the memory available (about 3.3 bytes per byte of text) it is skipped
+and prepare's rows/s is compared with the smaller sizes' instead. The CPU (``lscpu`` model name,
 family and model) and the load average are printed beside the figures: ratios measured within
 one run depend much less on the load than absolute rows/s.
 
@@ -129,7 +129,7 @@ def main() -> int:
         text = path.stat().st_size
         fits = text * PARSE_BYTES_PER_TEXT_BYTE < 0.8 * _available_bytes()
         prep, floor = [], []
-        for _ in range(args.repeat):
+        for _ in range(args.repeat if n <= 5_000_000 else 1):  # big sizes take minutes each
             if fits:
                 floor.append(_child(FLOOR, str(path)))
             out = args.workdir / f"prepared_{n}"
