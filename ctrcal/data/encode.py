@@ -10,7 +10,7 @@
    values and their train counts across chunks; the chunk's codes, grouped by split, wait in
    a :class:`_CodeStore` (memory, then disk);
 2. the :class:`~ctrcal.data.features.FeaturePipeline` is fitted on the distinct values and
-   their exact train counts (:class:`~ctrcal.data.features.FitStats`: any chunking gives the
+   their exact train counts (:class:`~ctrcal.data.fit_stats.FitStats`: any chunking gives the
    same state, bit for bit);
 3. each column's answer per distinct value (its id, its model value) is computed once, and
    every chunk is encoded by one gather per column and handed to the split's
@@ -34,7 +34,8 @@ import pyarrow.parquet as pq
 
 from ctrcal.data import parse
 from ctrcal.data.coder import ColumnCoder, gather, numeric_bits
-from ctrcal.data.features import MISSING_ID, FeaturePipeline, FitStats
+from ctrcal.data.features import MISSING_ID, FeaturePipeline
+from ctrcal.data.fit_stats import FitStats
 from ctrcal.data.splits import SPLITS, SplitPlan
 from ctrcal.data.write import PROB_COL, PartWriter, encoded_schema
 from ctrcal.errors import DataError
