@@ -291,6 +291,12 @@ def _prepare_files(
             shutil.rmtree(tmp / "_work", ignore_errors=True)
             (tmp / OWNER_FILE).unlink(missing_ok=True)
             publish(tmp, out_dir, key)
+        except OSError as exc:
+            # the inputs are named by the readers; what is left is the output's trouble (a
+            # full disk, a read-only or foreign folder): name the path and the cause
+            where = f" ({exc.filename})" if exc.filename else ""
+            raise DataError(f"{out_dir}: cannot write the prepared data: "
+                            f"{exc.strerror or exc}{where}") from None  # fmt: skip
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -71,3 +71,17 @@ def test_a_killed_synth_leaves_no_temporary_behind(tmp_path):
     run(ctrcal_argv("synth", str(out), "--rows", "500"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.txt", "train.txt.prob.parquet"]
     assert pl.read_parquet(out.with_name("train.txt.prob.parquet")).height == 500
+
+
+def test_a_full_disk_while_writing_names_the_output_and_the_cause(criteo_files, tmp_path,
+                                                                 monkeypatch):  # fmt: skip
+    from ctrcal.data import write
+
+    def full(self, table):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(write.PartWriter, "write", full)
+    out = tmp_path / "p"
+    with pytest.raises(DataError, match=rf"{out}: cannot write the prepared data: No space left"):
+        prepare([criteo_files["dac"]], out)
+    assert not out.exists() and not list(tmp_path.glob(".p.*"))
