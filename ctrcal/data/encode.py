@@ -217,27 +217,16 @@ def encode_sources(
         del coders
         clock("fit")
         schema = encoded_schema(nums, cats, tally.with_prob)
-        writers = [PartWriter(tmp / name, schema) for name in SPLITS]
-
-        def write(table: pa.Table, sizes: list[int]) -> None:
-            offset = 0
-            for k, size in enumerate(sizes):
-                writers[k].write(table.slice(offset, size))
-                offset += size
-
-        # parquet encodes a table on one thread (releasing the GIL): writing chunk c while
-        # chunk c + 1 is gathered keeps both cores busy; at most two chunks are held
-        with ThreadPoolExecutor(1) as writer:
-            pending = None
+        with ThreadPoolExecutor(workers) as writing:
+            writers = [PartWriter(tmp / name, schema, writing) for name in SPLITS]
             for coded in store:
                 table = _encode_chunk(coded, tables, schema, pool)
-                if pending is not None:
-                    pending.result()
-                pending = writer.submit(write, table, coded.sizes)
-            if pending is not None:
-                pending.result()
-        for w in writers:
-            w.close()
+                offset = 0
+                for k, size in enumerate(coded.sizes):
+                    writers[k].write(table.slice(offset, size))
+                    offset += size
+            for w in writers:
+                w.close()
         clock("encode")
     return tally
 

@@ -1,13 +1,14 @@
 """The one writer: encoded rows of each split -> ``part-NNNNN.parquet`` files.
 
-:class:`PartWriter` writes a split's rows, as they come chunk by chunk, into parts of at most
-:data:`PART_ROWS` rows in row groups of exactly :data:`ROW_GROUP_ROWS` rows (the last one of a
-split may be shorter), so the files written never depend on how the input was cut.
+:class:`PartWriter` writes a split's rows, as they come chunk by chunk, into parts of
+:data:`PART_ROWS` rows (the last one of a split may be shorter) in row groups of
+:data:`ROW_GROUP_ROWS` rows, so the files written never depend on how the input was cut.
 :func:`encoded_schema` is the columns' one definition.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Executor, Future
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,8 +18,8 @@ from ctrcal.data.criteo_schema import LABEL
 
 PROB_COL = "true_prob"
 ROW_GROUP_ROWS = 131_072
-PART_ROWS = 128 * ROW_GROUP_ROWS
-"""Rows per parquet part (16.8M, ~1 GB of encoded data)."""
+PART_ROWS = 4 * ROW_GROUP_ROWS
+"""Rows per parquet part (524k, ~20 MB of encoded data; ~80 MB while held)."""
 
 
 def encoded_schema(numeric: list[str], categorical: list[str], with_prob: bool) -> pa.Schema:
@@ -34,58 +35,60 @@ def encoded_schema(numeric: list[str], categorical: list[str], with_prob: bool) 
 
 class PartWriter:
     """Encoded rows of one split -> ``directory/part-NNNNN.parquet`` (see the module
-    docstring); :meth:`close` writes one empty part for a split that got no rows."""
+    docstring); :meth:`close` writes one empty part for a split that got no rows.
 
-    def __init__(self, directory: Path, schema: pa.Schema) -> None:
+    Rows are held until a part is full, then the part is written by a job of ``pool`` (parquet
+    encodes a file on one thread: parts written side by side keep the cores busy); at most
+    ``pool``'s worker count of parts wait, so memory is a few parts whatever the split's size.
+    """
+
+    def __init__(self, directory: Path, schema: pa.Schema, pool: Executor) -> None:
         self.directory = directory
         self.schema = schema
+        self.pool = pool
         directory.mkdir()
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
-        self._writer: pq.ParquetWriter | None = None
         self._parts = 0
-        self._part_rows = 0
+        self._jobs: list[Future] = []
 
     def write(self, table: pa.Table) -> None:
         if table.num_rows == 0:
             return
         self._pending.append(table)
         self._pending_rows += table.num_rows
-        if self._pending_rows >= ROW_GROUP_ROWS:
-            self._flush(final=False)
+        while self._pending_rows >= PART_ROWS:
+            self._submit(PART_ROWS)
 
-    def _flush(self, final: bool) -> None:
-        if not self._pending:
-            return
+    def _submit(self, rows: int) -> None:
         table = pa.concat_tables(self._pending)
-        full = table.num_rows if final else table.num_rows - table.num_rows % ROW_GROUP_ROWS
-        done = 0
-        while done < full:
-            if self._writer is None:
-                path = self.directory / f"part-{self._parts:05d}.parquet"
-                self._writer = pq.ParquetWriter(path, self.schema, compression="snappy",
-                                                write_statistics=False)  # fmt: skip
-                self._parts += 1
-                self._part_rows = 0
-            n = min(full - done, ROW_GROUP_ROWS, PART_ROWS - self._part_rows)
-            self._writer.write_table(table.slice(done, n), row_group_size=n)
-            done += n
-            self._part_rows += n
-            if self._part_rows >= PART_ROWS:
-                self._writer.close()
-                self._writer = None
-        rest = table.slice(full)
+        part, rest = table.slice(0, rows), table.slice(rows)
         self._pending, self._pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
+        path = self.directory / f"part-{self._parts:05d}.parquet"
+        self._parts += 1
+        limit = getattr(self.pool, "_max_workers", 1)
+        while len(self._jobs) >= limit:
+            self._jobs.pop(0).result()
+        self._jobs.append(self.pool.submit(_write_part, path, part, self.schema))
 
     def close(self) -> None:
-        """Write what is pending; a split that got no rows gets one empty part."""
-        self._flush(final=True)
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        if self._parts == 0:
-            pq.write_table(self.schema.empty_table(), self.directory / "part-00000.parquet",
-                           compression="snappy", write_statistics=False)  # fmt: skip
+        """Write what is pending and wait for every part; a split that got no rows gets one
+        empty part."""
+        if self._pending_rows or self._parts == 0:
+            self._submit(self._pending_rows)
+        for job in self._jobs:
+            job.result()
+        self._jobs = []
+
+
+def _write_part(path: Path, table: pa.Table, schema: pa.Schema) -> None:
+    """One part file in row groups of :data:`ROW_GROUP_ROWS` rows."""
+    with pq.ParquetWriter(path, schema, compression="snappy", write_statistics=False) as w:
+        if table.num_rows == 0:
+            w.write_table(schema.empty_table())
+        for start in range(0, table.num_rows, ROW_GROUP_ROWS):
+            n = min(ROW_GROUP_ROWS, table.num_rows - start)
+            w.write_table(table.slice(start, n), row_group_size=n)
 
 
 __all__ = ["PART_ROWS", "PROB_COL", "ROW_GROUP_ROWS", "PartWriter", "encoded_schema"]
