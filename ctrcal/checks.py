@@ -44,6 +44,14 @@ def check_data(cfg: Config, problems: Problems) -> None:
     if explicit and not d.train:
         problems.add("data.train", "train files are needed when valid or test files are given")
     problems.integer("data.synthetic.rows", d.synthetic.rows, low=1)
+    if d.schema is not None:
+        from ctrcal.data.schema import resolve_schema
+        from ctrcal.errors import DataError
+
+        try:
+            resolve_schema(d.schema)
+        except DataError as exc:
+            problems.add("data.schema", str(exc).removeprefix("data.schema: "))
 
 
 @register_check("features")

@@ -171,3 +171,15 @@ def test_bad_schemas_are_refused(spec, match):
 def test_builtins():
     assert resolve_schema("Avazu") is AVAZU
     assert AVAZU.time == "hour" and len(AVAZU.categorical) == 21 and AVAZU.label == "click"
+
+
+def test_validate_names_a_bad_schema(tmp_path):
+    from ctrcal.config import load_config
+    from ctrcal.errors import ConfigError
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text("data:\n  schema: {label: y, categorical: [u], colour: red}\n")
+    with pytest.raises(ConfigError, match=r"data\.schema.*unknown schema key.*colour"):
+        load_config(path)
+    path.write_text("data:\n  schema: avazu\n")
+    assert resolve_schema(load_config(path).data.schema) is AVAZU
