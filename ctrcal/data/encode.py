@@ -220,10 +220,11 @@ def encode_sources(
         with ThreadPoolExecutor(workers) as writing:
             writers = [PartWriter(tmp / name, schema, writing) for name in SPLITS]
             for coded in store:
-                table = _encode_chunk(coded, tables, schema, pool)
                 offset = 0
                 for k, size in enumerate(coded.sizes):
-                    writers[k].write(table.slice(offset, size))
+                    if size:
+                        rows = _encode_rows(coded, offset, offset + size, tables, schema, pool)
+                        writers[k].write(rows)
                     offset += size
             for w in writers:
                 w.close()
@@ -292,21 +293,26 @@ def _fit(pipe: FeaturePipeline, coders: list[ColumnCoder], train_rows: int) -> l
     return tables
 
 
-def _encode_chunk(
-    coded: _Coded, tables: list[np.ndarray], schema: pa.Schema, pool: ThreadPoolExecutor
-) -> pa.Table:
-    """One chunk's encoded columns (the schema's order) by one gather per column."""
+def _encode_rows(
+    coded: _Coded, lo: int, hi: int, tables: list[np.ndarray], schema: pa.Schema,
+    pool: ThreadPoolExecutor,
+) -> pa.Table:  # fmt: skip
+    """Rows ``[lo, hi)`` of a coded chunk encoded (the schema's columns) by one gather per
+    column, in buffers of their own: a split's rows may wait for their part long after the
+    chunk is gone, and must not keep it alive."""
+
     def column(j: int) -> pa.Array:
-        codes = coded.codes[j]
+        codes = coded.codes[j, lo:hi]
         out = gather(tables[j], codes)
         if out.dtype == np.float32:
             return _nullable(out, codes != 0)
         return pa.array(out)
 
-    columns = [_nullable(coded.label, ~np.isnan(coded.label))]
+    label = coded.label[lo:hi].copy()
+    columns = [_nullable(label, ~np.isnan(label))]
     columns += list(pool.map(column, range(len(tables))))
     if PROB_COL in schema.names:
-        columns.append(pa.array(coded.prob))
+        columns.append(pa.array(coded.prob[lo:hi].copy()))
     return pa.Table.from_arrays(columns, schema=schema)
 
 
