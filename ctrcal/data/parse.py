@@ -35,7 +35,8 @@ CHUNK_BYTES = 32 << 20
 
 @dataclass
 class ParsedChunk:
-    """The good rows of one chunk.
+    """The good rows of one chunk (valid until the next chunk of its file is asked for: the
+    C reader's arrays are reused).
 
     Attributes:
         rows: [N] int64 record index of each row in its file (0-based, header excluded).
@@ -67,7 +68,8 @@ class ParsedChunk:
         float32, ``I1..I13`` float64, ``C1..C26`` uint32, null = missing."""
         cols = [pl.Series(LABEL, self.label.astype(np.float32), nan_to_null=True)]
         for j, name in enumerate(NUMERIC_COLUMNS):
-            s = pl.Series(name, self.numeric[j])
+            # copies: a chunk's arrays may be the reader's, reused by the next chunk
+            s = pl.Series(name, self.numeric[j].copy())
             cols.append(_with_nulls(s, self.numeric_valid[j]))
         for j, name in enumerate(CATEGORICAL_COLUMNS):
             s = pl.Series(name, self.categorical[j].astype(np.uint32))
@@ -107,9 +109,10 @@ def iter_chunks(
         return
     workers = workers or threads()
     native = tsv_reader.takes_layout(fmt) and tsv_reader.available()
+    buffers = tsv_reader.Buffers()
     offset = 0
     for chunk in iter_text_chunks(path, chunk_bytes, fmt.header_lines):
-        parsed = _native(chunk, fmt, offset, workers) if native else None
+        parsed = _native(chunk, fmt, offset, workers, buffers) if native else None
         if parsed is None:
             parsed = _polars(chunk, path, fmt, offset, on_bad_row)
         offset += parsed.records
@@ -117,9 +120,10 @@ def iter_chunks(
 
 
 def _native(
-    chunk: memoryview | bytes, fmt: CriteoFormat, offset: int, workers: int
-) -> ParsedChunk | None:
-    out = tsv_reader.read_clean(chunk, fmt, workers)
+    chunk: memoryview | bytes, fmt: CriteoFormat, offset: int, workers: int,
+    buffers: tsv_reader.Buffers | None = None,
+) -> ParsedChunk | None:  # fmt: skip
+    out = tsv_reader.read_clean(chunk, fmt, workers, buffers)
     if out is None:
         return None
     nums, nvalid, cats, cvalid = out

@@ -57,8 +57,28 @@ def takes_layout(fmt: Any) -> bool:
     return len(fmt.separator) == 1 and tuple(fmt.columns) == columns and fmt.layout != "x1"
 
 
+class Buffers:
+    """The reader's output arrays, reused from chunk to chunk: fresh memory costs a page fault
+    per page, as much as parsing into it. What :func:`read_clean` returns with them is valid
+    until its next call."""
+
+    def __init__(self) -> None:
+        self.cap = 0
+        self.arrays: tuple[np.ndarray, ...] = ()
+
+    def get(self, nnum: int, ncat: int, n: int) -> tuple[tuple[np.ndarray, ...], int]:
+        """Arrays of at least ``n`` columns (the row stride is the second value)."""
+        if n > self.cap or self.arrays[0].shape[0] != nnum or self.arrays[2].shape[0] != ncat:
+            self.cap = max(n, self.cap + self.cap // 4)
+            self.arrays = (np.empty((nnum, self.cap), dtype=np.float64),
+                           np.empty((nnum, self.cap), dtype=np.uint8),
+                           np.empty((ncat, self.cap), dtype=np.uint64),
+                           np.empty((ncat, self.cap), dtype=np.uint8))  # fmt: skip
+        return self.arrays, self.cap
+
+
 def read_clean(
-    chunk: memoryview | bytes, fmt: Any, threads: int
+    chunk: memoryview | bytes, fmt: Any, threads: int, buffers: Buffers | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """The chunk's columns, or None when a line is not in the clean form.
 
@@ -66,10 +86,12 @@ def read_clean(
         chunk: whole lines of a file (see :func:`ctrcal.data.chunks.iter_text_chunks`).
         fmt: the file's format (:func:`takes_layout` must be true).
         threads: pieces parsed in parallel.
+        buffers: reused output arrays (see :class:`Buffers`); None allocates new ones.
 
     Returns:
         ``(nums [I, N] float64, nvalid [I, N] uint8, cats [26, N] uint64, cvalid [26, N]
         uint8)``; ``nums`` holds the label first when ``fmt.labelled``, then ``I1..I13``.
+        Each row of each array is contiguous.
     """
     lib = _LIBRARY.get()
     size = len(chunk)
@@ -100,16 +122,13 @@ def read_clean(
     try:
         counts = run(pool, count, spans)
         n = int(sum(counts))
-        nums = np.empty((nnum, n), dtype=np.float64)
-        nvalid = np.empty((nnum, n), dtype=np.uint8)
-        cats = np.empty((ncat, n), dtype=np.uint64)
-        cvalid = np.empty((ncat, n), dtype=np.uint8)
+        arrays, stride = (buffers or Buffers()).get(nnum, ncat, n)
         firsts = np.cumsum([0, *counts[:-1]]).tolist()
-        pointers = [a.ctypes.data for a in (nums, nvalid, cats, cvalid)]
+        pointers = [a.ctypes.data for a in arrays]
 
         def parse(span: tuple[int, int], first: int) -> int:
-            return lib.tsv_parse(base + span[0], span[1] - span[0], sep, nnum, ncat, n, first,
-                                 *pointers)  # fmt: skip
+            return lib.tsv_parse(base + span[0], span[1] - span[0], sep, nnum, ncat, stride,
+                                 first, *pointers)  # fmt: skip
 
         parsed = run(pool, parse, spans, firsts)
     finally:
@@ -118,7 +137,8 @@ def read_clean(
     del view
     if parsed != counts:
         return None  # a line not in the clean form: polars parses the chunk
+    nums, nvalid, cats, cvalid = (a[:, :n] for a in arrays)
     return nums, nvalid, cats, cvalid
 
 
-__all__ = ["ENV_SWITCH", "available", "read_clean", "takes_layout"]
+__all__ = ["ENV_SWITCH", "Buffers", "available", "read_clean", "takes_layout"]

@@ -61,7 +61,7 @@ class PartWriter:
             self._submit(PART_ROWS)
 
     def _submit(self, rows: int) -> None:
-        table = pa.concat_tables(self._pending)
+        table = pa.concat_tables(self._pending) if self._pending else self.schema.empty_table()
         part, rest = table.slice(0, rows), table.slice(rows)
         self._pending, self._pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
         path = self.directory / f"part-{self._parts:05d}.parquet"
