@@ -9,6 +9,11 @@ sizes from 3 to 10^6), a click probability that depends on two fields, predictio
 part of it. Each figure is the median of ``--repeats`` runs, measured in this one process, so
 the ratio compares like with like. Prints the CPU model (``lscpu``), since CPUs differ.
 
+Second goal: row-level bootstrap intervals of ECE, PCOC and AUC (``report.bootstrap: 200``
+replicates) in at most 2x the time of those three metrics themselves, at 1M rows. Timed the
+same way, in alternating pairs (``--bootstrap 0`` skips it). smooth ECE and the calibration
+slope are timed beside the other metrics.
+
 Usage::
 
     python scripts/bench_calibration.py            # 10M rows, 26 fields
@@ -25,6 +30,9 @@ import time
 import numpy as np
 
 from ctrcal.eval import metrics as M
+from ctrcal.eval.bootstrap import bootstrap_ci
+from ctrcal.eval.recalibration import calibration_slope_intercept
+from ctrcal.eval.smooth_ece import smooth_ece
 
 
 def cpu_model() -> str:
@@ -76,6 +84,7 @@ def main() -> None:
         default=None,
         help="rows the multicalibration error evaluates (default: the library's default)",
     )
+    ap.add_argument("--bootstrap", type=int, default=200, help="bootstrap replicates (0: skip)")
     args = ap.parse_args()
 
     print(f"CPU: {cpu_model()}")
@@ -98,6 +107,8 @@ def main() -> None:
         "multicalibration error": lambda: M.multicalibration_error(
             probs, y, fields, names=names, **mce
         ),
+        "smooth ECE (bandwidth search)": lambda: smooth_ece(probs, y),
+        "calibration slope + intercepts": lambda: calibration_slope_intercept(probs, y),
     }
     for label, fn in parts.items():
         print(f"  {label:<45} {timed(fn, 1):7.2f} s")
@@ -125,6 +136,33 @@ def main() -> None:
     print(f"all calibration metrics:      {t_all:7.2f} s (median of {args.repeats})")
     print(f"ratio calibration / AUC:      {ratio:7.2f} (median over pairs; goal <= 3)")
     print("pairs (AUC s, calibration s): " + ", ".join(f"({a:.2f}, {c:.2f})" for a, c in pairs))
+    if args.bootstrap:
+        bench_bootstrap(probs, y, args.bootstrap, args.repeats)
+
+
+def bench_bootstrap(probs: np.ndarray, y: np.ndarray, n_boot: int, repeats: int) -> None:
+    """Bootstrap intervals of ECE, PCOC and AUC against computing those three once."""
+
+    def metrics() -> None:
+        M.ece(probs, y)
+        M.pcoc(probs, y)
+        M.auc(probs, y)
+
+    pairs = [
+        (timed(metrics, 1), timed(lambda: bootstrap_ci(probs, y, n_boot=n_boot), 1))
+        for _ in range(repeats)
+    ]
+    ci = bootstrap_ci(probs, y, n_boot=n_boot)
+    print(f"bootstrap, {n_boot} replicates over {len(y):,} rows:")
+    for name, c in ci.items():
+        print(f"  {name:<5} {c.estimate:.5f}  95% CI [{c.low:.5f}, {c.high:.5f}]  se {c.se:.5f}")
+    t_m = statistics.median(m for m, _ in pairs)
+    t_b = statistics.median(b for _, b in pairs)
+    ratio = statistics.median(b / m for m, b in pairs)
+    print(f"ECE + PCOC + AUC once:        {t_m:7.3f} s (median of {repeats})")
+    print(f"bootstrap CIs of the three:   {t_b:7.3f} s (median of {repeats})")
+    print(f"ratio bootstrap / metrics:    {ratio:7.2f} (median over pairs; goal <= 2 at 1M rows)")
+    print("pairs (metrics s, bootstrap s): " + ", ".join(f"({m:.3f}, {b:.3f})" for m, b in pairs))
 
 
 if __name__ == "__main__":

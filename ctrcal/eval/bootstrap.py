@@ -179,7 +179,7 @@ def bootstrap_ci(
     level: float = 0.95,
     n_bins: int = 15,
     seed: int = 0,
-    max_blocks: int = 4096,
+    max_blocks: int = 1024,
 ) -> dict[str, BootstrapCI]:
     """Row-level Poisson-bootstrap intervals of ECE, PCOC and AUC (module docstring).
 
