@@ -94,9 +94,9 @@ class LabelShiftCalibrator(Calibrator):
             raise ValueError(f"logits and labels differ in length: {z.size} vs {y.size}")
         if not np.isin(y, (0.0, 1.0)).all() or y.min() == y.max():
             raise ValueError("labels: expected 0/1 clicks with both classes present")
-        self.base_ = (
-            None if self.calibrate is None else create_calibrator(self.calibrate).fit(z, y, segments)
-        )
+        self.base_ = None
+        if self.calibrate is not None:
+            self.base_ = create_calibrator(self.calibrate).fit(z, y, segments)
         p = _sigmoid(self._source_logits(z, segments))
         self.source_rate_ = float(np.clip(p.mean(), 1e-12, 1.0 - 1e-12))
         return self

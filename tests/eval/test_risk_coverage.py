@@ -25,7 +25,12 @@ def test_informative_std_raises_auc_on_the_confident_rows():
     assert rc.auc[0] == auc(p[keep], y[keep]) and rc.logloss[0] == logloss(p[keep], y[keep])
     assert rc.auc[2] == auc(p, y)
     assert set(rc.as_dict()) == {
-        "auc@50%", "logloss@50%", "auc@80%", "logloss@80%", "auc@100%", "logloss@100%"
+        "auc@50%",
+        "logloss@50%",
+        "auc@80%",
+        "logloss@80%",
+        "auc@100%",
+        "logloss@100%",
     }
 
 
