@@ -24,7 +24,16 @@ import numpy as np
 from ctrcal.eval.metric_inputs import check_probs_labels
 from ctrcal.eval.metrics import DEFAULT_EPS, _logit_shift
 
-__all__ = ["Recalibration", "calibration_slope_intercept"]
+__all__ = ["DEFINITIONS", "Recalibration", "calibration_slope_intercept"]
+
+# one-line definitions, printed in reports next to the tables
+DEFINITIONS = {
+    "cal_slope": "calibration slope b of sigmoid(a + b·logit p) fitted to the clicks; 1 is "
+    "calibrated, < 1 over-confident, > 1 under-confident.",
+    "cal_intercept": "its intercept a, fitted jointly with b.",
+    "cal_intercept_large": "calibration-in-the-large: a with b fixed at 1 (the logit shift that "
+    "makes Σp = Σy); 0 is calibrated on average, > 0 under-predicts.",
+}
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,14 @@ import numpy as np
 
 from ctrcal.eval.metric_inputs import check_probs_labels
 
-__all__ = ["SmoothECE", "smooth_ece", "smooth_ece_at"]
+__all__ = ["DEFINITIONS", "SmoothECE", "smooth_ece", "smooth_ece_at"]
+
+# one-line definitions, printed in reports next to the tables
+DEFINITIONS = {
+    "smooth_ece": "smooth ECE (Błasiok and Nakkiran 2023; equals relplot.smECE): kernel-"
+    "smoothed |p − y| over p, at the bandwidth σ that equals the error; no bins; lower is better.",
+    "smooth_ece_sigma": "the bandwidth σ that smooth ECE was read at.",
+}
 
 _MESH = 200  # points the integral is read on (at least)
 _DENSITY_EPS = 1e-4  # added to the smoothed density before dividing (as relplot does)

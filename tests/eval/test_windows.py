@@ -41,7 +41,7 @@ def test_windows_are_consecutive_equal_and_never_split_a_time():
     t = np.repeat(np.arange(10), 10)[::-1].copy()  # reversed order, 10 rows per time step
     parts = windows(t, 4)
     assert [p.size for p in parts] == [20, 30, 20, 30]  # cuts moved to whole time steps
-    assert all(t[a].max() < t[b].min() for a, b in zip(parts[:-1], parts[1:]))
+    assert all(t[a].max() < t[b].min() for a, b in zip(parts[:-1], parts[1:], strict=True))
     assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(100))
     with pytest.raises(ValueError, match="fewer windows"):
         windows(np.zeros(50), 3)
