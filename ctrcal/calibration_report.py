@@ -132,8 +132,16 @@ def calibration_report(
         n_bins: ECE bins.
         min_count: Field-RCE/ECE pool segment values with fewer rows.
     """
+    from ctrcal.calibration.base import create_calibrator
+    from ctrcal.errors import ConfigError
     from ctrcal.eval.figures import plot_reliability
 
+    if not isinstance(bootstrap, int) or bootstrap < 2:
+        raise ConfigError(f"bootstrap: expected at least 2 replicates, got {bootstrap!r}")
+    if preds.time is not None:
+        if not isinstance(windows, int) or windows < 1:
+            raise ConfigError(f"windows: expected an integer >= 1, got {windows!r}")
+        create_calibrator(calibrator)  # an unknown name or a missing package, before the work
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     p, y, segs = preds.prob, preds.label, preds.segments

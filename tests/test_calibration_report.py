@@ -162,3 +162,18 @@ def test_read_predictions_reads_only_what_it_is_asked(exported):
     pr = read_predictions(path, "prob", "label")
     assert pr.rows == len(frame) and pr.segments == {} and pr.time is None
     assert np.array_equal(pr.prob, frame["prob"].to_numpy())
+
+
+def test_bad_options_answer_before_any_work(tmp_path, capsys):
+    path = _hand(tmp_path)
+    base = ["calibration-report", str(path), "--prob", "prob", "--label", "label",
+            "--out", str(tmp_path / "rep")]  # fmt: skip
+    assert main([*base, "--time", "hour", "--calibrator", "no_such"]) == 2
+    assert "unknown calibrator 'no_such'" in capsys.readouterr().err
+    assert main([*base, "--time", "hour", "--windows", "0"]) == 2
+    assert "windows: expected an integer >= 1" in capsys.readouterr().err
+    assert main([*base, "--bootstrap", "1"]) == 2
+    assert not (tmp_path / "rep").exists()
+    # more windows than the file has time steps: named by the time column
+    assert main([*base, "--time", "hour", "--windows", "4", "--calibrator", "label_shift"]) == 1
+    assert "column 'hour': time: 4 distinct times cannot make 5 windows" in capsys.readouterr().err
