@@ -20,7 +20,7 @@ irrelevant to these ratio metrics). It is computed without a weight per row and 
    Σ T_pos,k · Σ_{l<k} T_neg,l is exact; the pairs *within* a block enter by their mean given
    the counts, T_pos,k · T_neg,k · AUC_k.
 
-With at most ``max_blocks`` runs of equal p every block is one run, every cell holds one value
+With at most ``max_blocks`` rows every block is one run of equal p, every cell holds one value
 of p and one label, and the result is the Poisson bootstrap exactly. Above, the approximation
 is confined to the within-block term of AUC (a fraction ~1/max_blocks of the pairs) and the
 normal draw of a cell's Σw·p (cells span ~1/max_blocks of the rows in p order, so var(p) is
@@ -194,7 +194,7 @@ def bootstrap_ci(
         n_bins: ECE's bins.
         seed: the replicates' seed (same seed, same intervals).
         max_blocks: blocks of consecutive rows in p order (module docstring); at least the
-            number of distinct p values gives the exact Poisson bootstrap.
+            number of rows gives the exact Poisson bootstrap.
 
     Returns:
         ``{"ece", "pcoc", "auc"} -> BootstrapCI``.
