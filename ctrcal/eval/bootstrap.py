@@ -105,50 +105,50 @@ class _Cells:
 
 
 def _cells(p: np.ndarray, y: np.ndarray, n_bins: int, max_blocks: int) -> _Cells:
+    """Sort once, then work on runs of equal p (p is constant in a run: its sums need no pass
+    over rows) and reduce runs to blocks with contiguous ``reduceat``."""
     n = p.shape[0]
     order = np.argsort(p)  # ties form runs below, so any order of equal p will do
-    ps = p[order].astype(np.float64, copy=False)
-    ys = y[order]
-    edges = _uniform_edges(n_bins, p.dtype)  # the bins of metrics.ece, boundary cases alike
-    bins = np.searchsorted(edges, p[order], side="right") - 1
+    ps = p[order]
     run_start = np.empty(n, dtype=bool)
     run_start[0] = True
     np.not_equal(ps[1:], ps[:-1], out=run_start[1:])
-    pos_idx = np.arange(n)
-    first_of_run = np.maximum.accumulate(np.where(run_start, pos_idx, 0))
-    size = -(-n // max_blocks)
-    key = first_of_run // size  # a run belongs wholly to the block of its first row
-    start = np.empty(n, dtype=bool)
+    first = np.flatnonzero(run_start)  # [R] first sorted position of every run
+    length = np.diff(np.append(first, n)).astype(np.float64)
+    clicks_before = np.concatenate([[0.0], np.cumsum(y[order])])
+    pos = clicks_before[np.append(first[1:], n)] - clicks_before[first]  # clicks per run
+    neg = length - pos
+    pr = ps[first].astype(np.float64)
+    # blocks: a run belongs to the block of its first row; blocks also end at ECE bin edges
+    edges = _uniform_edges(n_bins, p.dtype)  # the bins of metrics.ece, boundary cases alike
+    cuts = np.searchsorted(pr, edges, side="left")  # first run of each bin (edges <= p)
+    new_bin = np.zeros(first.shape[0], dtype=bool)
+    new_bin[cuts[(cuts > 0) & (cuts < first.shape[0])]] = True
+    key = first // -(-n // max_blocks)
+    start = new_bin.copy()
     start[0] = True
-    start[1:] = (key[1:] != key[:-1]) | (bins[1:] != bins[:-1])
-    block = np.cumsum(start) - 1
-    k = int(block[-1]) + 1
-    neg = 1.0 - ys
-    n_pos = np.bincount(block, ys, k)
-    n_neg = np.bincount(block, neg, k)
-    sp_pos = np.bincount(block, ys * ps, k)
-    sp_neg = np.bincount(block, neg * ps, k)
-    sq_pos = np.bincount(block, ys * ps * ps, k)
-    sq_neg = np.bincount(block, neg * ps * ps, k)
+    start[1:] |= key[1:] != key[:-1]
+    bstart = np.flatnonzero(start)  # [K] first run of every block
+
+    def per_block(x: np.ndarray) -> np.ndarray:
+        return np.add.reduceat(x, bstart)
+
+    n_pos, n_neg = per_block(pos), per_block(neg)
+    p2 = pr * pr
     with np.errstate(invalid="ignore", divide="ignore"):
-        mp_pos = np.where(n_pos > 0, sp_pos / n_pos, 0.0)
-        mp_neg = np.where(n_neg > 0, sp_neg / n_neg, 0.0)
-        vp_pos = np.where(n_pos > 0, np.maximum(sq_pos / n_pos - mp_pos**2, 0.0), 0.0)
-        vp_neg = np.where(n_neg > 0, np.maximum(sq_neg / n_neg - mp_neg**2, 0.0), 0.0)
-    # within-block pair score of each positive: negatives of its block strictly below its run
-    # plus half the negatives of its run
-    neg_before = np.cumsum(neg) - neg  # negatives at sorted positions < i
-    run_id = np.cumsum(run_start) - 1
-    run_first = np.flatnonzero(run_start)
-    run_neg = np.bincount(run_id, neg)
-    block_first = np.flatnonzero(start)
-    below_run = neg_before[run_first][run_id] - neg_before[block_first][block]
-    score = ys * (below_run + 0.5 * run_neg[run_id])
+        mp_pos = np.where(n_pos > 0, per_block(pos * pr) / n_pos, 0.0)
+        mp_neg = np.where(n_neg > 0, per_block(neg * pr) / n_neg, 0.0)
+        vp_pos = np.where(n_pos > 0, np.maximum(per_block(pos * p2) / n_pos - mp_pos**2, 0), 0.0)
+        vp_neg = np.where(n_neg > 0, np.maximum(per_block(neg * p2) / n_neg - mp_neg**2, 0), 0.0)
+    # within-block pairs of each run's clicks: the block's non-clicks in runs below it, plus
+    # half the non-clicks of its own run (ties)
+    neg_before = np.cumsum(neg) - neg
+    block = np.cumsum(start) - 1
+    score = pos * (neg_before - neg_before[bstart][block] + 0.5 * neg)
     pairs = n_pos * n_neg
     with np.errstate(invalid="ignore", divide="ignore"):
-        within = np.where(pairs > 0, np.bincount(block, score, k) / pairs, 0.0)
-    bin_of_block = bins[block_first]
-    bin_starts = np.flatnonzero(np.r_[True, bin_of_block[1:] != bin_of_block[:-1]])
+        within = np.where(pairs > 0, per_block(score) / pairs, 0.0)
+    bin_starts = np.flatnonzero(new_bin[bstart] | (np.arange(bstart.shape[0]) == 0))
     return _Cells(n_pos, n_neg, mp_pos, mp_neg, vp_pos, vp_neg, within, bin_starts)
 
 

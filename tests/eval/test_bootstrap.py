@@ -84,3 +84,14 @@ def test_paired_bootstrap_keeps_the_pairing():
     seen = []
     paired_bootstrap(lambda a, b, rows: seen.append(rows) or {"x": 0.0}, p, p, y, n_boot=3)
     assert seen[:2] == [None, None] and all(r.shape == (p.size,) for r in seen[2:])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_bin_edges_zeros_and_ones_land_where_ece_puts_them(dtype):
+    rng = np.random.default_rng(4)
+    edges = np.linspace(0, 1, 16).astype(dtype)  # every bin edge, 0 and 1 included
+    p = np.concatenate([np.repeat(edges, 40), rng.random(2_000).astype(dtype)])
+    y = (rng.random(p.size) < p).astype(np.float64)
+    ci = bootstrap_ci(p, y, n_boot=20, max_blocks=32)
+    for m, fn in METRICS.items():
+        assert ci[m].estimate == pytest.approx(fn(p, y), abs=1e-12), m
