@@ -325,15 +325,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="segment columns, comma-separated (Field-RCE, MCE)")  # fmt: skip
     p.add_argument("--time", default=None, metavar="COL",
                    help="time column: calibration over consecutive time windows")  # fmt: skip
-    p.add_argument("--windows", type=int, default=10, metavar="N", help="time windows")
+    p.add_argument("--windows", type=int, default=10, metavar="N", help="time windows (10)")
     p.add_argument("--compare", default=None, metavar="COL2",
                    help="another model's probabilities: paired bootstrap")  # fmt: skip
     p.add_argument("--std", default=None, metavar="COL", help="predictive std: risk-coverage")
-    p.add_argument("--calibrator", default="platt",
-                   help="calibrator fitted once vs refitted per window")  # fmt: skip
-    p.add_argument("--bootstrap", type=int, default=200, metavar="N", help="bootstrap replicates")
+    p.add_argument("--calibrator", default="platt", metavar="NAME",
+                   help="calibrator fitted once vs refitted per window (platt)")  # fmt: skip
+    p.add_argument("--bootstrap", type=int, default=200, metavar="N", help="bootstrap replicates (200)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and of the floor")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="report directory (default: FILE.calibration beside the file)")  # fmt: skip
     return parser
 
