@@ -331,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--std", default=None, metavar="COL", help="predictive std: risk-coverage")
     p.add_argument("--calibrator", default="platt", metavar="NAME",
                    help="calibrator fitted once vs refitted per window (platt)")  # fmt: skip
-    p.add_argument("--bootstrap", type=int, default=200, metavar="N", help="bootstrap replicates (200)")
+    p.add_argument("--bootstrap", type=int, default=200, metavar="N", help="replicates (200)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and of the floor")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="report directory (default: FILE.calibration beside the file)")  # fmt: skip
