@@ -94,6 +94,7 @@ def main() -> None:
     print(f"{args.rows:,} rows, {args.fields} fields (generated in {took:.1f} s)")
     names = [f"C{j + 1}" for j in range(args.fields)]
     M.ece(probs[:1000], y[:1000])  # warm-up: the uniform bins import torch once
+    smooth_ece(probs[:1000], y[:1000])  # and smooth ECE's convolution imports scipy.signal
 
     mce = {} if args.mce_max_rows is None else {"max_rows": args.mce_max_rows}
     summary_mce = {} if args.mce_max_rows is None else {"mce_max_rows": args.mce_max_rows}
