@@ -272,8 +272,12 @@ def paired_bootstrap(
     reps_b = np.full_like(reps_a, np.nan)
     rng = np.random.default_rng(seed)
     n = y.shape[0]
+    # a replicate's rows are taken in the order of model a's probabilities: the same multiset
+    # of rows, so the same bootstrap (row order only moves choices among equals, such as
+    # MCE's random subsample), and the metrics' sorts of a's probabilities meet sorted input
+    by_a = np.argsort(pa, kind="stable")
     for r in range(int(n_boot)):
-        rows = rng.integers(0, n, n)
+        rows = by_a[np.sort(rng.integers(0, n, n))]
         ma, mb = metric_fn(pa[rows], y[rows], rows), metric_fn(pb[rows], y[rows], rows)
         reps_a[:, r] = [ma.get(k, np.nan) for k in names]
         reps_b[:, r] = [mb.get(k, np.nan) for k in names]

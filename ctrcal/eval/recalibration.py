@@ -80,5 +80,5 @@ def calibration_slope_intercept(probs: Any, labels: Any, eps: float = DEFAULT_EP
     pc = np.clip(p.astype(np.float64), eps, 1.0 - eps)
     z = np.log(pc) - np.log1p(-pc)
     platt = PlattScaling().fit(z, y)
-    offset = _logit_shift(z, clicks, 0.0, max_iter=100, tol=1e-12)
+    offset = _logit_shift(z, clicks, 0.0, max_iter=100, tol=1e-10)
     return Recalibration(float(platt.coef_), float(platt.intercept_), float(offset))
