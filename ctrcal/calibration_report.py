@@ -307,10 +307,14 @@ def render_markdown(r: dict[str, Any]) -> str:
     if "windows" in r:
         w = r["windows"]
         lines += ["## Calibration over time", "", w["sentence"], "", "![windows](windows.png)", ""]
-        rows = [[str(t["window"]), f"{t['rows']:,}", _fmt(t["ece_gap"]), _fmt(t["detectable"])]
-                for t in w["table"]]  # fmt: skip
-        lines += _table(["window", "rows", "ECE stale − fresh", "detectable"], rows)
-        lines += ["", "Per-window ECE, PCOC, NE and Field-RCE: `windows.csv`.", ""]
+        ece = {(m["window"], m["calibration"]): m["value"] for m in w["metrics"]
+               if m["metric"] == "ece"}  # fmt: skip
+        rows = [[str(t["window"]), f"{t['rows']:,}",
+                 *(_fmt(ece[t["window"], c]) for c in ("uncalibrated", "stale", "fresh")),
+                 _fmt(t["ece_gap"]), _fmt(t["detectable"])] for t in w["table"]]  # fmt: skip
+        lines += _table(["window", "rows", "ECE uncalibrated", "ECE stale", "ECE fresh",
+                         "stale − fresh", "detectable"], rows)  # fmt: skip
+        lines += ["", "Per-window PCOC, NE and Field-RCE as well: `windows.csv`.", ""]
     lines += ["## Reliability", "", "![reliability](reliability.png)", "", "## Definitions", ""]
     lines += [f"- **{k}**: {DEFINITIONS[k]}" for k in TABLE if k in DEFINITIONS]
     return "\n".join(lines) + "\n"
