@@ -76,3 +76,21 @@ def test_bad_input_and_unfitted_use_raise():
         LabelShiftCalibrator().fit(np.zeros(3), np.array([0, 1]))
     with pytest.raises(ValueError, match="max_iter"):
         LabelShiftCalibrator(max_iter=0)
+
+
+def test_em_reaches_the_maximum_likelihood_click_rate():
+    """The EM fixed point is the MLE of the target rate under label shift (scipy as reference)."""
+    from scipy.optimize import minimize_scalar
+
+    rng = np.random.default_rng(3)
+    x_s, y_s = _rows(0.15, 20_000, rng)
+    x_t, _ = _rows(0.05, 20_000, rng)
+    cal = LabelShiftCalibrator(tol=1e-13).fit(_true_logit(x_s, 0.15), y_s)
+    p = 1.0 / (1.0 + np.exp(-_true_logit(x_t, 0.15)))
+    a, b = p / cal.source_rate_, (1.0 - p) / (1.0 - cal.source_rate_)
+
+    def nll(rate):
+        return -np.log(rate * a + (1.0 - rate) * b).sum()
+
+    ref = minimize_scalar(nll, bounds=(1e-6, 1 - 1e-6), method="bounded", options={"xatol": 1e-12})
+    assert cal.target_rate(_true_logit(x_t, 0.15)) == pytest.approx(ref.x, abs=1e-6)
