@@ -51,6 +51,8 @@ class MCGradCalibrator(Calibrator):
         num_rounds: boosting rounds at most (None: MCGrad's default, 100 with early stopping).
         early_stopping: choose the number of rounds on held-out folds (MCGrad's default).
         lightgbm_params: LightGBM parameters overriding MCGrad's tuned defaults.
+        num_threads: LightGBM threads (None: its default, every core; on a shared machine
+            1 avoids OpenMP oversubscription, which can slow the trees down tenfold).
         seed: MCGrad's ``random_state`` (same seed, same fit).
 
     Attributes:
@@ -66,6 +68,7 @@ class MCGradCalibrator(Calibrator):
         num_rounds: int | None = None,
         early_stopping: bool = True,
         lightgbm_params: Mapping[str, Any] | None = None,
+        num_threads: int | None = None,
         seed: int = 0,
     ) -> None:
         _require_mcgrad()
@@ -80,11 +83,20 @@ class MCGradCalibrator(Calibrator):
         self.numeric = None if numeric is None else list(numeric)
         self.num_rounds = num_rounds
         self.early_stopping = bool(early_stopping)
+        if num_threads is not None and not (isinstance(num_threads, int) and num_threads >= 1):
+            raise ValueError(f"num_threads: expected an integer >= 1, got {num_threads!r}")
         self.lightgbm_params = None if lightgbm_params is None else dict(lightgbm_params)
+        self.num_threads = num_threads
         self.seed = seed
 
+    @property
+    def reads_all_segments(self) -> bool:
+        """True with ``categorical=None``: every field passed in ``segments`` is a feature, so
+        a caller passes all it has (``needed_fields`` names only ``numeric`` then)."""
+        return self.categorical is None
+
     def needed_fields(self) -> tuple[str, ...]:
-        """The fields named by ``categorical`` and ``numeric`` (empty: every field given)."""
+        """The fields named by ``categorical`` and ``numeric``."""
         return tuple(self.categorical or ()) + tuple(self.numeric or ())
 
     def _fields(self, segments: Segments | None) -> tuple[list[str], list[str]]:
@@ -138,8 +150,11 @@ class MCGradCalibrator(Calibrator):
         options: dict[str, Any] = {"random_state": self.seed, "early_stopping": self.early_stopping}
         if self.num_rounds is not None:
             options["num_rounds"] = self.num_rounds
-        if self.lightgbm_params is not None:
-            options["lightgbm_params"] = self.lightgbm_params
+        params = dict(self.lightgbm_params or {})
+        if self.num_threads is not None:
+            params["num_threads"] = self.num_threads
+        if params:
+            options["lightgbm_params"] = params
         model = MCGrad(**options)
         model.fit(
             self._frame(z, cols, y.astype(np.int64)),

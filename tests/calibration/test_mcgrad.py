@@ -31,7 +31,7 @@ def test_mcgrad_improves_multicalibration_on_a_segment_miscalibration():
     zt, yt, segt = _rows(30_000, 1)
     cal = create_calibrator(
         {"name": "mcgrad", "categorical": ["site"], "numeric": ["x_bucket"],
-         "early_stopping": False, "num_rounds": 8}
+         "early_stopping": False, "num_rounds": 8, "num_threads": 1}
     ).fit(z, y, seg)  # fmt: skip
     assert cal.needed_fields() == ("site", "x_bucket")
     out = cal.transform(zt, segt)
@@ -53,11 +53,15 @@ def test_mcgrad_improves_multicalibration_on_a_segment_miscalibration():
 
 def test_every_given_field_is_a_category_by_default_and_missing_fields_are_named():
     z, y, seg = _rows(4_000, 2)
-    cal = create_calibrator({"name": "mcgrad", "early_stopping": False, "num_rounds": 2})
+    cal = create_calibrator(
+        {"name": "mcgrad", "early_stopping": False, "num_rounds": 2, "num_threads": 1}
+    )
+    assert cal.reads_all_segments and cal.needed_fields() == ()
     cal.fit(z, y, seg)
     assert cal.categorical_ == ["site", "x_bucket"] and cal.numeric_ == []
     with pytest.raises(ValueError, match="segments lack x_bucket"):
         cal.transform(z, {"site": seg["site"]})
+    assert cal.model_.lightgbm_params["num_threads"] == 1
     with pytest.raises(ValueError, match="needs segment features"):
         create_calibrator("mcgrad").fit(z, y)
 
