@@ -7,7 +7,8 @@ error) of a 10M-row evaluation with 26 categorical fields in at most 3x the time
 Rows are generated: Criteo-like vocabularies (Zipf-distributed ids, 26 fields with vocabulary
 sizes from 3 to 10^6), a click probability that depends on two fields, predictions that miss
 part of it. Each figure is the median of ``--repeats`` runs, measured in this one process, so
-the ratio compares like with like. Prints the CPU model (``lscpu``), since CPUs differ.
+the ratio compares like with like. Prints the CPU (``lscpu`` name, family and model), since
+CPUs differ.
 
 Second goal: row-level bootstrap intervals of ECE, PCOC and AUC (``report.bootstrap: 200``
 replicates) in at most 2x the time of those three metrics themselves, at 1M rows. Timed the
@@ -23,8 +24,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
-import subprocess
 import time
 
 import numpy as np
@@ -33,17 +34,7 @@ from ctrcal.eval import metrics as M
 from ctrcal.eval.bootstrap import bootstrap_ci
 from ctrcal.eval.recalibration import calibration_slope_intercept
 from ctrcal.eval.smooth_ece import smooth_ece
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (lscpu failed)"
-    for line in out.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
+from ctrcal.utils import cpu_model_name
 
 
 def make_rows(n: int, n_fields: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -87,7 +78,7 @@ def main() -> None:
     ap.add_argument("--bootstrap", type=int, default=200, help="bootstrap replicates (0: skip)")
     args = ap.parse_args()
 
-    print(f"CPU: {cpu_model()}")
+    print(f"CPU: {cpu_model_name()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     t = time.perf_counter()
     probs, y, fields = make_rows(args.rows, args.fields, args.seed)
     took = time.perf_counter() - t
