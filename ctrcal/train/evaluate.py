@@ -110,16 +110,18 @@ def evaluate_run(
     current = FeatureMap.load(data_dir)
     require_labelled(current, split, data_dir, "evaluate")
     check_same_features(run_dir, data_dir, "evaluate")
-    model, cfg, _ = load_run(run_dir)
-    if mc_samples > 0 and not has_mc_layers(model):
-        raise ConfigError(
-            f"{run_dir}: its model has no MC-LayerNorm layer, so MC passes would all be equal; "
-            "drop --mc-samples (mc_samples) or evaluate a run trained with mclayernorm"
-        )
     dev = resolve_device(device)
-    model.to(dev)
-    mode = resolve_data_mode(cfg.train.data_mode, dev, current)
-    data = open_split(data_dir, split, mode, dev)
+    # building the model draws initial weights too: the caller's RNG is left as it was
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        model, cfg, _ = load_run(run_dir)
+        if mc_samples > 0 and not has_mc_layers(model):
+            raise ConfigError(
+                f"{run_dir}: its model has no MC-LayerNorm layer, so MC passes would all be "
+                "equal; drop --mc-samples (mc_samples) or evaluate a run trained with "
+                "mclayernorm"
+            )
+        model.to(dev)
+        mode = resolve_data_mode(cfg.train.data_mode, dev, current)
+        data = open_split(data_dir, split, mode, dev)
         torch.manual_seed(seed)
         return score_split(model, data, batch_size or cfg.train.eval_batch_size, dev, mc_samples)
