@@ -17,6 +17,7 @@ import json
 import math
 import os
 import random
+import re
 import socket
 import sys
 import tempfile
@@ -50,14 +51,20 @@ def write_failure_cause(path: str | os.PathLike, exc: BaseException) -> str | No
     """Why writing ``path`` failed with ``exc``: no space, read-only, permission, or the
     system's words; None when ``exc`` is not a failure of the file system (a bug).
 
-    An :class:`OSError` carries its errno. torch's C++ writer reports a short write as a
-    ``RuntimeError`` without one (``unexpected pos ...``), so for a ``RuntimeError`` the file
-    system holding ``path`` is asked instead, while the partial file still takes its space.
+    An :class:`OSError` carries its errno; polars and pyarrow (Rust, C++) write theirs into
+    the message (``... (os error 28)``). torch's C++ writer reports a short write without one
+    (``RuntimeError: ... unexpected pos ...``): then the file system holding ``path`` is
+    asked, while the partial file still takes its space.
     """
-    if isinstance(exc, OSError):
-        return _CAUSES.get(exc.errno or 0) or (exc.strerror or str(exc) or type(exc).__name__)
-    if not isinstance(exc, RuntimeError):
+    if not isinstance(exc, Exception) or isinstance(exc, CtrcalError):
         return None
+    if isinstance(exc, OSError) and exc.errno in _CAUSES:
+        return _CAUSES[exc.errno]
+    code = re.search(r"(?:os error|errno) (\d+)", str(exc), re.IGNORECASE)
+    if code and int(code.group(1)) in _CAUSES:
+        return _CAUSES[int(code.group(1))]
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc) or type(exc).__name__
     directory = Path(path).parent
     while not directory.exists() and directory != directory.parent:
         directory = directory.parent
@@ -93,15 +100,16 @@ def describe_os_error(path: str | os.PathLike, exc: BaseException, action: str =
 def writing(path: str | os.PathLike) -> Iterator[None]:
     """Turn a failed write to ``path`` inside the block into one :class:`OutputError` line.
 
-    An ``OSError`` always becomes one; a ``RuntimeError`` only when the file system explains
-    it (:func:`write_failure_cause`): any other ``RuntimeError`` is a bug and keeps its
-    traceback. ``OutputError`` raised deeper (a nested write) passes through unchanged.
+    An ``OSError`` always becomes one; another exception only when the file system explains
+    it (:func:`write_failure_cause`): anything else is a bug and keeps its traceback. A
+    :class:`~ctrcal.errors.CtrcalError` raised inside (a nested write's ``OutputError``, bad
+    input) passes through unchanged.
     """
     try:
         yield
-    except OutputError:
+    except CtrcalError:
         raise
-    except (OSError, RuntimeError) as exc:
+    except Exception as exc:
         if write_failure_cause(path, exc) is None:
             raise
         raise OutputError(describe_os_error(path, exc)) from exc

@@ -228,3 +228,25 @@ def test_train_without_data_prepares_under_its_run_directory(tmp_path, monkeypat
     assert (run / "data" / "feature_map.json").is_file()
     assert (run / "result.json").is_file()
     assert not Path("default_out").exists()
+
+
+def test_string_vocabularies_hash_by_content(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ctrcal.data.identity import feature_identity
+
+    def prepared(name, values, row_group_size=None):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "feature_map.json").write_text(json.dumps(
+            {"features": [{"name": "C1", "kind": "categorical", "vocab_size": 6}]}))
+        table = pa.table({"field": ["C1"] * 3, "value": values, "id": [3, 4, 5],
+                          "count": [9, 5, 2]})  # fmt: skip
+        pq.write_table(table, d / "vocab.parquet", row_group_size=row_group_size)
+        return feature_identity(d)
+
+    base = prepared("a", ["x", None, "zz"])
+    assert prepared("b", ["x", None, "zz"], row_group_size=1) == base
+    assert prepared("c", ["x", "", "zz"]) != base  # a missing value is not an empty one
+    assert prepared("d", ["xz", None, "z"]) != base  # the same bytes split otherwise

@@ -19,6 +19,7 @@ from ctrcal.utils import (
     write_failure_cause,
     write_json_atomic,
     write_text_atomic,
+    writing,
 )
 
 
@@ -62,6 +63,18 @@ def test_an_os_error_names_its_cause(code, cause, tmp_path):
     assert write_failure_cause(tmp_path / "x", exc) == cause
     line = describe_os_error(tmp_path / "x", exc)
     assert line.startswith(f"{tmp_path / 'x'}: cannot write: {cause}")
+
+
+def test_an_errno_in_a_rust_or_cpp_writers_message_is_read(tmp_path):
+    import polars as pl
+
+    exc = pl.exceptions.ComputeError("failed to write: No space left on device (os error 28)")
+    assert write_failure_cause(tmp_path / "x.parquet", exc) == "no space left on the device"
+    with pytest.raises(OutputError, match="x.parquet: cannot write: read-only file system"):
+        with writing(tmp_path / "x.parquet"):
+            raise OSError(f"Read-only file system (os error {errno.EROFS})")
+    with pytest.raises(ValueError, match="a bug"), writing(tmp_path / "x.parquet"):
+        raise ValueError("a bug")
 
 
 def test_torchs_errno_less_runtime_error_is_explained_by_the_file_system(tmp_path, monkeypatch):

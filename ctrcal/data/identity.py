@@ -113,7 +113,8 @@ def _hash_vocabulary(path: Path, h: Any) -> None:
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path, columns=["field", "value", "id"])
+        # ParquetFile, not read_table: that one imports pandas, which scoring never needs
+        table = pq.ParquetFile(path).read(columns=["field", "value", "id"])
     except FileNotFoundError:
         raise DataError(f"{path}: missing; the prepared directory is incomplete") from None
     except (OSError, pa.ArrowException, ValueError) as exc:
@@ -121,12 +122,13 @@ def _hash_vocabulary(path: Path, h: Any) -> None:
     for name in ("field", "value", "id"):
         col = table.column(name).combine_chunks()
         h.update(f"\n{name}:{col.type}:{len(col)}:{col.null_count}\n".encode())
+        valid = None
         if col.null_count:
-            h.update(np.asarray(pc.is_valid(col), dtype=np.bool_).tobytes())
+            valid = _values(pc.is_valid(col).cast(pa.uint8())).astype(bool)
+            h.update(valid.tobytes())
         if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-            text = col.cast(pa.large_string()).fill_null("")
-            lengths = pc.binary_length(text)
-            h.update(np.asarray(lengths, dtype=np.int64).tobytes())
+            text = col.cast(pa.large_string())
+            h.update(_values(pc.binary_length(text).cast(pa.int64()), valid).tobytes())
             offsets = np.frombuffer(text.buffers()[1], dtype=np.int64)[
                 text.offset : text.offset + len(text) + 1
             ]
@@ -134,4 +136,17 @@ def _hash_vocabulary(path: Path, h: Any) -> None:
             if data is not None and len(text):
                 h.update(memoryview(data)[int(offsets[0]) : int(offsets[-1])])
         else:
-            h.update(np.ascontiguousarray(col.fill_null(0).to_numpy()).tobytes())
+            h.update(_values(col, valid).tobytes())
+
+
+def _values(col: Any, valid: np.ndarray | None = None) -> np.ndarray:
+    """A fixed-width arrow array's values as NumPy, nulls (``valid`` False) as 0.
+
+    Read from the buffer because pyarrow's ``to_numpy`` and scalars import pandas, which
+    scoring never needs.
+    """
+    dtype = np.dtype(str(col.type))  # int32, uint32, int64, float64, ...: NumPy's names
+    out = np.frombuffer(col.buffers()[1], dtype=dtype)[col.offset : col.offset + len(col)]
+    if valid is not None:
+        out = np.where(valid, out, np.zeros((), dtype))
+    return out

@@ -36,7 +36,7 @@ def training_monitor(name: str, feature_map: Any, data_dir: Any) -> tuple[str, s
     then monitors ``logloss`` instead and says so (returned as the second element).
     """
     rate = ((feature_map.splits or {}).get("valid") or {}).get("positive_rate")
-    if name == "logloss" or rate not in (0, 0.0, 1, 1.0):
+    if name == "logloss" or rate not in (0.0, 1.0):
         return name, None
     what = "no clicks" if rate == 0 else "only clicks"
     return "logloss", (
