@@ -132,6 +132,12 @@ def recorded_identity(run_dir: str | Path, kind: str = "data") -> str | None:
     return value if isinstance(value, str) else None
 
 
+_UNRECORDED = (
+    "{run_dir}: records no identity of the data it was trained on (no data.json, or one "
+    "written by an earlier ctrcal), so no data can be checked against it; train it again"
+)
+
+
 def same_data(run_dir: str | Path, data_dir: str | Path) -> bool:
     """Whether ``data_dir`` holds the rows and encoding ``run_dir`` was trained on."""
     recorded = recorded_identity(run_dir)
@@ -144,6 +150,8 @@ def check_same_data(run_dir: str | Path, data_dir: str | Path, action: str) -> N
     Raises:
         DataError: another data identity (both are named).
     """
+    if recorded_identity(run_dir) is None:
+        raise DataError(_UNRECORDED.format(run_dir=run_dir))
     if not same_data(run_dir, data_dir):
         raise DataError(
             f"{run_dir}: cannot {action} on {data_dir}: it is not the data the run was trained "
@@ -163,6 +171,8 @@ def check_same_features(run_dir: str | Path, data_dir: str | Path, what: str) ->
         DataError: another feature identity (both are named).
     """
     recorded = recorded_identity(run_dir, "feature")
+    if recorded is None:
+        raise DataError(f"{what}: " + _UNRECORDED.format(run_dir=run_dir))
     current = feature_identity(data_dir)
     if recorded != current:
         raise DataError(

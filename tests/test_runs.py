@@ -250,3 +250,19 @@ def test_string_vocabularies_hash_by_content(tmp_path):
     assert prepared("b", ["x", None, "zz"], row_group_size=1) == base
     assert prepared("c", ["x", "", "zz"]) != base  # a missing value is not an empty one
     assert prepared("d", ["xz", None, "z"]) != base  # the same bytes split otherwise
+
+
+def test_a_run_without_recorded_identities_is_never_matched_silently(
+    started_run, prepared_dir, tmp_path
+):
+    run = tmp_path / "run"
+    shutil.copytree(started_run, run)
+    data = json.loads((run / "data.json").read_text())
+    for key in ("data_identity", "feature_identity"):
+        data.pop(key)
+    (run / "data.json").write_text(json.dumps(data))  # as an earlier ctrcal wrote it
+    assert run_state(_cfg(), prepared_dir, run) == "stale"  # a report trains it again
+    with pytest.raises(DataError, match="records no identity"):
+        evaluate_run(run, "valid", prepared_dir)
+    with pytest.raises(DataError, match="records no identity"):
+        check_resumable(run, _cfg(), prepared_dir)
