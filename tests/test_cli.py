@@ -164,3 +164,26 @@ def test_evaluate_with_mc_samples_is_reproducible(prepared_dir, tmp_path, capsys
         assert main(["evaluate", str(run), "--split", "valid", "--mc-samples", "4", *seed]) == 0
         outs.append(capsys.readouterr().out)
     assert outs[0] == outs[1] == outs[2] and "seed 0" in outs[0]
+
+
+def test_an_unwrapped_write_failure_is_still_one_line(monkeypatch, capsys):
+    import errno
+    import os
+
+    from ctrcal import cli
+
+    def read_only(args):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), "/ro/out/train.txt")
+
+    monkeypatch.setattr(cli, "cmd_synth", read_only)
+    assert main(["synth", "/ro/out/train.txt"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == ("ctrcal synth: error: /ro/out/train.txt: cannot use: read-only file "
+                           "system")  # fmt: skip
+
+    def broken(args):  # not a condition of the file system: a bug keeps its traceback
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF), "/x")
+
+    monkeypatch.setattr(cli, "cmd_synth", broken)
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        main(["synth", "/x"])
