@@ -85,8 +85,8 @@ def feature_identity(directory: str | Path) -> str:
     h = hashlib.sha256(f"ctrcal feature identity v{IDENTITY_VERSION}\n".encode())
     body = {k: v for k, v in fm.items() if k not in PROVENANCE_KEYS}
     h.update(json.dumps(body, sort_keys=True, default=str).encode())
-    if vocab_path.exists() or any(f.get("kind") == "categorical" for f in fm.get("features", [])):
-        _hash_vocabulary(vocab_path, h)
+    if any(f.get("kind") == "categorical" for f in fm.get("features", [])):
+        _hash_vocabulary(vocab_path, h)  # without categorical fields there is none to read
     _cache[key] = h.hexdigest()
     return _cache[key]
 

@@ -157,7 +157,8 @@ def epoch_tradeoff(history: list[dict[str, Any]], best_epoch: int, monitor: str)
     if not parts:
         return None
     return (
-        f"train.monitor {monitor or '?'} kept epoch {best_epoch}, whose validation "
+        f"{f'train.monitor {monitor}' if monitor else 'the monitored metric'} kept epoch "
+        f"{best_epoch}, whose validation "
         + " and whose ".join(parts)
     )
 

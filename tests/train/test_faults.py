@@ -308,3 +308,5 @@ def test_epoch_tradeoff_is_silent_when_the_kept_epoch_is_best_everywhere():
         "train.monitor logloss kept epoch 2, whose validation ECE 0.0100 is worse than "
         "epoch 3's 0.0050"
     )
+    # a result.json written before the monitor was recorded still says it
+    assert epoch_tradeoff(history, 2, "").startswith("the monitored metric kept epoch 2, whose")
