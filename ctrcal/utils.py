@@ -131,7 +131,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     replaces ``path`` in one rename, so a crash never leaves a half-written target that a
     later run could trust, and a failed write (a full disk, say) leaves the previous
     ``path`` as it was. Such a failure is an :class:`OutputError` naming ``path`` and the
-    cause (:func:`writing`).
+    cause (:func:`writing`), so the body should only write: an input it fails to read there
+    would be reported as this write's failure.
     """
     path = Path(path)
     make_dirs(path.parent)
