@@ -11,6 +11,9 @@ Subcommands::
                                                prepare (unless --data) + train every variant
                                                + shift report; ``ctrcal run`` is an alias
     ctrcal validate CONFIG [k=v ...]           check a config without running anything
+    ctrcal calibration-report FILE --prob COL --label COL [--segments COLS] [--time COL
+                        [--windows N]] [--compare COL2] [--std COL] [--out DIR]
+                                               calibration report of any predictions file
 
 User errors print one line on stderr and exit non-zero (2 for configs and usage);
 ``--debug`` shows the traceback instead.
@@ -176,6 +179,24 @@ def cmd_shift_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibration_report(args: argparse.Namespace) -> int:
+    from ctrcal.calibration_report import calibration_report
+    from ctrcal.predictions_file import read_predictions
+
+    segments = [s.strip() for part in args.segments for s in part.split(",") if s.strip()]
+    preds = read_predictions(
+        args.file, args.prob, args.label, segments=segments, time=args.time,
+        compare=args.compare, std=args.std,
+    )  # fmt: skip
+    out = args.out if args.out is not None else args.file.with_name(args.file.name + ".calibration")
+    paths = calibration_report(
+        preds, out, windows=args.windows, calibrator=args.calibrator, bootstrap=args.bootstrap,
+        seed=args.seed,
+    )  # fmt: skip
+    print(f"wrote {paths.markdown} ({preds.rows:,} rows), metrics.json and figures in {out}")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Parser
 
@@ -301,6 +322,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("validate", cmd_validate, "check a config without running anything")
     _add_config(p)
+
+    p = add(
+        "calibration-report",
+        cmd_calibration_report,
+        "calibration report of a predictions file (parquet or CSV) from any system",
+    )
+    p.add_argument("file", type=Path, help="predictions file: .parquet, .csv or .tsv (.gz)")
+    p.add_argument("--prob", required=True, metavar="COL", help="predicted click probability")
+    p.add_argument("--label", required=True, metavar="COL", help="click label, 0/1")
+    p.add_argument("--segments", action="append", default=[], metavar="COLS",
+                   help="segment columns, comma-separated (Field-RCE, MCE)")  # fmt: skip
+    p.add_argument("--time", default=None, metavar="COL",
+                   help="time column: calibration over consecutive time windows")  # fmt: skip
+    p.add_argument("--windows", type=int, default=10, metavar="N", help="time windows (10)")
+    p.add_argument("--compare", default=None, metavar="COL2",
+                   help="another model's probabilities: paired bootstrap")  # fmt: skip
+    p.add_argument("--std", default=None, metavar="COL", help="predictive std: risk-coverage")
+    p.add_argument("--calibrator", default="platt", metavar="NAME",
+                   help="calibrator fitted once vs refitted per window (platt)")  # fmt: skip
+    p.add_argument("--bootstrap", type=int, default=200, metavar="N", help="replicates (200)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and of the floor")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="report directory (default: FILE.calibration beside the file)")  # fmt: skip
     return parser
 
 
