@@ -41,6 +41,7 @@ from torch.autograd.function import once_differentiable
 
 from ctrcal.layers.chunks import Chunks
 from ctrcal.layers.cpu_kernels import cpu_kernels
+from ctrcal.layers.fusion import fusable_on_cpu, is_layer_norm, unhooked
 
 __all__ = [
     "dropout_keep_mask",
@@ -191,21 +192,18 @@ class _LayerNormReLUDropoutFn(torch.autograd.Function):
 def layer_norm_fusable(x: Tensor, norm: nn.Module, p: float, training: bool) -> bool:
     """Whether the C kernels may run ``F.dropout(F.relu(norm(x)), p, training)`` for x
     ``[B, N]``: training with ``0 < p < 1``, a plain affine ``nn.LayerNorm(N)`` without hooks,
-    float32 CPU tensors outside autocast, and the kernels built. The one statement of that
-    rule; kernels that fuse more around the norm add their own conditions to it."""
+    and :func:`~ctrcal.layers.fusion.fusable_on_cpu` for x and the norm's weight. Kernels
+    that fuse more around the norm add their own conditions to it."""
     return (
         training
         and 0.0 < p < 1.0
-        and type(norm) is nn.LayerNorm
+        and is_layer_norm(norm)
+        and unhooked(norm)
         and norm.weight is not None
         and norm.bias is not None
-        and not (norm._forward_hooks or norm._forward_pre_hooks)
         and x.dim() == 2
         and tuple(norm.normalized_shape) == (x.shape[1],)
-        and x.device.type == "cpu"
-        and x.dtype == norm.weight.dtype == torch.float32
-        and not torch.is_autocast_enabled("cpu")
-        and cpu_kernels() is not None
+        and fusable_on_cpu(x, norm.weight, kernels=cpu_kernels)
     )
 
 
