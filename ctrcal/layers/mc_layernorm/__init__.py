@@ -24,32 +24,42 @@ the tests hold to :mod:`.definition`'s formula; the subset size ``k`` itself is
 MC-LayerNorm is the subject of a patent application by IBM (US 2025/0094784).
 """
 
-from ctrcal.layers.mc_layernorm.definition import mc_subset_size
-from ctrcal.layers.mc_layernorm.dispatch import BACKENDS, COMPILED_MODES, compiled_mode
-from ctrcal.layers.mc_layernorm.functional import (
-    grouped_layer_norm,
-    mc_grouped_layer_norm,
-    mc_layer_norm,
-    sample_subset_mask,
-)
-from ctrcal.layers.mc_layernorm.module import MCLayerNorm, has_mc_layers, mc_mode, set_mc_mode
-from ctrcal.layers.mc_layernorm.predict import mc_predict, sample_probabilities
-from ctrcal.layers.mcln_kernel import kernel_available
+from __future__ import annotations
 
-__all__ = [
-    "BACKENDS",
-    "COMPILED_MODES",
-    "MCLayerNorm",
-    "compiled_mode",
-    "grouped_layer_norm",
-    "has_mc_layers",
-    "kernel_available",
-    "mc_grouped_layer_norm",
-    "mc_layer_norm",
-    "mc_mode",
-    "mc_predict",
-    "mc_subset_size",
-    "sample_probabilities",
-    "sample_subset_mask",
-    "set_mc_mode",
-]
+import importlib
+from typing import Any
+
+# public name -> the module that defines it; loaded on first use, so that importing one
+# module of the package (``.module`` imports ``.functional``, ``.dispatch``, ``.definition``)
+# never runs the others through this file, and no module imports its own package back
+_EXPORTS = {
+    "BACKENDS": "ctrcal.layers.mc_layernorm.dispatch",
+    "COMPILED_MODES": "ctrcal.layers.mc_layernorm.dispatch",
+    "MCLayerNorm": "ctrcal.layers.mc_layernorm.module",
+    "compiled_mode": "ctrcal.layers.mc_layernorm.dispatch",
+    "grouped_layer_norm": "ctrcal.layers.mc_layernorm.functional",
+    "has_mc_layers": "ctrcal.layers.mc_layernorm.module",
+    "kernel_available": "ctrcal.layers.mcln_kernel",
+    "mc_grouped_layer_norm": "ctrcal.layers.mc_layernorm.functional",
+    "mc_layer_norm": "ctrcal.layers.mc_layernorm.functional",
+    "mc_mode": "ctrcal.layers.mc_layernorm.module",
+    "mc_predict": "ctrcal.layers.mc_layernorm.predict",
+    "mc_subset_size": "ctrcal.layers.spec",
+    "sample_probabilities": "ctrcal.layers.mc_layernorm.predict",
+    "sample_subset_mask": "ctrcal.layers.mc_layernorm.functional",
+    "set_mc_mode": "ctrcal.layers.mc_layernorm.module",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # found directly from now on
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
