@@ -80,9 +80,11 @@ def fusable_on_cpu(
     if not tensors:
         raise ValueError("fusable_on_cpu needs the tensors the kernel reads")
     dtype = tensors[0].dtype
-    return (
-        all(t.device.type == "cpu" and t.dtype == dtype for t in tensors)
-        and (dtypes is None or dtype in dtypes)
-        and (autocast_free or not torch.is_autocast_enabled("cpu"))
-        and (kernels is None or bool(kernels()))
-    )
+    if dtypes is not None and dtype not in dtypes:
+        return False
+    for t in tensors:  # a loop, not all(...): asked several times per training step
+        if t.device.type != "cpu" or t.dtype != dtype:
+            return False
+    if not autocast_free and torch.is_autocast_enabled("cpu"):
+        return False
+    return kernels is None or bool(kernels())
