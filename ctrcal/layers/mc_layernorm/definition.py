@@ -33,7 +33,13 @@ from torch import Tensor
 from ctrcal.layers.mcln_kernel import small_side
 from ctrcal.layers.spec import mc_subset_size
 
-__all__ = ["masked_rows", "mc_subset_size", "torch_subset_mask"]
+__all__ = ["compute_dtype", "masked_rows", "mc_subset_size", "torch_subset_mask"]
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the statistics for input of ``dtype``: float64 for float64, else float32
+    (bfloat16 and float16 rows are normalised in float32)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def check_k(n: int, k: int) -> None:
@@ -120,7 +126,7 @@ def masked_rows(
         autocast.
     """
     rows, n = x.shape
-    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    compute = compute_dtype(x.dtype)
     with torch.autocast(x.device.type, enabled=False):
         xf = x.to(compute)
         masked = xf if mask is None else xf * mask

@@ -42,7 +42,7 @@ from torch import Tensor
 from ctrcal.errors import ConfigError
 from ctrcal.layers import mcln_kernel
 from ctrcal.layers.fusion import fusable_on_cpu
-from ctrcal.layers.mc_layernorm.definition import masked_rows, torch_subset_mask
+from ctrcal.layers.mc_layernorm.definition import compute_dtype, masked_rows, torch_subset_mask
 from ctrcal.layers.spec import MC_BACKENDS
 
 __all__ = [
@@ -204,7 +204,7 @@ def normalize_rows(
     drawn), or the subsets of ``mask`` [R, N] when given (then always the torch path); row r
     takes affine row ``r % groups`` of weight/bias [groups, N] (or [N] when groups is 1)."""
     rows, n = x.shape
-    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    compute = compute_dtype(x.dtype)
     if mask is None and rows > 0:
         choice = choose_backend(backend, x)
         if choice == "triton":
@@ -250,7 +250,7 @@ def _decomposed_rows(
     rows, n = x.shape
     if k == n:  # the full set draws nothing
         return masked_rows(x, None, n, weight, bias, groups, eps)
-    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    compute = compute_dtype(x.dtype)
     seed = triton().draw_seed(x.device, generator)
     mask = triton().mc_subset_mask(seed, rows, n, k).to(compute)
     return masked_rows(x, mask, k, weight, bias, groups, eps)
