@@ -16,10 +16,17 @@ One job per module:
 =====================  =========================================================================
 
 The fused kernels sit beside this package: :mod:`ctrcal.layers.mcln_kernel` (C, CPU) and
-:mod:`ctrcal.layers.mcln_triton` (Triton). A change of MC-LayerNorm's semantics touches three
-files: :mod:`.definition` and the two kernels (``mcln_kernel.c``, ``mcln_triton.py``), which
-the tests hold to :mod:`.definition`'s formula; the subset size ``k`` itself is
-:func:`ctrcal.layers.spec.mc_subset_size`.
+:mod:`ctrcal.layers.mcln_triton` (Triton). Where a change of MC-LayerNorm's semantics lands:
+
+* the per-row computation (the subset law, the statistics, the affine): three files,
+  :mod:`.definition` and the two kernels (``mcln_kernel.c``, ``mcln_triton.py``), which the
+  tests hold to :mod:`.definition`'s formula (``mcln_kernel.py`` too if the C kernel's
+  arguments change);
+* the subset size ``k``: one function, :func:`ctrcal.layers.spec.mc_subset_size` (config
+  checks share it);
+* when the layer samples (training, one-shot, MC mode): :mod:`.module` alone.
+
+Names are loaded on first use: importing one module of the package runs none of the others.
 
 MC-LayerNorm is the subject of a patent application by IBM (US 2025/0094784).
 """

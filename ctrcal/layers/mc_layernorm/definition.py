@@ -19,7 +19,8 @@ This module holds the formula (:func:`masked_rows`: rows normalised by the stati
 (:func:`torch_subset_mask`). The fused kernels compute the same function with their own
 random bits: :mod:`ctrcal.layers.mcln_kernel` (C, CPU) and :mod:`ctrcal.layers.mcln_triton`
 (Triton); the tests hold both to :func:`masked_rows` on the subsets they draw. A change of
-MC-LayerNorm's semantics therefore touches this module and those two kernels, nothing else.
+the per-row computation therefore touches this module and those two kernels (see the
+package docstring for the rest).
 """
 
 from __future__ import annotations
