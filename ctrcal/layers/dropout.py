@@ -41,7 +41,7 @@ from torch.autograd.function import once_differentiable
 
 from ctrcal.layers.chunks import Chunks
 from ctrcal.layers.cpu_kernels import cpu_kernels
-from ctrcal.layers.fusion import fusable_on_cpu, is_layer_norm, unhooked
+from ctrcal.layers.fusion import fusable_on_cpu, is_layer_norm, is_stock, unhooked
 
 __all__ = [
     "dropout_keep_mask",
@@ -231,12 +231,12 @@ def layer_norm_relu_dropout(x: Tensor, norm: nn.LayerNorm, p: float, training: b
 def run_sequential(layers: Iterable[nn.Module], x: Tensor) -> Tensor:
     """``nn.Sequential(*layers)(x)``, with every ``nn.ReLU`` directly followed by an
     ``nn.Dropout`` run as one :func:`relu_dropout` (the dropout module's ``p`` and
-    ``training`` decide, as they would)."""
+    ``training`` decide, as they would) where neither is hooked."""
     mods = list(layers)
     i = 0
     while i < len(mods):
         nxt = mods[i + 1] if i + 1 < len(mods) else None
-        if type(mods[i]) is nn.ReLU and type(nxt) is nn.Dropout:
+        if is_stock(mods[i], nn.ReLU) and is_stock(nxt, nn.Dropout):
             x = relu_dropout(x, nxt.p, nxt.training)
             i += 2
         else:

@@ -240,7 +240,7 @@ class MaskBlock(nn.Module):
 
     def post_norm(self, h: torch.Tensor) -> torch.Tensor:
         """The block from its norm on: ``Dropout(ReLU(Norm(h)))``, ``[B, output_dim]``."""
-        if type(self.activation) is nn.ReLU and type(self.dropout) is nn.Dropout:
+        if is_stock(self.activation, nn.ReLU) and is_stock(self.dropout, nn.Dropout):
             # one fused node with a cheaper mask (same dropout in law), with the LayerNorm in
             # it where the norm is one: ctrcal.layers.dropout
             p, training = self.dropout.p, self.dropout.training
@@ -283,8 +283,8 @@ class MaskBlock(nn.Module):
         hooked it: then its tail may run inside fused nodes with what follows it."""
         return (
             is_layer_norm(self.norm)
-            and type(self.activation) is nn.ReLU
-            and type(self.dropout) is nn.Dropout
+            and is_stock(self.activation, nn.ReLU)
+            and is_stock(self.dropout, nn.Dropout)
             and unhooked(self)
         )
 

@@ -8,8 +8,9 @@ import torch
 from torch import nn
 
 from ctrcal.layers import cpu_kernels
+from ctrcal.layers.dropout import run_sequential
 from ctrcal.layers.fusion import fusable_on_cpu, is_layer_norm, is_stock
-from ctrcal.layers.mask_block import MaskBlock, masked_input
+from ctrcal.layers.mask_block import MaskBlock, masked_input, serial_logits
 from ctrcal.layers.mc_layernorm import MCLayerNorm
 
 
@@ -79,3 +80,27 @@ def test_layer_norm_subclass_never_takes_the_layer_norm_kernels():
     assert not layer_norm_fusable(x, MCLayerNorm(16), 0.1, True)
     assert MaskBlock(8, 8, 16, dropout=0.1).fusable_tail()
     assert not MaskBlock(8, 8, 16, norm_layer="mclayernorm", dropout=0.1).fusable_tail()
+
+
+@pytest.mark.parametrize("hooked", ["activation", "dropout"])
+def test_a_hook_on_a_blocks_relu_or_dropout_sees_the_call(hooked):
+    """Fused paths skip the modules they stand for; a hooked module is called instead."""
+    torch.manual_seed(4)
+    blk = MaskBlock(8, 8, 16, dropout=0.2).train()
+    seen = []
+    getattr(blk, hooked).register_forward_hook(lambda m, args, out: seen.append(out.shape))
+    v = torch.randn(32, 8)
+    blk(v, v).sum().backward()
+    assert seen == [(32, 16)]
+    nxt = MaskBlock(8, 16, 4, dropout=0.2).train()
+    logits = serial_logits([blk, nxt], nn.Linear(4, 1), v, v, [None, None])
+    assert len(seen) == 2 and logits.shape == (32,)
+
+
+def test_a_hook_on_a_towers_relu_sees_the_call():
+    layers = [nn.Linear(6, 8), nn.ReLU(), nn.Dropout(0.3), nn.Linear(8, 1)]
+    seen = []
+    layers[1].register_forward_hook(lambda m, args, out: seen.append(1))
+    torch.manual_seed(5)
+    out = run_sequential(layers, torch.randn(10, 6))
+    assert seen == [1] and out.shape == (10, 1)
