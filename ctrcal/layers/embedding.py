@@ -41,7 +41,7 @@ from torch.autograd.function import once_differentiable
 
 from ctrcal.layers.chunks import Chunks
 from ctrcal.layers.cpu_kernels import cpu_kernels
-from ctrcal.layers.fusion import fusable_on_cpu, is_layer_norm
+from ctrcal.layers.fusion import fusable_on_cpu, is_layer_norm, is_stock
 from ctrcal.layers.mc_layernorm.functional import grouped_layer_norm, mc_grouped_layer_norm
 from ctrcal.layers.mc_layernorm.module import MCLayerNorm
 from ctrcal.layers.registry import create_norm
@@ -325,7 +325,9 @@ def _fusable(norms: list[nn.Module]) -> str | None:
     """``"ln"``/``"mc"`` when the fields' layers can run as one call, else None."""
     first = norms[0]
     if is_layer_norm(first):
-        same_type = all(is_layer_norm(n) for n in norms)
+        # a hooked field norm is called (the MC-LayerNorm group below cannot ask this:
+        # mc_mode hooks every MC layer while it samples at evaluation)
+        same_type = all(is_stock(n, nn.LayerNorm) for n in norms)
         return "ln" if same_type and _same_layernorms(norms) else None
     if type(first) is not MCLayerNorm or len(first.normalized_shape) != 1:
         return None

@@ -9,6 +9,7 @@ from torch import nn
 
 from ctrcal.layers import cpu_kernels
 from ctrcal.layers.dropout import run_sequential
+from ctrcal.layers.embedding import FieldNorm
 from ctrcal.layers.fusion import fusable_on_cpu, is_layer_norm, is_stock
 from ctrcal.layers.mask_block import MaskBlock, masked_input, serial_logits
 from ctrcal.layers.mc_layernorm import MCLayerNorm
@@ -104,3 +105,13 @@ def test_a_hook_on_a_towers_relu_sees_the_call():
     torch.manual_seed(5)
     out = run_sequential(layers, torch.randn(10, 6))
     assert seen == [1] and out.shape == (10, 1)
+
+
+def test_a_hook_on_a_field_layer_norm_sees_the_call():
+    norm = FieldNorm(3, 8, "layernorm")
+    seen = []
+    norm.norms[1].register_forward_hook(lambda m, args, out: seen.append(out.shape))
+    x = torch.randn(5, 3, 8)
+    out = norm(x)
+    assert seen == [(5, 8)]
+    torch.testing.assert_close(out, torch.nn.functional.layer_norm(x, (8,)))
