@@ -5,7 +5,7 @@ Subcommands::
     ctrcal synth OUT --rows N --seed S         synthetic Criteo (dac layout) + true click probs
     ctrcal prepare INPUT... --out DIR          raw Criteo -> feature_map.json + parquet splits
     ctrcal train CONFIG [--data DIR] [--out RUN_DIR] [--resume] [k=v ...]
-    ctrcal evaluate RUN_DIR [--split test] [--mc-samples N]
+    ctrcal evaluate RUN_DIR [--split test] [--data DIR] [--mc-samples N [--seed S]]
     ctrcal shift-report CONFIG [--data DIR] [--out DIR] [--seeds N] [--workers N]
                         [--devices cuda:0,cuda:1|auto] [k=v ...]
                                                prepare (unless --data) + train every variant
@@ -128,13 +128,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from ctrcal.runs import require_run_dir
+    from ctrcal.runs import require_run_dir, run_data
 
-    require_run_dir(args.run_dir)  # a mistyped run answers before torch is imported
+    # a mistyped run or a moved data directory answers before torch is imported
+    require_run_dir(args.run_dir)
+    run_data(args.run_dir, args.data)
     from ctrcal.train.evaluate import evaluate_run
 
-    metrics = evaluate_run(args.run_dir, args.split, args.data, mc_samples=args.mc_samples)
-    mc = f", MC average of {args.mc_samples} passes" if args.mc_samples > 0 else ""
+    metrics = evaluate_run(
+        args.run_dir, args.split, args.data, mc_samples=args.mc_samples, seed=args.seed
+    )
+    mc = f", MC average of {args.mc_samples} passes (seed {args.seed})" if args.mc_samples else ""
     print(f"{args.run_dir} on {args.split}{mc}:")
     print(
         f"AUC {metrics['auc']:.4f}  logloss {metrics['logloss']:.4f}  ECE {metrics['ece']:.4f}"
@@ -273,8 +277,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("evaluate", cmd_evaluate, "evaluate a trained run")
     p.add_argument("run_dir", type=Path, help="run directory written by 'ctrcal train'")
     p.add_argument("--split", choices=["train", "valid", "test"], default="test")
-    p.add_argument("--mc-samples", type=int, default=0, help="MC-integration passes (0: off)")
-    p.add_argument("--data", type=Path, default=None, help="prepared data directory")
+    p.add_argument("--mc-samples", type=_non_negative_int, default=0,
+                   help="MC-integration passes (0: off)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the MC passes' random subsets (default 0): the same command "
+                        "gives the same numbers")  # fmt: skip
+    p.add_argument("--data", type=Path, default=None,
+                   help="prepared data directory (default: the run's own); it must be "
+                        "encoded with the run's feature map")  # fmt: skip
 
     p = add(
         "shift-report",
@@ -311,6 +321,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"ctrcal {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        from ctrcal.utils import OUTPUT_ERRNOS, describe_os_error
+
+        # a full disk, a read-only or forbidden path that no writer turned into an
+        # OutputError itself: still one line naming the path and the cause
+        if args.debug or exc.errno not in OUTPUT_ERRNOS or not exc.filename:
+            raise
+        print(f"ctrcal {args.command}: error: {describe_os_error(exc.filename, exc, 'use')}",
+              file=sys.stderr)  # fmt: skip
+        return 1
     except KeyboardInterrupt:
         print(f"ctrcal {args.command}: interrupted", file=sys.stderr)
         return 130
