@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ctrcal.errors import ConfigError
+from ctrcal.layers.fusion import is_layer_norm
 from ctrcal.layers.spec import NormSpec, is_no_norm, normalize_name
 from ctrcal.utils import closest
 
@@ -268,7 +269,7 @@ def replace_norms(
 
     def matches(module: nn.Module) -> bool:
         if target is None:
-            return type(module) is nn.LayerNorm
+            return is_layer_norm(module)
         return isinstance(module, target)
 
     replaced: dict[int, nn.Module] = {}
