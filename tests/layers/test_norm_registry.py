@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 import ctrcal
-from ctrcal.config import NormSpec, load_config
+from ctrcal.config import NormSpec
+from ctrcal.config_load import load_config
 from ctrcal.errors import ConfigError, CtrcalError
 from ctrcal.layers.mc_layernorm import MCLayerNorm, mc_mode
 from ctrcal.layers.norms import FeatureBatchNorm, NoMorelization

@@ -10,7 +10,7 @@ import torch
 
 import ctrcal
 from ctrcal.cli import main
-from ctrcal.config import load_config
+from ctrcal.config_load import load_config
 from ctrcal.errors import ConfigError
 from ctrcal.layers.mc_layernorm import MCLayerNorm
 from ctrcal.train.trainer import evaluate_run, load_run, train

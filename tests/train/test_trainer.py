@@ -16,7 +16,7 @@ from torch import nn
 
 import ctrcal.train.trainer as trainer
 from ctrcal.cli import main
-from ctrcal.config import load_config
+from ctrcal.config_load import load_config
 from ctrcal.data.loader import ParquetCTRData
 from ctrcal.errors import ConfigError, CtrcalError
 from ctrcal.layers.mc_layernorm import MCLayerNorm
