@@ -46,7 +46,6 @@ _EXPORTS: dict[str, str | tuple[str, str]] = {
     "Batch": "ctrcal.batch",
     # the jobs: prepare, train, evaluate, report
     "prepare": "ctrcal.data.prepare",
-    "train": "ctrcal.train.trainer",
     "evaluate": ("ctrcal.train.evaluate", "evaluate_run"),
     "load_run": "ctrcal.train.trainer",
     "Run": "ctrcal.train.results",
@@ -73,7 +72,8 @@ _EXPORTS: dict[str, str | tuple[str, str]] = {
     "NormSpec": "ctrcal.config",
     "load_config": "ctrcal.config_load",
 }
-_SUBMODULES = {"metrics": "ctrcal.metrics"}
+# `ctrcal.train` is the training package, callable as the training job (see its docstring)
+_SUBMODULES = {"metrics": "ctrcal.metrics", "train": "ctrcal.train"}
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 

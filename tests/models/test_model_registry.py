@@ -198,3 +198,64 @@ def test_norm_positions_take_names_mappings_and_classes():
                            _fm())  # fmt: skip
         for model in (user, dnn):
             assert any(type(m) is MCLayerNorm for m in model.modules())
+
+
+# ---------------------------------------------------------------------------------------------
+# A config's import path names a model class, and nothing else is ever called
+
+
+def _writer_module(tmp_path: Path, monkeypatch) -> Path:
+    """A module whose function would write a file if anything called it."""
+    marker = tmp_path / "called.txt"
+    (tmp_path / "sneaky_models.py").write_text(
+        "from pathlib import Path\n"
+        f"MARKER = Path({str(marker)!r})\n"
+        "def make_model(feature_map, **kwargs):\n"
+        "    MARKER.write_text('called')\n"
+        "    raise SystemExit('must never run')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return marker
+
+
+@pytest.mark.parametrize("target", ["os:system", "sneaky_models:make_model"])
+def test_validate_and_train_refuse_a_non_module_import_path_uncalled(
+    target, tmp_path, monkeypatch, capsys, prepared_dir
+):
+    from ctrcal.cli import main
+
+    marker = _writer_module(tmp_path, monkeypatch)
+    cfg = _write(tmp_path, f"model: {{name: '{target}'}}\n")
+    for argv in (["validate", str(cfg)],
+                 ["train", str(cfg), "--data", str(prepared_dir), "--out", str(tmp_path / "r")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "model.name" in err and "must name an nn.Module subclass" in err, err
+        assert "was not called" in err and "Traceback" not in err
+    assert not marker.exists()
+    assert not (tmp_path / "r" / "checkpoints").exists()
+    with pytest.raises(ConfigError, match="nn.Module subclass"):
+        create_model(target, _fm())  # from Python too, when named by a path
+    assert not marker.exists()
+
+
+def test_a_python_factory_stays_available_through_register_model(tmp_path, monkeypatch):
+    marker = _writer_module(tmp_path, monkeypatch)
+
+    def factory(feature_map, hidden: int = 8):
+        from tiny_user_model import TinyCTR
+
+        return TinyCTR(feature_map, hidden=hidden)
+
+    register_model("tiny_factory", factory, overwrite=True)
+    model = create_model("tiny_factory", _fm(), hidden=4)
+    assert isinstance(model, BatchInputModel)
+    cfg = load_config(None, ["model.name=tiny_factory", "model.hidden=4"])
+    assert cfg.model.kwargs == {"hidden": 4}
+    # a function the caller registered may be named by its import path as well
+    import sneaky_models
+
+    monkeypatch.setattr(sneaky_models, "make_model", factory)
+    register_model("sneaky", "sneaky_models:make_model", overwrite=True)
+    assert isinstance(create_model("sneaky_models:make_model", _fm()), BatchInputModel)
+    assert not marker.exists()
