@@ -43,10 +43,13 @@ def check_data(cfg: Config, problems: Problems) -> None:
             "data.split",
             f"expected three fractions >= 0 with train > 0 (train, valid, test), got {fr}",
         )
-    elif not math.isclose(sum(fr), 1.0, rel_tol=0.0, abs_tol=_SPLIT_TOLERANCE):
+    elif not all(float(f).is_integer() for f in fr) and not math.isclose(
+        sum(fr), 1.0, rel_tol=0.0, abs_tol=_SPLIT_TOLERANCE
+    ):  # whole numbers are proportions (22 days : 1 : 1); fractions must add up
         problems.add(
             "data.split",
-            f"the fractions (train, valid, test) must sum to 1, got {fr} (sum {sum(fr):g})",
+            f"the fractions (train, valid, test) must sum to 1, got {fr} (sum {sum(fr):g}); "
+            "or give whole-number proportions such as [8, 1, 1]",
         )
     explicit = bool(d.train or d.valid or d.test)
     if d.split_order == "time" and explicit:

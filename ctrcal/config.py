@@ -91,7 +91,8 @@ class DataConfig:
     """Where the raw data is and how it is split.
 
     ``inputs`` are raw Criteo files in any supported layout (split ``split`` ways with
-    ``split_seed``); alternatively ``train``/``valid``/``test`` name one file list each.
+    ``split_seed``: fractions that sum to 1, or whole-number proportions such as
+    ``[22, 1, 1]`` days); alternatively ``train``/``valid``/``test`` name one file list each.
     With neither, ``synthetic`` data is generated. ``split_order``: ``random`` (seeded hash of
     each row) or ``time`` (train on the first rows, valid/test on the last; whole files for
     Criteo 1TB ``day_N`` inputs), see :mod:`ctrcal.data.splits`.

@@ -44,7 +44,7 @@ def _write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
         ("model.hidden_units=[8, 0]", ["model.hidden_units[1]", ">= 1", "got 0"]),
         ("model.reduction_ratio=0", ["model.reduction_ratio"]),
         ("model.net_norm={name: groupnorm, num_groups: 5}", ["model.net_norm", "divide"]),
-        ("data.split=[0.8, 0.3, 0.1]", ["data.split", "sum to 1", "[0.8, 0.3, 0.1]"]),
+        ("data.split=[0.8, 0.3, 0.1]", ["data.split", "sum to 1", "[0.8, 0.3, 0.1]", "1.2"]),
         ("train.batch_size=0", ["train.batch_size", ">= 1", "got 0"]),
         ("train.lr=-0.001", ["train.lr", "-0.001"]),
         ("train.lr=.nan", ["train.lr", "nan"]),
@@ -87,6 +87,14 @@ def test_validate_reports_every_problem_with_the_file_that_set_it(tmp_path, caps
     # epochs: 1 came from base.yaml and is fine; a problem there would name base.yaml
     assert main(["validate", str(top), "train.epochs=0"]) == 2
     assert f"{base}: train.epochs" not in capsys.readouterr().err  # set by the override
+
+
+def test_split_fractions_sum_to_one_or_are_whole_proportions():
+    for ok in ("[0.8, 0.1, 0.1]", "[0.7, 0.2, 0.1]", "[22, 1, 1]", "[1, 0, 0]"):
+        assert load_config(None, [f"data.split={ok}"]).data.split
+    for bad in ("[0.8, 0.3, 0.1]", "[0.5, 0.2, 0.1]", "[8, 1, 0.5]"):
+        with pytest.raises(ConfigError, match=r"data\.split: .*must sum to 1"):
+            load_config(None, [f"data.split={bad}"])
 
 
 def test_validate_binds_model_arguments_against_the_constructors(tmp_path, capsys):
