@@ -125,8 +125,7 @@ def check_model(cfg: Config, problems: Problems) -> None:
 
 def _bind_model(cfg: Config, source: str) -> Any:
     """``cfg.model`` with its name resolved, arguments bound and the model's defaults in."""
-    from ctrcal.layers.spec import parse_norm_spec
-    from ctrcal.models.registry import check_model_kwargs, is_norm_key, model_defaults
+    from ctrcal.models.registry import check_model_kwargs, model_defaults, with_defaults
 
     model = cfg.model
 
@@ -134,15 +133,11 @@ def _bind_model(cfg: Config, source: str) -> Any:
         return f"{source}: model.{key}"  # Problems names the file that set the key
 
     try:
-        defaults = model_defaults(model.name)
+        model_defaults(model.name)
     except ConfigError as exc:
         raise ConfigError(f"model.name: {exc}") from None
     check_model_kwargs(model.name, model.kwargs, where)
-    merged = {**defaults, **model.kwargs}
-    for key, value in merged.items():
-        if is_norm_key(key) and not callable(value):
-            merged[key] = parse_norm_spec(value)
-    return model.with_arguments(merged)
+    return model.with_arguments(with_defaults(model.name, model.kwargs))
 
 
 def _meta_feature_map(cfg: Config) -> Any:

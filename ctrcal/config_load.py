@@ -17,7 +17,9 @@ from typing import Any
 
 from ctrcal.config import DEFAULT_MODEL, Config, ModelConfig, NormSpec
 from ctrcal.config_yaml import apply_overrides, key_sources, load_yaml
+from ctrcal.errors import ConfigError
 from ctrcal.layers.spec import parse_norm_spec
+from ctrcal.models.registry import with_defaults
 from ctrcal.typed import NOT_HANDLED, SOURCE_KEY, build_value, describe, fail, strip_sources
 from ctrcal.utils import closest
 from ctrcal.validation import validate_config
@@ -72,10 +74,18 @@ def validate_names(cfg: Config, source: str, skip: Sequence[str] = ()) -> None:
 def build_config(raw: dict[str, Any], source: str) -> Config:
     """The typed :class:`Config` of a raw mapping (types and keys checked, nothing else).
 
+    The model's defaults are filled in where the model resolves, checked or not: a config
+    means the same run whether or not its checks ran (a run's identity is its whole config).
+
     Raises:
         ConfigError: an unknown key (with the closest one), a wrong type, a missing key.
     """
-    return build_value(Config, raw, "", source, _build_special)
+    cfg = build_value(Config, raw, "", source, _build_special)
+    try:
+        cfg.model = cfg.model.with_arguments(with_defaults(cfg.model.name, cfg.model.kwargs))
+    except ConfigError:
+        pass  # an unknown model: the model check names it
+    return cfg
 
 
 def _build_special(tp: Any, value: Any, key: str, source: str) -> Any:

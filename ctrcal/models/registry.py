@@ -60,6 +60,7 @@ from typing import Any
 from torch import nn
 
 from ctrcal.errors import ConfigError
+from ctrcal.layers.spec import parse_norm_spec
 from ctrcal.typed import check_value
 from ctrcal.utils import closest
 
@@ -71,6 +72,7 @@ __all__ = [
     "norm_positions",
     "register_model",
     "resolve_model",
+    "with_defaults",
 ]
 
 # constructor arguments every norm position is recognised by
@@ -320,6 +322,17 @@ def model_defaults(spec: Any) -> dict[str, Any]:
             value = p.default
             out[name] = list(value) if isinstance(value, tuple) else value
     return out
+
+
+def with_defaults(spec: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` plus the model's default for every argument they leave out, norm positions
+    as norm specs: every argument the model will be built with (a run's snapshot lists them
+    all, so its identity does not depend on which defaults a file spelt out)."""
+    merged = {**model_defaults(spec), **kwargs}
+    for key, value in merged.items():
+        if is_norm_key(key) and not callable(value):
+            merged[key] = parse_norm_spec(value)
+    return merged
 
 
 def check_model_kwargs(spec: Any, kwargs: dict[str, Any], where: Callable[[str], str]) -> None:
