@@ -193,7 +193,7 @@ def _builds(
         for k in norms:
             alone = _construct(name, {**plain, k: kwargs[k]}, feature_map)
             if alone is not None:
-                problems.add(f"{key}.{k}" if only is not None else f"model.{k}", alone)
+                problems.add(f"{key}.{k}", alone)
                 return False
     problems.add(*_blame(error, key, params))
     return False

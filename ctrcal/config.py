@@ -32,7 +32,10 @@ Example::
 
     extends: base.yaml
     model: {name: dcnv2, structure: stacked}   # MaskNet's hidden_units etc. are not inherited
-    train: {finetune_from: !delete}            # back to the default (None)
+    train:
+      finetune_from: !delete                   # back to the default (None)
+
+(In flow style a space must follow the tag: ``{finetune_from: !delete }``.)
 """
 
 from __future__ import annotations

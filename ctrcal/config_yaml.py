@@ -150,6 +150,9 @@ def _merge(base: dict[str, Any], top: dict[str, Any], where: str) -> dict[str, A
         ):
             out[key] = _merge(current, value, dotted)
         else:
+            if isinstance(value, dict) and isinstance(current, dict):  # another name
+                # removing a key of the thing replaced: already gone with it
+                value = {k: v for k, v in value.items() if not (v is DELETE and k in current)}
             _refuse_deletes(value, dotted, top_sources.get(key, "config"))
             out[key] = value
         if key in top_sources:

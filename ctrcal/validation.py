@@ -1,6 +1,6 @@
 """Everything about a config that can be checked without data, in one pass.
 
-:func:`~ctrcal.config.load_config` first builds the typed :class:`~ctrcal.config.Config`
+:func:`~ctrcal.config_load.load_config` first builds the typed :class:`~ctrcal.config.Config`
 (unknown keys and wrong types stop it there), then runs every registered check and raises one
 :class:`~ctrcal.errors.ConfigError` listing every problem, each naming the file it came from
 (through ``extends`` and command-line overrides) and the dotted key. ``ctrcal validate`` prints

@@ -231,6 +231,13 @@ def test_delete_removes_an_inherited_key(tmp_path):
     assert load_config(base, ["model.emb_norm=null"]).model.emb_norm == NormSpec("none")
 
 
+def test_deleting_a_key_of_the_model_being_replaced_is_fine(tmp_path):
+    write(tmp_path, "base.yaml", "model:\n  variant: parallel\n")
+    top = write(tmp_path, "top.yaml", "extends: base.yaml\nmodel:\n  name: dnn\n"
+                "  variant: !delete\n")  # fmt: skip
+    assert "variant" not in load_config(top).model.kwargs
+
+
 def test_deleting_what_nothing_set_is_an_error(tmp_path):
     write(tmp_path, "base.yaml", "model:\n  variant: parallel\n")
     top = write(tmp_path, "top.yaml", "extends: base.yaml\nmodel:\n  varaint: !delete\n")

@@ -11,18 +11,15 @@ arguments, bound against its constructor's signature (an unknown or mistyped key
 
 **Which forms are accepted where.**
 
-=====================================  =================================================
-a config's ``model.name`` (YAML,       a registered name, or an import path naming an
-``ctrcal validate`` / ``train``)       ``nn.Module`` *subclass*. Anything else at the path
-                                       (a function, ``os:system``, an instance) is refused
-                                       before it is called: a config file must not be able
-                                       to run arbitrary code.
-:func:`register_model` (Python)        an ``nn.Module`` subclass, or any factory callable
-                                       ``factory(feature_map, **kwargs) -> nn.Module``, or
-                                       the import path of either: the caller chose it.
-:func:`~ctrcal.models.build.create_model`  a registered name, an import path (as in a
-(Python)                               config), or a class / factory object.
-=====================================  =================================================
+* A config's ``model.name`` (YAML: ``ctrcal validate``, ``train``, ``shift-report``): a
+  registered name, or an import path naming an ``nn.Module`` *subclass*. Anything else at the
+  path (a function such as ``os:system``, an instance, a constant) is refused without being
+  called. (Importing the module runs its top-level code, as any import does.)
+* :func:`register_model` (Python): an ``nn.Module`` subclass, any factory
+  ``factory(feature_map, **kwargs) -> nn.Module``, or the import path of either: the caller
+  chose it.
+* :func:`~ctrcal.models.build.create_model` (Python): a registered name, an import path (as
+  in a config), or a class / factory object given directly.
 
 An import path that names an object registered with :func:`register_model` is that
 registration (so a factory registered in Python can be named in a config by its path).
