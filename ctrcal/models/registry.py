@@ -21,8 +21,11 @@ arguments, bound against its constructor's signature (an unknown or mistyped key
 * :func:`~ctrcal.models.build.create_model` (Python): a registered name, an import path (as
   in a config), or a class / factory object given directly.
 
-An import path that names an object registered with :func:`register_model` is that
-registration (so a factory registered in Python can be named in a config by its path).
+An import path that names an object registered with :func:`register_model` (or a factory
+already given as an object in this process, e.g. to :func:`ctrcal.shift_report`) is that
+object: a factory chosen in Python can be named in a config by its path. A process that has
+not seen it (a spawned sweep worker) refuses the path unless the factory's module registers
+it (``@ctrcal.register_model("name")`` at import).
 
 **The user-model contract** (checked, with a clear error, before any training):
 
@@ -149,6 +152,8 @@ class _EmptyFeatureMap:
 
 
 _REGISTRY: dict[str, ModelEntry] = {}
+# factories given as objects from Python, by import path (see resolve_model)
+_CHOSEN: dict[str, ModelEntry] = {}
 
 
 def normalize_model_name(name: str) -> str:
@@ -252,11 +257,16 @@ def resolve_model(spec: Any) -> ModelEntry:
         for entry in _REGISTRY.values():
             if entry.target is spec or entry.target == path:
                 return entry
-        return ModelEntry(path, spec)
+        entry = ModelEntry(path, spec)
+        if not inspect.isclass(spec):  # a factory handed over in Python: the caller chose it,
+            _CHOSEN[path] = entry  # so its import path names it in this process from now on
+        return entry
     if ":" in spec:
         for entry in _REGISTRY.values():  # a registered model named by its import path
             if entry.target == spec:
                 return entry
+        if spec in _CHOSEN:
+            return _CHOSEN[spec]
         obj = _import_path(spec, classes_only=False, check=False)
         for entry in _REGISTRY.values():  # a registered object named by its import path
             if entry.target is obj:

@@ -259,3 +259,19 @@ def test_a_python_factory_stays_available_through_register_model(tmp_path, monke
     register_model("sneaky", "sneaky_models:make_model", overwrite=True)
     assert isinstance(create_model("sneaky_models:make_model", _fm()), BatchInputModel)
     assert not marker.exists()
+
+
+def test_a_factory_given_from_python_is_named_by_its_path_afterwards(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "given_factory.py").write_text(
+        "from tiny_user_model import TinyCTR\n"
+        "def build(feature_map, hidden: int = 8):\n"
+        "    return TinyCTR(feature_map, hidden=hidden)\n"
+    )
+    import given_factory
+
+    with pytest.raises(ConfigError, match="nn.Module subclass"):
+        resolve_model("given_factory:build")  # a config cannot name it on its own ...
+    entry = resolve_model(given_factory.build)  # ... until Python hands it over
+    assert resolve_model("given_factory:build") is entry
+    assert isinstance(create_model("given_factory:build", _fm(), hidden=4), BatchInputModel)
