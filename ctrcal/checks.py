@@ -8,6 +8,8 @@ that plans the report.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import re
 from typing import TYPE_CHECKING, Any
@@ -223,7 +225,7 @@ def _construct(name: str, kwargs: dict[str, Any], feature_map: Any) -> str | Non
     label = f"model: {resolve_model(name).name}: "  # create_model's; the key says it already
     for device in ("meta", "cpu"):
         try:
-            with torch.device(device):
+            with torch.device(device), _skip_init(device == "meta"):
                 create_model(name, feature_map, check=False, **kwargs)
             return None
         except (ValueError, TypeError) as exc:  # ConfigError included: a refused argument
@@ -232,6 +234,37 @@ def _construct(name: str, kwargs: dict[str, Any], feature_map: Any) -> str | Non
             if device == "cpu":
                 return _one_line(exc, label)
     return None  # pragma: no cover - the loop returns
+
+
+@functools.cache
+def _init_functions() -> frozenset[Any]:
+    import torch
+
+    names = [n for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_")]
+    inits = {getattr(torch.nn.init, n) for n in names}
+    tensor = torch.Tensor
+    return frozenset(inits | {tensor.normal_, tensor.uniform_, tensor.fill_, tensor.zero_})
+
+
+def _skip_init(active: bool) -> Any:
+    """A scope in which parameter initialisation does nothing (a meta tensor has no values
+    to set; torch's reference kernels for them would also import its compiler, seconds)."""
+    if not active:
+        return contextlib.nullcontext()
+    from torch.overrides import TorchFunctionMode
+
+    inits = _init_functions()
+
+    class SkipInit(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in inits:
+                target = args[0] if args else kwargs.get("tensor")
+                if getattr(target, "is_meta", False):
+                    return target
+            return func(*args, **kwargs)
+
+    return SkipInit()
 
 
 def _one_line(exc: BaseException, label: str) -> str:

@@ -121,6 +121,20 @@ def test_validate_builds_the_model_on_the_meta_device(tmp_path, capsys):
     assert "OK" in capsys.readouterr().out
 
 
+def test_meta_builds_skip_init_there_only_and_load_no_compiler():
+    code = (
+        "import sys, torch\nfrom ctrcal.cli import main\n"
+        "assert main(['validate', 'configs/demo.yaml']) == 0\n"
+        "assert 'torch._dynamo' not in sys.modules  # init on meta would import it\n"
+        "from ctrcal.models.masknet import MaskNet\n"
+        "torch.manual_seed(0)\n"
+        "w = MaskNet([5, 7], 2, embedding_dim=4, hidden_units=[8]).head.weight\n"
+        "assert w.abs().sum() > 0 and not w.is_meta  # ordinary builds initialise as before\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
 def test_a_user_model_constructor_decides_and_is_named_by_key(tmp_path, capsys, monkeypatch):
     (tmp_path / "pickyctr.py").write_text(
         "from torch import nn\n"
