@@ -89,6 +89,10 @@ class DCNv2(nn.Module):
         require_int("num_cross_layers", num_cross_layers, low=0)
         require_int("low_rank", low_rank, low=0)
         require_int("num_experts", num_experts, low=1)
+        if num_experts > 1 and low_rank == 0:
+            raise ValueError(
+                "num_experts: a mixture of experts (num_experts > 1) needs low_rank > 0"
+            )
         for key, units in (("stacked_dnn_hidden_units", stacked_dnn_hidden_units),
                            ("parallel_dnn_hidden_units", parallel_dnn_hidden_units)):  # fmt: skip
             for i, width in enumerate(units):
