@@ -143,7 +143,8 @@ def test_plateau_schedule_early_stopping_and_best_weights(
     aucs, stop_after, best, lrs, prepared_dir, tmp_path, monkeypatch
 ):
     script = iter(aucs)
-    monkeypatch.setattr(trainer, "valid_metrics", lambda logits, labels: (next(script), 0.5))
+    monkeypatch.setattr(trainer, "valid_metrics", lambda logits, labels: {
+        "auc": next(script), "logloss": 0.5, "ece": 0.01, "pcoc": 1.0})  # fmt: skip
     cfg = _cfg(f"train.epochs={len(aucs)}", "train.batch_size=8192", "train.monitor=auc",
                "train.min_lr=5e-6")  # fmt: skip
     res = train(cfg, prepared_dir, tmp_path / "run")
@@ -197,7 +198,7 @@ def test_finetune_swaps_norms_and_starts_from_the_source_weights(ln_run, prepare
     cfg = _cfg("model.net_norm={name: mclayernorm, fraction: 0.5}", f"train.finetune_from={src}",
                "train.epochs=1", "train.lr=1e-4")  # fmt: skip
     fm = ParquetCTRData(prepared_dir, "valid").feature_map
-    start = finetune.finetune_model(cfg, fm)
+    start = finetune.finetune_model(cfg, fm, prepared_dir)
     assert all(type(b.norm) is MCLayerNorm and b.norm.fraction == 0.5 for b in start.blocks)
     source, _, _ = load_run(src)
     src_state = source.state_dict()
@@ -230,7 +231,7 @@ def test_finetune_swaps_the_norms_of_any_model(model, prepared_dir, tmp_path):
     mc = "{name: mclayernorm, fraction: 0.75}"
     cfg = _cfg(*model, f"model.emb_norm={mc}", f"model.net_norm={mc}",
                f"train.finetune_from={src}")  # fmt: skip
-    start = finetune.finetune_model(cfg, fm)
+    start = finetune.finetune_model(cfg, fm, prepared_dir)
     kinds = [type(m) for m in start.modules() if isinstance(m, nn.LayerNorm)]
     assert kinds and all(k is MCLayerNorm for k in kinds)  # every position swapped
     assert sum(isinstance(m, MCLayerNorm) for m in start.emb_norm.modules()) == len(
@@ -242,11 +243,12 @@ def test_finetune_swaps_the_norms_of_any_model(model, prepared_dir, tmp_path):
     # the architecture must otherwise match: another tower width is refused
     wider = [a.replace("[8, 8]", "[8, 16]") for a in model]
     with pytest.raises(ConfigError, match="architecture differs"):
-        finetune.finetune_model(_cfg(*wider, *norms, f"train.finetune_from={src}"), fm)
+        finetune.finetune_model(_cfg(*wider, *norms, f"train.finetune_from={src}"), fm,
+                                prepared_dir)
     # and the model itself must be the same
     other = ["model.name=masknet"] if "dnn" in model[0] else ["model.name=dnn"]
     with pytest.raises(ConfigError, match="swaps norms within one model"):
-        finetune.finetune_model(_cfg(*other, f"train.finetune_from={src}"), fm)
+        finetune.finetune_model(_cfg(*other, f"train.finetune_from={src}"), fm, prepared_dir)
 
 
 def test_finetune_rejects_another_architecture(ln_run, prepared_dir):
@@ -254,10 +256,10 @@ def test_finetune_rejects_another_architecture(ln_run, prepared_dir):
     fm = ParquetCTRData(prepared_dir, "valid").feature_map
     cfg = _cfg("model.hidden_units=[8]", f"train.finetune_from={src}")
     with pytest.raises(ConfigError, match="architecture"):
-        finetune.finetune_model(cfg, fm)
+        finetune.finetune_model(cfg, fm, prepared_dir)
     cfg = _cfg("model.emb_norm=layernorm", f"train.finetune_from={src}")
     with pytest.raises(ConfigError, match="emb_norm"):
-        finetune.finetune_model(cfg, fm)
+        finetune.finetune_model(cfg, fm, prepared_dir)
 
 
 PARALLEL = ["model.variant=parallel", "model.block_dim=8", "model.mlp_hidden_units=[8]"]
