@@ -35,7 +35,7 @@ def _not_available(what: str) -> NotAvailableError:
 
 
 def _load(args: argparse.Namespace):
-    from ctrcal.config import load_config
+    from ctrcal.config_load import load_config
 
     return load_config(args.config, args.overrides)
 
@@ -45,7 +45,9 @@ def _load(args: argparse.Namespace):
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from ctrcal.validation import ConfigProblems
+    """Load the config with every check: the model is built on the ``meta`` device, so its
+    constructor (and each norm's) decides; each problem is one line naming file and key."""
+    from ctrcal.errors import ConfigProblems
 
     try:
         cfg = _load(args)
@@ -77,7 +79,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from ctrcal.config import Config, load_config
+    from ctrcal.config import Config
+    from ctrcal.config_load import load_config
     from ctrcal.data.prepare import prepare
     from ctrcal.errors import ConfigError
 

@@ -228,7 +228,7 @@ def load_run_config(run_dir: str | Path) -> Config:
     Raises:
         ConfigError: missing, unreadable or no longer valid.
     """
-    from ctrcal.config import load_config
+    from ctrcal.config_load import load_config
 
     path = Path(run_dir) / CONFIG_FILE
     if not path.exists():

@@ -104,7 +104,7 @@ def exported(prepared_dir, tmp_path_factory):
     """Test-split predictions of a tiny trained ctrcal run, written as a parquet file."""
     import torch
 
-    from ctrcal.config import load_config
+    from ctrcal.config_load import load_config
     from ctrcal.data.loader import ParquetCTRData
     from ctrcal.train.predict import predict_probs
     from ctrcal.train.trainer import load_run, train

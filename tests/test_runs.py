@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from ctrcal.cli import main
-from ctrcal.config import Config, config_to_dict, load_config
+from ctrcal.config import Config, config_to_dict
+from ctrcal.config_load import load_config
 from ctrcal.errors import ConfigError, DataError
 from ctrcal.runs import (
     RUNTIME_KEYS,

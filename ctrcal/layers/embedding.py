@@ -32,6 +32,7 @@ grouped call for all fields, :func:`~ctrcal.layers.mc_layernorm.mc_grouped_layer
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -110,7 +111,9 @@ class FeatureEmbedding(nn.Module):
             self.register_buffer("boundaries", padded, persistent=True)
             self.register_buffer("missing_bucket", counts + 1, persistent=True)
             sizes = [len(b) + 2 for b in boundaries] + sizes
-        offsets = torch.tensor([0, *sizes[:-1]], dtype=torch.int64).cumsum(0) if sizes else None
+        # summed in Python: the same ids, and no tensor op that a meta-device build (ctrcal
+        # validate) would route through torch's Python reference kernels
+        offsets = torch.tensor([0, *itertools.accumulate(sizes[:-1])], dtype=torch.int64)
         self.table_fields = len(sizes)
         if sizes:
             self.table = nn.Embedding(sum(sizes), self.embedding_dim)

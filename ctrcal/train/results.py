@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import nn
 
@@ -25,7 +25,7 @@ from ctrcal.runs import (
 )
 from ctrcal.utils import json_dumps, write_json_atomic, write_text_atomic
 
-__all__ = ["TrainResult", "load_run", "read_result", "write_history", "write_result"]
+__all__ = ["Run", "TrainResult", "load_run", "read_result", "write_history", "write_result"]
 
 
 @dataclass
@@ -180,7 +180,22 @@ def read_result(run_dir: str | Path) -> TrainResult:
     return TrainResult(**data)
 
 
-def load_run(run_dir: str | Path) -> tuple[nn.Module, Config, Any]:
+class Run(NamedTuple):
+    """A trained run read back by :func:`load_run` (unpacks as ``model, config, fm``).
+
+    Attributes:
+        model: the best model, on the CPU, in eval mode: ``model(categorical, numeric)``
+            returns logits ``[B]``.
+        config: the run's validated config snapshot.
+        feature_map: the :class:`~ctrcal.data.feature_map.FeatureMap` it was trained on.
+    """
+
+    model: nn.Module
+    config: Config
+    feature_map: Any
+
+
+def load_run(run_dir: str | Path) -> Run:
     """The best model of a run (CPU, eval mode), its config and its feature map.
 
     Works on finished and on interrupted runs (whatever ``checkpoints/best.pt`` holds).
@@ -198,7 +213,7 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Config, Any]:
     model = create_model(cfg.model, feature_map, check=False)
     model.load_state_dict(state["model"])
     model.eval()
-    return model, cfg, feature_map
+    return Run(model, cfg, feature_map)
 
 
 def write_result(run_dir: Path, result: TrainResult) -> None:

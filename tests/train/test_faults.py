@@ -20,7 +20,7 @@ from interrupt import assert_same_training, child_env, kill_9, wait_for
 
 import ctrcal.train.trainer as trainer
 from ctrcal.cli import main
-from ctrcal.config import load_config
+from ctrcal.config_load import load_config
 from ctrcal.errors import OutputError
 from ctrcal.train.checkpoint import load_checkpoint
 from ctrcal.train.results import epoch_tradeoff, read_result

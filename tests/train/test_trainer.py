@@ -16,7 +16,7 @@ from torch import nn
 
 import ctrcal.train.trainer as trainer
 from ctrcal.cli import main
-from ctrcal.config import load_config
+from ctrcal.config_load import load_config
 from ctrcal.data.loader import ParquetCTRData
 from ctrcal.errors import ConfigError, CtrcalError
 from ctrcal.layers.mc_layernorm import MCLayerNorm
@@ -445,8 +445,9 @@ def test_evaluate_names_what_is_wrong_with_the_run_directory(ln_run, tmp_path, c
     assert "no MC-LayerNorm layer" in err and len(err.strip().splitlines()) == 1
 
 
-def test_wrong_paths_and_configs_answer_before_torch_is_imported(tmp_path):
-    """A typo costs a tenth of a second, not torch's import (over a second)."""
+def test_wrong_paths_and_configs_answer_before_anything_is_written(tmp_path):
+    """A typo is one line on stderr and no run directory (validating a config imports torch:
+    the model is built on the meta device, its constructor the one judge)."""
     good = tmp_path / "good.yaml"
     good.write_text("train: {epochs: 1}\n")
     bad = tmp_path / "bad.yaml"
@@ -461,7 +462,7 @@ def test_wrong_paths_and_configs_answer_before_torch_is_imported(tmp_path):
     ]
     code = "import sys\nfrom ctrcal.cli import main\n" + "".join(
         f"assert main({argv!r}) == {status}\n" for argv, status, _ in calls
-    ) + "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
     root = Path(__file__).resolve().parents[2]
     res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
