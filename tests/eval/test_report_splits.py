@@ -8,7 +8,8 @@ import polars as pl
 import pytest
 import torch
 
-from ctrcal.config import Config, load_config
+from ctrcal.config import Config
+from ctrcal.config_load import load_config
 from ctrcal.data.features import FeatureMap
 from ctrcal.data.loader import ParquetCTRData
 from ctrcal.data.prepare import prepare
