@@ -156,15 +156,21 @@ def _meta_feature_map(cfg: Config) -> Any:
     """A feature map of the config's data schema with tiny vocabularies (for meta builds)."""
     from types import SimpleNamespace
 
-    from ctrcal.data.criteo_schema import CATEGORICAL_COLUMNS, NUMERIC_COLUMNS
+    from ctrcal.data.schema import CRITEO, resolve_schema
+    from ctrcal.errors import DataError
 
+    try:
+        schema = resolve_schema(cfg.data.schema) or CRITEO
+    except DataError:
+        schema = CRITEO  # check_data names the schema's problem
+    categorical, numeric = schema.categorical_fields, schema.numeric
     buckets = cfg.features.numeric_buckets
     return SimpleNamespace(
-        vocab_sizes=[2] * len(CATEGORICAL_COLUMNS),
-        categorical_fields=list(CATEGORICAL_COLUMNS),
-        numeric_fields=list(NUMERIC_COLUMNS),
+        vocab_sizes=[2] * len(categorical),
+        categorical_fields=list(categorical),
+        numeric_fields=list(numeric),
         bucket_boundaries=(
-            [[float(b) for b in range(buckets - 1)] for _ in NUMERIC_COLUMNS]
+            [[float(b) for b in range(buckets - 1)] for _ in numeric]
             if buckets >= 2 else None
         ),  # fmt: skip
     )

@@ -174,7 +174,7 @@ def test_builtins():
 
 
 def test_validate_names_a_bad_schema(tmp_path):
-    from ctrcal.config import load_config
+    from ctrcal.config_load import load_config
     from ctrcal.errors import ConfigError
 
     path = tmp_path / "cfg.yaml"
