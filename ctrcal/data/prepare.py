@@ -82,20 +82,6 @@ _SPLIT_WORDS = {"train": 0, "training": 0, "tr": 0, "valid": 1, "validation": 1,
                 "dev": 1, "test": 2, "testing": 2, "te": 2}  # fmt: skip
 
 
-def _embedding_dim(cfg: Any) -> int | None:
-    """The configured model's embedding dimension (its argument, else its default), or None
-    for a model without one."""
-    dim = cfg.model.kwargs.get("embedding_dim")
-    if dim is None:
-        try:
-            from ctrcal.models.registry import model_defaults
-
-            dim = model_defaults(cfg.model.name).get("embedding_dim")
-        except Exception:  # noqa: BLE001 - a model that cannot be resolved has no dimension
-            return None
-    return dim if isinstance(dim, int) and not isinstance(dim, bool) else None
-
-
 # ---------------------------------------------------------------------------------------------
 # Sources and identity
 
@@ -422,7 +408,9 @@ def _prepare_into(
         "tables": dict(zip(pipe.categorical_fields, pipe.vocab_sizes_, strict=True)),
         "hashed": [n for n in pipe.categorical_fields if pipe.hashed_[n]],
         "max_vocab": pipe.max_vocab,
-        "embedding_dim": _embedding_dim(cfg),
+        # the model's dimension as configured; its default is looked up only to print it
+        "embedding_dim": cfg.model.get("embedding_dim"),
+        "model": cfg.model.name,
     }
     if oracle:
         summary["oracle"] = oracle

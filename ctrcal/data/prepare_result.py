@@ -81,10 +81,24 @@ def _describe_tables(fm: Mapping[str, Any]) -> list[str]:
         lines.append(f"  capped at max_vocab {fm['max_vocab']:,} (+ hashed ids): "
                      + ", ".join(fm["hashed"]))  # fmt: skip
     dim, total = fm.get("embedding_dim"), sum(tables.values())
+    if dim is None and fm.get("model"):
+        dim = _default_embedding_dim(fm["model"])
     if dim:
         lines.append(f"  embedding memory at dim {dim}: {total:,} rows x {dim} x 4 B = "
                      f"{total * dim * 4 / 2**20:,.1f} MiB")  # fmt: skip
     return lines
+
+
+def _default_embedding_dim(model: str) -> int | None:
+    """The model's default embedding dimension, or None for a model without one (resolving a
+    model imports torch: done only when the result is printed, never while preparing)."""
+    try:
+        from ctrcal.models.registry import model_defaults
+
+        dim = model_defaults(model).get("embedding_dim")
+    except Exception:  # noqa: BLE001 - a model that cannot be resolved has no dimension
+        return None
+    return dim if isinstance(dim, int) and not isinstance(dim, bool) else None
 
 
 __all__ = ["PrepareResult"]

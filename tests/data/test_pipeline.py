@@ -267,3 +267,15 @@ def test_coder_keeps_codes_and_train_counts_across_chunks(distinct):
     assert missing == int(((valid == 0) & (train == 1)).sum())
     table = np.arange(len(seen) + 1, dtype=np.int32) * 3 - 1
     np.testing.assert_array_equal(gather(table, codes), table[codes])
+
+
+def test_preparing_never_imports_torch(criteo_files, tmp_path):
+    # torch's import costs seconds, more than preparing a small file; the embedding memory
+    # line of the CLI resolves the model's default dimension only when it is printed
+    code = ("import sys; from ctrcal.data.prepare import prepare; "
+            f"prepare([{str(criteo_files['dac'])!r}], {str(tmp_path / 'p')!r}); "
+            "print('torch' in sys.modules)")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=True).stdout  # fmt: skip
+    assert out.strip() == "False"
