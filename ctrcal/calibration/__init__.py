@@ -1,1 +1,9 @@
-"""Post-hoc calibrators: one base class, one registry (see :mod:`ctrcal.calibration.base`)."""
+"""Post-hoc calibrators: one base class, one registry (see :mod:`ctrcal.calibration.base`).
+
+Built-in: ``temperature`` and ``platt`` (:mod:`~ctrcal.calibration.scaling`), ``isotonic``
+(:mod:`~ctrcal.calibration.isotonic`), ``field_aware``
+(:mod:`~ctrcal.calibration.field_aware`). A report variant names one by a spec::
+
+    calibration: isotonic
+    calibration: {name: field_aware, field: C14, method: platt}
+"""
