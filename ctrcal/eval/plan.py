@@ -63,6 +63,14 @@ class VariantPlan:
 
         return None if self.calibration is None else calibration_name(self.calibration)
 
+    def needed_fields(self) -> tuple[str, ...]:
+        """The segment fields the variant's calibrator reads (the clean field codes)."""
+        from ctrcal.calibration.base import create_calibrator
+
+        if self.calibration is None:
+            return ()
+        return create_calibrator(self.calibration).needed_fields()
+
     @property
     def trains(self) -> bool:
         return self.run_variant == self.name
