@@ -48,6 +48,12 @@ def _join(items: Sequence[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
+def _by_construction(diffs: pd.DataFrame) -> pd.Series:
+    if "by_construction" not in diffs:
+        return pd.Series(False, index=diffs.index)
+    return diffs["by_construction"].astype(bool)
+
+
 def verdict_sentence(summary: Summary, units: dict[str, str] | None = None) -> str:
     """One plain sentence: which primary comparisons survive the Holm correction, if any."""
     units = units or {}
@@ -68,7 +74,17 @@ def verdict_sentence(summary: Summary, units: dict[str, str] | None = None) -> s
     for (variant, metric, better), grp in sig.groupby(
         ["variant", "metric", "better"], sort=False
     ):
-        where = _join([point_label(r, units) for r in grp.itertuples()])
+        # one group per shift: "clean and gaussian_numeric 25 %, 50 %"
+        by_shift: dict[str, list[str]] = {}
+        for r in grp.itertuples():
+            level = format_intensity(r.intensity, units.get(r.shift, "std"))
+            by_shift.setdefault(r.shift, []).append("" if r.shift == CLEAN else level)
+        where = _join(
+            [
+                "clean" if shift == CLEAN else f"{shift} {', '.join(levels)}"
+                for shift, levels in by_shift.items()
+            ]
+        )
         word = "better" if better else "worse"
         parts.append(f"{variant} has {word} {_NAMES.get(metric, metric)} at {where}")
     return f"Only these differ from {base} ({how}): " + "; ".join(parts) + "."
@@ -87,6 +103,15 @@ def verdict_lines(summary: Summary, units: dict[str, str]) -> list[str]:
         f"{alpha / max(m, 1):.2g}. **Bold ✓ / ✗**: better / worse at p_Holm < {alpha:g}.",
         "",
     ]
+    fixed = _by_construction(summary.paired)
+    if fixed.any():
+        names = ", ".join(dict.fromkeys(summary.paired.loc[fixed, "variant"]))
+        lines += [
+            f"Not in the table: the AUC of {names} equals {base}'s by construction (a strictly "
+            "increasing recalibration of the same predictions); differences there are float "
+            "round-off of ties.",
+            "",
+        ]
     if not prim.empty:
         rows = []
         for r in prim.itertuples():
@@ -111,25 +136,12 @@ def verdict_lines(summary: Summary, units: dict[str, str]) -> list[str]:
 
 
 def exploratory_lines(summary: Summary, units: dict[str, str]) -> list[str]:
-    """What lies outside the primary family: by-construction equalities, unadjusted hints."""
+    """The comparisons outside the primary family: unadjusted hints, never findings."""
     diffs, base, alpha = summary.paired, summary.baseline, summary.alpha
     if diffs.empty:
         return []
-    fixed = (
-        diffs["by_construction"].astype(bool)
-        if "by_construction" in diffs
-        else pd.Series(False, index=diffs.index)
-    )
-    expl = diffs[~diffs["primary"].astype(bool) & ~fixed]
+    expl = diffs[~diffs["primary"].astype(bool) & ~_by_construction(diffs)]
     lines: list[str] = []
-    if fixed.any():
-        names = ", ".join(dict.fromkeys(diffs.loc[fixed, "variant"]))
-        lines += [
-            f"Not tested: the AUC of {names} equals {base}'s by construction (a strictly "
-            "increasing recalibration of the same predictions); differences there are float "
-            "round-off of ties.",
-            "",
-        ]
     if expl.empty:
         return lines
     p = expl["p"].to_numpy(dtype=float)

@@ -122,7 +122,9 @@ def test_verdict_names_only_what_survives_the_family():
         head, points = part.split(" at ", 1)
         variant, _, word, metric = head.split(" ")
         assert variant == "mclayernorm" and word == "better"
-        named |= {(metric, p) for p in points.replace(" and ", ", ").split(", ")}
+        for group in points.split(" and "):  # "clean", "<shift> <level>, <level>, ..."
+            shift, _, levels = group.partition(" ")
+            named |= {(metric, f"{shift} {lv}".strip()) for lv in levels.split(", ")}
     # exactly the comparisons that survive the family-wise correction are named
     names = {"auc": "AUC", "ece": "ECE"}
     assert named == {(names[r.metric], V.point_label(r, {})) for r in sig.itertuples()}
@@ -387,7 +389,7 @@ def test_auc_of_a_rank_preserving_recalibration_is_not_tested(tmp_path):
     assert not any(r[0] == "ts" and r[1] == "AUC" for r in table)  # not in the family
     paths = W.write_report(summary, tmp_path, figures=False)
     report = paths.report_md.read_text()
-    assert "Not tested: the AUC of ts equals base's by construction" in report
+    assert "Not in the table: the AUC of ts equals base's by construction" in report
 
 
 def test_only_temperature_scaling_of_the_same_runs_keeps_the_ranking():
