@@ -7,3 +7,25 @@ Built-in: ``temperature`` and ``platt`` (:mod:`~ctrcal.calibration.scaling`), ``
     calibration: isotonic
     calibration: {name: field_aware, field: C14, method: platt}
 """
+
+from ctrcal.calibration.base import (
+    Calibrator,
+    CalibratorKind,
+    Segments,
+    available_calibrators,
+    calibration_name,
+    create_calibrator,
+    get_calibrator,
+    register_calibrator,
+)
+
+__all__ = [
+    "Calibrator",
+    "CalibratorKind",
+    "Segments",
+    "available_calibrators",
+    "calibration_name",
+    "create_calibrator",
+    "get_calibrator",
+    "register_calibrator",
+]

@@ -29,6 +29,7 @@ import numpy as np
 from ctrcal.config import Config
 from ctrcal.errors import ConfigError
 from ctrcal.eval import metrics as M
+from ctrcal.eval.jobs import DataJob
 from ctrcal.eval.plan import ShiftPlan, VariantPlan
 from ctrcal.eval.predictive import Prediction, predict_split
 from ctrcal.eval.report_calibration import SplitFields, evaluation_metrics, load_split_fields
@@ -130,6 +131,43 @@ class EvalGrid:
     natural: ShiftPlan | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
     bins: dict[str, dict[tuple[str, float], dict[str, np.ndarray]]] = field(default_factory=dict)
+
+    @classmethod
+    def open(
+        cls,
+        job: DataJob,
+        shifts: list[ShiftPlan],
+        device: Any,
+        batch_size: int,
+        *,
+        fields: bool,
+        valid: bool,
+    ) -> EvalGrid:
+        """The grid of one data set: its evaluated split (and validation split when ``valid``).
+
+        Args:
+            job: the data set, its config and its runs.
+            shifts: the report's shifts (a natural shift's data set is evaluated clean only).
+            device: where predictions run.
+            batch_size: rows per prediction batch.
+            fields: load the clean field codes (field metrics, segment-aware calibrators).
+            valid: open the validation split (the calibrators are fitted on it).
+        """
+        from ctrcal.data.features import FeatureMap
+
+        split = job.cfg.report.split
+        return cls(
+            job.cfg,
+            [] if job.natural else shifts,
+            open_split(job.data_dir, split, job.cfg, device, batch_size, fields),
+            open_split(job.data_dir, "valid", job.cfg, device, batch_size, fields)
+            if valid
+            else None,
+            FeatureMap.load(job.data_dir),
+            device,
+            batch_size,
+            natural=job.natural,
+        )
 
     def points(self) -> list[tuple[ShiftPlan | None, int, float]]:
         """(shift, noise seed, intensity) evaluated per variant and seed; clean only once."""

@@ -38,14 +38,7 @@ from pathlib import Path
 import pandas as pd
 
 from ctrcal.config import Config, config_to_dict
-from ctrcal.eval.grid import (
-    EvalGrid,
-    evaluate_grid,
-    fit_calibrators,
-    open_split,
-    oracle_metrics,
-    shift_info,
-)
+from ctrcal.eval.grid import EvalGrid, evaluate_grid, fit_calibrators, oracle_metrics, shift_info
 from ctrcal.eval.jobs import check_data_for_shifts, data_jobs, train_jobs_for
 from ctrcal.eval.plan import (
     ShiftPlan,
@@ -195,22 +188,10 @@ def run_shift_report(
     device = resolve_device(slots[0] if r.devices else cfg.train.device)
     bs = cfg.train.eval_batch_size
     fields = r.field_metrics or any(p.needed_fields() for p in plans)
-    grids = []
-    for job in jobs:
-        grids.append(
-            EvalGrid(
-                job.cfg,
-                [] if job.natural else shift_plans,
-                open_split(job.data_dir, r.split, job.cfg, device, bs, fields),
-                open_split(job.data_dir, "valid", job.cfg, device, bs, fields)
-                if calibrated
-                else None,
-                FeatureMap.load(job.data_dir),
-                device,
-                bs,
-                natural=job.natural,
-            )
-        )
+    grids = [
+        EvalGrid.open(job, shift_plans, device, bs, fields=fields, valid=calibrated)
+        for job in jobs
+    ]
     total = len(plans) * r.seeds * sum(len(g.points()) for g in grids)
     bar = tqdm(total=total, desc="shift report", unit="eval", disable=not progress, file=sys.stderr)
     rows, curves = [], {}
