@@ -320,6 +320,25 @@ def test_write_report_without_figures(tmp_path):
     paths = W.write_report(S.summarize_report(_results(n_seeds=2)), tmp_path, figures=False)
     assert paths.figures == {} and paths.main_figure is None
     assert "## Figures" not in paths.report_md.read_text()
+    summary = json.loads(paths.summary_json.read_text())
+    assert summary["elapsed"] == "n/a" and summary["timing_s"] is None
+
+
+def test_report_meta_states_how_the_report_was_made(tmp_path):
+    meta = W.ReportMeta(
+        rows=500, device="cpu", timing=W.Timing(train=3605.0, eval=65.0, total=3670.0),
+        training=W.TrainingInfo(["cpu", "cpu"], 1, {"trained": 4}),
+        variant_descriptions=["layernorm (one-shot)", "mclayernorm (one-shot)"],
+    )  # fmt: skip
+    paths = W.write_report(S.summarize_report(_results(n_seeds=2)), tmp_path, meta, figures=False)
+    text = paths.report_md.read_text()
+    assert "wall time 1h01m10s (training 1h00m05s, evaluation 1m05s)" in text
+    assert "Variants: layernorm (one-shot), mclayernorm (one-shot)." in text
+    summary = json.loads(paths.summary_json.read_text())
+    assert summary["timing_s"] == {"train": 3605.0, "eval": 65.0, "total": 3670.0}
+    assert summary["training"] == {"workers": ["cpu", "cpu"], "threads_per_run": 1,
+                                   "runs": {"trained": 4}}  # fmt: skip
+    assert summary["rows"] == 500 and summary["n_seeds"] == 2
 
 
 def test_plan_variants_resolves_runs_and_rejects_bad_ones():
