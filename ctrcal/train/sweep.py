@@ -34,7 +34,8 @@ Python code that calls :func:`~ctrcal.eval.report.run_shift_report` with workers
 any ``spawn``-based program, do so under ``if __name__ == "__main__":`` (each worker imports
 the main module).
 
-With a single worker, runs train one after another in the calling process.
+With a single worker, runs train one after another in the calling process. The process pool
+itself (spawning, logs, failures) is :mod:`ctrcal.train.processes`.
 """
 
 from __future__ import annotations
