@@ -1,13 +1,16 @@
 """ctrcal: calibrated click-through-rate prediction that stays trustworthy under data shift.
 
 The public API is importable from the top level; modules load on first use, so that
-``import ctrcal`` (and the CLI's config checks) stay fast and torch-free until needed::
+``import ctrcal`` stays fast and torch-free until needed::
 
     import ctrcal
+    cfg = ctrcal.load_config("configs/demo.yaml", overrides=["train.epochs=2"])
+    prepared = ctrcal.prepare(None, "prepared/", cfg)          # synthetic data by default
+    result = ctrcal.train(cfg, "prepared/", "runs/demo")
+    run = ctrcal.load_run("runs/demo")                         # Run(model, config, feature_map)
+    metrics = ctrcal.evaluate("runs/demo", "test", mc_samples=10)
     norm = ctrcal.create_norm("mclayernorm", 400, fraction=0.8)
-    n = ctrcal.replace_norms(my_model, "mclayernorm", fraction=0.8)
-    shifted = ctrcal.GaussianShift(stds, intensity=0.25, seed=0)(numeric)
-    ctrcal.metrics.ece(probs, labels)
+    ctrcal.metrics.ece(probs, labels)                          # also: import ctrcal.metrics
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
-_EXPORTS = {
+# public name -> module that defines it (or (module, name there))
+_EXPORTS: dict[str, str | tuple[str, str]] = {
     # normalization layers (ctrcal.layers)
     "MCLayerNorm": "ctrcal.layers.mc_layernorm",
     "mc_layer_norm": "ctrcal.layers.mc_layernorm",
@@ -32,7 +35,6 @@ _EXPORTS = {
     "MaskNet": "ctrcal.models.masknet",
     "MaskBlock": "ctrcal.layers.mask_block",
     "FeatureEmbedding": "ctrcal.layers.embedding",
-    "build_model": "ctrcal.models.masknet",
     "DCNv2": "ctrcal.models.dcnv2",
     "DNN": "ctrcal.models.dnn",
     "register_model": "ctrcal.models.registry",
@@ -41,17 +43,22 @@ _EXPORTS = {
     "ContextNorm": "ctrcal.layers.context",
     "bind_contexts": "ctrcal.layers.context",
     "FeatureGroupNorm": "ctrcal.layers.norms",
-    # training and prediction (the loop itself is ctrcal.train.trainer.train)
+    "Batch": "ctrcal.batch",
+    # the jobs: prepare, train, evaluate, report
+    "prepare": "ctrcal.data.prepare",
+    "evaluate": ("ctrcal.train.evaluate", "evaluate_run"),
     "load_run": "ctrcal.train.trainer",
+    "Run": "ctrcal.train.results",
     "predict_logits": "ctrcal.train.predict",
     "shift_report": "ctrcal.eval.api",
     "ShiftReportSummary": "ctrcal.eval.api",
     # data
-    "Batch": "ctrcal.data.loader",
+    "FeatureMap": "ctrcal.data.feature_map",
     "FeaturePipeline": "ctrcal.data.features",
     "read_criteo": "ctrcal.data.criteo",
     # evaluation
     "GaussianShift": "ctrcal.eval.shift",
+    "CategoricalCorruption": "ctrcal.eval.shift",
     "create_shift": "ctrcal.eval.shifts",
     "register_shift": "ctrcal.eval.shifts",
     "available_shifts": "ctrcal.eval.shifts",
@@ -59,11 +66,22 @@ _EXPORTS = {
     "PlattScaling": "ctrcal.eval.calibration",
     "IsotonicCalibration": "ctrcal.eval.calibration",
     "FieldAwareCalibration": "ctrcal.eval.field_aware",
+    "smooth_ece": "ctrcal.eval.smooth_ece",
+    "calibration_slope_intercept": "ctrcal.eval.recalibration",
+    "bootstrap_ci": "ctrcal.eval.bootstrap",
+    "paired_bootstrap": "ctrcal.eval.bootstrap",
+    "risk_coverage": "ctrcal.eval.risk_coverage",
+    "calibration_over_time": "ctrcal.eval.windows",
+    "read_predictions": "ctrcal.predictions_file",
+    "calibration_report": "ctrcal.calibration_report",
     # config
     "Config": "ctrcal.config",
-    "load_config": "ctrcal.config",
+    "ModelConfig": "ctrcal.config",
+    "NormSpec": "ctrcal.config",
+    "load_config": "ctrcal.config_load",
 }
-_SUBMODULES = {"metrics": "ctrcal.eval.metrics"}
+# `ctrcal.train` is the training package, callable as the training job (see its docstring)
+_SUBMODULES = {"metrics": "ctrcal.metrics", "train": "ctrcal.train"}
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
@@ -72,7 +90,9 @@ def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(_SUBMODULES[name])
     if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
+        target = _EXPORTS[name]
+        module, attr = target if isinstance(target, tuple) else (target, name)
+        return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'ctrcal' has no attribute {name!r}")
 
 

@@ -1,25 +1,41 @@
-"""The built-in config checks (see :mod:`ctrcal.validation`): data-free, torch-free.
+"""The built-in config checks (listed in :mod:`ctrcal.validation`): one function per section.
 
-One function per section. Rules that training itself also needs (MC-LayerNorm's subset size,
-the report plan, the sweep's workers) are not restated here: the check calls the function
-that owns the rule.
+Rules that training itself also needs are not restated here: the model check builds the model
+on the ``meta`` device (no memory, no data), so the constructors -- the model's and every
+norm's -- decide which arguments and widths are valid; the report check calls the function
+that plans the report.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import math
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ctrcal.validation import Problems, register_check
+from ctrcal.errors import ConfigError
 
 if TYPE_CHECKING:
     from ctrcal.config import Config
+    from ctrcal.validation import Problems
 
-# what torch.device accepts, without importing torch: a type and an optional index
+__all__ = [
+    "check_data",
+    "check_features",
+    "check_model",
+    "check_report",
+    "check_train",
+    "check_workers",
+    "device_list",
+]
+
+# what torch.device accepts: a type and an optional index
 _DEVICE = re.compile(r"^(auto|cpu|cuda|mps|xpu|meta|hpu|npu|privateuseone)(:\d+)?$")
+# the fractions of data.split sum to 1 within this (0.7 + 0.2 + 0.1 is 0.9999999999999999)
+_SPLIT_TOLERANCE = 1e-6
 
 
-@register_check("data")
 def check_data(cfg: Config, problems: Problems) -> None:
     d = cfg.data
     problems.number("data.synthetic.drift", d.synthetic.drift, low=0.0)
@@ -28,6 +44,14 @@ def check_data(cfg: Config, problems: Problems) -> None:
         problems.add(
             "data.split",
             f"expected three fractions >= 0 with train > 0 (train, valid, test), got {fr}",
+        )
+    elif not all(float(f).is_integer() for f in fr) and not math.isclose(
+        sum(fr), 1.0, rel_tol=0.0, abs_tol=_SPLIT_TOLERANCE
+    ):  # whole numbers are proportions (22 days : 1 : 1); fractions must add up
+        problems.add(
+            "data.split",
+            f"the fractions (train, valid, test) must sum to 1, got {fr} (sum {sum(fr):g}); "
+            "or give whole-number proportions such as [8, 1, 1]",
         )
     explicit = bool(d.train or d.valid or d.test)
     if d.split_order == "time" and explicit:
@@ -46,7 +70,6 @@ def check_data(cfg: Config, problems: Problems) -> None:
     problems.integer("data.synthetic.rows", d.synthetic.rows, low=1)
 
 
-@register_check("features")
 def check_features(cfg: Config, problems: Problems) -> None:
     f = cfg.features
     problems.integer("features.min_count", f.min_count, low=1)
@@ -56,106 +79,204 @@ def check_features(cfg: Config, problems: Problems) -> None:
         )
 
 
-def masknet_norm_widths(cfg: Config) -> dict[str, list[int]]:
-    """The widths the norms of a MaskNet normalise, per position (``emb_norm``, ``net_norm``).
-
-    ``emb_norm`` is one norm per field over the embedding dimension D; ``net_norm`` sits in
-    every MaskBlock, over that block's output width.
-    """
-    m = cfg.model
-    blocks = list(m.hidden_units) if m.variant == "serial" else [m.block_dim] * m.num_blocks
-    return {"emb_norm": [m.embedding_dim], "net_norm": blocks}
+# ---------------------------------------------------------------------------------------------
+# The model: bound against its constructor, then built on the meta device
 
 
-def _registered_name(cfg: Config) -> str:
-    """The registry's name of the config's model (``MaskNet`` and ``masknet`` alike)."""
-    from ctrcal.models.registry import resolve_model
-
-    return resolve_model(cfg.model.name).name
-
-
-def model_norm_widths(cfg: Config) -> dict[str, list[int | None]]:
-    """Per norm position, the widths its layers normalise (None where not known)."""
-    m = cfg.model
-    name = _registered_name(cfg)
-    if name == "masknet":
-        return dict(masknet_norm_widths(cfg))
-    if name == "dnn":
-        return {"emb_norm": [m.embedding_dim], "net_norm": list(m.hidden_units)}
-    if name == "dcnv2":
-        deep = []
-        if m.structure in ("stacked", "stacked_parallel"):
-            deep += list(m.stacked_dnn_hidden_units)
-        if m.structure in ("parallel", "stacked_parallel"):
-            deep += list(m.parallel_dnn_hidden_units)
-        return {"emb_norm": [m.embedding_dim], "net_norm": deep}
-    return {key: [None] for key in m.kwargs if key.endswith("_norm")} | {"net_norm": [None]}
-
-
-def _check_masknet(cfg: Config, problems: Problems) -> None:
-    m = cfg.model
-    if m.variant == "serial":
-        if not m.hidden_units:
-            problems.add("model.hidden_units", "a serial MaskNet needs at least one block width")
-        for i, units in enumerate(m.hidden_units):
-            problems.integer(f"model.hidden_units[{i}]", units, low=1)
-    else:
-        problems.integer("model.num_blocks", m.num_blocks, low=1)
-        problems.integer("model.block_dim", m.block_dim, low=1)
-        for i, units in enumerate(m.mlp_hidden_units):
-            problems.integer(f"model.mlp_hidden_units[{i}]", units, low=1)
-    problems.number("model.reduction_ratio", m.reduction_ratio, low=0.0, low_open=True)
-
-
-@register_check("model")
 def check_model(cfg: Config, problems: Problems) -> None:
-    """The model by name or import path, its arguments bound against its constructor, its
-    norms at every position. ctrcal's own models are checked from their source (no torch);
-    a model named by an import path is imported (the user's package, and torch with it)."""
-    from ctrcal.config import check_model_config
+    """The model by name or import path, its arguments bound against its constructor and
+    its defaults filled in; then the model is built on the ``meta`` device with its own norms
+    and with each report variant's, and whatever a constructor refuses is reported at the key
+    that caused it."""
+    from ctrcal.models.registry import norm_positions
 
     before = len(problems.items)
     with problems.at("model"):
-        cfg.model = check_model_config(cfg.model, problems.source)
+        cfg.model = _bind_model(cfg, problems.source)
     if len(problems.items) > before:
         return  # unknown model or arguments: nothing below is meaningful
     m = cfg.model
-    name = _registered_name(cfg)
-    if name == "masknet":
-        _check_masknet(cfg, problems)
-    builtin = name in ("masknet", "dnn", "dcnv2")
-    if builtin:
-        problems.integer("model.embedding_dim", m.embedding_dim, low=1)
-        problems.number("model.dropout", m.dropout, low=0.0, high=1.0, high_open=True)
-        problems.number("model.embedding_init_std", m.embedding_init_std, low=0.0, low_open=True)
-        if m.numeric_embedding == "bucket" and cfg.features.numeric_buckets < 2:
-            problems.add(
-                "model.numeric_embedding",
-                "'bucket' needs features.numeric_buckets >= 2 (the boundaries come from there)",
-            )
-    widths = model_norm_widths(cfg)
-    for key, spec in m.kwargs.items():
-        if key.endswith("_norm") and not callable(spec):
-            problems.norm(f"model.{key}", spec, widths.get(key, [None]))
-    from ctrcal.models.registry import norm_positions
-
+    if m.get("numeric_embedding") == "bucket" and cfg.features.numeric_buckets < 2:
+        problems.add(
+            "model.numeric_embedding",
+            "'bucket' needs features.numeric_buckets >= 2 (the boundaries come from there)",
+        )
+        return
+    feature_map = _meta_feature_map(cfg)
+    if not _builds(m.name, m.kwargs, feature_map, problems, "model"):
+        return  # every variant would fail the same way
     positions = norm_positions(m.name)
+    tried: list[Any] = []
     for i, variant in enumerate(cfg.report.variants):
-        problems.norm(f"report.variants[{i}].net_norm", variant.net_norm, widths["net_norm"])
+        key = f"report.variants[{i}]"
+        norms = {"net_norm": variant.net_norm}
         if variant.emb_norm is not None:
             if "emb_norm" not in positions:
                 problems.add(
-                    f"report.variants[{i}].emb_norm",
+                    f"{key}.emb_norm",
                     f"model {m.name!r} has no emb_norm position (its norm positions: "
                     f"{', '.join(positions)})",
                 )
-            else:
-                problems.norm(
-                    f"report.variants[{i}].emb_norm", variant.emb_norm, widths["emb_norm"]
-                )
+                continue
+            norms["emb_norm"] = variant.emb_norm
+        if norms in tried:
+            continue  # the same norms build the same model
+        tried.append(norms)
+        _builds(m.name, {**m.kwargs, **norms}, feature_map, problems, key, only=list(norms))
 
 
-@register_check("train")
+def _bind_model(cfg: Config, source: str) -> Any:
+    """``cfg.model`` with its name resolved, arguments bound and the model's defaults in."""
+    from ctrcal.models.registry import check_model_kwargs, model_defaults, with_defaults
+
+    model = cfg.model
+
+    def where(key: str) -> str:
+        return f"{source}: model.{key}"  # Problems names the file that set the key
+
+    try:
+        model_defaults(model.name)
+    except ConfigError as exc:
+        raise ConfigError(f"model.name: {exc}") from None
+    check_model_kwargs(model.name, model.kwargs, where)
+    return model.with_arguments(with_defaults(model.name, model.kwargs))
+
+
+def _meta_feature_map(cfg: Config) -> Any:
+    """A feature map of the config's data schema with tiny vocabularies (for meta builds)."""
+    from types import SimpleNamespace
+
+    from ctrcal.data.criteo_schema import CATEGORICAL_COLUMNS, NUMERIC_COLUMNS
+
+    buckets = cfg.features.numeric_buckets
+    return SimpleNamespace(
+        vocab_sizes=[2] * len(CATEGORICAL_COLUMNS),
+        categorical_fields=list(CATEGORICAL_COLUMNS),
+        numeric_fields=list(NUMERIC_COLUMNS),
+        bucket_boundaries=(
+            [[float(b) for b in range(buckets - 1)] for _ in NUMERIC_COLUMNS]
+            if buckets >= 2 else None
+        ),  # fmt: skip
+    )
+
+
+def _builds(
+    name: str,
+    kwargs: dict[str, Any],
+    feature_map: Any,
+    problems: Problems,
+    key: str,
+    only: list[str] | None = None,
+) -> bool:
+    """Whether the model builds; if not, report the constructor's message at the key that
+    caused it (a norm position when the model builds without that norm).
+
+    Args:
+        only: the norm positions the failure may be blamed on (default: every one).
+    """
+    from ctrcal.layers.spec import NormSpec, is_no_norm
+    from ctrcal.models.registry import is_norm_key, resolve_model
+
+    error = _construct(name, kwargs, feature_map)
+    if error is None:
+        return True
+    params = resolve_model(name).parameters()
+    norms = [
+        k for k in (only if only is not None else kwargs)
+        if is_norm_key(k) and not is_no_norm(kwargs[k])
+    ]  # fmt: skip
+    plain = dict(kwargs)
+    for k in norms:  # the model without these norms (a foreign model's net_norm: dropped)
+        if k in params:
+            plain[k] = NormSpec("none")
+        else:
+            plain.pop(k)
+    if norms and _construct(name, plain, feature_map) is None:
+        for k in norms:
+            alone = _construct(name, {**plain, k: kwargs[k]}, feature_map)
+            if alone is not None:
+                problems.add(f"{key}.{k}", alone)
+                return False
+    problems.add(*_blame(error, key, params))
+    return False
+
+
+_ARGUMENT = re.compile(r"^([A-Za-z_]\w*)((?:\[\d+\])*): (.*)$", re.S)
+
+
+def _blame(message: str, key: str, params: dict[str, Any]) -> tuple[str, str]:
+    """A constructor's ``arg[i]: message`` becomes ``model.arg[i]``; anything else ``key``."""
+    found = _ARGUMENT.match(message)
+    if found and found.group(1) in params and key == "model":
+        return f"model.{found.group(1)}{found.group(2)}", found.group(3)
+    return key, message
+
+
+def _construct(name: str, kwargs: dict[str, Any], feature_map: Any) -> str | None:
+    """Build the model on the ``meta`` device; None, or the constructor's one-line refusal.
+
+    A constructor that cannot run on ``meta`` (it reads tensor values) is built on the CPU.
+    """
+    import torch
+
+    from ctrcal.models.build import create_model
+    from ctrcal.models.registry import resolve_model
+
+    label = f"model: {resolve_model(name).name}: "  # create_model's; the key says it already
+    for device in ("meta", "cpu"):
+        try:
+            with torch.device(device), _skip_init(device == "meta"):
+                create_model(name, feature_map, check=False, **kwargs)
+            return None
+        except (ValueError, TypeError) as exc:  # ConfigError included: a refused argument
+            return _one_line(exc, label)
+        except (NotImplementedError, RuntimeError) as exc:
+            if device == "cpu":
+                return _one_line(exc, label)
+    return None  # pragma: no cover - the loop returns
+
+
+@functools.cache
+def _init_functions() -> frozenset[Any]:
+    import torch
+
+    names = [n for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_")]
+    inits = {getattr(torch.nn.init, n) for n in names}
+    tensor = torch.Tensor
+    return frozenset(inits | {tensor.normal_, tensor.uniform_, tensor.fill_, tensor.zero_})
+
+
+def _skip_init(active: bool) -> Any:
+    """A scope in which parameter initialisation does nothing (a meta tensor has no values
+    to set; torch's reference kernels for them would also import its compiler, seconds)."""
+    if not active:
+        return contextlib.nullcontext()
+    from torch.overrides import TorchFunctionMode
+
+    inits = _init_functions()
+
+    class SkipInit(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in inits:
+                target = args[0] if args else kwargs.get("tensor")
+                if getattr(target, "is_meta", False):
+                    return target
+            return func(*args, **kwargs)
+
+    return SkipInit()
+
+
+def _one_line(exc: BaseException, label: str) -> str:
+    text = str(exc).strip()
+    text = text[len(label) :] if text.startswith(label) else text
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# Training and the report
+
+
 def check_train(cfg: Config, problems: Problems) -> None:
     t = cfg.train
     problems.integer("train.seed", t.seed, low=0)
@@ -176,12 +297,37 @@ def check_train(cfg: Config, problems: Problems) -> None:
         problems.add("train.finetune_from", "expected a run directory, got an empty string")
 
 
-@register_check("report")
+def device_list(value: Any) -> list[str]:
+    """``report.devices`` as a list: ``[cuda:0, cuda:1]`` or ``"cuda:0,cuda:1"``."""
+    if value is None:
+        return []
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return [str(d).strip() for d in items if str(d).strip()]
+
+
+def check_workers(cfg: Config, source: str = "config") -> None:
+    """Check ``report.workers`` / ``report.devices`` (which devices exist is asked at run
+    time, by the sweep).
+
+    Raises:
+        ConfigError: naming the key and what was expected.
+    """
+    r = cfg.report
+    if r.workers < 0:
+        raise ConfigError(
+            f"{source}: report.workers: expected 0 (one per device) or more, got {r.workers}"
+        )
+    devices = device_list(r.devices)
+    if "auto" in devices and len(devices) > 1:
+        raise ConfigError(
+            f"{source}: report.devices: 'auto' stands alone (every visible GPU), got {devices}"
+        )
+
+
 def check_report(cfg: Config, problems: Problems) -> None:
-    from ctrcal.eval.plan import check_report
-    from ctrcal.eval.sweep import check_workers
+    from ctrcal.eval.plan import check_report as plan_report
 
     with problems.at("report"):
-        check_report(cfg, problems.source)
+        plan_report(cfg, problems.source)
     with problems.at("report"):
         check_workers(cfg, problems.source)

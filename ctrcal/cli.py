@@ -5,12 +5,15 @@ Subcommands::
     ctrcal synth OUT --rows N --seed S         synthetic Criteo (dac layout) + true click probs
     ctrcal prepare INPUT... --out DIR          raw Criteo -> feature_map.json + parquet splits
     ctrcal train CONFIG [--data DIR] [--out RUN_DIR] [--resume] [k=v ...]
-    ctrcal evaluate RUN_DIR [--split test] [--mc-samples N]
+    ctrcal evaluate RUN_DIR [--split test] [--data DIR] [--mc-samples N [--seed S]]
     ctrcal shift-report CONFIG [--data DIR] [--out DIR] [--seeds N] [--workers N]
                         [--devices cuda:0,cuda:1|auto] [k=v ...]
                                                prepare (unless --data) + train every variant
                                                + shift report; ``ctrcal run`` is an alias
     ctrcal validate CONFIG [k=v ...]           check a config without running anything
+    ctrcal calibration-report FILE --prob COL --label COL [--segments COLS] [--time COL
+                        [--windows N]] [--compare COL2] [--std COL] [--out DIR]
+                                               calibration report of any predictions file
 
 User errors print one line on stderr and exit non-zero (2 for configs and usage);
 ``--debug`` shows the traceback instead.
@@ -32,7 +35,7 @@ def _not_available(what: str) -> NotAvailableError:
 
 
 def _load(args: argparse.Namespace):
-    from ctrcal.config import load_config
+    from ctrcal.config_load import load_config
 
     return load_config(args.config, args.overrides)
 
@@ -42,7 +45,9 @@ def _load(args: argparse.Namespace):
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from ctrcal.validation import ConfigProblems
+    """Load the config with every check: the model is built on the ``meta`` device, so its
+    constructor (and each norm's) decides; each problem is one line naming file and key."""
+    from ctrcal.errors import ConfigProblems
 
     try:
         cfg = _load(args)
@@ -74,7 +79,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from ctrcal.config import Config, load_config
+    from ctrcal.config import Config
+    from ctrcal.config_load import load_config
     from ctrcal.data.prepare import prepare
     from ctrcal.errors import ConfigError
 
@@ -128,13 +134,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from ctrcal.runs import require_run_dir
+    from ctrcal.runs import require_run_dir, run_data
 
-    require_run_dir(args.run_dir)  # a mistyped run answers before torch is imported
+    # a mistyped run or a moved data directory answers before torch is imported
+    require_run_dir(args.run_dir)
+    run_data(args.run_dir, args.data)
     from ctrcal.train.evaluate import evaluate_run
 
-    metrics = evaluate_run(args.run_dir, args.split, args.data, mc_samples=args.mc_samples)
-    mc = f", MC average of {args.mc_samples} passes" if args.mc_samples > 0 else ""
+    metrics = evaluate_run(
+        args.run_dir, args.split, args.data, mc_samples=args.mc_samples, seed=args.seed
+    )
+    mc = f", MC average of {args.mc_samples} passes (seed {args.seed})" if args.mc_samples else ""
     print(f"{args.run_dir} on {args.split}{mc}:")
     print(
         f"AUC {metrics['auc']:.4f}  logloss {metrics['logloss']:.4f}  ECE {metrics['ece']:.4f}"
@@ -169,6 +179,24 @@ def cmd_shift_report(args: argparse.Namespace) -> int:
         source=str(args.config),
     )
     print(finish_message(paths, time.perf_counter() - start))
+    return 0
+
+
+def cmd_calibration_report(args: argparse.Namespace) -> int:
+    from ctrcal.calibration_report import calibration_report
+    from ctrcal.predictions_file import read_predictions
+
+    segments = [s.strip() for part in args.segments for s in part.split(",") if s.strip()]
+    preds = read_predictions(
+        args.file, args.prob, args.label, segments=segments, time=args.time,
+        compare=args.compare, std=args.std,
+    )  # fmt: skip
+    out = args.out if args.out is not None else args.file.with_name(args.file.name + ".calibration")
+    paths = calibration_report(
+        preds, out, windows=args.windows, calibrator=args.calibrator, bootstrap=args.bootstrap,
+        seed=args.seed,
+    )  # fmt: skip
+    print(f"wrote {paths.markdown} ({preds.rows:,} rows), metrics.json and figures in {out}")
     return 0
 
 
@@ -273,8 +301,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("evaluate", cmd_evaluate, "evaluate a trained run")
     p.add_argument("run_dir", type=Path, help="run directory written by 'ctrcal train'")
     p.add_argument("--split", choices=["train", "valid", "test"], default="test")
-    p.add_argument("--mc-samples", type=int, default=0, help="MC-integration passes (0: off)")
-    p.add_argument("--data", type=Path, default=None, help="prepared data directory")
+    p.add_argument("--mc-samples", type=_non_negative_int, default=0,
+                   help="MC-integration passes (0: off)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the MC passes' random subsets (default 0): the same command "
+                        "gives the same numbers")  # fmt: skip
+    p.add_argument("--data", type=Path, default=None,
+                   help="prepared data directory (default: the run's own); it must be "
+                        "encoded with the run's feature map")  # fmt: skip
 
     p = add(
         "shift-report",
@@ -291,6 +325,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("validate", cmd_validate, "check a config without running anything")
     _add_config(p)
+
+    p = add(
+        "calibration-report",
+        cmd_calibration_report,
+        "calibration report of a predictions file (parquet or CSV) from any system",
+    )
+    p.add_argument("file", type=Path, help="predictions file: .parquet, .csv or .tsv (.gz)")
+    p.add_argument("--prob", required=True, metavar="COL", help="predicted click probability")
+    p.add_argument("--label", required=True, metavar="COL", help="click label, 0/1")
+    p.add_argument("--segments", action="append", default=[], metavar="COLS",
+                   help="segment columns, comma-separated (Field-RCE, MCE)")  # fmt: skip
+    p.add_argument("--time", default=None, metavar="COL",
+                   help="time column: calibration over consecutive time windows")  # fmt: skip
+    p.add_argument("--windows", type=int, default=10, metavar="N", help="time windows (10)")
+    p.add_argument("--compare", default=None, metavar="COL2",
+                   help="another model's probabilities: paired bootstrap")  # fmt: skip
+    p.add_argument("--std", default=None, metavar="COL", help="predictive std: risk-coverage")
+    p.add_argument("--calibrator", default="platt", metavar="NAME",
+                   help="calibrator fitted once vs refitted per window (platt)")  # fmt: skip
+    p.add_argument("--bootstrap", type=int, default=200, metavar="N", help="replicates (200)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and of the floor")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="report directory (default: FILE.calibration beside the file)")  # fmt: skip
     return parser
 
 
@@ -311,6 +368,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"ctrcal {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        from ctrcal.utils import OUTPUT_ERRNOS, describe_os_error
+
+        # a full disk, a read-only or forbidden path that no writer turned into an
+        # OutputError itself: still one line naming the path and the cause
+        if args.debug or exc.errno not in OUTPUT_ERRNOS or not exc.filename:
+            raise
+        print(f"ctrcal {args.command}: error: {describe_os_error(exc.filename, exc, 'use')}",
+              file=sys.stderr)  # fmt: skip
+        return 1
     except KeyboardInterrupt:
         print(f"ctrcal {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -1,40 +1,73 @@
-"""Typed, strict YAML configuration.
+"""The shape of a run's configuration: typed sections, plain data.
 
-A config file is YAML (read with ``yaml.safe_load`` only) whose top-level sections map onto
-the dataclasses below. Loading is strict: an unknown key, a value of the wrong type, a missing
-required key or an unknown registry name (a norm, an optimizer, ...) raises
+A config file is YAML whose top-level sections map onto the dataclasses below; this module
+only defines them (it reads no file and calls no check). :func:`ctrcal.load_config`
+(:mod:`ctrcal.config_load`) reads a file into them strictly: an unknown key, a value of the
+wrong type, a missing required key or an unknown registry name (a norm, a model, ...) raises
 :class:`~ctrcal.errors.ConfigError` naming the file, the dotted key, what was expected and the
-closest valid key.
+closest valid key. ``ctrcal validate`` builds the model on the ``meta`` device, so its
+constructor alone decides its arguments.
 
-Two conveniences:
+How files combine (:mod:`ctrcal.config_yaml`):
 
 * ``extends: base.yaml`` (a path relative to the file, or a list of them) loads the base first
   and deep-merges this file over it: mappings merge key by key, anything else replaces.
+* **Another model starts from its own defaults.** ``model: {name: dcnv2}`` over a base whose
+  model is MaskNet (a ``model`` section without ``name`` is MaskNet) drops the base's MaskNet
+  arguments; so does the override ``model.name=dcnv2``. The same holds for any mapping with a
+  ``name`` (a norm spec ``{name: ..., <kwargs>}``).
+* **Removing an inherited key:** ``key: !delete`` in a file, ``~section.key`` (or
+  ``section.key=!delete``) on the command line. The key goes back to its default. ``null`` is
+  a value, not a removal (``emb_norm: null`` is "no norm"). Removing a key that no base sets is
+  an error.
 * overrides ``section.key=value`` (from the command line) are applied last; the value is
   parsed as YAML, so ``train.lr=1e-4`` is a float and ``model.hidden_units=[64,64]`` a list.
 
 Example::
 
-    cfg = load_config("configs/demo.yaml", overrides=["train.epochs=2"])
+    cfg = ctrcal.load_config("configs/demo.yaml", overrides=["train.epochs=2"])
     cfg.model.net_norm  # NormSpec(name='layernorm', kwargs={})
+
+``base.yaml`` with a serial MaskNet, and a file that trains DCNv2 on the same data::
+
+    extends: base.yaml
+    model: {name: dcnv2, structure: stacked}   # MaskNet's hidden_units etc. are not inherited
+    train:
+      finetune_from: !delete                   # back to the default (None)
+
+(In flow style a space must follow the tag: ``{finetune_from: !delete }``.)
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import types
-import typing
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
 
 from ctrcal.data.criteo_schema import LAYOUTS
-from ctrcal.errors import ConfigError
-from ctrcal.layers.spec import NormSpec
-from ctrcal.utils import closest
+from ctrcal.layers.spec import NormSpec, parse_norm_spec
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "Config",
+    "DataConfig",
+    "FeaturesConfig",
+    "ModelConfig",
+    "NormSpec",
+    "ReportConfig",
+    "ShiftConfig",
+    "SyntheticConfig",
+    "TrainConfig",
+    "VariantConfig",
+    "config_to_dict",
+    "dump_config",
+]
+
+# the model of a `model:` section without `name`
+DEFAULT_MODEL = "masknet"
 
 # ---------------------------------------------------------------------------------------------
 # Special value types
@@ -61,7 +94,8 @@ class DataConfig:
     """Where the raw data is and how it is split.
 
     ``inputs`` are raw Criteo files in any supported layout (split ``split`` ways with
-    ``split_seed``); alternatively ``train``/``valid``/``test`` name one file list each.
+    ``split_seed``: fractions that sum to 1, or whole-number proportions such as
+    ``[22, 1, 1]`` days); alternatively ``train``/``valid``/``test`` name one file list each.
     With neither, ``synthetic`` data is generated. ``split_order``: ``random`` (seeded hash of
     each row) or ``time`` (train on the first rows, valid/test on the last; whole files for
     Criteo 1TB ``day_N`` inputs), see :mod:`ctrcal.data.splits`.
@@ -94,13 +128,14 @@ class ModelConfig:
 
     ``name`` is a registered model (``masknet``, the default; ``dcnv2``; ``dnn``; or one added
     with :func:`ctrcal.register_model`) or an import path ``package.module:ClassName``; every
-    other key is an argument of that model, bound against its constructor by ``validate``
-    (see :mod:`ctrcal.models.registry`). Keys ending in ``_norm`` are norm specs. Arguments
-    read as attributes (``cfg.model.net_norm``); after validation the model's defaults are
-    filled in, so a snapshot lists every argument the run used.
+    other key is an argument of that model, bound against its constructor when the config is
+    validated (see :mod:`ctrcal.models.registry`). Keys ending in ``_norm`` are norm specs.
+    Arguments read as attributes (``cfg.model.net_norm``). Validation fills in the model's
+    defaults, so a loaded config (and a run's snapshot) lists every argument the run used;
+    before that, only the arguments set are known.
     """
 
-    def __init__(self, name: str = "masknet", **kwargs: Any) -> None:
+    def __init__(self, name: str = DEFAULT_MODEL, **kwargs: Any) -> None:
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "kwargs", {k: _model_arg(k, v) for k, v in kwargs.items()})
         object.__setattr__(self, "sources", {})
@@ -114,15 +149,10 @@ class ModelConfig:
             raise AttributeError(key)
         if key in self.kwargs:
             return self.kwargs[key]
-        defaults = _model_defaults(self.name)
-        if key in defaults:
-            value = defaults[key]
-            return _build_norm(value, f"model.{key}", "<defaults>") if key.endswith(
-                "_norm"
-            ) else value
         raise AttributeError(
             f"model {self.name!r} has no argument {key!r} in this config "
-            f"(set: {', '.join(self.kwargs) or 'none'})"
+            f"(set: {', '.join(self.kwargs) or 'none'}; a validated config, e.g. from "
+            "ctrcal.load_config, lists the model's defaults too)"
         )
 
     def __setattr__(self, key: str, value: Any) -> None:
@@ -143,8 +173,6 @@ class ModelConfig:
         return f"ModelConfig(name={self.name!r}{', ' if args else ''}{args})"
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ModelConfig:
-        import copy
-
         out = ModelConfig(self.name)
         object.__setattr__(out, "kwargs", copy.deepcopy(self.kwargs, memo))
         object.__setattr__(out, "sources", dict(self.sources))
@@ -156,18 +184,21 @@ class ModelConfig:
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some arguments changed (norm values parsed as norm specs)."""
-        import copy
-
         out = copy.deepcopy(self)
         for key, value in changes.items():
             setattr(out, key, value)
         return out
 
+    def with_arguments(self, kwargs: dict[str, Any]) -> ModelConfig:
+        """The same model and sources with exactly these arguments (taken as they are)."""
+        out = ModelConfig(self.name)
+        object.__setattr__(out, "kwargs", dict(kwargs))
+        object.__setattr__(out, "sources", dict(self.sources))
+        return out
+
     def to_dict(self) -> dict[str, Any]:
-        """``{name, <every argument>}``: the model's defaults included, so a snapshot and the
-        signature of a run do not depend on whether the config was validated."""
-        args = {**_model_defaults(self.name), **self.kwargs}
-        return {"name": self.name, **{k: config_to_dict(_model_arg(k, v)) for k, v in args.items()}}
+        """``{name, <every argument>}`` (after validation: the model's defaults included)."""
+        return {"name": self.name, **{k: config_to_dict(v) for k, v in self.kwargs.items()}}
 
     def describe(self) -> str:
         """``name`` plus its structural choice where it has one (e.g. ``masknet/serial``)."""
@@ -175,6 +206,14 @@ class ModelConfig:
             if isinstance(self.kwargs.get(key), str):
                 return f"{self.name}/{self.kwargs[key]}"
         return self.name
+
+
+def _model_arg(key: str, value: Any) -> Any:
+    """A model argument set from Python: norm positions parsed as norm specs, except a class
+    or factory (``nn.LayerNorm``, a partial), which a norm position takes as it is."""
+    if key.endswith("_norm") and not (callable(value) and not isinstance(value, NormSpec)):
+        return parse_norm_spec(value)
+    return value
 
 
 @dataclass
@@ -326,194 +365,9 @@ class Config:
     out_dir: str = "outputs/run"
 
 
-# ---------------------------------------------------------------------------------------------
-# Loading
-
-
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping with ``extends:`` resolved (no validation)."""
-    return _load_with_extends(Path(path), ())
-
-
-def _load_with_extends(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
-    path = path.resolve()
-    if path in chain:
-        loop = " -> ".join(str(p) for p in (*chain, path))
-        raise ConfigError(f"{path}: 'extends' forms a cycle: {loop}")
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        where = f"{chain[-1]}: extends" if chain else "config"
-        raise ConfigError(f"{where}: cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{path}:{line}: invalid YAML: {problem}") from None
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
-    bases = raw.pop("extends", None)
-    if bases is None:
-        return _tag(raw, path)
-    if isinstance(bases, str):
-        bases = [bases]
-    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
-        raise ConfigError(f"{path}: 'extends' must be a path or a list of paths")
-    merged: dict[str, Any] = {}
-    for base in bases:
-        merged = _deep_merge(merged, _load_with_extends(path.parent / base, (*chain, path)))
-    return _deep_merge(merged, _tag(raw, path))
-
-
-# Each mapping remembers which file its keys came from, so errors name the right file even
-# through `extends`. The tag is a key no user can write in YAML by accident.
-_SOURCE = "\0source"
-
-
-def _tag(obj: Any, path: Path) -> Any:
-    if isinstance(obj, dict):
-        out = {k: _tag(v, path) for k, v in obj.items()}
-        out[_SOURCE] = {k: str(path) for k in obj}
-        return out
-    if isinstance(obj, list):
-        return [_tag(v, path) for v in obj]
-    return obj
-
-
-def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in top.items():
-        if key == _SOURCE:
-            out[_SOURCE] = {**base.get(_SOURCE, {}), **value}
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a raw config mapping."""
-    raw = dict(raw)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected section.key=value")
-        dotted, _, text = item.partition("=")
-        keys = dotted.strip().split(".")
-        if not all(keys):
-            raise ConfigError(f"override {item!r}: empty key in {dotted!r}")
-        try:
-            value = yaml.safe_load(text) if text.strip() else None
-        except yaml.YAMLError:
-            raise ConfigError(f"override {item!r}: value is not valid YAML") from None
-        node = raw
-        for key in keys[:-1]:
-            child = node.get(key)
-            child = dict(child) if isinstance(child, dict) else {}
-            node[key] = child
-            node = child
-        node[keys[-1]] = value
-        node[_SOURCE] = {**node.get(_SOURCE, {}), keys[-1]: f"override {item!r}"}
-    return raw
-
-
-def load_config(
-    path: str | Path | None = None,
-    overrides: list[str] | None = None,
-    *,
-    check_names: bool = True,
-    skip_checks: Sequence[str] = (),
-) -> Config:
-    """Load, merge, override and validate a config file into a :class:`Config`.
-
-    Args:
-        path: YAML file; ``None`` starts from the defaults.
-        overrides: ``section.key=value`` strings applied after the file.
-        check_names: also run every data-free check (:mod:`ctrcal.validation`): registry
-            names and arguments, value domains, the report plan.
-        skip_checks: names of checks not to run (a run's snapshot skips ``report``).
-
-    Raises:
-        ConfigError: naming the file, the dotted key, what was expected and the closest key.
-    """
-    raw = load_yaml(path) if path is not None else {}
-    raw = apply_overrides(raw, overrides or [])
-    source = str(path) if path is not None else "<defaults>"
-    cfg = _build(Config, raw, "", source)
-    cfg._key_sources = _key_sources(raw)  # type: ignore[attr-defined]
-    if check_names:
-        validate_names(cfg, source, skip_checks)
-    return cfg
-
-
-def _key_sources(raw: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    """Dotted key -> the file (or override) that set it, from the tags of :func:`_tag`."""
-    out: dict[str, str] = {}
-    for key, where in raw.get(_SOURCE, {}).items():
-        out[prefix + key] = where
-    for key, value in raw.items():
-        if key == _SOURCE:
-            continue
-        if isinstance(value, dict):
-            out.update(_key_sources(value, f"{prefix}{key}."))
-        elif isinstance(value, list):
-            for i, item in enumerate(value):
-                if isinstance(item, dict):
-                    out.update(_key_sources(item, f"{prefix}{key}[{i}]."))
-    return out
-
-
-def config_from_dict(
-    data: dict[str, Any], source: str = "<dict>", skip_checks: Sequence[str] = ()
-) -> Config:
-    """Validate a plain mapping (e.g. a saved snapshot) into a :class:`Config`."""
-    cfg = _build(Config, data, "", source)
-    validate_names(cfg, source, skip_checks)
-    return cfg
-
-
-def validate_names(cfg: Config, source: str, skip: Sequence[str] = ()) -> None:
-    """Run every data-free check (:mod:`ctrcal.validation`) but those named in ``skip``; one
-    error lists all problems."""
-    from ctrcal.validation import validate_config
-
-    validate_config(cfg, source, skip)
-
-
-def check_model_config(model: ModelConfig, source: str) -> ModelConfig:
-    """Resolve ``model.name``, bind its arguments, fill in the model's defaults.
-
-    Raises:
-        ConfigError: an unknown model (closest name), an import path that does not resolve,
-            a class that is not an ``nn.Module``, an unknown / mistyped / missing argument --
-            each naming the file and the key.
-    """
-    from ctrcal.models.registry import check_model_kwargs, model_defaults
-
-    def where(key: str) -> str:
-        return f"{source}: model.{key}"  # ctrcal.validation names the file that set the key
-
-    try:
-        defaults = model_defaults(model.name)
-    except ConfigError as exc:
-        raise ConfigError(f"{where('name')}: {exc}") from None
-    check_model_kwargs(model.name, model.kwargs, where)
-    merged = {
-        k: _build_norm(v, f"model.{k}", source) if k.endswith("_norm") else v
-        for k, v in {**defaults, **model.kwargs}.items()
-    }
-    out = ModelConfig(model.name)
-    object.__setattr__(out, "kwargs", merged)
-    object.__setattr__(out, "sources", dict(model.sources))
-    return out
-
-
 def config_to_dict(cfg: Any) -> Any:
-    """A plain, YAML-safe mapping of a config (inverse of :func:`config_from_dict`)."""
+    """A plain, YAML-safe mapping of a config (what :func:`ctrcal.config_load.config_from_dict`
+    reads back)."""
     if isinstance(cfg, NormSpec):
         return cfg.to_yaml()
     if isinstance(cfg, ModelConfig):
@@ -528,233 +382,5 @@ def config_to_dict(cfg: Any) -> Any:
 
 
 def dump_config(cfg: Config) -> str:
-    """The config as YAML text (a snapshot that :func:`load_config` reads back)."""
+    """The config as YAML text (a snapshot that :func:`ctrcal.load_config` reads back)."""
     return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
-
-
-# ---------------------------------------------------------------------------------------------
-# Typed construction
-
-
-def _describe(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if tp is NormSpec:
-        return "a norm name or {name: ..., <kwargs>}"
-    if dataclasses.is_dataclass(tp):
-        return "a mapping"
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (Union, types.UnionType):
-        return " or ".join(_describe(a) for a in typing.get_args(tp))
-    if origin is list:
-        (item,) = typing.get_args(tp)
-        return f"a list of {_describe(item)}"
-    if origin is dict:
-        return "a mapping"
-    if tp is type(None):
-        return "null"
-    return {int: "an integer", float: "a number", bool: "true/false", str: "a string"}.get(
-        tp, getattr(tp, "__name__", str(tp))
-    )
-
-
-def _fail(source: str, key: str, message: str) -> ConfigError:
-    return ConfigError(f"{source}: {key or '<top level>'}: {message}")
-
-
-def _build(tp: Any, value: Any, key: str, source: str) -> Any:
-    origin = typing.get_origin(tp)
-
-    if tp is Any:
-        return _strip(value)
-    if tp is NormSpec:
-        return _build_norm(value, key, source)
-    if tp is ModelConfig:
-        return _build_model(value, key, source)
-    if dataclasses.is_dataclass(tp):
-        return _build_dataclass(tp, value, key, source)
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _build(arg, value, key, source)
-            except ConfigError as exc:
-                errors.append(exc)
-        if len(errors) == 1:
-            raise errors[0]
-        raise _fail(source, key, f"expected {_describe(tp)}, got {value!r}")
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if value in choices:
-            return value
-        hint = closest(str(value), [str(c) for c in choices])
-        did = f"; did you mean {hint!r}?" if hint else ""
-        raise _fail(
-            source, key, f"got {value!r}, expected one of {', '.join(map(repr, choices))}{did}"
-        )
-    if origin is list:
-        (item,) = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise _fail(source, key, f"expected {_describe(tp)}, got {type(value).__name__}")
-        return [_build(item, v, f"{key}[{i}]", source) for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise _fail(source, key, f"expected a mapping, got {type(value).__name__}")
-        return _strip(value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-4" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-    else:  # pragma: no cover - a field type this module does not know is a programming error
-        raise TypeError(f"unsupported config type {tp!r} at {key}")
-    raise _fail(source, key, f"expected {_describe(tp)}, got {value!r} ({type(value).__name__})")
-
-
-def _strip(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _strip(v) for k, v in value.items() if k != _SOURCE}
-    if isinstance(value, list):
-        return [_strip(v) for v in value]
-    return value
-
-
-def _model_arg(key: str, value: Any) -> Any:
-    """A model argument set from Python: norm positions parsed as norm specs, except a class
-    or factory (``nn.LayerNorm``, a partial), which a norm position takes as it is."""
-    if key.endswith("_norm") and not (callable(value) and not isinstance(value, NormSpec)):
-        return _build_norm(value, f"model.{key}", "<python>")
-    return value
-
-
-def _model_defaults(name: str) -> dict[str, Any]:
-    try:
-        from ctrcal.models.registry import model_defaults
-
-        return model_defaults(name)
-    except (ImportError, ConfigError):
-        return {}
-
-
-def _build_model(value: Any, key: str, source: str) -> ModelConfig:
-    if isinstance(value, ModelConfig):
-        return value
-    if value is None:
-        value = {}
-    if isinstance(value, str):  # `model: dcnv2` = that model with its defaults
-        value = {"name": value}
-    if not isinstance(value, dict):
-        raise _fail(source, key, f"expected a mapping with 'name', got {value!r}")
-    sources = value.get(_SOURCE, {})
-    name = value.get("name", "masknet")
-    if not isinstance(name, str) or not name.strip():
-        raise _fail(sources.get("name", source), f"{key}.name",
-                    f"expected a model name or 'package.module:Class', got {name!r}")  # fmt: skip
-    kwargs: dict[str, Any] = {}
-    for k, v in value.items():
-        if k in (_SOURCE, "name"):
-            continue
-        if not isinstance(k, str) or not k.isidentifier():
-            raise _fail(sources.get(k, source), f"{key}.{k}", "not a valid argument name")
-        src = sources.get(k, source)
-        kwargs[k] = _build_norm(v, f"{key}.{k}", src) if k.endswith("_norm") else _strip(v)
-    out = ModelConfig(name)
-    object.__setattr__(out, "kwargs", kwargs)
-    object.__setattr__(out, "sources", {k: sources.get(k, source) for k in [*kwargs, "name"]})
-    return out
-
-
-def check_value(tp: Any, value: Any, where: str) -> None:
-    """Check ``value`` against a model argument's annotation (types configs can express).
-
-    ``Sequence[X]`` is read as a list of X; annotations this cannot express are not checked.
-
-    Raises:
-        ConfigError: ``where: expected ..., got ...``.
-    """
-    tp = _config_type(tp)
-    if tp is None:
-        return
-    source, _, key = where.rpartition(": ")
-    _build(tp, value, key, source or "config")
-
-
-def _config_type(tp: Any) -> Any:
-    import collections.abc
-
-    origin = typing.get_origin(tp)
-    if tp in (int, float, bool, str, type(None)) or tp is Any:
-        return tp
-    if origin is Literal:
-        return tp
-    if origin in (list, collections.abc.Sequence, tuple) and typing.get_args(tp):
-        item = _config_type(typing.get_args(tp)[0])
-        return list[item] if item is not None else None  # type: ignore[valid-type]
-    if origin in (Union, types.UnionType):
-        args = [_config_type(a) for a in typing.get_args(tp)]
-        if any(a is None for a in args):
-            return None
-        return Union[tuple(args)]  # noqa: UP007 - built at run time
-    return None
-
-
-def _build_norm(value: Any, key: str, source: str) -> NormSpec:
-    if isinstance(value, NormSpec):
-        return value
-    if value is None or value is False:
-        return NormSpec("none")
-    if isinstance(value, str):
-        return NormSpec(value)
-    if isinstance(value, dict):
-        value = _strip(value)
-        if "name" not in value or not isinstance(value["name"], str):
-            raise _fail(source, key, "a norm mapping needs 'name: <norm>'")
-        kwargs = {k: v for k, v in value.items() if k != "name"}
-        return NormSpec(value["name"], kwargs)
-    raise _fail(source, key, f"expected {_describe(NormSpec)}, got {value!r}")
-
-
-def _build_dataclass(tp: Any, value: Any, key: str, source: str) -> Any:
-    if value is None:
-        value = {}
-    if not isinstance(value, dict):
-        raise _fail(source, key, f"expected a mapping, got {type(value).__name__} {value!r}")
-    sources = value.get(_SOURCE, {})
-    hints = typing.get_type_hints(tp)
-    fields = {f.name: f for f in dataclasses.fields(tp)}
-    kwargs = {}
-    for name, item in value.items():
-        if name == _SOURCE:
-            continue
-        src = sources.get(name, source)
-        sub = f"{key}.{name}" if key else str(name)
-        if name not in fields:
-            hint = closest(str(name), fields)
-            did = f"; did you mean {hint!r}?" if hint else ""
-            raise _fail(
-                src, sub, f"unknown key{did} (valid keys: {', '.join(sorted(fields))})"
-            )
-        kwargs[name] = _build(hints[name], item, sub, src)
-    for name, f in fields.items():
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if required and name not in kwargs:
-            sub = f"{key}.{name}" if key else name
-            raise _fail(source, sub, f"missing required key ({_describe(hints[name])})")
-    return tp(**kwargs)

@@ -41,6 +41,13 @@ class DataError(CtrcalError, ValueError):
     """Unreadable, malformed or unexpected input data (names the file and, where known, line)."""
 
 
+class OutputError(CtrcalError):
+    """A file or directory could not be written: no space left, a read-only file system, a
+    missing permission (the message names the path and the cause). Nothing was wrong with
+    the input; the command can be run again once the cause is gone. Deliberately not an
+    ``OSError``: an ``except OSError`` around reading input must not catch it."""
+
+
 class NotAvailableError(CtrcalError):
     """A capability that this version of ctrcal does not provide yet."""
 

@@ -16,19 +16,22 @@ Rules owned here:
 * :data:`RUNTIME_KEYS` / :func:`is_runtime_key`: the config keys that change how fast, where
   or how visibly a run goes, never what it learns. Everything else is the run's
   :func:`run_signature`: a finished run is reused and an interrupted run resumed only under
-  an equal signature, and only on the same data (:func:`data_identity`).
+  an equal signature, and only on the same data: the data identity the run recorded in
+  ``data.json`` (:mod:`ctrcal.data.identity`) must be the data's (:func:`check_same_data`);
+  evaluating on other data or fine-tuning from the run needs the same feature identity
+  (:func:`check_same_features`).
 * :func:`prepared_data_dir`: the prepared directory a command works on (``--data``, else
   ``data.prepared_dir``, else the config's data prepared into ``OUT/data``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctrcal.data.feature_map import FEATURE_MAP_FILE
+from ctrcal.data.identity import data_identity, feature_identity, short
 from ctrcal.errors import ConfigError, CtrcalError, DataError
 
 if TYPE_CHECKING:
@@ -44,14 +47,19 @@ __all__ = [
     "RESULT_FILE",
     "RUNTIME_KEYS",
     "check_resumable",
+    "check_same_data",
+    "check_same_features",
     "data_identity",
     "is_runtime_key",
     "load_run_config",
     "prepared_data_dir",
+    "recorded_identity",
+    "run_data",
     "run_data_dir",
     "run_progress",
     "run_signature",
     "run_state",
+    "same_data",
     "saved_config",
     "signature_diff",
     "write_run_files",
@@ -114,23 +122,65 @@ def signature_diff(
     return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
-def data_identity(directory: str | Path) -> str | None:
-    """A hash of what a model learns from a prepared directory (or a run's copy of it).
-
-    Covers the source hash (raw files and pipeline settings), the splits' sizes, the
-    vocabularies and the numeric statistics of ``feature_map.json``: two directories with the
-    same identity hold the same data. None when there is no readable feature map.
-    """
+def recorded_identity(run_dir: str | Path, kind: str = "data") -> str | None:
+    """The data (``kind="data"``) or feature identity (``"feature"``) a run recorded in
+    ``data.json`` when it started (:mod:`ctrcal.data.identity`); None when unrecorded."""
     try:
-        fm = json.loads((Path(directory) / FEATURE_MAP_FILE).read_text())
-    except (OSError, ValueError):
+        value = json.loads((Path(run_dir) / DATA_FILE).read_text()).get(f"{kind}_identity")
+    except (OSError, ValueError, AttributeError):
         return None
-    if not isinstance(fm, dict):
-        return None
-    keys = ("source_hash", "splits", "vocab_sizes", "categorical_fields", "numeric_fields",
-            "numeric_mean", "numeric_std", "numeric_transform", "bucket_boundaries")  # fmt: skip
-    text = json.dumps({k: fm.get(k) for k in keys}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return value if isinstance(value, str) else None
+
+
+_UNRECORDED = (
+    "{run_dir}: records no identity of the data it was trained on (no data.json, or one "
+    "written by an earlier ctrcal), so no data can be checked against it; train it again"
+)
+
+
+def same_data(run_dir: str | Path, data_dir: str | Path) -> bool:
+    """Whether ``data_dir`` holds the rows and encoding ``run_dir`` was trained on."""
+    recorded = recorded_identity(run_dir)
+    return recorded is not None and recorded == data_identity(data_dir)
+
+
+def check_same_data(run_dir: str | Path, data_dir: str | Path, action: str) -> None:
+    """Raise unless ``data_dir`` is the data ``run_dir`` was trained on (resume, reuse).
+
+    Raises:
+        DataError: another data identity (both are named).
+    """
+    if recorded_identity(run_dir) is None:
+        raise DataError(_UNRECORDED.format(run_dir=run_dir))
+    if not same_data(run_dir, data_dir):
+        raise DataError(
+            f"{run_dir}: cannot {action} on {data_dir}: it is not the data the run was trained "
+            f"on (data identity {short(data_identity(data_dir))}, the run's "
+            f"{short(recorded_identity(run_dir))}, prepared at "
+            f"{run_data_dir(run_dir, missing_ok=True) or 'see data.json'}); {action} on that "
+            "data or train into a new --out"
+        )
+
+
+def check_same_features(run_dir: str | Path, data_dir: str | Path, what: str) -> None:
+    """Raise unless ``data_dir``'s ids and numbers mean what they meant to ``run_dir``'s model
+    (same feature identity: schema, transforms, vocabularies): ``evaluate --data``,
+    fine-tuning.
+
+    Raises:
+        DataError: another feature identity (both are named).
+    """
+    recorded = recorded_identity(run_dir, "feature")
+    if recorded is None:
+        raise DataError(f"{what}: " + _UNRECORDED.format(run_dir=run_dir))
+    current = feature_identity(data_dir)
+    if recorded != current:
+        raise DataError(
+            f"{what}: {data_dir} is encoded with another feature map than {run_dir} was trained "
+            f"on (feature identity {short(current)}, the run's {short(recorded)}): its ids "
+            "would mean other values to the model; use data prepared with that run's "
+            f"vocabularies ({run_data_dir(run_dir, missing_ok=True) or 'see data.json'})"
+        )
 
 
 def run_progress(run_dir: str | Path) -> str:
@@ -178,7 +228,7 @@ def load_run_config(run_dir: str | Path) -> Config:
     Raises:
         ConfigError: missing, unreadable or no longer valid.
     """
-    from ctrcal.config import load_config
+    from ctrcal.config_load import load_config
 
     path = Path(run_dir) / CONFIG_FILE
     if not path.exists():
@@ -206,11 +256,7 @@ def run_state(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> str:
     if progress == "none":
         return "none"
     saved = saved_config(run_dir)
-    same = (
-        saved is not None
-        and not signature_diff(saved, cfg)
-        and data_identity(run_dir) == data_identity(data_dir)
-    )
+    same = saved is not None and not signature_diff(saved, cfg) and same_data(run_dir, data_dir)
     return progress if same else "stale"
 
 
@@ -232,12 +278,7 @@ def check_resumable(run_dir: str | Path, cfg: Config, data_dir: str | Path) -> N
             f"{run_dir}: cannot resume with a different config ({shown}); "
             "resume with the same config or train into a new --out"
         )
-    if data_identity(run_dir) != data_identity(data_dir):
-        raise DataError(
-            f"{run_dir}: cannot resume on {data_dir}: it is not the data the run was trained on "
-            f"({run_data_dir(run_dir, missing_ok=True) or 'see data.json'}); resume on that "
-            "data or train into a new --out"
-        )
+    check_same_data(run_dir, data_dir, "resume")
 
 
 def write_run_files(run_dir: str | Path, cfg: Config, data_dir: str | Path) -> None:
@@ -255,10 +296,30 @@ def write_run_files(run_dir: str | Path, cfg: Config, data_dir: str | Path) -> N
         {
             "data_dir": str(data_dir.resolve()),
             "source_hash": fm.get("source_hash"),
-            "identity": data_identity(data_dir),
+            "data_identity": data_identity(data_dir),
+            "feature_identity": feature_identity(data_dir),
             "splits": fm.get("splits", {}),
         },
     )
+
+
+def run_data(run_dir: str | Path, data_dir: str | Path | None = None) -> Path:
+    """The prepared directory to evaluate ``run_dir`` on: ``data_dir`` (``--data``), else the
+    one the run was trained on (cheap: no torch).
+
+    Raises:
+        DataError: not a prepared directory; for the run's own data, one that has moved or
+            gone (``--data`` is suggested).
+    """
+    if data_dir is not None:
+        return require_prepared_dir(data_dir)
+    recorded = run_data_dir(run_dir)
+    if recorded is None or not (recorded / FEATURE_MAP_FILE).is_file():
+        raise DataError(
+            f"{run_dir}: the data it was trained on is no longer at {recorded} (moved or "
+            "deleted?); pass its new location with --data DIR"
+        )
+    return recorded
 
 
 def run_data_dir(run_dir: str | Path, missing_ok: bool = False) -> Path | None:

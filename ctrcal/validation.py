@@ -1,18 +1,17 @@
 """Everything about a config that can be checked without data, in one pass.
 
-:func:`~ctrcal.config.load_config` first builds the typed :class:`~ctrcal.config.Config`
+:func:`~ctrcal.config_load.load_config` first builds the typed :class:`~ctrcal.config.Config`
 (unknown keys and wrong types stop it there), then runs every registered check and raises one
 :class:`~ctrcal.errors.ConfigError` listing every problem, each naming the file it came from
 (through ``extends`` and command-line overrides) and the dotted key. ``ctrcal validate`` prints
 them one per line.
 
 Checks are pluggable, like norms, shifts and models: a check is a function
-``check(cfg, problems)`` registered with :func:`register_check`; it reports with
-``problems.add(key, message)`` or runs a raising check under ``with problems.at(key):``.
-Checks must not import torch, read data or touch devices (``ctrcal validate`` stays fast and
-works anywhere); a registry offers a torch-free argument check for its entries (norms:
-:func:`ctrcal.layers.spec.check_norm_spec`) that checks here call. Modules holding checks are
-listed in ``CHECK_MODULES`` and imported on first use.
+``check(cfg, problems)``; it reports with ``problems.add(key, message)`` or runs a raising
+check under ``with problems.at(key):``. The built-in checks (:mod:`ctrcal.checks`) are listed
+here; a user adds one with :func:`register_check`. Checks read no data and touch no device;
+the model check builds the model on the ``meta`` device, so its constructor (and each norm's)
+is the one statement of which arguments and widths are valid.
 
 Example::
 
@@ -27,22 +26,19 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import importlib
-import math
-import numbers
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ctrcal.errors import ConfigProblems
+from ctrcal import checks
+from ctrcal.errors import ConfigError, ConfigProblems
+from ctrcal.typed import require_int, require_number
 
 if TYPE_CHECKING:
     from ctrcal.config import Config
-    from ctrcal.layers.spec import NormSpec
 
 __all__ = [
-    "CHECK_MODULES",
     "ConfigProblems",
     "Problem",
     "Problems",
@@ -50,9 +46,6 @@ __all__ = [
     "register_check",
     "validate_config",
 ]
-
-# torch-free modules whose import registers checks (a subsystem adds its own module here)
-CHECK_MODULES: list[str] = ["ctrcal.checks"]
 
 
 @dataclass(frozen=True)
@@ -103,46 +96,36 @@ class Problems:
                 key, message = named.group(1), named.group(2)
             self.add(key, message)
 
-    # -- common shapes of a check ------------------------------------------------------------
+    # -- common shapes of a check (the domains are ctrcal.typed's, as the models' are) ----
 
     def integer(self, key: str, value: Any, *, low: int) -> None:
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            self.add(key, f"expected an integer >= {low}, got {value!r}")
+        """``value`` must be an integer ``>= low``."""
+        try:
+            require_int(key, value, low=low)
+        except ConfigError as exc:
+            self.add(key, str(exc)[len(key) + 2 :])
 
-    def number(
-        self, key: str, value: Any, *, low: float = -math.inf, high: float = math.inf,
-        low_open: bool = False, high_open: bool = False,
-    ) -> None:  # fmt: skip
-        """A finite number in [low, high] (``*_open``: that end excluded)."""
-        ok = (
-            isinstance(value, numbers.Real) and not isinstance(value, bool)
-            and math.isfinite(value)
-            and (value > low if low_open else value >= low)
-            and (value < high if high_open else value <= high)
-        )  # fmt: skip
-        if not ok:
-            lo = "(" if low_open else "["
-            hi = ")" if high_open else "]"
-            self.add(key, f"expected a finite number in {lo}{low:g}, {high:g}{hi}, got {value!r}")
-
-    def norm(self, key: str, spec: NormSpec | None, widths: Sequence[int | None]) -> None:
-        """A norm spec at a position whose layers normalise ``widths`` features each."""
-        from ctrcal.layers.spec import check_norm_spec
-
-        for width in dict.fromkeys(widths) or [None]:
-            before = len(self.items)
-            with self.at(key):
-                check_norm_spec(spec, width)
-            if len(self.items) > before:
-                return  # one problem per position is enough
+    def number(self, key: str, value: Any, **domain: Any) -> None:
+        """``value`` must be a finite number in the domain (see
+        :func:`ctrcal.typed.require_number`)."""
+        try:
+            require_number(key, value, **domain)
+        except ConfigError as exc:
+            self.add(key, str(exc)[len(key) + 2 :])
 
 
 # "report.variants[2].mc_samples: expected ..." -> the key and the message
 _KEYED = re.compile(r"^([A-Za-z_][\w\[\]]*(?:\.[\w\[\]]+)*): (.*)$", re.S)
 
 CheckFn = Callable[["Config", Problems], None]
-_CHECKS: dict[str, CheckFn] = {}
-_LOADED = False
+# the built-in checks, one per section, in the order they run
+_CHECKS: dict[str, CheckFn] = {
+    "data": checks.check_data,
+    "features": checks.check_features,
+    "model": checks.check_model,
+    "train": checks.check_train,
+    "report": checks.check_report,
+}
 
 
 def register_check(name: str, fn: CheckFn | None = None, *, overwrite: bool = False) -> Any:
@@ -159,19 +142,10 @@ def register_check(name: str, fn: CheckFn | None = None, *, overwrite: bool = Fa
     return fn
 
 
-def _load_checks() -> None:
-    global _LOADED
-    if not _LOADED:
-        _LOADED = True
-        for module in CHECK_MODULES:
-            importlib.import_module(module)
-
-
 def check_config(
     cfg: Config, source: str = "config", skip: Sequence[str] = ()
 ) -> list[Problem]:
     """Every problem the registered checks (except those named in ``skip``) find in ``cfg``."""
-    _load_checks()
     problems = Problems(cfg, source)
     for name, fn in _CHECKS.items():
         if name not in skip:

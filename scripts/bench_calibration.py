@@ -7,7 +7,13 @@ error) of a 10M-row evaluation with 26 categorical fields in at most 3x the time
 Rows are generated: Criteo-like vocabularies (Zipf-distributed ids, 26 fields with vocabulary
 sizes from 3 to 10^6), a click probability that depends on two fields, predictions that miss
 part of it. Each figure is the median of ``--repeats`` runs, measured in this one process, so
-the ratio compares like with like. Prints the CPU model (``lscpu``), since CPUs differ.
+the ratio compares like with like. Prints the CPU (``lscpu`` name, family and model), since
+CPUs differ.
+
+Second goal: row-level bootstrap intervals of ECE, PCOC and AUC (``report.bootstrap: 200``
+replicates) in at most 2x the time of those three metrics themselves, at 1M rows. Timed the
+same way, in alternating pairs (``--bootstrap 0`` skips it). smooth ECE and the calibration
+slope are timed beside the other metrics.
 
 Usage::
 
@@ -18,24 +24,17 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
-import subprocess
 import time
 
 import numpy as np
 
 from ctrcal.eval import metrics as M
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (lscpu failed)"
-    for line in out.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
+from ctrcal.eval.bootstrap import bootstrap_ci
+from ctrcal.eval.recalibration import calibration_slope_intercept
+from ctrcal.eval.smooth_ece import smooth_ece
+from ctrcal.utils import cpu_model_name
 
 
 def make_rows(n: int, n_fields: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -76,15 +75,17 @@ def main() -> None:
         default=None,
         help="rows the multicalibration error evaluates (default: the library's default)",
     )
+    ap.add_argument("--bootstrap", type=int, default=200, help="bootstrap replicates (0: skip)")
     args = ap.parse_args()
 
-    print(f"CPU: {cpu_model()}")
+    print(f"CPU: {cpu_model_name()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     t = time.perf_counter()
     probs, y, fields = make_rows(args.rows, args.fields, args.seed)
     took = time.perf_counter() - t
     print(f"{args.rows:,} rows, {args.fields} fields (generated in {took:.1f} s)")
     names = [f"C{j + 1}" for j in range(args.fields)]
     M.ece(probs[:1000], y[:1000])  # warm-up: the uniform bins import torch once
+    smooth_ece(probs[:1000], y[:1000])  # and smooth ECE's convolution imports scipy.signal
 
     mce = {} if args.mce_max_rows is None else {"max_rows": args.mce_max_rows}
     summary_mce = {} if args.mce_max_rows is None else {"mce_max_rows": args.mce_max_rows}
@@ -98,6 +99,8 @@ def main() -> None:
         "multicalibration error": lambda: M.multicalibration_error(
             probs, y, fields, names=names, **mce
         ),
+        "smooth ECE (bandwidth search)": lambda: smooth_ece(probs, y),
+        "calibration slope + intercepts": lambda: calibration_slope_intercept(probs, y),
     }
     for label, fn in parts.items():
         print(f"  {label:<45} {timed(fn, 1):7.2f} s")
@@ -125,6 +128,33 @@ def main() -> None:
     print(f"all calibration metrics:      {t_all:7.2f} s (median of {args.repeats})")
     print(f"ratio calibration / AUC:      {ratio:7.2f} (median over pairs; goal <= 3)")
     print("pairs (AUC s, calibration s): " + ", ".join(f"({a:.2f}, {c:.2f})" for a, c in pairs))
+    if args.bootstrap:
+        bench_bootstrap(probs, y, args.bootstrap, args.repeats)
+
+
+def bench_bootstrap(probs: np.ndarray, y: np.ndarray, n_boot: int, repeats: int) -> None:
+    """Bootstrap intervals of ECE, PCOC and AUC against computing those three once."""
+
+    def metrics() -> None:
+        M.ece(probs, y)
+        M.pcoc(probs, y)
+        M.auc(probs, y)
+
+    pairs = [
+        (timed(metrics, 1), timed(lambda: bootstrap_ci(probs, y, n_boot=n_boot), 1))
+        for _ in range(repeats)
+    ]
+    ci = bootstrap_ci(probs, y, n_boot=n_boot)
+    print(f"bootstrap, {n_boot} replicates over {len(y):,} rows:")
+    for name, c in ci.items():
+        print(f"  {name:<5} {c.estimate:.5f}  95% CI [{c.low:.5f}, {c.high:.5f}]  se {c.se:.5f}")
+    t_m = statistics.median(m for m, _ in pairs)
+    t_b = statistics.median(b for _, b in pairs)
+    ratio = statistics.median(b / m for m, b in pairs)
+    print(f"ECE + PCOC + AUC once:        {t_m:7.3f} s (median of {repeats})")
+    print(f"bootstrap CIs of the three:   {t_b:7.3f} s (median of {repeats})")
+    print(f"ratio bootstrap / metrics:    {ratio:7.2f} (median over pairs; goal <= 2 at 1M rows)")
+    print("pairs (metrics s, bootstrap s): " + ", ".join(f"({m:.3f}, {b:.3f})" for m, b in pairs))
 
 
 if __name__ == "__main__":

@@ -189,7 +189,7 @@ def ctrcal_worker(spec: dict[str, Any]) -> None:
 
     import torch
 
-    from ctrcal.config import load_config
+    from ctrcal.config_load import load_config
     from ctrcal.data.loader import Batch
     from ctrcal.train import step as train_step_lib
     from ctrcal.train.cpu_matmul import cpu_matmul
@@ -205,9 +205,9 @@ def ctrcal_worker(spec: dict[str, Any]) -> None:
     )
     torch.manual_seed(spec["seed"])
     try:
+        from ctrcal.models.build import create_model
+    except ImportError:  # an older checkout
         from ctrcal.models.registry import create_model
-    except ImportError:  # a checkout whose only model is MaskNet
-        from ctrcal.models.masknet import build_model as create_model
     model = create_model(cfg.model, fmap)
     model.train()
     opt = train_step_lib.make_optimizer(model, cfg.train)
@@ -318,7 +318,7 @@ class Worker:
 
 
 def _prepare_data(rows: int, out: Path) -> Path:
-    from ctrcal.config import load_config
+    from ctrcal.config_load import load_config
     from ctrcal.data.prepare import prepare
 
     cfg = load_config(None, [f"data.synthetic.rows={rows}", "data.synthetic.seed=0",

@@ -133,7 +133,8 @@ def _time(
 
 def bench_step(repeats: int, batch: int = 4096) -> None:
     """MaskNet training step: per-field LN vs per-field MC-LN (and MC-LN everywhere)."""
-    from ctrcal.config import NormSpec, load_config
+    from ctrcal.config import NormSpec
+    from ctrcal.config_load import load_config
     from ctrcal.data.loader import Batch
     from ctrcal.models.masknet import MaskNet
     from ctrcal.train import step

@@ -101,10 +101,10 @@ except Exception as exc:  # an API the trainer no longer has: step the model her
     how = f"own loop ({type(exc).__name__}: {exc})"
     import torch.nn.functional as F
     from ctrcal.data.loader import ParquetCTRData
-    from ctrcal.models.masknet import build_model
+    from ctrcal.models.build import create_model
     torch.manual_seed(0)
     data = ParquetCTRData(data_dir, "train", mode=mode, buffer_rows=int(buffer_rows))
-    model = build_model(cfg.model, data.feature_map)
+    model = create_model(cfg.model, data.feature_map)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     rows = 0
     start = time.perf_counter()

@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from ctrcal.config import load_config
+from ctrcal.config_load import load_config
 from ctrcal.data.criteo import NUM_CATEGORICAL, NUM_NUMERIC
 from ctrcal.data.loader import Batch
 from ctrcal.models.masknet import MaskNet

@@ -87,3 +87,103 @@ def test_unknown_option_is_a_usage_error(capsys):
         main(["validate", str(CONFIGS[0]), "--no-such-flag"])
     assert exit_.value.code == 2
     assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults: a full disk during the report, reproducible MC evaluation
+
+REPORT = """
+model: {embedding_dim: 4, hidden_units: [8]}
+train: {epochs: 1, batch_size: 4096, eval_batch_size: 8192, progress: false, num_threads: 1}
+report:
+  seeds: 1
+  figures: false
+  shifts:
+    - {name: gaussian_numeric, intensities: [0.5]}
+  variants:
+    - {name: layernorm, net_norm: layernorm}
+"""
+
+
+@pytest.mark.parametrize("target", [".last.pt.", ".results.csv."], ids=["training", "report"])
+def test_a_full_disk_during_the_report_is_one_line_and_the_rerun_finishes(
+    target, prepared_dir, tmp_path, monkeypatch, capsys
+):
+    import torch
+
+    cfg = tmp_path / "report.yaml"
+    cfg.write_text(REPORT)
+    argv = ["shift-report", str(cfg), "--data", str(prepared_dir), "--out", str(tmp_path / "out")]
+    real_save, real_write = torch.save, Path.write_text
+
+    def save(payload, f, *args, **kwargs):  # the kernel's own ENOSPC, from /dev/full
+        if target in getattr(f, "name", ""):
+            with open("/dev/full", "wb") as disk:
+                return real_save(payload, disk, *args, **kwargs)
+        return real_save(payload, f, *args, **kwargs)
+
+    def write_text(self, text, *args, **kwargs):
+        if self.name.startswith(target):
+            with open("/dev/full", "w") as disk:
+                disk.write(text)
+        return real_write(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    monkeypatch.setattr(Path, "write_text", write_text)
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and "no space left on the device" in lines[-1], err
+    assert target.strip(".") in lines[-1]
+    monkeypatch.setattr(torch, "save", real_save)
+    monkeypatch.setattr(Path, "write_text", real_write)
+    assert main(argv) == 0
+    assert (tmp_path / "out" / "results.csv").is_file()
+
+
+def test_evaluate_with_mc_samples_is_reproducible(prepared_dir, tmp_path, capsys):
+    import torch
+
+    from ctrcal.train.evaluate import evaluate_run
+
+    cfg = tmp_path / "mc.yaml"
+    cfg.write_text(
+        "model: {embedding_dim: 4, hidden_units: [8], net_norm: {name: mclayernorm, "
+        "fraction: 0.5}}\ntrain: {epochs: 1, batch_size: 4096, progress: false, num_threads: 1}\n"
+    )
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "--data", str(prepared_dir), "--out", str(run)]) == 0
+    state = torch.get_rng_state()
+    first = evaluate_run(run, "valid", mc_samples=4)
+    assert evaluate_run(run, "valid", mc_samples=4) == first  # bit for bit
+    assert torch.equal(torch.get_rng_state(), state)  # the caller's RNG is left alone
+    assert evaluate_run(run, "valid", mc_samples=4, seed=1) != first
+    capsys.readouterr()
+    outs = []
+    for seed in ([], [], ["--seed", "0"]):
+        assert main(["evaluate", str(run), "--split", "valid", "--mc-samples", "4", *seed]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] == outs[2] and "seed 0" in outs[0]
+
+
+def test_an_unwrapped_write_failure_is_still_one_line(monkeypatch, capsys):
+    import errno
+    import os
+
+    from ctrcal import cli
+
+    def read_only(args):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), "/ro/out/train.txt")
+
+    monkeypatch.setattr(cli, "cmd_synth", read_only)
+    assert main(["synth", "/ro/out/train.txt"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == ("ctrcal synth: error: /ro/out/train.txt: cannot use: read-only file "
+                           "system")  # fmt: skip
+
+    def broken(args):  # not a condition of the file system: a bug keeps its traceback
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF), "/x")
+
+    monkeypatch.setattr(cli, "cmd_synth", broken)
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        main(["synth", "/x"])

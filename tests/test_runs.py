@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 
 from ctrcal.cli import main
-from ctrcal.config import Config, config_to_dict, load_config
+from ctrcal.config import Config, config_to_dict
+from ctrcal.config_load import load_config
 from ctrcal.errors import ConfigError, DataError
 from ctrcal.runs import (
     RUNTIME_KEYS,
@@ -19,6 +21,7 @@ from ctrcal.runs import (
     run_state,
     signature_diff,
 )
+from ctrcal.train.evaluate import evaluate_run
 from ctrcal.train.trainer import train
 
 TINY = [
@@ -111,11 +114,95 @@ def test_resume_on_other_data_is_refused(started_run, prepared_dir, tmp_path):
     assert run_state(_cfg(), other, run) == "stale"
     with pytest.raises(DataError, match="not the data the run was trained on"):
         train(_cfg(), other, run, resume=True)
+    # other seed, other sizes: evaluate refuses it too
+    with pytest.raises(DataError, match="another feature map"):
+        evaluate_run(run, "test", other)
     # the same data under another path is the same data
     copy = tmp_path / "copy"
     shutil.copytree(prepared_dir, copy)
     assert data_identity(copy) == data_identity(prepared_dir)
     train(_cfg(), copy, run, resume=True)
+
+
+def _relabelled_copy(prepared_dir: Path, target: Path) -> Path:
+    """The same files with two values of C1 trading ids: every size, row count and source
+    hash equal, but id 3 and id 4 mean other values to a model trained on the original."""
+    import polars as pl
+
+    shutil.copytree(prepared_dir, target)
+    vocab = pl.read_parquet(target / "vocab.parquet")
+    swap = {3: 4, 4: 3}
+    vocab = vocab.with_columns(
+        pl.when(pl.col("field") == "C1").then(pl.col("id").replace(swap)).otherwise(pl.col("id"))
+    ).sort("field", "id", maintain_order=True)
+    vocab.write_parquet(target / "vocab.parquet")
+    return target
+
+
+def test_same_sizes_other_vocabulary_contents_are_refused_everywhere(
+    started_run, prepared_dir, tmp_path, capsys
+):
+    from ctrcal.data.feature_map import FeatureMap
+    from ctrcal.data.identity import feature_identity, short
+    from ctrcal.train.finetune import finetune_model
+
+    other = _relabelled_copy(prepared_dir, tmp_path / "other")
+    assert FeatureMap.load(other).vocab_sizes == FeatureMap.load(prepared_dir).vocab_sizes
+    assert feature_identity(other) != feature_identity(prepared_dir)
+    assert data_identity(other) != data_identity(prepared_dir)
+    run = tmp_path / "run"
+    shutil.copytree(started_run, run)
+    both = (short(feature_identity(other)), short(feature_identity(prepared_dir)))
+    # evaluate --data
+    with pytest.raises(DataError, match="another feature map") as refused:
+        evaluate_run(run, "test", other)
+    assert all(identity in str(refused.value) for identity in both)
+    assert main(["evaluate", str(run), "--data", str(other)]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and both[0] in err and both[1] in err
+    # resume, and the report's reuse of a run
+    assert run_state(_cfg(), other, run) == "stale"
+    with pytest.raises(DataError, match="not the data the run was trained on") as refused:
+        train(_cfg(), other, run, resume=True)
+    assert short(data_identity(other)) in str(refused.value)
+    assert short(data_identity(prepared_dir)) in str(refused.value)
+    # fine-tuning from the run
+    cfg = _cfg(f"train.finetune_from={run}")
+    with pytest.raises(DataError, match="another feature map"):
+        finetune_model(cfg, FeatureMap.load(other), other)
+    with pytest.raises(DataError, match="another feature map"):
+        train(cfg, other, tmp_path / "tuned")
+    # the run's own data is accepted everywhere
+    assert set(evaluate_run(run, "valid", prepared_dir)) >= {"auc", "ece"}
+    finetune_model(cfg, FeatureMap.load(prepared_dir), prepared_dir)
+
+
+def test_the_identity_is_the_content_not_the_file(prepared_dir, tmp_path):
+    import pyarrow.parquet as pq
+
+    from ctrcal.data.identity import feature_identity
+
+    copy = tmp_path / "copy"
+    shutil.copytree(prepared_dir, copy)
+    table = pq.read_table(copy / "vocab.parquet")
+    pq.write_table(table, copy / "vocab.parquet", row_group_size=1000, compression="gzip")
+    assert feature_identity(copy) == feature_identity(prepared_dir)
+    # where the rows came from is not what the ids mean
+    fm = json.loads((copy / "feature_map.json").read_text())
+    fm["sources"] = [{"path": "/elsewhere/train.txt", "layout": "dac", "split": "split"}]
+    (copy / "feature_map.json").write_text(json.dumps(fm))
+    assert feature_identity(copy) == feature_identity(prepared_dir)
+    fm["features"][0]["transform_scale"] *= 2  # another transform is another encoding
+    (copy / "feature_map.json").write_text(json.dumps(fm))
+    assert feature_identity(copy) != feature_identity(prepared_dir)
+
+
+def test_a_run_records_both_identities(started_run, prepared_dir):
+    from ctrcal.data.identity import feature_identity
+
+    recorded = json.loads((started_run / "data.json").read_text())
+    assert recorded["data_identity"] == data_identity(prepared_dir)
+    assert recorded["feature_identity"] == feature_identity(prepared_dir)
 
 
 def test_debug_before_the_subcommand_is_kept(tmp_path, capsys):
@@ -142,3 +229,41 @@ def test_train_without_data_prepares_under_its_run_directory(tmp_path, monkeypat
     assert (run / "data" / "feature_map.json").is_file()
     assert (run / "result.json").is_file()
     assert not Path("default_out").exists()
+
+
+def test_string_vocabularies_hash_by_content(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ctrcal.data.identity import feature_identity
+
+    def prepared(name, values, row_group_size=None):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "feature_map.json").write_text(json.dumps(
+            {"features": [{"name": "C1", "kind": "categorical", "vocab_size": 6}]}))
+        table = pa.table({"field": ["C1"] * 3, "value": values, "id": [3, 4, 5],
+                          "count": [9, 5, 2]})  # fmt: skip
+        pq.write_table(table, d / "vocab.parquet", row_group_size=row_group_size)
+        return feature_identity(d)
+
+    base = prepared("a", ["x", None, "zz"])
+    assert prepared("b", ["x", None, "zz"], row_group_size=1) == base
+    assert prepared("c", ["x", "", "zz"]) != base  # a missing value is not an empty one
+    assert prepared("d", ["xz", None, "z"]) != base  # the same bytes split otherwise
+
+
+def test_a_run_without_recorded_identities_is_never_matched_silently(
+    started_run, prepared_dir, tmp_path
+):
+    run = tmp_path / "run"
+    shutil.copytree(started_run, run)
+    data = json.loads((run / "data.json").read_text())
+    for key in ("data_identity", "feature_identity"):
+        data.pop(key)
+    (run / "data.json").write_text(json.dumps(data))  # as an earlier ctrcal wrote it
+    assert run_state(_cfg(), prepared_dir, run) == "stale"  # a report trains it again
+    with pytest.raises(DataError, match="records no identity"):
+        evaluate_run(run, "valid", prepared_dir)
+    with pytest.raises(DataError, match="records no identity"):
+        check_resumable(run, _cfg(), prepared_dir)

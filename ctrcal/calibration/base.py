@@ -217,6 +217,14 @@ for _name, _path, _text in (
      "isotonic regression of the click on the logit (Zadrozny and Elkan 2002)"),
     ("field_aware", "ctrcal.calibration.field_aware:FieldAwareCalibration",
      "Platt or isotonic calibration per value of one field, shrunk toward the global one"),
+    ("label_shift", "ctrcal.calibration.label_shift:LabelShiftCalibrator",
+     "label-shift correction: EM re-estimate of the click rate on the target rows "
+     "(Saerens et al. 2002)"),
 ):  # fmt: skip
     register_calibrator(_name, _path, description=_text)
+register_calibrator(
+    "mcgrad", "ctrcal.calibration.mcgrad:MCGradCalibrator",
+    description="MCGrad: multicalibration by boosted trees over segment features "
+    "(Tax et al., KDD 2026)", extra="mcgrad",
+)  # fmt: skip
 del _name, _path, _text

@@ -23,12 +23,12 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ctrcal.batch import Batch
 from ctrcal.errors import DataError
 
 # arrow type name -> numpy dtype of its values buffer (the types prepare writes)
@@ -64,31 +64,6 @@ def copy_column(column, dst: np.ndarray) -> None:
             )[start:]
             part[valid == 0] = np.nan
         pos += m
-
-
-@dataclass
-class Batch:
-    """One mini-batch of encoded Criteo rows.
-
-    Attributes:
-        categorical: int64 [B, Fc] ids into each field's vocabulary (field-local ids).
-        numeric: float32 [B, Fn] continuous values in model-input space (NaN = missing).
-        label: float32 [B] clicks (0/1).
-    """
-
-    categorical: torch.Tensor
-    numeric: torch.Tensor
-    label: torch.Tensor
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        return Batch(
-            self.categorical.to(device, non_blocking=non_blocking),
-            self.numeric.to(device, non_blocking=non_blocking),
-            self.label.to(device, non_blocking=non_blocking),
-        )
-
-    def __len__(self) -> int:
-        return self.label.shape[0]
 
 
 MODES = ("memory", "device", "stream")

@@ -14,20 +14,18 @@ either the old directory or the new one.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
 import socket
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from ctrcal.data.features import FEATURE_MAP_FILE, SCHEMA_VERSION
 from ctrcal.data.splits import SPLITS
 from ctrcal.errors import DataError
+from ctrcal.utils import directory_lock
 
 OWNER_FILE = "_owner.json"
 STALE_SECONDS = 3600
@@ -63,41 +61,10 @@ def check_out_dir(out_dir: Path) -> None:
         )
 
 
-@contextlib.contextmanager
-def publish_lock(out_dir: Path) -> Iterator[None]:
-    """Hold the exclusive lock of ``out_dir`` (``.<name>.lock`` beside it) while inside.
-
-    A second process blocks here (saying so once on stderr) until the first one is done or
-    dead. The holder deletes the lock file before releasing it, so a waiter that wakes up on a
-    deleted file tries again on the current one.
-    """
-    path = out_dir.with_name(f".{out_dir.name}.lock")
-    said = False
-    while True:
-        try:
-            fh = open(path, "a+")  # noqa: SIM115
-        except OSError as exc:
-            raise DataError(f"{path}: cannot create the lock file: {exc.strerror or exc}") from None
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if not said:
-                print(f"waiting for another 'ctrcal prepare' into {out_dir} to finish",
-                      file=sys.stderr, flush=True)  # fmt: skip
-                said = True
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            current = os.stat(path).st_ino
-        except FileNotFoundError:
-            current = None
-        if current == os.fstat(fh.fileno()).st_ino:
-            break
-        fh.close()  # the holder we waited for deleted this file: lock the new one
-    try:
-        yield
-    finally:
-        path.unlink(missing_ok=True)
-        fh.close()  # releases the lock
+def publish_lock(out_dir: Path) -> contextlib.AbstractContextManager[None]:
+    """Hold the exclusive lock of ``out_dir`` while inside; a second process waits
+    (:func:`ctrcal.utils.directory_lock`, the lock every ctrcal command uses)."""
+    return directory_lock(out_dir, "'ctrcal prepare'", wait=True)
 
 
 def owned_temp_dir(out_dir: Path, kind: str = "") -> Path:

@@ -21,7 +21,8 @@ from typing import Any
 
 import pandas as pd
 
-from ctrcal.config import Config, ModelConfig, config_from_dict, load_config, validate_names
+from ctrcal.config import Config, ModelConfig
+from ctrcal.config_load import config_from_dict, load_config, validate_names
 from ctrcal.errors import ConfigError
 
 __all__ = ["ShiftReportSummary", "shift_report"]

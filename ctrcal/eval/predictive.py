@@ -10,12 +10,14 @@ report measures).
 Stochastic passes come from the model's own layers:
 
 * MC-LayerNorm (any module with an ``mc_sampling`` flag, :func:`ctrcal.layers.mc_layernorm.
-  mc_mode`) keeps sampling its subsets;
+  module.mc_mode`) keeps sampling its subsets;
 * MC-Dropout: every ``nn.Dropout`` module of the model, whatever the model, is kept in training
   mode (:func:`dropout_modules`).
 
-The passes of one batch run as one forward over the batch repeated ``passes`` times (bounded by
-``max_rows``): no Python loop per sample for small batches.
+The passes of one batch are :func:`ctrcal.layers.mc_layernorm.predict.sample_probabilities`,
+the loop :func:`~ctrcal.layers.mc_layernorm.mc_predict` runs too: one forward over the batch
+repeated ``passes`` times (at most ``4 * batch_size`` rows a pass), no Python loop per sample
+for small batches.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+
+from ctrcal.layers.mc_layernorm.module import mc_mode
+from ctrcal.layers.mc_layernorm.predict import sample_probabilities
 
 __all__ = ["Prediction", "dropout_modules", "mc_dropout", "predict_split"]
 
@@ -81,27 +86,6 @@ def mc_dropout(model: nn.Module) -> Iterator[int]:
             m.train(was)
 
 
-def _samples(
-    model: nn.Module,
-    categorical: torch.Tensor,
-    numeric: torch.Tensor,
-    passes: int,
-    max_rows: int,
-) -> torch.Tensor:
-    """Probabilities ``[passes, B]`` of ``passes`` forward passes (repeated-batch forwards)."""
-    rows = categorical.shape[0]
-    if passes == 1:
-        return torch.sigmoid(model(categorical, numeric).float().reshape(1, rows))
-    per = max(1, max_rows // max(rows, 1))
-    out, done = [], 0
-    while done < passes:
-        s = min(per, passes - done)
-        z = model(categorical.repeat(s, 1), numeric.repeat(s, 1))
-        out.append(torch.sigmoid(z.float().reshape(s, rows)))
-        done += s
-    return torch.cat(out, dim=0)
-
-
 @torch.no_grad()
 def predict_split(
     models: Sequence[nn.Module],
@@ -128,7 +112,6 @@ def predict_split(
         :class:`Prediction`; ``logits`` only for a single deterministic model, ``std`` whenever
         there is more than one sample per row.
     """
-    from ctrcal.layers.mc_layernorm import mc_mode
     from ctrcal.train.predict import iter_batches
 
     if not models:
@@ -156,7 +139,8 @@ def predict_split(
                 logits.append(z.double().cpu())
                 means.append(torch.sigmoid(z).double().cpu())
                 continue
-            p = torch.cat([_samples(m, cat, num, passes, 4 * batch_size) for m in models])
+            inputs = (cat, num)
+            p = torch.cat([sample_probabilities(m, inputs, passes, 4 * batch_size) for m in models])
             std, mean = torch.std_mean(p.double(), dim=0, correction=0)
             means.append(mean.cpu())
             stds.append(std.cpu())

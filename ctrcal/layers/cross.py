@@ -33,6 +33,7 @@ from torch.autograd.function import once_differentiable
 
 from ctrcal.layers.chunks import Chunks
 from ctrcal.layers.cpu_kernels import cpu_kernels
+from ctrcal.layers.fusion import fusable_on_cpu, is_stock
 
 __all__ = ["CrossNet"]
 
@@ -133,21 +134,12 @@ _MIN_ROWS = 64  # rows per thread at least in the cross-layer kernels
 
 def _fusable(x0: Tensor, layers: nn.ModuleList) -> bool:
     """Whether the C kernels may run these full-rank layers on x0 ``[B, d]``: plain
-    ``nn.Linear`` layers without hooks, float32 CPU tensors outside autocast, not while
-    ``torch.compile`` traces (:func:`cpu_kernels` is None then), and the kernels built."""
+    ``nn.Linear`` layers with a bias and without hooks, and
+    :func:`~ctrcal.layers.fusion.fusable_on_cpu` for x0 and the weights."""
     return (
         x0.dim() == 2
-        and x0.device.type == "cpu"
-        and x0.dtype == torch.float32
-        and all(
-            type(lin) is nn.Linear
-            and lin.bias is not None
-            and lin.weight.dtype == torch.float32
-            and not (lin._forward_hooks or lin._forward_pre_hooks)
-            for lin in layers
-        )
-        and not torch.is_autocast_enabled("cpu")
-        and cpu_kernels() is not None
+        and all(is_stock(lin, nn.Linear) and lin.bias is not None for lin in layers)
+        and fusable_on_cpu(x0, *(lin.weight for lin in layers), kernels=cpu_kernels)
     )
 
 

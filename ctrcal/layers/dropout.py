@@ -41,6 +41,7 @@ from torch.autograd.function import once_differentiable
 
 from ctrcal.layers.chunks import Chunks
 from ctrcal.layers.cpu_kernels import cpu_kernels
+from ctrcal.layers.fusion import fusable_on_cpu, is_layer_norm, is_stock, unhooked
 
 __all__ = [
     "dropout_keep_mask",
@@ -191,21 +192,18 @@ class _LayerNormReLUDropoutFn(torch.autograd.Function):
 def layer_norm_fusable(x: Tensor, norm: nn.Module, p: float, training: bool) -> bool:
     """Whether the C kernels may run ``F.dropout(F.relu(norm(x)), p, training)`` for x
     ``[B, N]``: training with ``0 < p < 1``, a plain affine ``nn.LayerNorm(N)`` without hooks,
-    float32 CPU tensors outside autocast, and the kernels built. The one statement of that
-    rule; kernels that fuse more around the norm add their own conditions to it."""
+    and :func:`~ctrcal.layers.fusion.fusable_on_cpu` for x and the norm's weight. Kernels
+    that fuse more around the norm add their own conditions to it."""
     return (
         training
         and 0.0 < p < 1.0
-        and type(norm) is nn.LayerNorm
+        and is_layer_norm(norm)
+        and unhooked(norm)
         and norm.weight is not None
         and norm.bias is not None
-        and not (norm._forward_hooks or norm._forward_pre_hooks)
         and x.dim() == 2
         and tuple(norm.normalized_shape) == (x.shape[1],)
-        and x.device.type == "cpu"
-        and x.dtype == norm.weight.dtype == torch.float32
-        and not torch.is_autocast_enabled("cpu")
-        and cpu_kernels() is not None
+        and fusable_on_cpu(x, norm.weight, kernels=cpu_kernels)
     )
 
 
@@ -233,12 +231,12 @@ def layer_norm_relu_dropout(x: Tensor, norm: nn.LayerNorm, p: float, training: b
 def run_sequential(layers: Iterable[nn.Module], x: Tensor) -> Tensor:
     """``nn.Sequential(*layers)(x)``, with every ``nn.ReLU`` directly followed by an
     ``nn.Dropout`` run as one :func:`relu_dropout` (the dropout module's ``p`` and
-    ``training`` decide, as they would)."""
+    ``training`` decide, as they would) where neither is hooked."""
     mods = list(layers)
     i = 0
     while i < len(mods):
         nxt = mods[i + 1] if i + 1 < len(mods) else None
-        if type(mods[i]) is nn.ReLU and type(nxt) is nn.Dropout:
+        if is_stock(mods[i], nn.ReLU) and is_stock(nxt, nn.Dropout):
             x = relu_dropout(x, nxt.p, nxt.training)
             i += 2
         else:

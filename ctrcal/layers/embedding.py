@@ -26,13 +26,13 @@ F = Fn + Fc vectors of width D (numeric fields first, then categorical, in featu
   (``bucket``: its own bucket); NaN never reaches the arithmetic, so no NaN propagates.
 
 :class:`FieldNorm` applies a registry norm per field over D (each field its own layer, as
-FuxiCTR's ``emb_layernorm``), with fused paths for plain LayerNorms (one ``layer_norm``) and
-MC-LayerNorms (one grouped MC-LayerNorm call for all fields, see
-:mod:`ctrcal.layers.mc_grouped`).
+FuxiCTR's ``emb_layernorm``), with fused paths for plain LayerNorms and MC-LayerNorms (one
+grouped call for all fields, :func:`~ctrcal.layers.mc_layernorm.mc_grouped_layer_norm`).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,7 +42,9 @@ from torch.autograd.function import once_differentiable
 
 from ctrcal.layers.chunks import Chunks
 from ctrcal.layers.cpu_kernels import cpu_kernels
-from ctrcal.layers.mc_layernorm import MCLayerNorm, grouped_layer_norm, mc_grouped_layer_norm
+from ctrcal.layers.fusion import fusable_on_cpu, is_layer_norm, is_stock
+from ctrcal.layers.mc_layernorm.functional import grouped_layer_norm, mc_grouped_layer_norm
+from ctrcal.layers.mc_layernorm.module import MCLayerNorm
 from ctrcal.layers.registry import create_norm
 from ctrcal.layers.table_lookup import table_lookup
 
@@ -109,7 +111,9 @@ class FeatureEmbedding(nn.Module):
             self.register_buffer("boundaries", padded, persistent=True)
             self.register_buffer("missing_bucket", counts + 1, persistent=True)
             sizes = [len(b) + 2 for b in boundaries] + sizes
-        offsets = torch.tensor([0, *sizes[:-1]], dtype=torch.int64).cumsum(0) if sizes else None
+        # summed in Python: the same ids, and no tensor op that a meta-device build (ctrcal
+        # validate) would route through torch's Python reference kernels
+        offsets = torch.tensor([0, *itertools.accumulate(sizes[:-1])], dtype=torch.int64)
         self.table_fields = len(sizes)
         if sizes:
             self.table = nn.Embedding(sum(sizes), self.embedding_dim)
@@ -180,19 +184,18 @@ class FeatureEmbedding(nn.Module):
         """
         fn, dim = self.num_numeric, self.embedding_dim
         weight, bias, missing_vec = self.numeric_weight, self.numeric_bias, self.numeric_missing
+        values = numeric.to(weight.dtype)
+        # both ways run outside autocast: the kernel may run under it
         if (
             numeric.dim() == 2
-            and numeric.device.type == "cpu"
-            and weight.dtype == torch.float32
             and not numeric.requires_grad
-            and cpu_kernels() is not None
+            and fusable_on_cpu(values, weight, autocast_free=True, kernels=cpu_kernels)
         ):
             # one C pass each way instead of the product and its operands (same function)
-            x = numeric.to(torch.float32).contiguous()
-            return _NumericEmbedFn.apply(x, weight, bias, missing_vec)
+            return _NumericEmbedFn.apply(values.contiguous(), weight, bias, missing_vec)
         missing = torch.isnan(numeric)
         with torch.autocast(numeric.device.type, enabled=False):
-            x = torch.nan_to_num(numeric.to(weight.dtype), nan=0.0)
+            x = torch.nan_to_num(values, nan=0.0)
             rows = torch.cat([x, missing.to(weight.dtype)], dim=1)  # [B, 2*Fn]
             eye = torch.eye(fn, device=weight.device, dtype=weight.dtype).unsqueeze(-1)
             gap = missing_vec if bias is None else missing_vec - bias
@@ -324,8 +327,10 @@ class FieldNorm(nn.Module):
 def _fusable(norms: list[nn.Module]) -> str | None:
     """``"ln"``/``"mc"`` when the fields' layers can run as one call, else None."""
     first = norms[0]
-    if type(first) is nn.LayerNorm:
-        same_type = all(type(n) is nn.LayerNorm for n in norms)
+    if is_layer_norm(first):
+        # a hooked field norm is called (the MC-LayerNorm group below cannot ask this:
+        # mc_mode hooks every MC layer while it samples at evaluation)
+        same_type = all(is_stock(n, nn.LayerNorm) for n in norms)
         return "ln" if same_type and _same_layernorms(norms) else None
     if type(first) is not MCLayerNorm or len(first.normalized_shape) != 1:
         return None

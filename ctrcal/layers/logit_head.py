@@ -27,6 +27,7 @@ from ctrcal.layers.dropout import (
     layer_norm_relu_dropout,
     run_sequential,
 )
+from ctrcal.layers.fusion import fusable_on_cpu, is_stock
 
 __all__ = ["layer_norm_relu_dropout_logit", "linear_logit", "sequential_logit"]
 
@@ -38,13 +39,11 @@ def linear_logit(layer: nn.Module, x: Tensor) -> Tensor:
     CPU, or autocast (which decides the precision of ``nn.Linear`` itself) runs ``layer(x)``.
     """
     fusable = (
-        type(layer) is nn.Linear
+        is_stock(layer, nn.Linear)
         and layer.out_features == 1
-        and not (layer._forward_hooks or layer._forward_pre_hooks)
         and x.dim() == 2
-        and x.device.type == "cpu"
-        and x.dtype == layer.weight.dtype
-        and not torch.is_autocast_enabled("cpu")
+        # addmv / mv are torch ops: any dtype, nothing to build
+        and fusable_on_cpu(x, layer.weight, dtypes=None, kernels=None)
     )
     if not fusable:
         return layer(x).squeeze(-1)
@@ -60,7 +59,7 @@ def sequential_logit(head: nn.Module, x: Tensor) -> Tensor:
     (:func:`~ctrcal.layers.dropout.run_sequential`) and the last layer as a matrix-vector
     product (:func:`linear_logit`). A head of another type, or with hooks, runs ``head(x)``.
     """
-    if type(head) is not nn.Sequential or head._forward_hooks or head._forward_pre_hooks:
+    if not is_stock(head, nn.Sequential):
         return linear_logit(head, x)
     *body, last = head
     return linear_logit(last, run_sequential(body, x))
@@ -95,11 +94,10 @@ def layer_norm_relu_dropout_logit(
     """
     fusable = (
         layer_norm_fusable(x, norm, p, training)
-        and type(head) is nn.Linear
+        and is_stock(head, nn.Linear)
         and head.out_features == 1
         and head.in_features == x.shape[1]
-        and head.weight.dtype == torch.float32
-        and not (head._forward_hooks or head._forward_pre_hooks)
+        and fusable_on_cpu(head.weight, kernels=cpu_kernels)
     )
     if not fusable:
         return linear_logit(head, layer_norm_relu_dropout(x, norm, p, training))

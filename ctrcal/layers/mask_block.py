@@ -32,6 +32,7 @@ from ctrcal.layers.dropout import (
     layer_norm_relu_dropout,
     relu_dropout,
 )
+from ctrcal.layers.fusion import fusable_on_cpu, is_layer_norm, is_stock, unhooked
 from ctrcal.layers.logit_head import layer_norm_relu_dropout_logit, linear_logit
 from ctrcal.layers.registry import create_norm
 
@@ -71,13 +72,7 @@ def mask_hidden_layers(
     firsts = []
     for blk in blocks:
         first, act = blk.mask_layer[0], blk.mask_layer[1]
-        if not (
-            type(first) is nn.Linear
-            and type(act) is nn.ReLU
-            and first.bias is not None
-            and not (first._forward_hooks or first._forward_pre_hooks)
-            and not (act._forward_hooks or act._forward_pre_hooks)
-        ):
+        if not (is_stock(first, nn.Linear) and is_stock(act, nn.ReLU) and first.bias is not None):
             return None
         firsts.append(first)
     if len(firsts) == 1:
@@ -86,14 +81,7 @@ def mask_hidden_layers(
         weight = torch.cat([f.weight for f in firsts])
         bias = torch.cat([f.bias for f in firsts])
     widths = tuple(f.out_features for f in firsts)
-    fusable = (
-        v_emb.dim() == 2
-        and v_emb.device.type == "cpu"
-        and v_emb.dtype == weight.dtype == torch.float32
-        and not torch.is_autocast_enabled("cpu")
-        and cpu_kernels() is not None
-    )
-    if fusable:
+    if v_emb.dim() == 2 and fusable_on_cpu(v_emb, weight, kernels=cpu_kernels):
         return list(_MaskHiddenFn.apply(v_emb.contiguous(), weight, bias, widths))
     # in place: addmm's backward does not need its output, ReLU's backward needs only its own
     hidden = torch.relu_(F.linear(v_emb, weight, bias))
@@ -180,15 +168,11 @@ def masked_input(layer: nn.Linear, a: torch.Tensor, v: torch.Tensor) -> torch.Te
         a: ``[B, mask_width]``; v: ``[B, hidden_dim]``; output ``[B, hidden_dim]``.
     """
     fusable = (
-        type(layer) is nn.Linear
+        is_stock(layer, nn.Linear)
         and layer.bias is not None
-        and not (layer._forward_hooks or layer._forward_pre_hooks)
         and a.dim() == 2
         and v.shape == (a.shape[0], layer.out_features)
-        and a.device.type == v.device.type == "cpu"
-        and a.dtype == v.dtype == layer.weight.dtype == torch.float32
-        and not torch.is_autocast_enabled("cpu")
-        and cpu_kernels() is not None
+        and fusable_on_cpu(a, v, layer.weight, kernels=cpu_kernels)
     )
     if not fusable:
         return layer(a) * v
@@ -256,11 +240,11 @@ class MaskBlock(nn.Module):
 
     def post_norm(self, h: torch.Tensor) -> torch.Tensor:
         """The block from its norm on: ``Dropout(ReLU(Norm(h)))``, ``[B, output_dim]``."""
-        if type(self.activation) is nn.ReLU and type(self.dropout) is nn.Dropout:
+        if is_stock(self.activation, nn.ReLU) and is_stock(self.dropout, nn.Dropout):
             # one fused node with a cheaper mask (same dropout in law), with the LayerNorm in
             # it where the norm is one: ctrcal.layers.dropout
             p, training = self.dropout.p, self.dropout.training
-            if type(self.norm) is nn.LayerNorm:
+            if is_layer_norm(self.norm):
                 return layer_norm_relu_dropout(h, self.norm, p, training)
             return relu_dropout(self.norm(h), p, training)
         return self.dropout(self.activation(self.norm(h)))
@@ -298,10 +282,10 @@ class MaskBlock(nn.Module):
         """Whether the block ends in the stock LayerNorm, ReLU and dropout modules and nobody
         hooked it: then its tail may run inside fused nodes with what follows it."""
         return (
-            type(self.norm) is nn.LayerNorm
-            and type(self.activation) is nn.ReLU
-            and type(self.dropout) is nn.Dropout
-            and not (self._forward_hooks or self._forward_pre_hooks)
+            is_layer_norm(self.norm)
+            and is_stock(self.activation, nn.ReLU)
+            and is_stock(self.dropout, nn.Dropout)
+            and unhooked(self)
         )
 
     def logit_from_pre_norm(self, h: torch.Tensor, head: nn.Module) -> torch.Tensor:
@@ -379,14 +363,12 @@ def layer_norm_relu_dropout_masked(
     """
     fusable = (
         layer_norm_fusable(x, norm, p, training)
-        and type(layer) is nn.Linear
+        and is_stock(layer, nn.Linear)
         and layer.bias is not None
-        and not (layer._forward_hooks or layer._forward_pre_hooks)
         and a.dim() == 2
         and a.shape[0] == x.shape[0]
         and layer.out_features == x.shape[1]
-        and a.device.type == "cpu"
-        and a.dtype == layer.weight.dtype == torch.float32
+        and fusable_on_cpu(a, layer.weight, kernels=cpu_kernels)
     )
     if not fusable:
         return masked_input(layer, a, layer_norm_relu_dropout(x, norm, p, training))

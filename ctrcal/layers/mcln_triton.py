@@ -320,7 +320,7 @@ def mc_subset_mask(seed: Tensor, rows: int, n: int, k: int) -> Tensor:
 
     A compiled graph can take the subsets from this op and run the statistics, the affine and
     their backward as ordinary tensor ops, which inductor fuses into the neighbouring
-    operations (see :func:`ctrcal.layers.mc_layernorm.compiled_mode`)."""
+    operations (see :func:`ctrcal.layers.mc_layernorm.dispatch.compiled_mode`)."""
     return subset_mask(rows, n, k, seed)
 
 

@@ -1,4 +1,4 @@
-"""Built-in normalization layers, registered by name in :mod:`ctrcal.layers.registry`.
+"""Built-in normalization layers, listed by name in :mod:`ctrcal.layers.registry`.
 
 Every layer takes the normalized width first (an int for the last dim, or a shape tuple for
 several trailing dims):
@@ -27,9 +27,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ctrcal.errors import ConfigError
-from ctrcal.layers.context import ContextNorm
-from ctrcal.layers.mc_layernorm import MCLayerNorm
-from ctrcal.layers.registry import register_norm
 
 __all__ = ["FeatureBatchNorm", "FeatureGroupNorm", "NoMorelization"]
 
@@ -68,6 +65,11 @@ class FeatureBatchNorm(nn.BatchNorm1d):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
+        if momentum is not None and not (
+            isinstance(momentum, numbers.Real) and not isinstance(momentum, bool)
+            and 0.0 <= momentum <= 1.0
+        ):  # fmt: skip
+            raise ConfigError(f"momentum: expected null or a number in [0, 1], got {momentum!r}")
         self.feature_shape = _shape(width)
         super().__init__(
             math.prod(self.feature_shape),
@@ -236,13 +238,3 @@ def _rmsnorm(
 
 def _identity(width: _Width) -> nn.Identity:
     return nn.Identity()
-
-
-register_norm("layernorm", _layernorm)
-register_norm("mclayernorm", MCLayerNorm)
-register_norm("rmsnorm", _rmsnorm)
-register_norm("batchnorm", FeatureBatchNorm)
-register_norm("nomorelization", NoMorelization)
-register_norm("groupnorm", FeatureGroupNorm)
-register_norm("contextnorm", ContextNorm)
-register_norm("identity", _identity, aliases=("none",))

@@ -11,11 +11,16 @@ several trailing dims), so a model calls ``norm_layer(width)`` whatever the norm
 
 Names are normalised (case, ``-``, ``_``, spaces and dots are ignored), so ``MC_LayerNorm``,
 ``mc-layernorm`` and ``mclayernorm`` are the same norm.
+
+The built-in norms are listed below by import path (``_BUILTINS``) and imported when first
+built: importing a module never registers anything. A user's norm is registered with
+:func:`register_norm` (a factory, or the import path of one).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import math
 from collections.abc import Callable, Sequence
@@ -25,6 +30,7 @@ import torch
 from torch import nn
 
 from ctrcal.errors import ConfigError
+from ctrcal.layers.fusion import is_layer_norm
 from ctrcal.layers.spec import NormSpec, is_no_norm, normalize_name
 from ctrcal.utils import closest
 
@@ -42,21 +48,36 @@ __all__ = [
 NormFactory = Callable[..., nn.Module]
 Width = int | Sequence[int] | torch.Size
 
-_REGISTRY: dict[str, NormFactory] = {}
-_ALIASES: dict[str, str] = {}
-_BUILTINS_LOADED = False
+# ctrcal's own norms: name -> the import path of a factory taking the width first
+_BUILTINS = {
+    "layernorm": "ctrcal.layers.norms:_layernorm",
+    "mclayernorm": "ctrcal.layers.mc_layernorm:MCLayerNorm",
+    "rmsnorm": "ctrcal.layers.norms:_rmsnorm",
+    "batchnorm": "ctrcal.layers.norms:FeatureBatchNorm",
+    "nomorelization": "ctrcal.layers.norms:NoMorelization",
+    "groupnorm": "ctrcal.layers.norms:FeatureGroupNorm",
+    "contextnorm": "ctrcal.layers.context:ContextNorm",
+    "identity": "ctrcal.layers.norms:_identity",
+}
+
+# name -> a factory, or its import path (imported on first use)
+_REGISTRY: dict[str, NormFactory | str] = dict(_BUILTINS)
+_ALIASES: dict[str, str] = {"none": "identity"}
 
 
-def _ensure_builtins() -> None:
-    global _BUILTINS_LOADED
-    if not _BUILTINS_LOADED:
-        _BUILTINS_LOADED = True
-        from ctrcal.layers import norms  # noqa: F401 - registers the built-in norms
+def _resolve(key: str) -> NormFactory:
+    """The factory of a registered name, importing it the first time."""
+    factory = _REGISTRY[key]
+    if isinstance(factory, str):
+        module, _, attr = factory.partition(":")
+        factory = getattr(importlib.import_module(module), attr)
+        _REGISTRY[key] = factory
+    return factory
 
 
 def register_norm(
     name: str,
-    factory: NormFactory | None = None,
+    factory: NormFactory | str | None = None,
     *,
     aliases: Sequence[str] = (),
     overwrite: bool = False,
@@ -65,7 +86,8 @@ def register_norm(
 
     Args:
         name: the norm's name (normalised with :func:`normalize_name`).
-        factory: a class or callable ``factory(width, **kwargs) -> nn.Module``.
+        factory: a class or callable ``factory(width, **kwargs) -> nn.Module``, or its
+            import path ``"package.module:Name"`` (imported when first built).
         aliases: further names for the same norm.
         overwrite: allow replacing an existing registration.
 
@@ -77,7 +99,10 @@ def register_norm(
     """
     if factory is None:
         return functools.partial(register_norm, name, aliases=aliases, overwrite=overwrite)
-    if not callable(factory):
+    if isinstance(factory, str):
+        if ":" not in factory:
+            raise ValueError(f"norm {name!r}: expected 'package.module:Name', got {factory!r}")
+    elif not callable(factory):
         raise TypeError(f"norm factory for {name!r} must be callable, got {factory!r}")
     key = normalize_name(name)
     keys = [normalize_name(a) for a in aliases]
@@ -97,7 +122,6 @@ def register_norm(
 
 def available_norms() -> list[str]:
     """Sorted canonical names of all registered norms (aliases such as ``none`` excluded)."""
-    _ensure_builtins()
     return sorted(_REGISTRY)
 
 
@@ -113,14 +137,13 @@ def get_norm(name: str) -> NormFactory:
     Raises:
         ConfigError (a ValueError): unknown name; the message lists every valid name.
     """
-    _ensure_builtins()
     key = normalize_name(name)
     key = _ALIASES.get(key, key)
     if key not in _REGISTRY:
         hint = closest(key, [*_REGISTRY, *_ALIASES])
         did = f"; did you mean {hint!r}?" if hint else ""
         raise ConfigError(f"unknown norm {name!r}{did} (valid: {_all_names()})")
-    return _REGISTRY[key]
+    return _resolve(key)
 
 
 def _check_kwargs(label: str, factory: NormFactory, kwargs: dict[str, Any]) -> None:
@@ -268,7 +291,7 @@ def replace_norms(
 
     def matches(module: nn.Module) -> bool:
         if target is None:
-            return type(module) is nn.LayerNorm
+            return is_layer_norm(module)
         return isinstance(module, target)
 
     replaced: dict[int, nn.Module] = {}

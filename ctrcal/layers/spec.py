@@ -1,16 +1,15 @@
-"""Norm specs without torch: names, what "no norm" means, and argument checks without data.
+"""Norm specs: names, what "no norm" means, and MC-LayerNorm's subset size.
 
-This module is the part of the norm registry a config needs before anything runs: it imports
-neither torch nor the layers themselves, so ``ctrcal validate`` checks a config in a fraction
-of a second. :mod:`ctrcal.layers.registry` builds the layers; both use the names defined here.
+The parts of the norm registry that a config holds before any layer is built (a leaf: it
+imports neither torch nor the layers). :mod:`ctrcal.layers.registry` builds the layers; both
+use the names defined here. Which arguments a norm takes, and which values it accepts at a
+given width, is decided by the norm's own constructor alone (``ctrcal validate`` builds every
+model on the ``meta`` device).
 
-* :class:`NormSpec` is a norm by name plus its keyword arguments (what YAML holds).
+* :class:`NormSpec` is a norm by name plus its keyword arguments (what YAML holds);
+  :func:`parse_norm_spec` reads one from a YAML value.
 * :func:`normalize_name` is the one rule by which two spellings name the same norm.
 * :func:`is_no_norm` is the one answer to "is this position left without a norm?".
-* :func:`declare_norm_args` states, per norm, the keyword arguments a config may give and a
-  check of their values at a given width; :func:`check_norm_spec` runs it. Every registered
-  norm has a declaration (a test compares them with the factories' signatures), so a typo such
-  as ``fracton`` or an MC-LayerNorm ``fraction * N < 2`` is found by ``ctrcal validate``.
 """
 
 from __future__ import annotations
@@ -18,23 +17,20 @@ from __future__ import annotations
 import math
 import numbers
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, ClassVar
 
 from ctrcal.errors import ConfigError
-from ctrcal.utils import closest
 
 __all__ = [
-    "NormArgs",
+    "MC_BACKENDS",
     "NormSpec",
-    "check_norm_spec",
-    "declare_norm_args",
-    "declared_norms",
     "is_no_norm",
     "mc_subset_size",
     "normalize_name",
+    "parse_norm_spec",
 ]
 
 
@@ -49,6 +45,7 @@ class NormSpec:
 
     name: str = "none"
     kwargs: dict[str, Any] = field(default_factory=dict)
+    yaml_description: ClassVar[str] = "a norm name or {name: ..., <kwargs>}"
 
     @property
     def is_none(self) -> bool:
@@ -56,6 +53,26 @@ class NormSpec:
 
     def to_yaml(self) -> Any:
         return self.name if not self.kwargs else {"name": self.name, **self.kwargs}
+
+
+def parse_norm_spec(value: Any) -> NormSpec:
+    """A :class:`NormSpec` from a YAML value: a name, ``{name: ..., <kwargs>}``, or
+    ``null``/``false`` (no norm).
+
+    Raises:
+        ValueError: anything else (the message says what a norm spec looks like).
+    """
+    if isinstance(value, NormSpec):
+        return value
+    if value is None or value is False:
+        return NormSpec("none")
+    if isinstance(value, str):
+        return NormSpec(value)
+    if isinstance(value, Mapping):
+        if not isinstance(value.get("name"), str):
+            raise ValueError("a norm mapping needs 'name: <norm>'")
+        return NormSpec(value["name"], {k: v for k, v in value.items() if k != "name"})
+    raise ValueError(f"expected a norm name or {{name: ..., <kwargs>}}, got {value!r}")
 
 
 def normalize_name(name: str) -> str:
@@ -135,232 +152,5 @@ def mc_subset_size(n: int, fraction: float | Fraction) -> int:
     return max(2, k)
 
 
-# ---------------------------------------------------------------------------------------------
-# Declared arguments per norm
-
-# check(kwargs, width) -> None, raising ConfigError (a ValueError) with what is wrong
-ValueCheck = Callable[[Mapping[str, Any], int | None], None]
-
-
-@dataclass(frozen=True)
-class NormArgs:
-    """The keyword arguments a config may give a norm, and a check of their values.
-
-    Attributes:
-        params: argument name -> default (the defaults document; they are not applied here).
-        check: ``check(kwargs, width)`` raises a ``ValueError`` naming the bad argument;
-            ``width`` is None where the width is not known without data.
-    """
-
-    params: Mapping[str, Any]
-    check: ValueCheck | None = None
-
-
-_DECLARED: dict[str, NormArgs] = {}
-
-
-def declare_norm_args(
-    name: str, params: Mapping[str, Any], check: ValueCheck | None = None
-) -> None:
-    """Declare the config-settable arguments of norm ``name`` (torch-free; see module doc).
-
-    A norm registered in :mod:`ctrcal.layers.registry` without a declaration is checked from
-    its factory's signature, which needs torch (so only once the registry is loaded).
-    """
-    _DECLARED[normalize_name(name)] = NormArgs(dict(params), check)
-
-
-def declared_norms() -> dict[str, NormArgs]:
-    """Canonical norm name -> its declaration."""
-    return dict(_DECLARED)
-
-
-def _number(kwargs: Mapping[str, Any], key: str, *, low: float, strict: bool = True) -> None:
-    if key not in kwargs or kwargs[key] is None:
-        return
-    value = kwargs[key]
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or (value <= low if strict else value < low):
-        bound = f"> {low:g}" if strict else f">= {low:g}"
-        raise ConfigError(f"{key}: expected a finite number {bound}, got {value!r}")
-
-
-def _flags(kwargs: Mapping[str, Any], *keys: str) -> None:
-    for key in keys:
-        if key in kwargs and not isinstance(kwargs[key], bool):
-            raise ConfigError(f"{key}: expected true/false, got {kwargs[key]!r}")
-
-
-def _check_layernorm(kwargs: Mapping[str, Any], width: int | None) -> None:
-    _number(kwargs, "eps", low=0.0)
-    _flags(kwargs, "elementwise_affine", "bias")
-
-
-def _check_mclayernorm(kwargs: Mapping[str, Any], width: int | None) -> None:
-    _check_layernorm(kwargs, width)
-    fraction = kwargs.get("fraction", 0.8)
-    try:
-        # without a width only the domain (0, 1] is checkable: any f passes at a huge N
-        mc_subset_size(width if width is not None else 10**9, fraction)
-    except ConfigError as exc:
-        raise ConfigError(f"fraction: {exc}") from None
-    backend = kwargs.get("backend")
-    if backend is not None and (
-        not isinstance(backend, str) or backend.strip().lower() not in MC_BACKENDS
-    ):
-        raise ConfigError(f"backend: expected one of {', '.join(MC_BACKENDS)}, got {backend!r}")
-
-
-def _check_batchnorm(kwargs: Mapping[str, Any], width: int | None) -> None:
-    _number(kwargs, "eps", low=0.0)
-    _flags(kwargs, "affine", "track_running_stats")
-    momentum = kwargs.get("momentum")
-    if momentum is not None and not (
-        isinstance(momentum, numbers.Real) and not isinstance(momentum, bool)
-        and 0.0 <= momentum <= 1.0
-    ):  # fmt: skip
-        raise ConfigError(f"momentum: expected null or a number in [0, 1], got {momentum!r}")
-
-
-def _check_nomorelization(kwargs: Mapping[str, Any], width: int | None) -> None:
-    _number(kwargs, "gamma", low=0.0, strict=False)
-    for key in ("alpha_init", "beta_init"):
-        _number(kwargs, key, low=-math.inf)
-
-
-def _check_groupnorm(kwargs: Mapping[str, Any], width: int | None) -> None:
-    _number(kwargs, "eps", low=0.0)
-    _flags(kwargs, "elementwise_affine")
-    groups = kwargs.get("num_groups", 2)
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-        raise ConfigError(f"num_groups: expected an integer >= 1, got {groups!r}")
-    if width is not None and width % groups:
-        divisors = [d for d in range(1, width + 1) if width % d == 0]
-        raise ConfigError(
-            f"num_groups: {groups} does not divide the width {width} "
-            f"(valid: {', '.join(map(str, divisors))})"
-        )
-
-
-def _check_contextnorm(kwargs: Mapping[str, Any], width: int | None) -> None:
-    _number(kwargs, "eps", low=0.0)
-    _flags(kwargs, "elementwise_affine")
-    field_ = kwargs.get("field")
-    if field_ is None:
-        raise ConfigError("field: required, the categorical field whose value is the context")
-    if isinstance(field_, bool) or not isinstance(field_, (str, int)) or field_ == "":
-        raise ConfigError(f"field: expected a categorical field name, got {field_!r}")
-    for key in ("num_contexts", "context_dim"):
-        value = kwargs.get(key, 1)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{key}: expected an integer >= 1, got {value!r}")
-
-
-# MC-LayerNorm's execution backends (the layer resolves them; listed here for config checks)
+# MC-LayerNorm's execution backends (the layer resolves them)
 MC_BACKENDS = ("auto", "c", "triton", "torch")
-
-declare_norm_args(
-    "layernorm", {"eps": 1e-5, "elementwise_affine": True, "bias": True}, _check_layernorm
-)
-declare_norm_args(
-    "mclayernorm",
-    {"eps": 1e-5, "elementwise_affine": True, "bias": True, "fraction": 0.8, "backend": None},
-    _check_mclayernorm,
-)
-declare_norm_args("rmsnorm", {"eps": None, "elementwise_affine": True}, _check_layernorm)
-declare_norm_args(
-    "batchnorm",
-    {"eps": 1e-5, "momentum": 0.1, "affine": True, "track_running_stats": True},
-    _check_batchnorm,
-)
-declare_norm_args(
-    "nomorelization", {"gamma": 1e-4, "alpha_init": 1.0, "beta_init": 0.0}, _check_nomorelization
-)
-declare_norm_args(
-    "groupnorm", {"num_groups": 2, "eps": 1e-5, "elementwise_affine": True}, _check_groupnorm
-)
-declare_norm_args(
-    "contextnorm",
-    {"field": None, "num_contexts": 32, "context_dim": 8, "eps": 1e-5, "elementwise_affine": True},
-    _check_contextnorm,
-)
-declare_norm_args("identity", {})
-
-
-def _registry_args(key: str) -> NormArgs | None:
-    """Arguments of a norm registered at run time (from its factory's signature)."""
-    registry = sys.modules.get("ctrcal.layers.registry")
-    if registry is None:
-        return None
-    import inspect
-
-    try:
-        factory = registry.get_norm(key)
-    except ValueError:
-        return None
-    try:
-        params = list(inspect.signature(factory).parameters.values())
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None  # takes anything: nothing to check here
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return NormArgs({p.name: p.default for p in params[1:] if p.kind in kinds})
-
-
-def known_norm_names() -> list[str]:
-    """Every norm name a config may use without torch (plus any registered at run time)."""
-    names = set(_DECLARED) | {"none"}
-    registry = sys.modules.get("ctrcal.layers.registry")
-    if registry is not None:
-        names |= set(registry.available_norms())
-    return sorted(names)
-
-
-def check_norm_spec(spec: NormSpec | None, width: int | None = None) -> None:
-    """Check a norm spec without building it: its name, argument names and values.
-
-    Args:
-        spec: the spec (None: no norm, always fine).
-        width: the normalized width N at this position, where known (MC-LayerNorm's
-            ``fraction * N >= 2`` needs it).
-
-    Raises:
-        ConfigError: the name is unknown, an argument is unknown (with the closest valid one)
-            or has a bad value; the message does not name the config key, the caller adds it.
-    """
-    if spec is None:
-        return
-    key = normalize_name(spec.name)
-    if key == "none":
-        key = "identity"
-    args = _DECLARED.get(key) or _registry_args(key)
-    if args is None:
-        known = known_norm_names()
-        if key in known or "ctrcal.layers.registry" in sys.modules and _is_registered(key):
-            return  # a run-time norm taking **kwargs: nothing checkable here
-        hint = closest(spec.name, known)
-        did = f"; did you mean {hint!r}?" if hint else ""
-        raise ConfigError(f"unknown norm {spec.name!r}{did} (valid: {', '.join(known)})")
-    unknown = [k for k in spec.kwargs if k not in args.params]
-    if unknown:
-        hint = closest(unknown[0], list(args.params))
-        did = f"; did you mean {hint!r}?" if hint else ""
-        valid = ", ".join(args.params) or "none"
-        raise ConfigError(
-            f"norm {key!r}: unknown argument {unknown[0]!r}{did} (valid: {valid})"
-        )
-    if args.check is not None:
-        try:
-            args.check(spec.kwargs, width)
-        except ConfigError as exc:
-            where = f" at width {width}" if width is not None else ""
-            raise ConfigError(f"norm {key!r}{where}: {exc}") from None
-
-
-def _is_registered(key: str) -> bool:
-    try:
-        sys.modules["ctrcal.layers.registry"].get_norm(key)
-    except ValueError:
-        return False
-    return True

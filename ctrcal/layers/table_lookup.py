@@ -31,6 +31,7 @@ from torch.autograd.function import once_differentiable
 
 from ctrcal.layers.chunks import Chunks
 from ctrcal.layers.cpu_kernels import cpu_kernels
+from ctrcal.layers.fusion import fusable_on_cpu
 
 __all__ = ["table_lookup"]
 
@@ -59,13 +60,12 @@ def table_lookup(
         IndexError: an id whose row lies outside the table.
     """
     weight = table.weight
+    # a gather is not an autocast op: the kernel runs under autocast too
+    read = (weight,) if lead is None else (weight, lead)
     usable = (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.float32
-        and ids.dtype == torch.int64
+        ids.dtype == torch.int64
         and ids.dim() == 2
-        and (lead is None or (lead.dtype == weight.dtype and lead.device == weight.device))
-        and cpu_kernels() is not None
+        and fusable_on_cpu(*read, autocast_free=True, kernels=cpu_kernels)
     )
     if not usable:
         rows = F.embedding(ids + offsets, weight, sparse=table.sparse)

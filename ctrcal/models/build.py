@@ -1,8 +1,9 @@
 """Building a registered model: ``create_model`` and the contract check of its output.
 
-:mod:`ctrcal.models.registry` names, resolves and checks models without torch; this module
-builds them (importing the model's module, and torch) and runs the user-model contract's
-probe: one forward pass on two rows (see :func:`check_model_output`).
+:mod:`ctrcal.models.registry` names, resolves and checks models; this module builds them and
+runs the user-model contract's probe: one forward pass on two rows (see
+:func:`check_model_output`). It imports no config: a model is built from a name and keyword
+arguments (a config's ``model`` section is one such pair).
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ctrcal.batch import Batch
 from ctrcal.errors import ConfigError
-from ctrcal.layers.spec import NormSpec
+from ctrcal.layers.context import bind_contexts
+from ctrcal.layers.registry import replace_norms
+from ctrcal.layers.spec import NormSpec, parse_norm_spec
 from ctrcal.models.registry import resolve_model
 
 __all__ = ["BatchInputModel", "check_model_output", "create_model"]
@@ -22,8 +26,10 @@ __all__ = ["BatchInputModel", "check_model_output", "create_model"]
 class BatchInputModel(nn.Module):
     """Calls a ``forward(batch)`` model as ``model(categorical, numeric)``.
 
-    The wrapped model is ``self.model``; the batch it gets is a
-    :class:`~ctrcal.data.loader.Batch` with ``label=None``.
+    The one adapter between the user contract ``forward(batch)`` and ctrcal's calling
+    convention (two tensors, which ``torch.compile``, DDP and forward hooks take as they are).
+    The wrapped model is ``self.model``; the batch it gets is a :class:`~ctrcal.batch.Batch`
+    with ``label=None``.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -31,9 +37,7 @@ class BatchInputModel(nn.Module):
         self.model = model
 
     def forward(self, categorical: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
-        from ctrcal.data.loader import Batch
-
-        return self.model(Batch(categorical, numeric, None))  # type: ignore[arg-type]
+        return self.model(Batch(categorical, numeric, None))
 
 
 def create_model(
@@ -46,12 +50,13 @@ def create_model(
     """Build a model for ``feature_map``: ``model(categorical, numeric) -> logits [B]``.
 
     Args:
-        spec: a :class:`~ctrcal.config.ModelConfig`, a registered name, an import path
-            ``pkg.mod:Class``, or a class / factory following the user-model contract.
+        spec: a registered name, an import path ``pkg.mod:Class``, a class / factory
+            following the user-model contract, or anything with ``.name`` and ``.kwargs``
+            (a config's ``model`` section) standing for that name and those arguments.
         feature_map: the data's :class:`~ctrcal.data.features.FeatureMap`.
         check: run the contract check (one forward pass on two rows, see
             :func:`check_model_output`).
-        **kwargs: the model's keyword arguments (override a ModelConfig's).
+        **kwargs: the model's keyword arguments (override the section's).
 
     Returns:
         The model (a user model wrapped in :class:`BatchInputModel`), on the CPU, with every
@@ -60,11 +65,9 @@ def create_model(
     Raises:
         ConfigError: unknown model, bad arguments, or a model that breaks the contract.
     """
-    from ctrcal.config import ModelConfig
-    from ctrcal.layers.context import bind_contexts
-    from ctrcal.layers.registry import replace_norms
-
-    if isinstance(spec, ModelConfig):
+    if isinstance(getattr(spec, "name", None), str) and isinstance(
+        getattr(spec, "kwargs", None), dict
+    ):
         kwargs = {**spec.kwargs, **kwargs}
         spec = spec.name
     entry = resolve_model(spec)
@@ -89,7 +92,7 @@ def create_model(
         )
     if replace is not None:
         if isinstance(replace, (str, dict)):
-            replace = NormSpec(replace) if isinstance(replace, str) else _norm_from_dict(replace)
+            replace = parse_norm_spec(replace)
         keep = isinstance(replace, NormSpec) and (
             replace.name.lower() == "layernorm" and not replace.kwargs
         )
@@ -105,10 +108,6 @@ def create_model(
     if check:
         check_model_output(model, feature_map, label)
     return model
-
-
-def _norm_from_dict(value: dict[str, Any]) -> Any:
-    return NormSpec(value["name"], {k: v for k, v in value.items() if k != "name"})
 
 
 def _probe_inputs(feature_map: Any, rows: int = 2) -> tuple[torch.Tensor, torch.Tensor]:

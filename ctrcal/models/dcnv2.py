@@ -29,6 +29,8 @@ from ctrcal.layers.cross import CrossNet
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.mlp import MLP
 from ctrcal.layers.spec import is_no_norm
+from ctrcal.models.common import check_embedding_args
+from ctrcal.typed import require_int
 
 __all__ = ["DCNv2", "STRUCTURES"]
 
@@ -81,8 +83,21 @@ class DCNv2(nn.Module):
         super().__init__()
         if structure not in STRUCTURES:
             raise ValueError(
-                f"unknown DCNv2 structure {structure!r} (valid: {', '.join(STRUCTURES)})"
+                f"structure: unknown DCNv2 structure {structure!r} "
+                f"(valid: {', '.join(STRUCTURES)})"
             )
+        require_int("num_cross_layers", num_cross_layers, low=0)
+        require_int("low_rank", low_rank, low=0)
+        require_int("num_experts", num_experts, low=1)
+        if num_experts > 1 and low_rank == 0:
+            raise ValueError(
+                "num_experts: a mixture of experts (num_experts > 1) needs low_rank > 0"
+            )
+        for key, units in (("stacked_dnn_hidden_units", stacked_dnn_hidden_units),
+                           ("parallel_dnn_hidden_units", parallel_dnn_hidden_units)):  # fmt: skip
+            for i, width in enumerate(units):
+                require_int(f"{key}[{i}]", width, low=1)
+        check_embedding_args(embedding_dim, dropout, embedding_init_std)
         self.structure = structure
         self.embedding = FeatureEmbedding(
             vocab_sizes,

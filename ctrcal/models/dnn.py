@@ -22,6 +22,8 @@ from torch import nn
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.mlp import MLP
 from ctrcal.layers.spec import is_no_norm
+from ctrcal.models.common import check_embedding_args
+from ctrcal.typed import require_int
 
 __all__ = ["DNN"]
 
@@ -61,6 +63,9 @@ class DNN(nn.Module):
         embedding_init_std: float = 1e-4,
     ) -> None:
         super().__init__()
+        for i, units in enumerate(hidden_units):
+            require_int(f"hidden_units[{i}]", units, low=1)
+        check_embedding_args(embedding_dim, dropout, embedding_init_std)
         self.embedding = FeatureEmbedding(
             vocab_sizes,
             num_numeric,

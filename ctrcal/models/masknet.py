@@ -31,7 +31,8 @@ from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.logit_head import sequential_logit
 from ctrcal.layers.mask_block import MaskBlock, mask_hidden_layers, serial_logits
 from ctrcal.layers.spec import is_no_norm
-from ctrcal.models.build import create_model
+from ctrcal.models.common import check_embedding_args
+from ctrcal.typed import require_int, require_number
 
 VARIANTS = ("serial", "parallel")
 
@@ -82,16 +83,19 @@ class MaskNet(nn.Module):
     ) -> None:
         super().__init__()
         if variant not in VARIANTS:
-            raise ValueError(f"unknown MaskNet variant {variant!r} (valid: serial, parallel)")
-        if variant == "serial" and not hidden_units:
-            raise ValueError("a serial MaskNet needs at least one entry in hidden_units")
-        if variant == "parallel" and (num_blocks < 1 or block_dim < 1):
-            raise ValueError(
-                f"a parallel MaskNet needs num_blocks >= 1 and block_dim >= 1, got "
-                f"{num_blocks}, {block_dim}"
-            )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+            raise ValueError(f"variant: expected 'serial' or 'parallel', got {variant!r}")
+        if variant == "serial":
+            if not hidden_units:
+                raise ValueError("hidden_units: a serial MaskNet needs at least one block width")
+            for i, units in enumerate(hidden_units):
+                require_int(f"hidden_units[{i}]", units, low=1)
+        else:
+            require_int("num_blocks", num_blocks, low=1)
+            require_int("block_dim", block_dim, low=1)
+            for i, units in enumerate(mlp_hidden_units):
+                require_int(f"mlp_hidden_units[{i}]", units, low=1)
+        require_number("reduction_ratio", reduction_ratio, low=0.0, low_open=True)
+        check_embedding_args(embedding_dim, dropout, embedding_init_std)
         self.variant = variant
         self.embedding = FeatureEmbedding(
             vocab_sizes,
@@ -160,20 +164,3 @@ class MaskNet(nn.Module):
         )
         # the tower's ReLU + Dropout pairs fused, its last layer a matrix-vector product
         return sequential_logit(self.head, h)
-
-
-def build_model(model_cfg: Any, feature_map: Any) -> nn.Module:
-    """The model a config's ``model:`` section names, for a feature map.
-
-    Kept for compatibility: this is :func:`ctrcal.models.registry.create_model` (any
-    registered model, import path or user model, not only MaskNet).
-
-    Args:
-        model_cfg: :class:`ctrcal.config.ModelConfig`.
-        feature_map: anything with ``vocab_sizes``, ``numeric_fields`` and
-            ``bucket_boundaries`` (a :class:`ctrcal.data.features.FeatureMap`).
-
-    Raises:
-        ConfigError: when the config and the feature map do not fit together.
-    """
-    return create_model(model_cfg, feature_map)

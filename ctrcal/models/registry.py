@@ -3,33 +3,48 @@
 A model is picked by ``model.name`` in a config: a registered name (``masknet``, ``dcnv2``,
 ``dnn``, or one added with :func:`register_model`) or an import path
 ``package.module:ClassName``. The rest of the ``model:`` mapping are the model's own keyword
-arguments, bound against its constructor's signature by ``ctrcal validate`` (an unknown or
-mistyped key fails there, naming the file and the key)::
+arguments, bound against its constructor's signature (an unknown or mistyped key fails in
+``ctrcal validate``, naming the file and the key)::
 
     model: {name: dcnv2, structure: parallel, num_cross_layers: 3, net_norm: layernorm}
     model: {name: mypackage.ctr:MyModel, hidden: 64}
+
+**Which forms are accepted where.**
+
+* A config's ``model.name`` (YAML: ``ctrcal validate``, ``train``, ``shift-report``): a
+  registered name, or an import path naming an ``nn.Module`` *subclass*. Anything else at the
+  path (a function such as ``os:system``, an instance, a constant) is refused without being
+  called. (Importing the module runs its top-level code, as any import does.)
+* :func:`register_model` (Python): an ``nn.Module`` subclass, any factory
+  ``factory(feature_map, **kwargs) -> nn.Module``, or the import path of either: the caller
+  chose it.
+* :func:`~ctrcal.models.build.create_model` (Python): a registered name, an import path (as
+  in a config), or a class / factory object given directly.
+
+An import path that names an object registered with :func:`register_model` (or a factory
+already given as an object in this process, e.g. to :func:`ctrcal.shift_report`) is that
+object: a factory chosen in Python can be named in a config by its path. A process that has
+not seen it (a spawned sweep worker) refuses the path unless the factory's module registers
+it (``@ctrcal.register_model("name")`` at import).
 
 **The user-model contract** (checked, with a clear error, before any training):
 
 * constructed as ``MyModel(feature_map, **kwargs)``; ``feature_map`` has ``vocab_sizes``,
   ``categorical_fields``, ``numeric_fields`` (and ``bucket_boundaries``);
-* ``forward(batch) -> logits [B]`` (floating point); ``batch.categorical`` is int64
-  ``[B, Fc]``, ``batch.numeric`` float32 ``[B, Fn]`` (NaN = missing), ``batch.label`` is None
-  (a model never sees labels);
+* ``forward(batch) -> logits [B]`` (floating point); ``batch`` is a
+  :class:`~ctrcal.batch.Batch`: ``batch.categorical`` int64 ``[B, Fc]``, ``batch.numeric``
+  float32 ``[B, Fn]`` (NaN = missing), ``batch.label`` None (a model never sees labels);
 * pure: no optimizer, no device logic, no files (ctrcal moves it, trains it, saves it).
 
-Inside ctrcal every model is called ``model(categorical, numeric)``: a user model is wrapped
-in :class:`~ctrcal.models.build.BatchInputModel`, which builds the batch. Norm positions: a
-constructor argument named ``*_norm`` takes a norm spec (name, ``{name: ..., kwargs}``,
-class); a user model
-without a ``net_norm`` argument still accepts ``net_norm`` (every ``nn.LayerNorm`` in it is
-replaced with it through :func:`~ctrcal.layers.registry.replace_norms`), which is how a report
-variant's norm reaches a foreign model.
+Norm positions: a constructor argument named ``*_norm`` takes a norm spec (name,
+``{name: ..., kwargs}``, class); a user model without a ``net_norm`` argument still accepts
+``net_norm`` (every ``nn.LayerNorm`` in it is replaced with it through
+:func:`~ctrcal.layers.registry.replace_norms`), which is how a report variant's norm reaches a
+foreign model.
 
-This module imports neither torch nor the models: the built-in models are registered by
-import path (``"ctrcal.models.masknet:MaskNet"``) and their constructor's signature is read
-from the source (:mod:`ctrcal.models.signature`), so ``ctrcal validate`` binds every argument
-in milliseconds. Building a model (:func:`~ctrcal.models.build.create_model`) imports it.
+The built-in models are registered by import path (``"ctrcal.models.masknet:MaskNet"``) and
+imported when first resolved; their constructors are the only statement of their arguments.
+This module imports no config and no data: it knows models, not files.
 """
 
 from __future__ import annotations
@@ -37,18 +52,17 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import sys
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from torch import nn
 
 from ctrcal.errors import ConfigError
-from ctrcal.models.signature import SourceSignatureError, read_source_signature
+from ctrcal.layers.spec import parse_norm_spec
+from ctrcal.typed import check_value
 from ctrcal.utils import closest
-
-if TYPE_CHECKING:
-    from torch import nn
 
 __all__ = [
     "ModelEntry",
@@ -58,12 +72,11 @@ __all__ = [
     "norm_positions",
     "register_model",
     "resolve_model",
+    "with_defaults",
 ]
 
 # constructor arguments every norm position is recognised by
 NORM_SUFFIX = "_norm"
-# norm positions a report variant sets on any model
-VARIANT_NORMS = ("net_norm", "emb_norm")
 
 
 @dataclass(frozen=True)
@@ -73,51 +86,39 @@ class ModelEntry:
     Attributes:
         name: registry name or import path.
         target: the class or callable, or its import path ``"package.module:Name"``, imported
-            only when the model is built (the signature is read from the source until then).
+            when first needed.
         data_args: for ctrcal's own models: ``feature_map -> {arg: value}`` filling the
             constructor's data arguments (vocab sizes, ...); None for the user contract
             ``factory(feature_map, **kwargs)``.
         batch_input: ``forward(batch)`` (the user contract) instead of
             ``forward(categorical, numeric)``.
+        classes_only: the target came from a config (an import path nobody registered): it
+            must be an ``nn.Module`` subclass, and is refused, uncalled, otherwise.
     """
 
     name: str
     target: Callable[..., nn.Module] | str
     data_args: Callable[[Any], dict[str, Any]] | None = None
     batch_input: bool = True
+    classes_only: bool = False
 
     @property
     def factory(self) -> Callable[..., nn.Module]:
         """The class or callable; an entry registered by import path imports it here."""
         if isinstance(self.target, str):
-            return _import_path(self.target)
+            return _import_path(self.target, self.classes_only)
         return self.target
 
-    def signature(self) -> tuple[inspect.Signature | None, dict[str, Any]]:
-        """The constructor's signature and the types of its annotated parameters.
-
-        An entry registered by import path whose module is not imported yet reads both from
-        the source where the source allows (see
-        :func:`~ctrcal.models.signature.read_source_signature`), and imports it otherwise.
-        None: the callable has no signature Python can show.
-        """
-        if isinstance(self.target, str) and self.target.partition(":")[0] not in sys.modules:
-            try:
-                found = read_source_signature(self.target)
-            except SourceSignatureError:
-                pass  # stated in a way only running the module tells: import it
-            else:
-                return found.signature, found.hints
-        factory = self.factory
+    def signature(self) -> inspect.Signature | None:
+        """The constructor's signature (None: a callable Python cannot show one of)."""
         try:
-            sig = inspect.signature(factory)
+            return inspect.signature(self.factory)
         except (TypeError, ValueError):
-            return None, {}
-        return sig, _type_hints(factory)
+            return None
 
     def parameters(self) -> dict[str, inspect.Parameter]:
         """The keyword arguments a config may set (data arguments excluded)."""
-        sig, _ = self.signature()
+        sig = self.signature()
         if sig is None:
             return {}
         params = list(sig.parameters.values())
@@ -130,20 +131,17 @@ class ModelEntry:
 
     def accepts_any(self) -> bool:
         """Whether the constructor takes ``**kwargs`` (or shows no signature)."""
-        sig, _ = self.signature()
+        sig = self.signature()
         return sig is None or any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
 
     def hints(self) -> dict[str, Any]:
         """Parameter name -> annotated type, where the annotation can be resolved."""
-        return self.signature()[1]
-
-
-def _type_hints(factory: Any) -> dict[str, Any]:
-    target = factory.__init__ if inspect.isclass(factory) else factory
-    try:
-        return typing.get_type_hints(target)
-    except Exception:  # unresolvable string annotations: skip type checks, keep name checks
-        return {}
+        factory = self.factory
+        target = factory.__init__ if inspect.isclass(factory) else factory
+        try:
+            return typing.get_type_hints(target)
+        except Exception:  # unresolvable string annotations: skip type checks, keep name checks
+            return {}
 
 
 class _EmptyFeatureMap:
@@ -154,6 +152,8 @@ class _EmptyFeatureMap:
 
 
 _REGISTRY: dict[str, ModelEntry] = {}
+# factories given as objects from Python, by import path (see resolve_model)
+_CHOSEN: dict[str, ModelEntry] = {}
 
 
 def normalize_model_name(name: str) -> str:
@@ -173,11 +173,10 @@ def register_model(
 
     Args:
         name: the name configs use in ``model.name`` (case, ``-`` and ``_`` ignored).
-        factory: a class (or callable) following the user-model contract:
+        factory: a class (or any callable) following the user-model contract:
             ``factory(feature_map, **kwargs)`` returns an ``nn.Module`` whose
             ``forward(batch)`` returns logits ``[B]``; or its import path
-            ``"package.module:Name"``, imported only when a model is built (``ctrcal
-            validate`` then reads its signature from the source, importing nothing).
+            ``"package.module:Name"``, imported when first resolved.
         overwrite: allow replacing an existing registration.
 
     Returns:
@@ -200,7 +199,7 @@ def register_model(
         if not module_name or not attr:
             raise ValueError(f"model {name!r}: expected 'package.module:Name', got {factory!r}")
     else:
-        _check_factory(factory, name)
+        _check_factory(factory, name, classes_only=False)
     if key in _REGISTRY and not overwrite:
         raise ValueError(f"model {key!r} is already registered (pass overwrite=True)")
     _REGISTRY[key] = ModelEntry(key, factory, _data_args, _batch_input)
@@ -212,40 +211,68 @@ def available_models() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def _check_factory(factory: Any, name: str) -> None:
+def _check_factory(factory: Any, name: str, *, classes_only: bool) -> None:
+    """Refuse what is not a model, without calling it."""
     if inspect.isclass(factory):
-        from torch import nn  # a model class: its module imported torch already
-
         if not issubclass(factory, nn.Module):
             raise ConfigError(
                 f"model {name!r}: {factory.__module__}.{factory.__qualname__} is not a "
                 "torch.nn.Module subclass (a model must be an nn.Module)"
             )
-    elif not callable(factory):
+        return
+    if classes_only:
+        raise ConfigError(
+            f"model {name!r}: a config's import path must name an nn.Module subclass, and "
+            f"this names {_kind(factory)}; it was not called (a Python factory can be "
+            "registered with ctrcal.register_model)"
+        )
+    if not callable(factory):
         raise ConfigError(f"model {name!r}: {factory!r} is neither a class nor callable")
+
+
+def _kind(obj: Any) -> str:
+    if inspect.isroutine(obj):
+        return f"the function {getattr(obj, '__qualname__', obj)!s}"
+    if isinstance(obj, nn.Module):
+        return f"an instance of {type(obj).__name__}, not a class"
+    return f"a {type(obj).__name__}"
 
 
 def resolve_model(spec: Any) -> ModelEntry:
     """The :class:`ModelEntry` for a name, an import path ``pkg.mod:Class``, or a class.
 
+    An import path must name an ``nn.Module`` subclass, or an object registered with
+    :func:`register_model`; a class or factory given as an object is the caller's choice.
+
     Raises:
         ConfigError: unknown name (with the closest one), an import path that does not
-            resolve, or something that is not an ``nn.Module`` class / factory.
+            resolve or names something else than a model class, or an object that is not an
+            ``nn.Module`` class / callable.
     """
     if isinstance(spec, ModelEntry):
         return spec
     if not isinstance(spec, str):
-        _check_factory(spec, getattr(spec, "__qualname__", repr(spec)))
+        _check_factory(spec, getattr(spec, "__qualname__", repr(spec)), classes_only=False)
         path = qualified_name(spec)
         for entry in _REGISTRY.values():
             if entry.target is spec or entry.target == path:
                 return entry
-        return ModelEntry(path, spec)
+        entry = ModelEntry(path, spec)
+        if not inspect.isclass(spec):  # a factory handed over in Python: the caller chose it,
+            _CHOSEN[path] = entry  # so its import path names it in this process from now on
+        return entry
     if ":" in spec:
         for entry in _REGISTRY.values():  # a registered model named by its import path
             if entry.target == spec:
                 return entry
-        return ModelEntry(spec, _import_path(spec))
+        if spec in _CHOSEN:
+            return _CHOSEN[spec]
+        obj = _import_path(spec, classes_only=False, check=False)
+        for entry in _REGISTRY.values():  # a registered object named by its import path
+            if entry.target is obj:
+                return entry
+        _check_factory(obj, spec, classes_only=True)
+        return ModelEntry(spec, obj, classes_only=True)
     key = normalize_model_name(spec)
     if key not in _REGISTRY:
         hint = closest(key, _REGISTRY)
@@ -258,6 +285,7 @@ def resolve_model(spec: Any) -> ModelEntry:
 
 
 def qualified_name(obj: Any) -> str:
+    """``module:qualname`` of a class or function (its import path where it has one)."""
     module = getattr(obj, "__module__", None)
     qualname = getattr(obj, "__qualname__", None)
     if module and qualname and "<" not in qualname:
@@ -265,7 +293,8 @@ def qualified_name(obj: Any) -> str:
     return repr(obj)
 
 
-def _import_path(path: str) -> Any:
+def _import_path(path: str, classes_only: bool, check: bool = True) -> Any:
+    """The object at ``package.module:Name`` (imported, never called)."""
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise ConfigError(f"model import path {path!r}: expected 'package.module:ClassName'")
@@ -286,7 +315,8 @@ def _import_path(path: str) -> Any:
                 f"model import path {path!r}: {module_name} has no attribute {part!r}{did}"
             )
         obj = getattr(obj, part)
-    _check_factory(obj, path)
+    if check:
+        _check_factory(obj, path, classes_only=classes_only)
     return obj
 
 
@@ -301,6 +331,17 @@ def model_defaults(spec: Any) -> dict[str, Any]:
     return out
 
 
+def with_defaults(spec: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` plus the model's default for every argument they leave out, norm positions
+    as norm specs: every argument the model will be built with (a run's snapshot lists them
+    all, so its identity does not depend on which defaults a file spelt out)."""
+    merged = {**model_defaults(spec), **kwargs}
+    for key, value in merged.items():
+        if is_norm_key(key) and not callable(value):
+            merged[key] = parse_norm_spec(value)
+    return merged
+
+
 def check_model_kwargs(spec: Any, kwargs: dict[str, Any], where: Callable[[str], str]) -> None:
     """Bind ``kwargs`` against the model's signature: unknown keys, missing ones, bad types.
 
@@ -312,8 +353,6 @@ def check_model_kwargs(spec: Any, kwargs: dict[str, Any], where: Callable[[str],
     Raises:
         ConfigError: naming the file and key, the closest valid key and what was expected.
     """
-    from ctrcal.config import check_value
-
     entry = resolve_model(spec)
     params = entry.parameters()
     open_kwargs = entry.accepts_any()
@@ -329,8 +368,8 @@ def check_model_kwargs(spec: Any, kwargs: dict[str, Any], where: Callable[[str],
                 f"{where(key)}: model {entry.name!r} has no argument {key!r}{did} "
                 f"(valid: {', '.join(valid)})"
             )
-        if key.endswith(NORM_SUFFIX):
-            continue  # parsed and name-checked as a norm spec
+        if is_norm_key(key):
+            continue  # a norm spec: its own constructor checks it when the model is built
         tp = hints.get(key)
         if tp is not None:
             check_value(tp, value, where(key))
@@ -342,7 +381,7 @@ def check_model_kwargs(spec: Any, kwargs: dict[str, Any], where: Callable[[str],
 def norm_positions(spec: Any) -> list[str]:
     """The norm arguments (``*_norm``) of a model, plus ``net_norm`` for any model."""
     entry = resolve_model(spec)
-    names = [n for n in entry.parameters() if n.endswith(NORM_SUFFIX)]
+    names = [n for n in entry.parameters() if is_norm_key(n)]
     return names if "net_norm" in names else [*names, "net_norm"]
 
 
@@ -377,12 +416,3 @@ for _name, _path in (
     ("dnn", "ctrcal.models.dnn:DNN"),
 ):
     register_model(_name, _path, _data_args=FEATURE_DATA_ARGS, _batch_input=False)
-
-# building lives in ctrcal.models.build (it needs torch); these names stay importable here
-_BUILD_NAMES = ("BatchInputModel", "check_model_output", "create_model")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _BUILD_NAMES:
-        return getattr(importlib.import_module("ctrcal.models.build"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -30,7 +30,7 @@ import torch
 
 from ctrcal.errors import CtrcalError
 from ctrcal.runs import BEST, BEST_PREV
-from ctrcal.utils import atomic_path
+from ctrcal.utils import atomic_path, writing
 
 __all__ = [
     "capture_rng_state",
@@ -45,13 +45,12 @@ __all__ = [
 def save_best(run_dir: str | Path, payload: dict[str, Any]) -> None:
     """Write a new ``best.pt``, keeping the old one as ``best.prev.pt`` (see module doc)."""
     best = Path(run_dir) / BEST
-    best.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(best.with_name(".next-" + best.name)) as tmp:
-        torch.save(payload, tmp)
     nxt = best.with_name(".next-" + best.name)
-    if best.exists():
-        os.replace(best, Path(run_dir) / BEST_PREV)
-    os.replace(nxt, best)
+    save_checkpoint(nxt, payload)
+    with writing(best):
+        if best.exists():
+            os.replace(best, Path(run_dir) / BEST_PREV)
+        os.replace(nxt, best)
 
 
 def commit_best(run_dir: str | Path) -> None:
@@ -78,9 +77,15 @@ def load_best(run_dir: str | Path, epoch: int | None = None) -> dict[str, Any] |
 
 
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
-    """``torch.save`` through a temporary file and a rename."""
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    """``torch.save`` through a temporary file and a rename.
+
+    A failed write (a full disk) leaves the previous file at ``path`` intact and is one
+    :class:`~ctrcal.errors.OutputError` line naming ``path`` and the cause. The data go
+    through a Python file object, whose failures carry their errno (``torch.save`` given a
+    file name reports a full disk as ``unexpected pos``).
+    """
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        torch.save(payload, fh)
 
 
 def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:

@@ -10,7 +10,16 @@ import torch
 
 from ctrcal.errors import ConfigError, DataError
 
-__all__ = ["evaluate_run", "monitor_value", "score_split", "valid_metrics"]
+__all__ = [
+    "EPOCH_METRICS",
+    "evaluate_run",
+    "monitor_value",
+    "score_split",
+    "training_monitor",
+    "valid_metrics",
+]
+
+EPOCH_METRICS = ("auc", "logloss", "ece", "pcoc")  # validation metrics kept for every epoch
 
 
 def monitor_value(name: str, auc: float, logloss: float) -> float:
@@ -19,12 +28,32 @@ def monitor_value(name: str, auc: float, logloss: float) -> float:
     return value if math.isfinite(value) else -math.inf
 
 
-def valid_metrics(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
-    """``(AUC, logloss)`` of logits [N] against labels [N]."""
-    from ctrcal.eval.metrics import auc, logloss
+def training_monitor(name: str, feature_map: Any, data_dir: Any) -> tuple[str, str | None]:
+    """The validation score training selects epochs by, and why when it is not ``name``.
+
+    The AUC of a split with a single class is undefined: with ``train.monitor`` ``auc`` or
+    ``auc_logloss`` on such a validation split no epoch would ever count as best. Training
+    then monitors ``logloss`` instead and says so (returned as the second element).
+    """
+    rate = ((feature_map.splits or {}).get("valid") or {}).get("positive_rate")
+    if name == "logloss" or rate not in (0.0, 1.0):
+        return name, None
+    what = "no clicks" if rate == 0 else "only clicks"
+    return "logloss", (
+        f"{data_dir}/valid has {what}, so its AUC is undefined: train.monitor {name} falls "
+        "back to logloss (set train.monitor: logloss to say so, or prepare a validation split "
+        "with both classes)"
+    )
+
+
+def valid_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """:data:`EPOCH_METRICS` of logits [N] against labels [N]; NaN where undefined (the AUC
+    of a single class, the PCOC of a split without a click)."""
+    from ctrcal.eval.metrics import auc, ece, logloss, pcoc
 
     probs = torch.sigmoid(logits)
-    return float(auc(probs, labels)), float(logloss(probs, labels))
+    return {"auc": float(auc(probs, labels)), "logloss": float(logloss(probs, labels)),
+            "ece": float(ece(probs, labels)), "pcoc": float(pcoc(probs, labels))}  # fmt: skip
 
 
 def score_split(
@@ -40,6 +69,9 @@ def score_split(
     return compute_all(probs, labels)
 
 
+DEFAULT_MC_SEED = 0
+
+
 def evaluate_run(
     run_dir: str | Path,
     split: str = "test",
@@ -47,44 +79,49 @@ def evaluate_run(
     mc_samples: int = 0,
     device: str = "auto",
     batch_size: int | None = None,
+    seed: int = DEFAULT_MC_SEED,
 ) -> dict[str, float]:
     """All metrics (:func:`ctrcal.eval.metrics.compute_all`) of a run's best model on a split.
 
     Args:
         run_dir: a run directory written by :func:`~ctrcal.train.trainer.train`.
         split: ``train``, ``valid`` or ``test``.
-        data_dir: the prepared directory (default: the one the run was trained on).
+        data_dir: the prepared directory (default: the one the run was trained on); its
+            feature identity (vocabularies, transforms, schema) must be the run's.
         mc_samples: > 0 averages that many MC-LayerNorm sampling passes per row.
         device: ``auto``, ``cpu``, ``cuda``, ...
         batch_size: rows per pass (default: the run's ``train.eval_batch_size``).
+        seed: seeds the MC passes' subsets, so the same call gives the same numbers bit for
+            bit (on one device and thread count); the caller's RNG state is left as it was.
 
     Raises:
-        DataError: the data's feature map is not the run's, or the split has no labels
-            (checked before the model is loaded).
+        DataError: the data is encoded with another feature map than the run's, has moved,
+            or the split has no labels (checked before the model is loaded).
     """
     from ctrcal.data.feature_map import FeatureMap
     from ctrcal.layers.mc_layernorm import has_mc_layers
-    from ctrcal.runs import require_run_dir, run_data_dir
+    from ctrcal.runs import check_same_features, require_run_dir, run_data
     from ctrcal.train.results import load_run
     from ctrcal.train.splits import open_split, require_labelled, resolve_data_mode
     from ctrcal.utils import resolve_device
 
     require_run_dir(run_dir)
-    data_dir = Path(data_dir) if data_dir is not None else run_data_dir(run_dir)
+    data_dir = run_data(run_dir, data_dir)
     current = FeatureMap.load(data_dir)
     require_labelled(current, split, data_dir, "evaluate")
-    model, cfg, feature_map = load_run(run_dir)
-    if mc_samples > 0 and not has_mc_layers(model):
-        raise ConfigError(
-            f"{run_dir}: its model has no MC-LayerNorm layer, so MC passes would all be equal; "
-            "drop --mc-samples (mc_samples) or evaluate a run trained with mclayernorm"
-        )
-    if list(current.vocab_sizes) != list(feature_map.vocab_sizes) or list(
-        current.numeric_fields
-    ) != list(feature_map.numeric_fields):
-        raise DataError(f"{data_dir}: its feature map differs from the one {run_dir} used")
+    check_same_features(run_dir, data_dir, "evaluate")
     dev = resolve_device(device)
-    model.to(dev)
-    mode = resolve_data_mode(cfg.train.data_mode, dev, current)
-    data = open_split(data_dir, split, mode, dev)
-    return score_split(model, data, batch_size or cfg.train.eval_batch_size, dev, mc_samples)
+    # building the model draws initial weights too: the caller's RNG is left as it was
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        model, cfg, _ = load_run(run_dir)
+        if mc_samples > 0 and not has_mc_layers(model):
+            raise ConfigError(
+                f"{run_dir}: its model has no MC-LayerNorm layer, so MC passes would all be "
+                "equal; drop --mc-samples (mc_samples) or evaluate a run trained with "
+                "mclayernorm"
+            )
+        model.to(dev)
+        mode = resolve_data_mode(cfg.train.data_mode, dev, current)
+        data = open_split(data_dir, split, mode, dev)
+        torch.manual_seed(seed)
+        return score_split(model, data, batch_size or cfg.train.eval_batch_size, dev, mc_samples)

@@ -24,30 +24,28 @@ from ctrcal.models.build import create_model
 __all__ = ["finetune_model"]
 
 
-def finetune_model(cfg: Config, feature_map: Any) -> nn.Module:
-    """A model for ``cfg`` initialised from ``cfg.train.finetune_from``'s best weights.
+def finetune_model(cfg: Config, feature_map: Any, data_dir: str | Path) -> nn.Module:
+    """A model for ``cfg`` on ``data_dir`` initialised from ``cfg.train.finetune_from``'s best
+    weights.
 
     Raises:
-        ConfigError: the source is another model, was trained on another feature map, or
-            differs from ``cfg.model`` beyond the classes of its norm layers (a norm cannot
-            be added or removed: it would have no trained weights to start from).
+        DataError: ``data_dir`` is encoded with another feature map (vocabularies, transforms,
+            schema) than the source run's data: its ids would mean other values.
+        ConfigError: the source is another model, or differs from ``cfg.model`` beyond the
+            classes of its norm layers (a norm cannot be added or removed: it would have no
+            trained weights to start from).
     """
+    from ctrcal.runs import check_same_features
     from ctrcal.train.results import load_run
 
     src_dir = Path(cfg.train.finetune_from)  # type: ignore[arg-type]
-    src_model, src_cfg, src_fm = load_run(src_dir)
+    src_model, src_cfg, _ = load_run(src_dir)
     if src_cfg.model.name != cfg.model.name:
         raise ConfigError(
             f"train.finetune_from: {src_dir} is a {src_cfg.model.name!r} run and this config "
             f"trains {cfg.model.name!r}; fine-tuning swaps norms within one model"
         )
-    if list(src_fm.vocab_sizes) != list(feature_map.vocab_sizes) or list(
-        src_fm.numeric_fields
-    ) != list(feature_map.numeric_fields):
-        raise ConfigError(
-            f"train.finetune_from: {src_dir} was trained on data with another feature map "
-            "(vocabularies or numeric fields differ)"
-        )
+    check_same_features(src_dir, data_dir, "train.finetune_from")
     model = create_model(cfg.model, feature_map)
     swapped = _swapped_modules(src_model, model, src_dir)
     _load_weights(src_model, model, swapped, src_dir)

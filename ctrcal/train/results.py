@@ -7,9 +7,10 @@ The file names are :mod:`ctrcal.runs`'s; the checkpoint format is
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import nn
 
@@ -22,9 +23,9 @@ from ctrcal.runs import (
     load_run_config,
     require_run_dir,
 )
-from ctrcal.utils import write_json_atomic, write_text_atomic
+from ctrcal.utils import json_dumps, write_json_atomic, write_text_atomic
 
-__all__ = ["TrainResult", "load_run", "read_result", "write_history", "write_result"]
+__all__ = ["Run", "TrainResult", "load_run", "read_result", "write_history", "write_result"]
 
 
 @dataclass
@@ -43,6 +44,14 @@ class TrainResult:
         oracle: for synthetic data, the metrics of the true click probabilities on the test
             split (the best any model can do); None otherwise.
         model: the trained model with the best weights, on the training device.
+        monitor: the validation score that chose the best epoch (``train.monitor``, or
+            ``logloss`` where the validation AUC is undefined, see ``monitor_note``).
+        monitor_note: why ``monitor`` is not ``train.monitor``; None when it is.
+        epoch_choice: one sentence when the chosen epoch's validation logloss or ECE is worse
+            than another epoch's (the trade-off the monitor made); None otherwise.
+
+    Every epoch's validation AUC, logloss, ECE and PCOC are in ``history`` (``valid_*``);
+    ``result.json`` writes an undefined one as ``null``.
     """
 
     run_dir: Path
@@ -55,26 +64,44 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     oracle: dict[str, float] | None = None
     model: nn.Module | None = field(default=None, repr=False, compare=False)
+    monitor: str = ""
+    monitor_note: str | None = None
+    epoch_choice: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.epoch_choice is None:
+            self.epoch_choice = epoch_tradeoff(self.history, self.best_epoch, self.monitor)
 
     def describe(self) -> str:
-        """A few lines for the command line."""
+        """The command line's last lines: every epoch's validation metrics, then the kept
+        epoch's, the test split's, and the trade-off the monitor made, if any."""
         lines = [
             f"run {self.run_dir}: {self.epochs_completed} epochs"
             + (" (stopped early)" if self.stopped_early else "")
             + f", best epoch {self.best_epoch}, {self.train_rows_per_s:,.0f} training rows/s",
         ]
+        if self.history:
+            lines += epoch_table(self.history, self.best_epoch)
         if self.valid:
-            lines.append(f"valid: AUC {self.valid['auc']:.4f}  logloss {self.valid['logloss']:.4f}")
+            lines.append(
+                f"valid: AUC {_num(self.valid.get('auc'))}  logloss "
+                f"{_num(self.valid.get('logloss'))}"
+            )
         if self.test:
             lines.append(
-                f"test:  AUC {self.test['auc']:.4f}  logloss {self.test['logloss']:.4f}  "
-                f"ECE {self.test['ece']:.4f}"
+                f"test:  AUC {_num(self.test.get('auc'))}  logloss "
+                f"{_num(self.test.get('logloss'))}  ECE {_num(self.test.get('ece'))}  PCOC "
+                f"{_num(self.test.get('pcoc'))}"
             )
         if self.oracle:
             lines.append(
-                f"oracle (true probabilities on test): AUC {self.oracle['auc']:.4f}  "
-                f"logloss {self.oracle['logloss']:.4f}"
+                f"oracle (true probabilities on test): AUC {_num(self.oracle.get('auc'))}  "
+                f"logloss {_num(self.oracle.get('logloss'))}"
             )
+        if self.monitor_note:
+            lines.append(f"note: {self.monitor_note}")
+        if self.epoch_choice:
+            lines.append(f"note: {self.epoch_choice}")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -84,6 +111,62 @@ class TrainResult:
         return out
 
 
+def _num(value: Any, digits: int = 4) -> str:
+    """A metric for the terminal; an undefined one (None, NaN) is ``n/a``."""
+    if value is None or not math.isfinite(float(value)):
+        return "n/a"
+    return f"{float(value):.{digits}f}"
+
+
+def epoch_table(history: list[dict[str, Any]], best_epoch: int) -> list[str]:
+    """One line per epoch: validation AUC, logloss, ECE, PCOC; ``*`` marks the kept one."""
+    lines = ["epoch  valid AUC  logloss   ECE      PCOC"]
+    for h in history:
+        mark = "*" if h.get("epoch") == best_epoch else " "
+        lines.append(
+            f"{mark}{h.get('epoch', '?'):>4}  {_num(h.get('valid_auc')):>9}  "
+            f"{_num(h.get('valid_logloss')):>7}  {_num(h.get('valid_ece')):>7}  "
+            f"{_num(h.get('valid_pcoc')):>6}"
+        )
+    return lines
+
+
+def epoch_tradeoff(history: list[dict[str, Any]], best_epoch: int, monitor: str) -> str | None:
+    """One sentence when the kept epoch's validation logloss or ECE is worse than another
+    epoch's (strictly: the numbers are given, the reader judges the size); else None.
+
+    Selecting by AUC can keep a worse calibrated epoch: a calibration toolkit shows it.
+    """
+    by_epoch = {h.get("epoch"): h for h in history}
+    kept = by_epoch.get(best_epoch)
+    if kept is None:
+        return None
+    parts = []
+    for key, name in (("valid_logloss", "logloss"), ("valid_ece", "ECE")):
+        mine = kept.get(key)
+        others = [(h[key], h["epoch"]) for h in history
+                  if _finite(h.get(key)) and h.get("epoch") != best_epoch]  # fmt: skip
+        if not _finite(mine) or not others:
+            continue
+        value, epoch = min(others)
+        if value < mine:
+            a, b = _num(mine), _num(value)
+            if a == b:
+                a, b = f"{mine:.6g}", f"{value:.6g}"
+            parts.append(f"{name} {a} is worse than epoch {epoch}'s {b}")
+    if not parts:
+        return None
+    return (
+        f"{f'train.monitor {monitor}' if monitor else 'the monitored metric'} kept epoch "
+        f"{best_epoch}, whose validation "
+        + " and whose ".join(parts)
+    )
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def read_result(run_dir: str | Path) -> TrainResult:
     """The :class:`TrainResult` of a finished run (from ``result.json``; no model)."""
     path = Path(run_dir) / RESULT_FILE
@@ -91,11 +174,28 @@ def read_result(run_dir: str | Path) -> TrainResult:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise CtrcalError(f"{path}: the run has not finished (no result.json)") from None
+    except (OSError, ValueError) as exc:
+        raise CtrcalError(f"{path}: unreadable ({exc}); resume the run to write it again") from None
     data["run_dir"] = Path(run_dir)
     return TrainResult(**data)
 
 
-def load_run(run_dir: str | Path) -> tuple[nn.Module, Config, Any]:
+class Run(NamedTuple):
+    """A trained run read back by :func:`load_run` (unpacks as ``model, config, fm``).
+
+    Attributes:
+        model: the best model, on the CPU, in eval mode: ``model(categorical, numeric)``
+            returns logits ``[B]``.
+        config: the run's validated config snapshot.
+        feature_map: the :class:`~ctrcal.data.feature_map.FeatureMap` it was trained on.
+    """
+
+    model: nn.Module
+    config: Config
+    feature_map: Any
+
+
+def load_run(run_dir: str | Path) -> Run:
     """The best model of a run (CPU, eval mode), its config and its feature map.
 
     Works on finished and on interrupted runs (whatever ``checkpoints/best.pt`` holds).
@@ -113,7 +213,7 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Config, Any]:
     model = create_model(cfg.model, feature_map, check=False)
     model.load_state_dict(state["model"])
     model.eval()
-    return model, cfg, feature_map
+    return Run(model, cfg, feature_map)
 
 
 def write_result(run_dir: Path, result: TrainResult) -> None:
@@ -122,5 +222,6 @@ def write_result(run_dir: Path, result: TrainResult) -> None:
 
 
 def write_history(run_dir: Path, history: list[dict[str, Any]]) -> None:
-    """``metrics.jsonl``: one line per finished epoch (rewritten whole, atomically)."""
-    write_text_atomic(Path(run_dir) / METRICS_FILE, "".join(json.dumps(h) + "\n" for h in history))
+    """``metrics.jsonl``: one line per finished epoch (rewritten whole, atomically); an
+    undefined metric is ``null``."""
+    write_text_atomic(Path(run_dir) / METRICS_FILE, "".join(json_dumps(h) + "\n" for h in history))

@@ -46,8 +46,9 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from ctrcal.checks import check_workers
+from ctrcal.checks import device_list as _device_list
 from ctrcal.config import Config
 from ctrcal.errors import ConfigError
 from ctrcal.runs import run_state
@@ -55,6 +56,7 @@ from ctrcal.train.processes import cpu_cores, run_in_processes, threads_per_work
 
 __all__ = [
     "TrainJob",
+    "check_workers",
     "cpu_cores",
     "ensure_run",
     "run_in_processes",
@@ -125,31 +127,6 @@ def visible_gpus() -> list[str]:
     if not torch.cuda.is_available():
         return []
     return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-
-
-def _device_list(value: Any) -> list[str]:
-    if value is None:
-        return []
-    items = value.split(",") if isinstance(value, str) else list(value)
-    return [str(d).strip() for d in items if str(d).strip()]
-
-
-def check_workers(cfg: Config, source: str = "config") -> None:
-    """Check ``report.workers`` / ``report.devices`` without touching torch.
-
-    Raises:
-        ConfigError: naming the key and what was expected.
-    """
-    r = cfg.report
-    if r.workers < 0:
-        raise ConfigError(
-            f"{source}: report.workers: expected 0 (one per device) or more, got {r.workers}"
-        )
-    devices = _device_list(r.devices)
-    if "auto" in devices and len(devices) > 1:
-        raise ConfigError(
-            f"{source}: report.devices: 'auto' stands alone (every visible GPU), got {devices}"
-        )
 
 
 def worker_slots(cfg: Config, source: str = "config") -> list[str]:

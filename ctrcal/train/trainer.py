@@ -26,7 +26,9 @@ per progress refresh (every ``PROGRESS_EVERY`` steps), never per step.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -54,7 +56,13 @@ from ctrcal.train.checkpoint import (
     save_checkpoint,
 )
 from ctrcal.train.cpu_matmul import cpu_matmul
-from ctrcal.train.evaluate import evaluate_run, monitor_value, score_split, valid_metrics
+from ctrcal.train.evaluate import (
+    evaluate_run,
+    monitor_value,
+    score_split,
+    training_monitor,
+    valid_metrics,
+)
 from ctrcal.train.predict import predict_logits, predict_probs, predict_with_labels
 from ctrcal.train.results import (
     TrainResult,
@@ -65,7 +73,13 @@ from ctrcal.train.results import (
 )
 from ctrcal.train.splits import check_ids, is_labelled, open_split, resolve_data_mode
 from ctrcal.train.step import StepContext, amp_dtype, make_optimizer, make_step_context, train_step
-from ctrcal.utils import remove_stale_temporaries, resolve_device, seed_everything
+from ctrcal.utils import (
+    directory_lock,
+    make_dirs,
+    remove_stale_temporaries,
+    resolve_device,
+    seed_everything,
+)
 
 __all__ = [
     "TrainResult",
@@ -102,17 +116,31 @@ def train(
         cfg: a validated :class:`~ctrcal.config.Config`.
         data_dir: a prepared directory (``feature_map.json``, ``train/``, ``valid/``,
             optionally ``test/``; an unlabelled test split is skipped with a note).
-        run_dir: where the run's files go (created).
+        run_dir: where the run's files go (created). It is locked while training
+            (``.<name>.lock`` beside it): a second ``train`` into it is refused, naming the
+            first.
         resume: continue an interrupted run in ``run_dir`` from ``checkpoints/last.pt``
             (a finished run is returned as it is). Without it, a ``run_dir`` that already
             holds a run is an error.
 
     Raises:
         CtrcalError: an existing run without ``resume``, a config or data that differ from
-            the run being resumed, unreadable data, or a diverged loss.
+            the run being resumed (or fine-tuned from), unreadable data, a diverged loss, or
+            another process training into ``run_dir``.
+        OutputError: a file of the run could not be written (no space, read-only,
+            permission); the previous checkpoint is left intact, so ``resume=True`` goes on
+            once the cause is gone.
     """
-    tcfg = cfg.train
     data_dir, run_dir = Path(data_dir), Path(run_dir)
+    # one process writes a run directory at a time; torchrun's other ranks follow rank 0
+    lock = (directory_lock(run_dir, "'ctrcal train'", wait=False)
+            if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext())  # fmt: skip
+    with lock:
+        return _train_locked(cfg, data_dir, run_dir, resume)
+
+
+def _train_locked(cfg: Config, data_dir: Path, run_dir: Path, resume: bool) -> TrainResult:
+    tcfg = cfg.train
     progress = run_progress(run_dir)
     if progress != "none" and not resume:
         raise CtrcalError(
@@ -242,10 +270,14 @@ def _train_in_context(
         _note(f"note: {data_dir}: the test split has no labels; it is not scored")
     train_data, valid_data = _open_training_splits(data_dir, feature_map, mode, device, dctx)
 
+    monitor, monitor_note = training_monitor(tcfg.monitor, feature_map, data_dir)
+    if main and monitor_note:
+        _note(f"note: {monitor_note}")
+
     seed_everything(tcfg.seed)
     resuming = resume and (run_dir / LAST).exists()
     if tcfg.finetune_from and not resuming:
-        model = finetune_model(cfg, feature_map)
+        model = finetune_model(cfg, feature_map, data_dir)
     else:
         model = create_model(cfg.model, feature_map)  # checks the model contract
     model.to(device)
@@ -273,7 +305,7 @@ def _train_in_context(
                 remove_stale_temporaries(directory)
             write_history(run_dir, history)
     elif main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(run_dir)
         write_run_files(run_dir, cfg, data_dir)
 
     forward: Callable[..., torch.Tensor] = model
@@ -306,12 +338,12 @@ def _train_in_context(
         logits, labels = predict_with_labels(model, valid_data, tcfg.eval_batch_size, device)
         logits = dist_util.gather_rows(logits.to(device), dctx).cpu()
         labels = dist_util.gather_rows(labels.to(device), dctx).cpu()
-        auc, logloss = valid_metrics(logits, labels)
-        value = monitor_value(tcfg.monitor, auc, logloss)
+        scores = valid_metrics(logits, labels)
+        value = monitor_value(monitor, scores["auc"], scores["logloss"])
         improved = value > sched.best_value
         if improved:
             sched.best_value, sched.best_epoch, sched.bad_epochs = value, epoch + 1, 0
-            sched.best_metrics = {"auc": auc, "logloss": logloss, "monitor": value}
+            sched.best_metrics = {**scores, "monitor": value}
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             if main:
                 save_best(run_dir, {"model": best_state, "epoch": sched.best_epoch,
@@ -325,8 +357,7 @@ def _train_in_context(
             {
                 "epoch": epoch + 1,
                 "train_loss": train_loss,
-                "valid_auc": auc,
-                "valid_logloss": logloss,
+                **{f"valid_{k}": v for k, v in scores.items()},
                 "monitor": value if math.isfinite(value) else None,
                 "lr": lr,
                 "improved": improved,
@@ -364,7 +395,7 @@ def _train_in_context(
         run_dir=run_dir, best_epoch=sched.best_epoch, epochs_completed=epoch,
         stopped_early=sched.stopped and epoch < tcfg.epochs, valid=sched.best_metrics,
         train_rows_per_s=float(np.mean(speeds)) if speeds else 0.0, history=history,
-        model=model,
+        model=model, monitor=monitor, monitor_note=monitor_note,
     )  # fmt: skip
     if not main:  # rank 0 alone scores the test split and writes the result
         dist_util.barrier(dctx)

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from ctrcal.config import load_config
+from ctrcal.config_load import load_config
 from ctrcal.data.prepare import prepare
 from ctrcal.data.publish import OWNER_FILE, owned_temp_dir
 

@@ -6,7 +6,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from ctrcal.config import Config, load_config
+from ctrcal.config import Config
+from ctrcal.config_load import load_config
 from ctrcal.data.criteo import read_criteo
 from ctrcal.data.features import FeatureMap, FeaturePipeline
 from ctrcal.data.prepare import prepare

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ctrcal.cli import main
-from ctrcal.config import load_config
+from ctrcal.config_load import load_config
 from ctrcal.eval.plan import check_report, plan_shifts
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))

@@ -97,3 +97,29 @@ def test_an_ensemble_pools_members_and_passes():
         p = torch.stack([torch.sigmoid(m.lin(batch.numeric).squeeze(1)) for m in members])
     torch.testing.assert_close(torch.from_numpy(plain.probs).float(), p.mean(0))
     torch.testing.assert_close(torch.from_numpy(plain.std).float(), p.std(0, correction=0))
+
+
+def test_report_and_mc_predict_draw_the_same_passes():
+    """The report's MC passes and ``mc_predict`` are one loop: from one RNG state a batch
+    gives the same probabilities both ways (a second copy of the loop would drift)."""
+    from ctrcal.layers.mc_layernorm import MCLayerNorm, mc_predict
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 16)
+            self.norm = MCLayerNorm(16, fraction=0.5)
+            self.out = nn.Linear(16, 1)
+
+        def forward(self, categorical: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
+            return self.out(self.norm(self.lin(numeric))).squeeze(1)
+
+    torch.manual_seed(5)
+    model, batch = Net(), _batch(40)
+    torch.manual_seed(6)
+    report = predict_split([model], batch, batch_size=64, device="cpu", mc_samples=3)
+    torch.manual_seed(6)
+    mean, std = mc_predict(model, batch.categorical, batch.numeric, n_samples=3)
+    assert float(std.mean()) > 1e-3  # the passes differ
+    torch.testing.assert_close(torch.from_numpy(report.probs).float(), mean, rtol=0, atol=1e-7)
+    torch.testing.assert_close(torch.from_numpy(report.std).float(), std, rtol=0, atol=1e-6)

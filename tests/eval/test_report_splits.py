@@ -10,7 +10,8 @@ import torch
 
 from ctrcal.calibration.isotonic import IsotonicCalibration
 from ctrcal.calibration.scaling import PlattScaling, TemperatureScaling
-from ctrcal.config import Config, load_config
+from ctrcal.config import Config
+from ctrcal.config_load import load_config
 from ctrcal.data.features import FeatureMap
 from ctrcal.data.loader import ParquetCTRData
 from ctrcal.data.prepare import prepare

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ctrcal.config import NormSpec, VariantConfig, load_config
+from ctrcal.config import NormSpec, VariantConfig
+from ctrcal.config_load import load_config
 from ctrcal.errors import ConfigError
 from ctrcal.eval import render as W
 from ctrcal.eval import report as R

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ctrcal.cli import main
-from ctrcal.config import load_config
+from ctrcal.config_load import load_config
 from ctrcal.errors import ConfigError, CtrcalError, DataError
 from ctrcal.train.processes import run_in_processes, threads_per_worker
 from ctrcal.train.sweep import visible_gpus, worker_slots

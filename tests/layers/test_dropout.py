@@ -308,4 +308,7 @@ def test_mask_block_with_layernorm_trains_like_the_unfused_modules(monkeypatch):
     plain.sum().backward()
     torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
     for n, p in blk.named_parameters():
-        torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-5, msg=n)
+        # sums over 300 rows of gradients up to ~200 in float32, in another order: the error
+        # scales with the largest element, not with each element (one near 0 differs by 4e-5)
+        scale = float(p.grad.abs().max())
+        torch.testing.assert_close(grads[n], p.grad, rtol=0, atol=1e-5 * scale, msg=n)

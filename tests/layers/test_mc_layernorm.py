@@ -11,9 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrcal.errors import ConfigError
-from ctrcal.layers import mc_layernorm, mcln_kernel, mcln_triton
+from ctrcal.layers import mcln_kernel, mcln_triton
 from ctrcal.layers.mc_layernorm import (
     MCLayerNorm,
+    dispatch,
     kernel_available,
     mc_layer_norm,
     mc_mode,
@@ -515,14 +516,14 @@ def test_backend_validation_and_fallback(monkeypatch):
     with pytest.raises(ConfigError, match="backend"):
         mc_layer_norm(torch.randn(2, 8), 8, backend="fast")
     monkeypatch.setenv("CTRCAL_MCLN_BACKEND", "torch")
-    assert not mc_layernorm._use_kernel(None, torch.device("cpu"))
+    assert dispatch.choose_backend(None, torch.randn(2, 8)) == "torch"
     monkeypatch.delenv("CTRCAL_MCLN_BACKEND")
     # a kernel that cannot be built: auto warns once and falls back, "c" raises
     library = mcln_kernel._LIBRARY
     monkeypatch.setattr(library, "_lib", None)
     monkeypatch.setattr(library, "_tried", True)
     monkeypatch.setattr(library, "error", "no C compiler found")
-    monkeypatch.setattr(mc_layernorm, "_warned", [])
+    monkeypatch.setattr(dispatch, "_warned", [])
     with pytest.warns(UserWarning, match="pure-torch"):
         y = MCLayerNorm(8, fraction=0.5).train()(torch.randn(4, 8))
     assert y.shape == (4, 8)

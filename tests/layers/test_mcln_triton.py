@@ -15,13 +15,12 @@ from torch import nn
 
 from ctrcal.layers import mc_layernorm, mcln_triton
 from ctrcal.layers.embedding import FieldNorm
-from ctrcal.layers.mc_grouped import GroupedMCLayerNorm
 from ctrcal.layers.mc_layernorm import (
     MCLayerNorm,
+    dispatch,
     kernel_available,
     mc_grouped_layer_norm,
     mc_layer_norm,
-    mc_mode,
     mc_subset_size,
     sample_subset_mask,
 )
@@ -193,43 +192,21 @@ def test_grouped_draws_exact_k_per_row_and_field(backend):
 
 def test_grouped_gradients_reach_every_field(backend):
     torch.manual_seed(6)
-    layer = GroupedMCLayerNorm(4, 8, fraction=0.5, backend=backend).train()
-    with torch.no_grad():
-        layer.weight.uniform_(0.5, 2)
+    weight = torch.empty(4, 8).uniform_(0.5, 2).requires_grad_()
+    bias = torch.zeros(4, 8, requires_grad=True)
+
+    def layer(x):
+        return mc_grouped_layer_norm(x, weight, bias, 1e-5, 0.5, backend=backend)
+
     x = torch.randn(32, 4, 8, requires_grad=True)
     y = layer(x)
     y.square().sum().backward()
-    assert layer.weight.grad.shape == (4, 8) and (layer.weight.grad.abs().sum(1) > 0).all()
+    assert weight.grad.shape == (4, 8) and (weight.grad.abs().sum(1) > 0).all()
     # d(sum y)/d bias = number of rows, exactly, for every field
     torch.testing.assert_close(
-        torch.autograd.grad(layer(x).sum(), layer.bias)[0], torch.full((4, 8), 32.0)
+        torch.autograd.grad(layer(x).sum(), bias)[0], torch.full((4, 8), 32.0)
     )
     assert torch.isfinite(x.grad).all()
-
-
-def test_grouped_layer_modes_and_conversion():
-    torch.manual_seed(7)
-    layers = [MCLayerNorm(8, fraction=0.5) for _ in range(3)]
-    for n in layers:
-        with torch.no_grad():
-            n.weight.uniform_(0.5, 2)
-            n.bias.uniform_(-1, 1)
-    grouped = GroupedMCLayerNorm.from_layers(layers)
-    assert grouped.fraction == 0.5 and grouped.subset_size == 4
-    x = torch.randn(5, 3, 8)
-    grouped.eval()
-    loop = torch.stack([n.eval()(x[:, i]) for i, n in enumerate(layers)], dim=1)
-    torch.testing.assert_close(grouped(x), loop)
-    with torch.no_grad(), mc_mode(grouped) as mode:
-        assert mode.count == 1
-        assert not torch.allclose(grouped(x), grouped(x))
-    back = grouped.to_layers()
-    for a, b in zip(back, layers, strict=True):
-        assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
-    with pytest.raises(ValueError, match=r"\[\.\.\., 3, 8\]"):
-        grouped(torch.randn(5, 4, 8))
-    with pytest.raises(ValueError, match="identically"):
-        GroupedMCLayerNorm.from_layers([MCLayerNorm(8), MCLayerNorm(8, eps=1e-3)])
 
 
 def test_field_norm_takes_one_grouped_call(monkeypatch):
@@ -292,6 +269,18 @@ def test_compile_keeps_the_triton_op():
     assert x.grad is not None and layer.weight.grad is not None
 
 
+class _GroupedTriton(nn.Module):
+    """Per-field MC-LayerNorm of G fields of width D as one grouped call (affine [G, D])."""
+
+    def __init__(self, groups: int, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(groups, dim))
+        self.bias = nn.Parameter(torch.zeros(groups, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return mc_grouped_layer_norm(x, self.weight, self.bias, 1e-5, 0.5, backend="triton")
+
+
 @needs_triton
 @pytest.mark.parametrize("per_field", [False, True])
 def test_decomposed_compiled_graph_draws_the_kernels_subsets(monkeypatch, per_field):
@@ -302,7 +291,7 @@ def test_decomposed_compiled_graph_draws_the_kernels_subsets(monkeypatch, per_fi
     monkeypatch.setenv("CTRCAL_MCLN_COMPILED", "decomposed")
     torch.manual_seed(0)
     if per_field:
-        layer = GroupedMCLayerNorm(5, 16, fraction=0.5, backend="triton").train()
+        layer = _GroupedTriton(5, 16).train()
         x = torch.randn(9, 5, 16)
     else:
         layer, x = MCLayerNorm(24, fraction=0.5, backend="triton").train(), torch.randn(9, 24)
@@ -353,10 +342,12 @@ def test_failed_triton_launch_falls_back_with_one_warning(monkeypatch):
     monkeypatch.setattr(mcln_triton, "triton_usable", _usable_on_cpu)
     # `auto` picks Triton for CUDA tensors; stand CPU tensors in for them
     monkeypatch.setattr(
-        mc_layernorm,
-        "_choose_backend",
-        lambda backend, device, width: (
-            "triton" if backend == "triton" or mcln_triton.triton_usable(device, width) else "torch"
+        dispatch,
+        "choose_backend",
+        lambda backend, rows: (
+            "triton"
+            if backend == "triton" or mcln_triton.triton_usable(rows.device, rows.shape[-1])
+            else "torch"
         ),
     )
     layer = MCLayerNorm(16, fraction=0.5).train()
@@ -450,4 +441,3 @@ def test_layer_norm_semantics_of_fraction_one_grouped():
     out = mc_grouped_layer_norm(x, w, b, 1e-5, 1.0)
     ref = torch.stack([F.layer_norm(x[:, g], (8,), w[g], b[g], 1e-5) for g in range(3)], 1)
     torch.testing.assert_close(out, ref)
-    assert isinstance(GroupedMCLayerNorm(3, 8), nn.Module)

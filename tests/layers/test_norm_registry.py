@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 import ctrcal
-from ctrcal.config import NormSpec, load_config
+from ctrcal.config import NormSpec
+from ctrcal.config_load import load_config
 from ctrcal.errors import ConfigError, CtrcalError
 from ctrcal.layers.mc_layernorm import MCLayerNorm, mc_mode
 from ctrcal.layers.norms import FeatureBatchNorm, NoMorelization
@@ -290,3 +291,30 @@ def test_replace_norms_leaves_layernorm_subclasses_by_default():
     assert replace_norms(model, "mclayernorm") == 1
     assert type(model[0]) is ChannelsFirstLN
     assert replace_norms(model, "mclayernorm", target=ChannelsFirstLN) == 1
+
+
+def test_builtin_norms_are_listed_by_import_path_not_registered_by_import():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from ctrcal.layers import registry\n"
+        "names = registry.available_norms()\n"
+        "assert 'mclayernorm' in names and 'groupnorm' in names, names\n"
+        "assert 'ctrcal.layers.norms' not in sys.modules\n"
+        "assert 'ctrcal.layers.mc_layernorm' not in sys.modules\n"
+        "import ctrcal.layers.norms, ctrcal.layers.context\n"
+        "assert registry.available_norms() == names  # importing registers nothing\n"
+        "for name in names:\n"
+        "    assert callable(registry.get_norm(name)), name\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def test_a_norm_registered_by_import_path_is_imported_when_built():
+    register_norm("plain_ln_by_path", "torch.nn:LayerNorm", overwrite=True)
+    assert isinstance(create_norm("plain-ln-by-path", 6), nn.LayerNorm)
+    with pytest.raises(ValueError, match="package.module:Name"):
+        register_norm("bad_path", "torch.nn.LayerNorm")

@@ -16,7 +16,7 @@ from ctrcal.layers import context
 from ctrcal.layers.context import ContextNorm, bind_contexts
 from ctrcal.layers.norms import FeatureGroupNorm
 from ctrcal.layers.registry import create_norm, replace_norms
-from ctrcal.models.registry import create_model
+from ctrcal.models.build import create_model
 
 
 def test_groupnorm_normalizes_each_group_of_features():

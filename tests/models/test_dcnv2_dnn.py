@@ -151,5 +151,10 @@ def test_bad_structure_and_widths_are_errors():
         DCNv2(VOCAB, NUM_NUMERIC, structure="paralel")
     with pytest.raises(ValueError, match="needs low_rank > 0"):
         DCNv2(VOCAB, NUM_NUMERIC, num_experts=2)
-    with pytest.raises(ValueError, match="MLP widths"):
+    # each refusal names the argument, so validate can name the config key
+    with pytest.raises(ValueError, match=r"^hidden_units\[0\]: expected an integer >= 1, got 0"):
         DNN(VOCAB, NUM_NUMERIC, hidden_units=[0])
+    with pytest.raises(ValueError, match=r"^parallel_dnn_hidden_units\[1\]: "):
+        DCNv2(VOCAB, NUM_NUMERIC, parallel_dnn_hidden_units=[4, -1])
+    with pytest.raises(ValueError, match=r"^dropout: "):
+        DCNv2(VOCAB, NUM_NUMERIC, dropout=1.0)

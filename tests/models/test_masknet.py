@@ -1,4 +1,4 @@
-"""MaskNet: serial/parallel structure, masks on the raw embedding, norms, init, build_model."""
+"""MaskNet: serial/parallel structure, masks on the raw embedding, norms, init, create_model."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ import torch
 from batches import random_batch
 from torch import nn
 
-from ctrcal.config import ModelConfig, NormSpec, load_config
+from ctrcal.config import ModelConfig, NormSpec
+from ctrcal.config_load import load_config
 from ctrcal.data.criteo import NUM_CATEGORICAL, NUM_NUMERIC
 from ctrcal.errors import ConfigError
 from ctrcal.layers.mask_block import MaskBlock
 from ctrcal.layers.mc_layernorm import MCLayerNorm
 from ctrcal.layers.registry import replace_norms
-from ctrcal.models.masknet import MaskNet, build_model
+from ctrcal.models.build import create_model
+from ctrcal.models.masknet import MaskNet
 
 VOCAB = [11, 5, 7]
 FN = 4
@@ -175,22 +177,22 @@ def _feature_map(buckets=None) -> SimpleNamespace:
     )
 
 
-def test_build_model_from_config():
+def test_create_model_from_config():
     cfg = ModelConfig(embedding_dim=4, hidden_units=[8, 8], reduction_ratio=0.5,
                       net_norm=NormSpec("mclayernorm", {"fraction": 0.5}))  # fmt: skip
-    model = build_model(cfg, _feature_map())
+    model = create_model(cfg, _feature_map())
     assert model.embedding.num_fields == NUM_CATEGORICAL + NUM_NUMERIC
     assert len(model.blocks) == 2 and isinstance(model.blocks[0].norm, MCLayerNorm)
     assert model.blocks[0].norm.fraction == 0.5
     cfg = ModelConfig(variant="parallel", num_blocks=2, block_dim=8, mlp_hidden_units=[8])
-    assert isinstance(build_model(cfg, _feature_map()).blocks[1], MaskBlock)
+    assert isinstance(create_model(cfg, _feature_map()).blocks[1], MaskBlock)
 
 
-def test_build_model_bucket_errors_name_the_key():
+def test_create_model_bucket_errors_name_the_key():
     cfg = ModelConfig(embedding_dim=4, hidden_units=[8], numeric_embedding="bucket")
     with pytest.raises(ConfigError, match="model:.*numeric_buckets"):
-        build_model(cfg, _feature_map())
-    model = build_model(cfg, _feature_map([[0.0, 1.0]] * NUM_NUMERIC))
+        create_model(cfg, _feature_map())
+    model = create_model(cfg, _feature_map([[0.0, 1.0]] * NUM_NUMERIC))
     assert model.embedding.numeric_embedding == "bucket"
 
 
@@ -200,7 +202,7 @@ CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_every_shipped_config_builds_a_model(path):
     cfg = load_config(path)
-    model = build_model(cfg.model, _feature_map([[0.0, 1.0]] * NUM_NUMERIC))
+    model = create_model(cfg.model, _feature_map([[0.0, 1.0]] * NUM_NUMERIC))
     if cfg.model.name == "masknet":
         assert model.variant == cfg.model.variant
     else:

@@ -9,18 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-from ctrcal.config import ModelConfig, NormSpec, load_config
+from ctrcal.config import ModelConfig, NormSpec
+from ctrcal.config_load import load_config
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, NUM_CATEGORICAL, NUM_NUMERIC, NUMERIC_COLUMNS
 from ctrcal.errors import ConfigError
 from ctrcal.layers.mc_layernorm import MCLayerNorm
+from ctrcal.models.build import BatchInputModel, create_model
 from ctrcal.models.masknet import MaskNet
-from ctrcal.models.registry import (
-    BatchInputModel,
-    available_models,
-    create_model,
-    register_model,
-    resolve_model,
-)
+from ctrcal.models.registry import available_models, register_model, resolve_model
 
 TINY_PATH = "tiny_user_model:TinyCTR"
 
@@ -125,7 +121,7 @@ def test_forward_that_raises_is_reported_as_a_contract_failure():
 
 def test_the_probe_leaves_the_rng_and_training_flag_alone():
     model = create_model(ModelConfig(TINY_PATH), _fm(), check=False)
-    from ctrcal.models.registry import check_model_output
+    from ctrcal.models.build import check_model_output
 
     model.train()
     torch.manual_seed(3)
@@ -158,7 +154,7 @@ def test_validate_checks_model_argument_types_and_choices(tmp_path):
 
 def test_validate_checks_norm_arguments(tmp_path):
     path = _write(tmp_path, "model:\n  name: dnn\n  net_norm: {name: contextnorm}\n")
-    with pytest.raises(ConfigError, match=r"model.net_norm: .*field: required"):
+    with pytest.raises(ConfigError, match=r"model.net_norm: ContextNorm.*argument: 'field'"):
         load_config(path)
     path = _write(tmp_path, "model:\n  name: dnn\n  emb_norm: {name: groupnorm, group: 2}\n")
     with pytest.raises(ConfigError, match=r"model.emb_norm: .*did you mean 'num_groups'"):
@@ -202,3 +198,80 @@ def test_norm_positions_take_names_mappings_and_classes():
                            _fm())  # fmt: skip
         for model in (user, dnn):
             assert any(type(m) is MCLayerNorm for m in model.modules())
+
+
+# ---------------------------------------------------------------------------------------------
+# A config's import path names a model class, and nothing else is ever called
+
+
+def _writer_module(tmp_path: Path, monkeypatch) -> Path:
+    """A module whose function would write a file if anything called it."""
+    marker = tmp_path / "called.txt"
+    (tmp_path / "sneaky_models.py").write_text(
+        "from pathlib import Path\n"
+        f"MARKER = Path({str(marker)!r})\n"
+        "def make_model(feature_map, **kwargs):\n"
+        "    MARKER.write_text('called')\n"
+        "    raise SystemExit('must never run')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return marker
+
+
+@pytest.mark.parametrize("target", ["os:system", "sneaky_models:make_model"])
+def test_validate_and_train_refuse_a_non_module_import_path_uncalled(
+    target, tmp_path, monkeypatch, capsys, prepared_dir
+):
+    from ctrcal.cli import main
+
+    marker = _writer_module(tmp_path, monkeypatch)
+    cfg = _write(tmp_path, f"model: {{name: '{target}'}}\n")
+    for argv in (["validate", str(cfg)],
+                 ["train", str(cfg), "--data", str(prepared_dir), "--out", str(tmp_path / "r")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "model.name" in err and "must name an nn.Module subclass" in err, err
+        assert "was not called" in err and "Traceback" not in err
+    assert not marker.exists()
+    assert not (tmp_path / "r" / "checkpoints").exists()
+    with pytest.raises(ConfigError, match="nn.Module subclass"):
+        create_model(target, _fm())  # from Python too, when named by a path
+    assert not marker.exists()
+
+
+def test_a_python_factory_stays_available_through_register_model(tmp_path, monkeypatch):
+    marker = _writer_module(tmp_path, monkeypatch)
+
+    def factory(feature_map, hidden: int = 8):
+        from tiny_user_model import TinyCTR
+
+        return TinyCTR(feature_map, hidden=hidden)
+
+    register_model("tiny_factory", factory, overwrite=True)
+    model = create_model("tiny_factory", _fm(), hidden=4)
+    assert isinstance(model, BatchInputModel)
+    cfg = load_config(None, ["model.name=tiny_factory", "model.hidden=4"])
+    assert cfg.model.kwargs == {"hidden": 4}
+    # a function the caller registered may be named by its import path as well
+    import sneaky_models
+
+    monkeypatch.setattr(sneaky_models, "make_model", factory)
+    register_model("sneaky", "sneaky_models:make_model", overwrite=True)
+    assert isinstance(create_model("sneaky_models:make_model", _fm()), BatchInputModel)
+    assert not marker.exists()
+
+
+def test_a_factory_given_from_python_is_named_by_its_path_afterwards(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "given_factory.py").write_text(
+        "from tiny_user_model import TinyCTR\n"
+        "def build(feature_map, hidden: int = 8):\n"
+        "    return TinyCTR(feature_map, hidden=hidden)\n"
+    )
+    import given_factory
+
+    with pytest.raises(ConfigError, match="nn.Module subclass"):
+        resolve_model("given_factory:build")  # a config cannot name it on its own ...
+    entry = resolve_model(given_factory.build)  # ... until Python hands it over
+    assert resolve_model("given_factory:build") is entry
+    assert isinstance(create_model("given_factory:build", _fm(), hidden=4), BatchInputModel)

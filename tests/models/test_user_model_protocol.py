@@ -10,7 +10,7 @@ import torch
 
 import ctrcal
 from ctrcal.cli import main
-from ctrcal.config import load_config
+from ctrcal.config_load import load_config
 from ctrcal.errors import ConfigError
 from ctrcal.layers.mc_layernorm import MCLayerNorm
 from ctrcal.train.trainer import evaluate_run, load_run, train
@@ -36,7 +36,10 @@ def test_train_resume_evaluate_and_mc_on_a_user_model(prepared_dir, tmp_path):
     cfg = _cfg("model.net_norm={name: mclayernorm, fraction: 0.5}")
     result = train(cfg, prepared_dir, run)
     assert result.valid["auc"] > 0.55  # it learned something
-    model, saved, _ = load_run(run)
+    loaded = load_run(run)
+    assert isinstance(loaded, ctrcal.Run)
+    model, saved = loaded.model, loaded.config
+    assert loaded.feature_map.vocab_sizes and not model.training
     assert saved.model.name == "tiny_user_model:TinyCTR" and saved.model.hidden == 8
     assert sum(isinstance(m, MCLayerNorm) for m in model.modules()) == 2
     again = train(cfg, prepared_dir, run, resume=True)  # finished: returned as it is

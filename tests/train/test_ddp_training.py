@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ctrcal.cli import main
-from ctrcal.config import load_config
+from ctrcal.config_load import load_config
 from ctrcal.train.trainer import train
 
 TINY = [

@@ -10,7 +10,7 @@ import torch
 from interrupt import assert_same_training, ctrcal_argv, kill_9_when, run, start
 
 import ctrcal.train.trainer as trainer
-from ctrcal.config import load_config
+from ctrcal.config_load import load_config
 from ctrcal.errors import CtrcalError, DataError
 from ctrcal.train.checkpoint import load_checkpoint
 from ctrcal.train.trainer import train
