@@ -168,6 +168,19 @@ def _calibration_text(spec: dict[str, Any]) -> str:
     return f"{what} on clean validation"
 
 
+def _training_noise_text(variant: Any, train: Any) -> list[str]:
+    """How a variant's runs were trained with noise (its own keys, else the train section's)."""
+    shift = variant.train_shift if variant.train_shift is not None else train.train_shift
+    eta = variant.weight_noise if variant.weight_noise is not None else train.weight_noise
+    out = []
+    if shift is not None:
+        space = f", {shift.space} space" if shift.space else ""
+        out.append(f"trained on {shift.name} at {shift.intensity:g}{space}")
+    if eta:
+        out.append(f"trained with weight noise N(0, {eta:g})")
+    return out
+
+
 def describe_variant(plan: Any, cfg: Any) -> str:
     """One line on a variant: its norms (or whose runs), how it predicts, its calibrator.
 
@@ -181,6 +194,7 @@ def describe_variant(plan: Any, cfg: Any) -> str:
         emb = emb if emb is not None else cfg.model.get("emb_norm")
         where = "MaskBlocks" if cfg.model.name == "masknet" else f"{cfg.model.name} net_norm"
         bits.append(f"{where} {_norm_text(plan.config.net_norm)}, fields {_norm_text(emb)}")
+        bits.extend(_training_noise_text(plan.config, cfg.train))
     else:
         bits.append(f"runs of {plan.run_variant}")
     if plan.ensemble:

@@ -63,6 +63,7 @@ from ctrcal.train.evaluate import (
     training_monitor,
     valid_metrics,
 )
+from ctrcal.train.noise import TrainShift
 from ctrcal.train.predict import predict_logits, predict_probs, predict_with_labels
 from ctrcal.train.results import (
     TrainResult,
@@ -323,6 +324,8 @@ def _train_in_context(
     # sparse table gradients are for single-process eager mode
     ctx = make_step_context(model, optimizer, tcfg, device, amp, forward,
                             sparse_tables=not (tcfg.compile or dctx.is_distributed))  # fmt: skip
+    # input noise on the training batches only (validation and test are scored clean below)
+    shift = TrainShift(tcfg.train_shift, feature_map) if tcfg.train_shift is not None else None
     speeds: list[float] = []
     epoch = start_epoch
     while epoch < tcfg.epochs and not sched.stopped:
@@ -332,7 +335,7 @@ def _train_in_context(
             # must redraw the same ones: a per-(epoch, rank) seed gives both
             torch.manual_seed(epoch_seed(tcfg.seed, epoch) * 1_000_003 + dctx.rank)
         train_loss, rows_per_s, seconds = _train_epoch(
-            ctx, train_data, tcfg, epoch, device, tcfg.batch_size // world, dctx
+            ctx, train_data, tcfg, epoch, device, tcfg.batch_size // world, dctx, shift
         )
         speeds.append(rows_per_s)
         logits, labels = predict_with_labels(model, valid_data, tcfg.eval_batch_size, device)
@@ -419,8 +422,12 @@ def _train_epoch(
     device: torch.device,
     batch_size: int | None = None,
     dctx: dist_util.DistContext | None = None,
+    shift: TrainShift | None = None,
 ) -> tuple[float, float, float]:
     """One pass over the training split; returns (mean loss, rows/s, seconds).
+
+    ``shift`` (``train.train_shift``) perturbs every batch, from a stream seeded at the start
+    of the epoch by torch's global generator (see :mod:`ctrcal.train.noise`).
 
     Under DDP, ``batch_size`` is this rank's share of the global batch, and the loss and
     rows/s are totals over all ranks (one all-reduce per epoch).
@@ -444,10 +451,14 @@ def _train_epoch(
     acc_dtype = torch.float64 if device.type in ("cpu", "cuda") else torch.float32
     loss_sum = torch.zeros((), dtype=acc_dtype, device=device)
     rows = steps = 0
+    if shift is not None:
+        shift.start_epoch()
     start = time.perf_counter()
     try:
         for batch in data.batches(batch_size, shuffle=True, seed=epoch_seed(tcfg.seed, epoch)):
             batch = batch.to(device, non_blocking=True)
+            if shift is not None:
+                batch = shift(batch)
             loss = train_step(ctx, batch)
             n = len(batch)
             loss_sum += loss.to(acc_dtype) * n
