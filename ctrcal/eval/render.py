@@ -174,8 +174,14 @@ def _training_noise_text(variant: Any, train: Any) -> list[str]:
     eta = variant.weight_noise if variant.weight_noise is not None else train.weight_noise
     out = []
     if shift is not None:
-        space = f", {shift.space} space" if shift.space else ""
-        out.append(f"trained on {shift.name} at {shift.intensity:g}{space}")
+        from ctrcal.eval.shifts import get_shift
+
+        kind = get_shift(shift.name)
+        value = f"{shift.intensity:g}"
+        level = f"p = {value}" if kind.unit == "p" else f"{value} {kind.unit}"
+        space = shift.space or kind.options.get("space", (None,))[0]
+        where = f" in {space} space" if space else ""
+        out.append(f"trained with input noise {kind.name} {level}{where}")
     if eta:
         out.append(f"trained with weight noise N(0, {eta:g})")
     return out
