@@ -98,3 +98,22 @@ def test_adding_noise_variants_leaves_the_other_variants_numbers_unchanged(repor
     a = with_noise[with_noise.variant == "layernorm"].set_index(KEY)["value"].sort_index()
     b = plain[plain.variant == "layernorm"].set_index(KEY)["value"].sort_index()
     pd.testing.assert_series_equal(a, b, check_exact=True)
+
+
+def test_the_documented_example_is_a_valid_config(tmp_path):
+    import re
+    from pathlib import Path
+
+    from ctrcal.config_load import load_config
+
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs/shift-report.md").read_text()
+    section = page.split("### Noise-injection training", 1)[1]
+    example = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    base = root / "configs/protocols/paper.yaml"
+    path = tmp_path / "noise.yaml"
+    path.write_text(example.replace("extends: paper.yaml", f"extends: {base}"))
+    cfg = load_config(path)
+    by_name = {v.name: v for v in cfg.report.variants}
+    assert by_name["input_noise"].train_shift.intensity == 0.25
+    assert by_name["weight_noise"].weight_noise == 1e-4
