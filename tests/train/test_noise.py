@@ -360,3 +360,15 @@ def test_resumed_noisy_run_continues_the_same_noise_sequence(prepared_dir, tmp_p
     assert resumed.test == full.test
     wa, wb = _weights(tmp_path / "full"), _weights(tmp_path / "cut")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_original_space_codec_copies_its_parameters_to_a_device_once():
+    # an original-space training shift maps every batch through the codec: a fresh copy of
+    # its parameters per batch would be a host-to-device transfer at every step on a GPU
+    from ctrcal.data.numeric import NumericTransform
+
+    codec = NumericTransform("log_standardize", (1.0, -2.0), (2.0, 0.5))
+    x = torch.randn(8, 2)
+    first, again = codec._params(x), codec._params(codec.to_original(x))
+    assert all(a is b for a, b in zip(first, again, strict=True))
+    torch.testing.assert_close(codec.to_model(codec.to_original(x)), x)
