@@ -182,8 +182,7 @@ def test_emb_l2_is_the_gradient_of_half_lambda_squared_norm_of_the_whole_table()
                                lam, 0.0, "cpu", None)  # fmt: skip
     step.train_step(ctx, batch)
     opt_b = torch.optim.SGD(b.parameters(), lr=1.0)
-    loss = torch.nn.functional.binary_cross_entropy_with_logits(b(batch.categorical,
-                                                                  batch.numeric), batch.label)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(b(batch.inputs()), batch.label)
     (loss + lam / 2 * b.embedding.table.weight.square().sum()).backward()
     opt_b.step()
     torch.testing.assert_close(a.embedding.table.weight, b.embedding.table.weight)
@@ -356,7 +355,7 @@ def test_adam_applies_emb_l2_as_the_l2_gradient_of_the_whole_table():
     for batch in _batches():
         step.train_step(ctx, batch)
         opt_b.zero_grad()
-        logits = b(batch.categorical, batch.numeric)
+        logits = b(batch.inputs())
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.label)
         (loss + 0.05 * b.embedding.table.weight.square().sum()).backward()
         opt_b.step()
