@@ -639,7 +639,8 @@ def test_cpu_training_does_not_import_triton():
         "    vocab_sizes = [7, 9]; numeric_fields = ['I1']; bucket_boundaries = None\n"
         "m = create_model(ModelConfig('masknet', embedding_dim=4, hidden_units=[8],\n"
         "    emb_norm='mclayernorm', net_norm='mclayernorm'), FM())\n"
-        "out = m(torch.randint(0, 7, (32, 2)), torch.randn(32, 1))\n"
+        "from ctrcal.batch import Batch\n"
+        "out = m(Batch(torch.randint(0, 7, (32, 2)), torch.randn(32, 1), None))\n"
         "out.sum().backward()\n"
         "assert 'triton' not in sys.modules, 'triton was imported'\n"
     )
