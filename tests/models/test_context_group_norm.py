@@ -138,3 +138,5 @@ def test_replace_norms_then_bind_on_a_foreign_model():
     cat = torch.tensor([[1, 3], [1, 7]])
     out = model(Batch(cat, torch.zeros(2, 0), None))
     assert out.shape == (2,)
+    with pytest.raises(RuntimeError, match=r"called as model\(batch\)"):
+        model(cat)  # the ids come from batch.categorical
