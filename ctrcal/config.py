@@ -267,7 +267,10 @@ class VariantConfig:
     plus M - 1 runs of seeds no other replicate uses). ``isotonic_calibration`` fits isotonic
     regression, ``field_calibration: C14`` a calibrator per value of that categorical field
     (``field_calibration_method`` platt or isotonic, shrunk toward the global one by
-    n_v / (n_v + ``field_calibration_shrinkage``); see :mod:`ctrcal.eval.field_aware`).
+    n_v / (n_v + ``field_calibration_shrinkage``); see :mod:`ctrcal.calibration.field_aware`).
+    ``calibration`` names any registered calibrator by one spec (``isotonic``,
+    ``{name: field_aware, field: C14, method: platt}``); the four keys before it are read as
+    such a spec (:func:`ctrcal.eval.calibration_keys.calibration_spec`).
     """
 
     name: str
@@ -282,6 +285,7 @@ class VariantConfig:
     field_calibration: str | None = None
     field_calibration_method: Literal["platt", "isotonic"] = "platt"
     field_calibration_shrinkage: float = 1000.0
+    calibration: str | dict[str, Any] | None = None
     from_variant: str | None = None
 
 
