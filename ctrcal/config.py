@@ -372,7 +372,7 @@ class ReportConfig:
     field_metrics: bool = True
     field_min_count: int = 100
     field_numeric_buckets: int = 10
-    # parallel sweeps (ctrcal.eval.sweep): training runs at once, each in its own process;
+    # parallel sweeps (ctrcal.train.sweep): training runs at once, each in its own process;
     # 0 = one per device in `devices` (1 without them)
     workers: int = 0
     # where the workers train: [cuda:0, cuda:1], "cuda:0,cuda:1", or "auto" (every visible

@@ -185,7 +185,7 @@ def train_step(ctx: StepContext, batch: Batch) -> torch.Tensor:
     clean = perturb_weights(ctx.noisy, ctx.weight_noise_std) if ctx.weight_noise_std else None
     with torch.autocast(ctx.device_type, dtype=ctx.amp_dtype or torch.bfloat16,
                         enabled=ctx.amp_dtype is not None):  # fmt: skip
-        logits = ctx.forward(batch.categorical, batch.numeric)
+        logits = ctx.forward(batch.inputs())
     loss = F.binary_cross_entropy_with_logits(logits.float(), batch.label)
     loss.backward()
     if clean is not None:
