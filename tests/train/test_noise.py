@@ -33,12 +33,10 @@ def _cfg(*overrides: str):
     return load_config(None, [*TINY, *overrides])
 
 
-def _numeric(args, kwargs):
-    """The numeric input of a model call, whether it takes a Batch or the two tensors."""
-    first = args[0] if args else next(iter(kwargs.values()))
-    if isinstance(first, Batch):
-        return first.categorical, first.numeric
-    return first, args[1] if len(args) > 1 else kwargs["numeric"]
+def _inputs(args, kwargs):
+    """(categorical, numeric) of a model call (models take ``forward(batch)``)."""
+    batch = args[0] if args else next(iter(kwargs.values()))
+    return batch.categorical, batch.numeric
 
 
 def _record_inputs(monkeypatch):
@@ -50,7 +48,7 @@ def _record_inputs(monkeypatch):
         model = real(*a, **k)
 
         def hook(module, args, kwargs):
-            cat, num = _numeric(args, kwargs)
+            cat, num = _inputs(args, kwargs)
             calls.append((module.training, cat.clone(), num.clone()))
 
         model.register_forward_pre_hook(hook, with_kwargs=True)
@@ -285,19 +283,10 @@ def test_weight_noise_gradient_is_the_gradient_at_the_perturbed_weights():
             if p is not ref.embedding.table.weight:
                 p.add_(torch.randn_like(p), alpha=0.1)  # std sqrt(0.01)
     ref.train()
-    loss = torch.nn.functional.binary_cross_entropy_with_logits(
-        ref(batch.categorical, batch.numeric) if not _takes_batch(ref) else ref(batch),
-        batch.label,
-    )
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(ref(batch.inputs()), batch.label)
     loss.backward()
     for n, p in ref.named_parameters():
         torch.testing.assert_close(grads[n], p.grad, rtol=1e-5, atol=1e-7)
-
-
-def _takes_batch(model) -> bool:
-    import inspect
-
-    return list(inspect.signature(model.forward).parameters) == ["batch"]
 
 
 def test_no_weight_noise_draws_nothing_from_the_generator():
