@@ -270,6 +270,9 @@ def _train_in_context(
     if main and test_rows and not score_test:
         _note(f"note: {data_dir}: the test split has no labels; it is not scored")
     train_data, valid_data = _open_training_splits(data_dir, feature_map, mode, device, dctx)
+    # input noise on the training batches only (validation and test are scored clean); built
+    # before the run directory is written, so data it cannot shift fails with nothing started
+    shift = TrainShift(tcfg.train_shift, feature_map) if tcfg.train_shift is not None else None
 
     monitor, monitor_note = training_monitor(tcfg.monitor, feature_map, data_dir)
     if main and monitor_note:
@@ -324,8 +327,6 @@ def _train_in_context(
     # sparse table gradients are for single-process eager mode
     ctx = make_step_context(model, optimizer, tcfg, device, amp, forward,
                             sparse_tables=not (tcfg.compile or dctx.is_distributed))  # fmt: skip
-    # input noise on the training batches only (validation and test are scored clean below)
-    shift = TrainShift(tcfg.train_shift, feature_map) if tcfg.train_shift is not None else None
     speeds: list[float] = []
     epoch = start_epoch
     while epoch < tcfg.epochs and not sched.stopped:

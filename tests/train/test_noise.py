@@ -361,3 +361,23 @@ def test_original_space_codec_copies_its_parameters_to_a_device_once():
     first, again = codec._params(x), codec._params(codec.to_original(x))
     assert all(a is b for a, b in zip(first, again, strict=True))
     torch.testing.assert_close(codec.to_model(codec.to_original(x)), x)
+
+
+def test_original_space_shift_on_data_without_original_stats_fails_before_the_run_starts(
+    prepared_dir, tmp_path
+):
+    import json
+    import shutil
+
+    from ctrcal.errors import DataError
+
+    data = tmp_path / "data"
+    shutil.copytree(prepared_dir, data)
+    fmap = json.loads((data / "feature_map.json").read_text())
+    for f in fmap["features"]:
+        f.pop("original_std", None)
+    (data / "feature_map.json").write_text(json.dumps(fmap))
+    with pytest.raises(DataError, match="space: model"):
+        train(_cfg("train.train_shift={name: gaussian_numeric, intensity: 0.1}"), data,
+              tmp_path / "run")  # fmt: skip
+    assert not (tmp_path / "run" / "config.yaml").exists()
