@@ -1,6 +1,33 @@
-"""Post-hoc calibrators: one base class, one registry (see :mod:`ctrcal.calibration.base`)."""
+"""Post-hoc calibrators: one base class, one registry (see :mod:`ctrcal.calibration.base`).
 
-from ctrcal.calibration.base import register_calibrator  # noqa: E402
+Built-in: ``temperature`` and ``platt`` (:mod:`~ctrcal.calibration.scaling`), ``isotonic``
+(:mod:`~ctrcal.calibration.isotonic`), ``field_aware``
+(:mod:`~ctrcal.calibration.field_aware`), ``mcgrad`` (:mod:`~ctrcal.calibration.mcgrad`,
+optional extra ``ctrcal[mcgrad]``) and ``label_shift`` (:mod:`~ctrcal.calibration.label_shift`).
+A report variant names one by a spec::
 
-register_calibrator("mcgrad", "ctrcal.calibration.mcgrad:MCGradCalibrator", description="MCGrad: multicalibration by boosted trees over segment features (Tax et al., KDD 2026)", extra="mcgrad")  # noqa: E501
-register_calibrator("label_shift", "ctrcal.calibration.label_shift:LabelShiftCalibrator", description="label-shift correction: EM re-estimate of the click rate on the target rows (Saerens et al. 2002)")  # noqa: E501
+    calibration: isotonic
+    calibration: {name: field_aware, field: C14, method: platt}
+"""
+
+from ctrcal.calibration.base import (
+    Calibrator,
+    CalibratorKind,
+    Segments,
+    available_calibrators,
+    calibration_name,
+    create_calibrator,
+    get_calibrator,
+    register_calibrator,
+)
+
+__all__ = [
+    "Calibrator",
+    "CalibratorKind",
+    "Segments",
+    "available_calibrators",
+    "calibration_name",
+    "create_calibrator",
+    "get_calibrator",
+    "register_calibrator",
+]

@@ -34,7 +34,7 @@ class ShiftReportSummary:
 
     Attributes:
         out_dir: the report directory (``report.md``, ``results.csv``, figures, ``runs/``).
-        verdict: the report's verdict paragraph.
+        verdict: the report's verdict: one sentence saying what survives the correction.
         table: mean / standard error per variant, intensity and metric.
         paired: paired differences against the baseline (with p-values and significance).
         data: the whole ``summary.json`` mapping.

@@ -1,7 +1,10 @@
-"""The calibration keys of a shift report: what a variant asks for, checked without data.
+"""The calibration a report variant asks for, as one spec, checked without data.
 
-Kept apart from :mod:`ctrcal.eval.report_calibration` (which needs numpy and the metrics)
-so that ``ctrcal validate`` checks these keys without loading either.
+A variant names its calibrator with ``calibration:`` (a registered name or
+``{name: ..., <options>}``, see :mod:`ctrcal.calibration.base`). The four keys that came
+before it (``temperature_scaling``, ``platt_scaling``, ``isotonic_calibration``,
+``field_calibration`` with ``field_calibration_method`` / ``_shrinkage``) keep working:
+:func:`calibration_spec` is the one place that translates them.
 """
 
 from __future__ import annotations
@@ -11,26 +14,55 @@ from typing import Any
 
 from ctrcal.errors import ConfigError
 
-__all__ = ["CALIBRATIONS", "calibration_kind", "check_calibration_keys"]
+__all__ = ["LEGACY_KEYS", "calibration_spec", "check_calibration_keys"]
 
-CALIBRATIONS = ("temperature", "platt", "isotonic", "field")
+# the variant keys that name a calibrator without a spec, in the order they were checked
+LEGACY_KEYS = ("field_calibration", "isotonic_calibration", "temperature_scaling", "platt_scaling")
 
 
-def calibration_kind(variant: Any) -> str | None:
-    """The calibration a report variant asks for: one of :data:`CALIBRATIONS` or None."""
+def _chosen(variant: Any) -> list[str]:
+    """The calibration keys a variant sets (more than one is an error)."""
+    keys = [k for k in LEGACY_KEYS if getattr(variant, k, None) not in (None, False)]
+    if getattr(variant, "calibration", None) is not None:
+        keys.append("calibration")
+    return keys
+
+
+def calibration_spec(variant: Any) -> dict[str, Any] | None:
+    """The calibration spec of a report variant (``{name: ..., <options>}``), or None.
+
+    ``calibration:`` is taken as it is (a bare name becomes ``{name: <name>}``); otherwise
+    the old keys translate: ``temperature_scaling: true`` -> ``{name: temperature}``,
+    ``platt_scaling: true`` -> ``{name: platt}``, ``isotonic_calibration: true`` ->
+    ``{name: isotonic}``, ``field_calibration: C14`` -> ``{name: field_aware, field: C14,
+    method: <field_calibration_method>, shrinkage: <field_calibration_shrinkage>}``.
+    """
+    spec = getattr(variant, "calibration", None)
+    if spec is not None:
+        return {"name": spec} if isinstance(spec, str) else dict(spec)
     if getattr(variant, "field_calibration", None):
-        return "field"
-    if getattr(variant, "isotonic_calibration", False):
-        return "isotonic"
-    if variant.temperature_scaling:
-        return "temperature"
-    if variant.platt_scaling:
-        return "platt"
+        return {
+            "name": "field_aware",
+            "field": variant.field_calibration,
+            "method": variant.field_calibration_method,
+            "shrinkage": variant.field_calibration_shrinkage,
+        }
+    for key, name in (
+        ("isotonic_calibration", "isotonic"),
+        ("temperature_scaling", "temperature"),
+        ("platt_scaling", "platt"),
+    ):
+        if getattr(variant, key, False):
+            return {"name": name}
     return None
 
 
 def check_calibration_keys(cfg: Any, source: str, fields: Sequence[str] | None = None) -> None:
     """Check the calibration keys of ``report`` and its variants (no data needed).
+
+    Every variant's spec is resolved against the calibrator registry and its options are
+    given to the calibrator's constructor, so an unknown name, option or value fails here,
+    before anything trains.
 
     Args:
         cfg: the whole config.
@@ -40,6 +72,7 @@ def check_calibration_keys(cfg: Any, source: str, fields: Sequence[str] | None =
     Raises:
         ConfigError: naming the key.
     """
+    from ctrcal.calibration.base import create_calibrator
     from ctrcal.data.criteo_schema import CATEGORICAL_COLUMNS
 
     known = list(fields) if fields is not None else list(CATEGORICAL_COLUMNS)
@@ -55,25 +88,21 @@ def check_calibration_keys(cfg: Any, source: str, fields: Sequence[str] | None =
         )
     for i, v in enumerate(r.variants):
         key = f"{source}: report.variants[{i}]"
-        chosen = [
-            name
-            for name, on in (
-                ("temperature_scaling", v.temperature_scaling),
-                ("platt_scaling", v.platt_scaling),
-                ("isotonic_calibration", v.isotonic_calibration),
-                ("field_calibration", v.field_calibration is not None),
-            )
-            if on
-        ]
+        chosen = _chosen(v)
         if len(chosen) > 1:
             raise ConfigError(f"{key}: {' and '.join(chosen)}: choose one calibration, not both")
-        if v.field_calibration is not None and v.field_calibration not in known:
-            raise ConfigError(
-                f"{key}.field_calibration: unknown categorical field {v.field_calibration!r} "
-                f"(valid: {', '.join(known)})"
-            )
-        if v.field_calibration_shrinkage < 0:
-            raise ConfigError(
-                f"{key}.field_calibration_shrinkage: expected >= 0, got "
-                f"{v.field_calibration_shrinkage}"
-            )
+        if not chosen:
+            continue
+        where = f"{key}.{chosen[0]}"
+        spec = calibration_spec(v)
+        try:
+            calibrator = create_calibrator(spec)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if getattr(calibrator, "field", "") is None:  # field_aware without its field
+            raise ConfigError(f"{where}: {spec['name']} needs field: <a categorical field>")
+        for name in calibrator.needed_fields():
+            if name not in known:
+                raise ConfigError(
+                    f"{where}: unknown categorical field {name!r} (valid: {', '.join(known)})"
+                )

@@ -1,11 +1,14 @@
 """Figures of the shift report (PNG, matplotlib's Agg canvas; no pyplot, no global backend).
 
-Every function takes the tidy tables of :mod:`ctrcal.eval.report` and writes one PNG:
+Every function takes the tidy tables of :mod:`ctrcal.eval.stats` and writes one PNG:
 
 * :func:`plot_metrics_vs_intensity`: metric panels vs shift intensity, mean ± standard error
   over training seeds, one line per variant (with ``["auc", "ece"]`` the paper's Figure 3).
 * :func:`plot_reliability`: reliability diagrams (click rate vs mean predicted probability
   per bin) at chosen intensities, pooled over seeds.
+* :func:`plot_field_rce`: Field-RCE by field × intensity for the baseline and the best variant.
+
+:func:`write_figures` draws every figure of a report directory.
 """
 
 from __future__ import annotations
@@ -17,9 +20,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ctrcal.eval.stats import CLEAN, format_intensity
 from ctrcal.utils import atomic_path
 
-__all__ = ["METRIC_LABELS", "plot_metrics_vs_intensity", "plot_reliability"]
+__all__ = [
+    "METRIC_LABELS",
+    "best_variant",
+    "plot_field_rce",
+    "plot_metrics_vs_intensity",
+    "plot_reliability",
+    "write_figures",
+]
 
 METRIC_LABELS: dict[str, str] = {
     "auc": "AUC (↑)",
@@ -47,10 +58,10 @@ def _figure(n_panels: int, width: float = 4.2, height: float = 3.4):
     return fig, axes
 
 
-def _save(fig: Any, path: Path) -> Path:
+def _save(fig: Any, path: Path, **kwargs: Any) -> Path:
     path = Path(path)
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
+        fig.savefig(tmp, format="png", **kwargs)
     return path
 
 
@@ -168,3 +179,160 @@ def plot_reliability(
     if title:
         fig.suptitle(title, fontsize=10)
     return _save(fig, path)
+
+
+def best_variant(
+    summary: pd.DataFrame, baseline: str, metric: str = "field_rce_mean"
+) -> str | None:
+    """The non-baseline variant with the lowest ``metric`` averaged over shifted points."""
+    sub = summary[(summary["metric"] == metric) & (summary["intensity"] > 0)]
+    sub = sub[sub["variant"] != baseline]
+    if sub.empty:
+        return None
+    means = sub.groupby("variant", sort=False)["mean"].mean()
+    return str(means.idxmin())
+
+
+def plot_field_rce(
+    summary: pd.DataFrame,
+    variants: Sequence[str],
+    path: str | Path,
+    shift: str | None = None,
+    unit: str = "std",
+) -> Path | None:
+    """Heatmaps of Field-RCE (mean over seeds) by field × intensity, one panel per variant.
+
+    Args:
+        summary: columns ``variant, [shift,] intensity, metric, mean`` with per-field metrics
+            ``field_rce:<field>``.
+        variants: the panels, e.g. the baseline and the best variant.
+        path: PNG to write.
+        shift: keep the clean point and this shift's points (None: all points).
+        unit: how the shift's intensities read (see :func:`~ctrcal.eval.stats.format_intensity`).
+
+    Returns:
+        ``path``, or None when the summary holds no per-field values.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    sub = summary[summary["metric"].str.startswith("field_rce:")]
+    if shift is not None and "shift" in sub.columns:
+        sub = sub[sub["shift"].isin([CLEAN, shift])]
+    sub = sub[sub["variant"].isin(variants)]
+    if sub.empty:
+        return None
+    fields = list(dict.fromkeys(sub["metric"].str.slice(len("field_rce:"))))
+    levels = sorted(set(sub["intensity"].astype(float)))
+    grids = []
+    for v in variants:
+        g = np.full((len(fields), len(levels)), np.nan)
+        for r in sub[sub["variant"] == v].itertuples():
+            g[fields.index(r.metric[len("field_rce:") :]), levels.index(float(r.intensity))] = (
+                r.mean
+            )
+        grids.append(g)
+    vmax = float(np.nanmax(grids)) if np.isfinite(grids).any() else 1.0
+    fig = Figure(
+        figsize=(1.2 + 1.1 * len(levels) * len(variants), 0.8 + 0.22 * len(fields)), dpi=120
+    )
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(variants), squeeze=False, sharey=True)
+    for ax, v, g in zip(axes[0], variants, grids, strict=True):
+        im = ax.imshow(g, aspect="auto", cmap="viridis", vmin=0.0, vmax=vmax)
+        ax.set_title(v, fontsize=9)
+        ticks = ["clean" if s == 0 else format_intensity(s, unit) for s in levels]
+        ax.set_xticks(range(len(levels)), ticks, fontsize=7)
+        ax.set_yticks(range(len(fields)), fields, fontsize=6)
+        ax.set_xlabel("shift intensity", fontsize=8)
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="Field-RCE")
+    fig.suptitle(
+        "Field-RCE by field and shift intensity" + (f" ({shift})" if shift else ""), fontsize=9
+    )
+    return _save(fig, Path(path), bbox_inches="tight")
+
+
+_XLABEL = {
+    "std": ("shift intensity (% of feature std)", 100.0),
+    "p": ("replacement probability p", 1.0),
+    "natural": ("clean (0) vs natural shift (1)", 1.0),
+}
+
+
+def _shift_frame(summary: pd.DataFrame, shift: str) -> pd.DataFrame:
+    """The clean point plus one shift's points."""
+    return summary[summary["shift"].isin([CLEAN, shift])]
+
+
+def write_figures(
+    summary: pd.DataFrame,
+    reliability: dict[str, dict[Any, dict[str, Any]]] | None,
+    out_dir: Path,
+    variants: list[str],
+    shifts: list[dict[str, Any]],
+    baseline: str | None = None,
+) -> dict[str, Path]:
+    """Every figure of a report: per shift, then the pooled reliability diagrams.
+
+    Args:
+        summary: :func:`~ctrcal.eval.stats.summarize` output.
+        reliability: pooled reliability curves ``{variant: {(shift, intensity): {...}}}``.
+        out_dir: where the PNGs go.
+        variants: the lines, in order.
+        shifts: one dict per shift (``label``, ``unit``).
+        baseline: the variant of the first Field-RCE panel (default: the first variant).
+
+    Returns:
+        ``{"<kind>:<shift>": path}`` (``"reliability"`` without a shift).
+    """
+    out: dict[str, Path] = {}
+    present = set(summary["metric"])
+    for info in shifts:
+        label = info["label"]
+        sub = _shift_frame(summary, label)
+        xlabel, scale = _XLABEL.get(info.get("unit", "std"), _XLABEL["std"])
+        slug = "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in label)
+        axes = {"xlabel": xlabel, "x_scale": scale}
+        out[f"auc_ece:{label}"] = plot_metrics_vs_intensity(
+            sub, ["auc", "ece"], out_dir / f"fig_{slug}_auc_ece.png", variants,
+            title=f"AUC and ECE under {label} (mean ± SE over seeds)", **axes,
+        )  # fmt: skip
+        if present & {"logloss", "brier", "pcoc", "ne"}:
+            out[f"calibration:{label}"] = plot_metrics_vs_intensity(
+                sub, ["logloss", "brier", "pcoc", "ne"],
+                out_dir / f"fig_{slug}_calibration.png", variants, **axes,
+            )  # fmt: skip
+        if present & {"ecce", "field_rce_mean", "mce"}:
+            out[f"field_calibration:{label}"] = plot_metrics_vs_intensity(
+                sub, ["ecce", "field_rce_mean", "field_rce_max", "mce"],
+                out_dir / f"fig_{slug}_field_calibration.png", variants, **axes,
+            )  # fmt: skip
+        base = baseline or variants[0]
+        best = best_variant(sub, base)
+        heat = plot_field_rce(
+            sub, [base] + ([best] if best else []), out_dir / f"fig_{slug}_field_rce.png",
+            label, info.get("unit", "std"),
+        )  # fmt: skip
+        if heat is not None:
+            out[f"field_rce:{label}"] = heat
+        has_std = set(sub[sub["metric"] == "pred_std"]["variant"])
+        std_variants = [v for v in variants if v in has_std]
+        if std_variants:
+            out[f"uncertainty:{label}"] = plot_metrics_vs_intensity(
+                sub, ["pred_std", "std_auroc"], out_dir / f"fig_{slug}_uncertainty.png",
+                std_variants, **axes,
+            )  # fmt: skip
+    if reliability:
+        keys: list[Any] = []
+        for by in reliability.values():
+            keys += [key for key in by if key not in keys]
+        keys.sort(key=lambda k: (k[0] != CLEAN, str(k[0]), float(k[1])))
+        units = {i["label"]: i.get("unit", "std") for i in shifts}
+        titles = [
+            "clean" if k[0] == CLEAN else f"{k[0]} {format_intensity(k[1], units.get(k[0], 'std'))}"
+            for k in keys
+        ]
+        out["reliability"] = plot_reliability(
+            reliability, out_dir / "fig_reliability.png", keys, panel_titles=titles
+        )
+    return out

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from ctrcal.config import Config, ReportConfig, VariantConfig
 from ctrcal.errors import ConfigError
-from ctrcal.eval.calibration_keys import calibration_kind, check_calibration_keys
+from ctrcal.eval.calibration_keys import calibration_spec, check_calibration_keys
 from ctrcal.eval.shifts import ShiftKind, check_shift_spec
+from ctrcal.train.noise_options import check_noise_options
 
 __all__ = [
     "ShiftPlan",
@@ -37,7 +38,7 @@ class VariantPlan:
     run_variant: str  # the variant whose trained runs this one evaluates
     config: VariantConfig
     mc_samples: int
-    calibration: str | None  # None | "temperature" | "platt" | "isotonic" | "field"
+    calibration: dict | None  # the calibrator's spec ({name: ..., <options>}), or None
     mc_dropout: bool = False
     ensemble: int = 0  # members per replicate (0 = a single run)
 
@@ -49,12 +50,27 @@ class VariantPlan:
         out (its fitted slope may be negative), and so is isotonic regression (it ties rows).
         """
         return (
-            self.calibration == "temperature"
+            self.calibration_name == "temperature"
             and other.calibration is None
             and self.run_variant == other.run_variant
             and (self.mc_samples, self.mc_dropout, self.ensemble)
             == (other.mc_samples, other.mc_dropout, other.ensemble)
         )
+
+    @property
+    def calibration_name(self) -> str | None:
+        """The registered name of the variant's calibrator (None: uncalibrated)."""
+        from ctrcal.calibration.base import calibration_name
+
+        return None if self.calibration is None else calibration_name(self.calibration)
+
+    def needed_fields(self) -> tuple[str, ...]:
+        """The segment fields the variant's calibrator reads (the clean field codes)."""
+        from ctrcal.calibration.base import create_calibrator
+
+        if self.calibration is None:
+            return ()
+        return create_calibrator(self.calibration).needed_fields()
 
     @property
     def trains(self) -> bool:
@@ -195,7 +211,13 @@ def plan_variants(cfg: Config, source: str = "config") -> list[VariantPlan]:
                     f"{key}.mc_dropout: the model has no dropout to keep on (model.dropout is "
                     f"{_model_dropout(cfg):g}); set model.dropout > 0"
                 )
-        calibration = calibration_kind(v)
+        check_noise_options(v.train_shift, v.weight_noise, key)
+        if v.from_variant is not None and (v.train_shift is not None or v.weight_noise is not None):
+            raise ConfigError(
+                f"{key}: train_shift and weight_noise change how a variant trains; a variant "
+                f"with from_variant reuses the runs of {v.from_variant!r} (set them there)"
+            )
+        calibration = calibration_spec(v)
         plans.append(
             VariantPlan(v.name, root.name, v, v.mc_samples, calibration, v.mc_dropout, v.ensemble)
         )
@@ -232,5 +254,10 @@ def variant_train_config(cfg: Config, plan: VariantPlan, k: int) -> Config:
     out.model = out.model.replace(net_norm=plan.config.net_norm)
     if plan.config.emb_norm is not None:
         out.model = out.model.replace(emb_norm=plan.config.emb_norm)
-    out.train = dataclasses.replace(out.train, seed=cfg.train.seed + k)
+    noise = {}
+    if plan.config.train_shift is not None:
+        noise["train_shift"] = copy.deepcopy(plan.config.train_shift)
+    if plan.config.weight_noise is not None:
+        noise["weight_noise"] = float(plan.config.weight_noise)
+    out.train = dataclasses.replace(out.train, seed=cfg.train.seed + k, **noise)
     return out

@@ -1,52 +1,29 @@
-"""Field-level and bin-free calibration in the shift report: fields, calibrators, oracle, figure.
+"""Field-level and bin-free calibration in the shift report: the fields and the metrics.
 
-What the report needs beyond the metric functions, in one place, so the report's protocol
-(:mod:`ctrcal.eval.report`) calls it in a few lines:
+What the evaluation grid (:mod:`ctrcal.eval.grid`) needs beyond the metric functions:
 
 * :func:`load_split_fields`: the *clean* field codes of a split (categoricals as encoded,
   numerics bucketised into equal-mass buckets). Segments are defined by what a row really is,
-  so a shift that corrupts the model's inputs does not move a row to another segment.
-* :class:`ReportCalibrator`: temperature / Platt / isotonic / field-aware calibration behind
-  one ``fit(logits, labels, fields)`` / ``predict_proba(logits, fields)`` interface.
+  so a shift that corrupts the model's inputs does not move a row to another segment; they are
+  also the ``segments`` of segment-aware calibrators.
 * :func:`evaluation_metrics`: every metric of one evaluation
   (:func:`~ctrcal.eval.metrics.calibration_summary` with the report's settings).
 * :func:`oracle_calibration`: the same metrics of the generator's true probabilities
   (synthetic data): the floor no model beats in expectation.
-* :func:`plot_field_rce`: Field-RCE by field × intensity for the baseline and the best variant.
-* :func:`~ctrcal.eval.calibration_keys.check_calibration_keys`: the config checks of the keys
-  above, without data (in a module of its own: ``ctrcal validate`` loads no numpy).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ctrcal.eval import metrics as M
-from ctrcal.eval.calibration_keys import (  # noqa: F401 - re-exported
-    CALIBRATIONS,
-    calibration_kind,
-    check_calibration_keys,
-)
 
-if TYPE_CHECKING:  # pandas loads only where a report is written, not for `ctrcal validate`
-    import pandas as pd
+__all__ = ["SplitFields", "evaluation_metrics", "load_split_fields", "oracle_calibration"]
 
-__all__ = [
-    "ReportCalibrator",
-    "SplitFields",
-    "best_variant",
-    "calibration_kind",
-    "check_calibration_keys",
-    "evaluation_metrics",
-    "load_split_fields",
-    "oracle_calibration",
-    "plot_field_rce",
-]
 
 @dataclass(frozen=True)
 class SplitFields:
@@ -108,83 +85,6 @@ def load_split_fields(data: Any, batch_size: int, numeric_buckets: int = 10) -> 
     return SplitFields(np.asfortranarray(np.concatenate(codes, axis=1)), names)
 
 
-class ReportCalibrator:
-    """One post-hoc calibrator of a report variant, fitted on clean validation predictions.
-
-    Args:
-        kind: one of :data:`CALIBRATIONS`.
-        field: the field of ``kind="field"``.
-        method: ``"platt"`` or ``"isotonic"`` per field value (``kind="field"``).
-        shrinkage: pseudo-rows of the global calibrator per value (``kind="field"``).
-    """
-
-    def __init__(
-        self,
-        kind: str,
-        field: str | None = None,
-        method: str = "platt",
-        shrinkage: float = 1000.0,
-    ) -> None:
-        from ctrcal.eval.calibration import (
-            FieldAwareCalibration,
-            IsotonicCalibration,
-            PlattScaling,
-            TemperatureScaling,
-        )
-
-        if kind not in CALIBRATIONS:
-            raise ValueError(f"kind: expected one of {CALIBRATIONS}, got {kind!r}")
-        if kind == "field" and field is None:
-            raise ValueError("field: field-aware calibration needs a field")
-        self.kind, self.field = kind, field
-        self.calibrator_ = {
-            "temperature": TemperatureScaling,
-            "platt": PlattScaling,
-            "isotonic": IsotonicCalibration,
-        }.get(kind, lambda: FieldAwareCalibration(method=method, shrinkage=shrinkage))()
-
-    @classmethod
-    def for_variant(cls, variant: Any) -> ReportCalibrator | None:
-        kind = calibration_kind(variant)
-        if kind is None:
-            return None
-        return cls(
-            kind,
-            field=variant.field_calibration,
-            method=variant.field_calibration_method,
-            shrinkage=variant.field_calibration_shrinkage,
-        )
-
-    def describe(self) -> str:
-        if self.kind == "field":
-            c = self.calibrator_
-            return (
-                f"field-aware {c.method} calibration on {self.field} (shrinkage {c.shrinkage:g}) "
-                "on clean validation"
-            )
-        what = "regression" if self.kind == "isotonic" else "scaling"
-        return f"{self.kind} {what} on clean validation"
-
-    def _values(self, fields: SplitFields | None) -> np.ndarray:
-        if fields is None or self.field not in fields.names:
-            raise ValueError(f"field-aware calibration needs the codes of field {self.field!r}")
-        return fields.column(self.field)
-
-    def fit(self, logits: np.ndarray, labels: np.ndarray, fields: SplitFields | None = None):
-        if self.kind == "field":
-            self.calibrator_.fit(logits, labels, self._values(fields))
-        else:
-            self.calibrator_.fit(logits, labels)
-        return self
-
-    def predict_proba(self, logits: np.ndarray, fields: SplitFields | None = None) -> np.ndarray:
-        if self.kind == "field":
-            out = self.calibrator_.predict_proba(logits, self._values(fields))
-        else:
-            out = self.calibrator_.predict_proba(logits)
-        return np.asarray(out, dtype=np.float64)
-
-
 def evaluation_metrics(
     probs: np.ndarray,
     labels: np.ndarray,
@@ -234,83 +134,3 @@ def oracle_calibration(
     if lab.shape != labels.shape or not np.array_equal(lab, labels):
         return None
     return evaluation_metrics(prob, labels, fields, report)
-
-
-def best_variant(
-    summary: pd.DataFrame, baseline: str, metric: str = "field_rce_mean"
-) -> str | None:
-    """The non-baseline variant with the lowest ``metric`` averaged over shifted points."""
-    sub = summary[(summary["metric"] == metric) & (summary["intensity"] > 0)]
-    sub = sub[sub["variant"] != baseline]
-    if sub.empty:
-        return None
-    means = sub.groupby("variant", sort=False)["mean"].mean()
-    return str(means.idxmin())
-
-
-def plot_field_rce(
-    summary: pd.DataFrame,
-    variants: Sequence[str],
-    path: str | Path,
-    shift: str | None = None,
-    unit: str = "std",
-) -> Path | None:
-    """Heatmaps of Field-RCE (mean over seeds) by field × intensity, one panel per variant.
-
-    Args:
-        summary: columns ``variant, [shift,] intensity, metric, mean`` with per-field metrics
-            ``field_rce:<field>``.
-        variants: the panels, e.g. the baseline and the best variant.
-        path: PNG to write.
-        shift: keep the clean point and this shift's points (None: all points).
-        unit: how the shift's intensities read (see :func:`~ctrcal.eval.stats.format_intensity`).
-
-    Returns:
-        ``path``, or None when the summary holds no per-field values.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ctrcal.eval.stats import format_intensity
-
-    sub = summary[summary["metric"].str.startswith("field_rce:")]
-    if shift is not None and "shift" in sub.columns:
-        sub = sub[sub["shift"].isin(["clean", shift])]
-    sub = sub[sub["variant"].isin(variants)]
-    if sub.empty:
-        return None
-    fields = list(dict.fromkeys(sub["metric"].str.slice(len("field_rce:"))))
-    levels = sorted(set(sub["intensity"].astype(float)))
-    grids = []
-    for v in variants:
-        g = np.full((len(fields), len(levels)), np.nan)
-        for r in sub[sub["variant"] == v].itertuples():
-            g[fields.index(r.metric[len("field_rce:") :]), levels.index(float(r.intensity))] = (
-                r.mean
-            )
-        grids.append(g)
-    vmax = float(np.nanmax(grids)) if np.isfinite(grids).any() else 1.0
-    fig, axes = plt.subplots(
-        1,
-        len(variants),
-        figsize=(1.2 + 1.1 * len(levels) * len(variants), 0.8 + 0.22 * len(fields)),
-        squeeze=False,
-        sharey=True,
-    )
-    for ax, v, g in zip(axes[0], variants, grids, strict=True):
-        im = ax.imshow(g, aspect="auto", cmap="viridis", vmin=0.0, vmax=vmax)
-        ax.set_title(v, fontsize=9)
-        ticks = ["clean" if s == 0 else format_intensity(s, unit) for s in levels]
-        ax.set_xticks(range(len(levels)), ticks, fontsize=7)
-        ax.set_yticks(range(len(fields)), fields, fontsize=6)
-        ax.set_xlabel("shift intensity", fontsize=8)
-    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="Field-RCE")
-    fig.suptitle(
-        "Field-RCE by field and shift intensity" + (f" ({shift})" if shift else ""), fontsize=9
-    )
-    path = Path(path)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path

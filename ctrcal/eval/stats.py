@@ -1,4 +1,4 @@
-"""Statistics of the shift report: per-seed values, mean ± SE, paired tests, power, the verdict.
+"""Statistics of the shift report: per-seed values, mean ± SE, paired tests, power (numbers only).
 
 Everything here works on the long results table (:data:`RESULT_COLUMNS`: one row per variant,
 shift, training seed, noise seed, intensity and metric), so it can be unit-tested on synthetic
@@ -12,7 +12,8 @@ baseline by a two-sided paired t-test over training seeds.
 **Primary family.** Every (variant vs baseline) × {AUC, ECE} × intensity × shift comparison
 (the clean point included once) is one family, Holm-adjusted together: the chance that *any*
 of them comes out "significant" when nothing differs stays below ``alpha``, however many
-variants, shifts and intensities the report has. Only these comparisons can enter the verdict.
+variants, shifts and intensities the report has. Only these comparisons can enter the verdict
+(:mod:`ctrcal.eval.verdict` writes it; this module writes no prose).
 Every other comparison (logloss, Brier, ...) is **exploratory**: its p-value is shown
 unadjusted and never counts as a finding.
 
@@ -21,13 +22,16 @@ difference the design would detect with probability ``power`` (80 %) at the leve
 p-value of the family has to pass under Holm (alpha / m), from the observed between-seed std of
 the paired differences: "no significant difference" comes with "and differences smaller than
 X could not have been seen".
+
+:func:`summarize_report` gathers all of it in one typed :class:`Summary`, the input of the
+rendering (:mod:`ctrcal.eval.render`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Collection, Sequence
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -37,13 +41,15 @@ __all__ = [
     "HIGHER_IS_BETTER",
     "PRIMARY_METRICS",
     "RESULT_COLUMNS",
+    "Summary",
     "detectable_difference",
     "format_intensity",
     "holm",
     "paired_differences",
     "per_seed_values",
     "summarize",
-    "verdict_paragraph",
+    "summarize_report",
+    "with_shift",
 ]
 
 RESULT_COLUMNS = ["variant", "shift", "seed", "noise_seed", "intensity", "metric", "value"]
@@ -82,7 +88,7 @@ def format_intensity(s: float, unit: str = "std") -> str:
     return f"{100.0 * float(s):g} %"
 
 
-def _with_shift(results: pd.DataFrame) -> pd.DataFrame:
+def with_shift(results: pd.DataFrame) -> pd.DataFrame:
     """Tables without a shift column (older results) are one Gaussian shift plus clean."""
     missing = set(RESULT_COLUMNS) - {"shift"} - set(results.columns)
     if missing:
@@ -107,7 +113,7 @@ def per_seed_values(results: pd.DataFrame) -> pd.DataFrame:
     Returns:
         columns ``variant, shift, seed, intensity, metric, value``.
     """
-    results = _with_shift(results)
+    results = with_shift(results)
     ps = results.groupby(_KEY, as_index=False, sort=False)["value"].mean()
     extra = []
     auc = ps[ps["metric"] == "auc"]
@@ -303,140 +309,89 @@ def holm(pvalues: np.ndarray) -> np.ndarray:
     return out
 
 
-def _join(items: Sequence[str]) -> str:
-    items = list(items)
-    if len(items) <= 1:
-        return "".join(items)
-    return ", ".join(items[:-1]) + " and " + items[-1]
+@dataclass
+class Summary:
+    """Every number of a shift report, from the long results table (no prose, no files).
+
+    Attributes:
+        results: the results table in report order (variants as listed), the rows of
+            ``results.csv``: :data:`RESULT_COLUMNS`.
+        table: :func:`summarize`: mean and SE over training seeds per variant, shift,
+            intensity and metric.
+        paired: :func:`paired_differences` against ``baseline``.
+        variants: the variants in report order.
+        baseline: the variant every other one is compared with.
+        n_seeds: training seeds (pairs) of the variant with the fewest.
+        alpha: family-wise error rate of the primary family.
+        power: power of the detectable differences.
+    """
+
+    results: pd.DataFrame
+    table: pd.DataFrame
+    paired: pd.DataFrame
+    variants: list[str]
+    baseline: str
+    n_seeds: int
+    alpha: float
+    power: float
+
+    @property
+    def primary(self) -> pd.DataFrame:
+        """The primary family: the rows the verdict is made of."""
+        if self.paired.empty:
+            return self.paired
+        return self.paired[self.paired["primary"].astype(bool)]
+
+    @property
+    def significant(self) -> pd.DataFrame:
+        """The primary comparisons that survive the Holm correction."""
+        prim = self.primary
+        return prim if prim.empty else prim[prim["significant"].astype(bool)]
+
+    @property
+    def tests(self) -> int:
+        """The size m of the primary family (comparisons with a p-value)."""
+        return int(np.isfinite(self.primary["p"].to_numpy(dtype=float)).sum())
 
 
-def _fmt_num(x: float, digits: int = 4) -> str:
-    return "n/a" if not math.isfinite(x) else f"{x:.{digits}f}"
-
-
-def _fmt_diff(row: Any, digits: int = 4) -> str:
-    p = "n/a" if not math.isfinite(row["p"]) else f"{row['p']:.2g}"
-    ph = row.get("p_holm", float("nan"))
-    # three digits: a p_Holm of 0.0496 must not read as the threshold itself
-    ph = "n/a" if not math.isfinite(ph) else f"{ph:.3g}"
-    return f"Δ {row['diff']:+.{digits}f} ± {_fmt_num(row['se'], digits)}, p = {p}, p_Holm = {ph}"
-
-
-_NAMES = {"auc": "AUC", "ece": "ECE", "logloss": "logloss", "brier": "Brier"}
-
-
-def _point(row: Any, units: dict[str, str]) -> str:
-    if row["shift"] == CLEAN:
-        return "clean"
-    return f"{row['shift']} {format_intensity(row['intensity'], units.get(row['shift'], 'std'))}"
-
-
-def verdict_paragraph(
-    diffs: pd.DataFrame,
-    baseline: str,
-    n_seeds: int,
+def summarize_report(
+    results: pd.DataFrame,
+    *,
+    baseline: str | None = None,
     alpha: float = 0.05,
-    units: dict[str, str] | None = None,
     power: float = 0.8,
-) -> str:
-    """The verdict: what survives the family-wise correction, and what the design could see.
-
-    A statement of "better" or "worse" is made only for primary comparisons whose
-    Holm-adjusted p (over the whole primary family) is below ``alpha``; the "In short"
-    sentence names only those.
+    variants: Sequence[str] | None = None,
+    same_ranking: Collection[str] = (),
+) -> Summary:
+    """The statistics of a results table: per-point summary and paired tests vs the baseline.
 
     Args:
-        diffs: :func:`paired_differences` output.
-        baseline: the reference variant.
-        n_seeds: training seeds (pairs).
-        alpha: family-wise error rate.
-        units: shift -> intensity unit (``std``, ``p``, ``natural``) for the wording.
-        power: the power of the ``detectable`` column.
+        results: long table with :data:`RESULT_COLUMNS` (a table without ``shift`` is read as
+            one Gaussian shift plus the clean point).
+        baseline: the reference variant (default: the first variant).
+        alpha: family-wise error rate of the primary comparisons.
+        power: power of the detectable-difference figures.
+        variants: the order of the variants (default: as they first appear in ``results``);
+            variants absent from ``results`` are dropped, unlisted ones appended.
+        same_ranking: variants whose AUC equals the baseline's by construction (see
+            :func:`paired_differences`).
     """
-    units = units or {}
-    fam = diffs[diffs["primary"] == True] if not diffs.empty else diffs  # noqa: E712
-    m = int(np.isfinite(fam["p"].to_numpy(dtype=float)).sum()) if not fam.empty else 0
-    head = (
-        f"Compared with {baseline}, paired by training seed (n = {n_seeds}; Δ = variant − "
-        f"{baseline}, mean ± standard error over seeds). The primary family is every variant × "
-        f"{{AUC, ECE}} × shift × intensity ({m} paired t-tests), Holm-adjusted together at a "
-        f"family-wise error rate of {alpha:g}; everything else in this report is exploratory."
+    results = with_shift(results)[RESULT_COLUMNS].copy()
+    present = list(dict.fromkeys(results["variant"]))
+    order = [v for v in (variants or present) if v in present]
+    order += [v for v in present if v not in order]
+    rank = {v: i for i, v in enumerate(order)}
+    results = results.sort_values("variant", key=lambda c: c.map(rank), kind="stable")
+    baseline = baseline or order[0]
+    return Summary(
+        results=results,
+        table=summarize(results),
+        paired=paired_differences(
+            results, baseline, alpha, power=power, same_ranking=same_ranking
+        ),
+        variants=order,
+        baseline=baseline,
+        n_seeds=int(results.groupby("variant")["seed"].nunique().min()),
+        alpha=alpha,
+        power=power,
     )
-    if n_seeds < 2 or fam.empty:
-        return (
-            f"{head} With a single training seed there is no standard error, so no variant can "
-            "be said to differ from the baseline anywhere."
-        )
-    sentences = [head]
-    short = []
-    fixed = diffs.iloc[:0]
-    if "by_construction" in diffs:
-        fixed = diffs[diffs["by_construction"].astype(bool) & diffs["metric"].isin(PRIMARY_METRICS)]
-    for variant in dict.fromkeys([*fam["variant"], *fixed["variant"]]):
-        sub = fam[fam["variant"] == variant]
-        parts = []
-        won, lost = [], []
-        for metric in PRIMARY_METRICS:
-            mrows = sub[sub["metric"] == metric]
-            label = _NAMES.get(metric, metric)
-            if mrows.empty:
-                if ((fixed["variant"] == variant) & (fixed["metric"] == metric)).any():
-                    parts.append(
-                        f"{label}: equal to {baseline}'s by construction (a strictly increasing "
-                        "recalibration of its predictions; not tested)"
-                    )
-                continue
-            if bool((mrows["diff"] == 0).all() & (mrows["se"].fillna(0) == 0).all()):
-                parts.append(f"{label}: identical everywhere")
-                continue
-            better = mrows[mrows["better"] == True]  # noqa: E712 - object column with None
-            worse = mrows[mrows["better"] == False]  # noqa: E712
-            bits = []
-            if not better.empty:
-                where = [f"{_point(r, units)} ({_fmt_diff(r)})" for _, r in better.iterrows()]
-                bits.append("better at " + _join(where))
-                won.append(f"{label} at " + _join([_point(r, units) for _, r in better.iterrows()]))
-            if not worse.empty:
-                where = [f"{_point(r, units)} ({_fmt_diff(r)})" for _, r in worse.iterrows()]
-                bits.append("worse at " + _join(where))
-                lost.append(f"{label} at " + _join([_point(r, units) for _, r in worse.iterrows()]))
-            rest = mrows[mrows["better"].isna()]
-            if not rest.empty:
-                big = rest.iloc[int(np.argmax(np.abs(rest["diff"].to_numpy(dtype=float))))]
-                det = rest["detectable"].to_numpy(dtype=float)
-                det = det[np.isfinite(det)]
-                could = (
-                    f"; with these seeds only differences above {np.min(det):.4f}–"
-                    f"{np.max(det):.4f} were detectable with {100 * power:g} % power"
-                    if det.size
-                    else ""
-                )
-                scope = "anywhere" if len(rest) == len(mrows) else "elsewhere"
-                bits.append(
-                    f"no significant difference {scope} (largest: {_fmt_diff(big)} at "
-                    f"{_point(big, units)}{could})"
-                )
-            parts.append(f"{label}: " + "; ".join(bits))
-        sentences.append(f"**{variant}** — " + ". ".join(parts) + ".")
-        if won or lost:
-            bits = []
-            if won:
-                bits.append(f"{variant} beat {baseline} on " + _join(won))
-            if lost:
-                bits.append(f"{variant} was worse than {baseline} on " + _join(lost))
-            short.append("; ".join(bits))
-    if short:
-        sentences.append(
-            "In short (only what survives the family-wise correction): " + "; ".join(short) + "."
-        )
-    else:
-        sentences.append(
-            f"In short: no variant differs significantly from {baseline} on AUC or ECE under "
-            "any shift after the family-wise correction."
-        )
-    if n_seeds < 5:
-        sentences.append(
-            f"With {n_seeds} seeds the test detects only large, consistent differences; "
-            "'no significant difference' is not evidence that the variants are equal."
-        )
-    return " ".join(sentences)

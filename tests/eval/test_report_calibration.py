@@ -1,4 +1,4 @@
-"""The report's calibration helpers: calibrator wrapper, field handling, oracle, figure."""
+"""The report's calibration helpers: field handling, the calibrators on segments, the figure."""
 
 from __future__ import annotations
 
@@ -8,14 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ctrcal.calibration.base import create_calibrator
 from ctrcal.eval import metrics as M
-from ctrcal.eval.report_calibration import (
-    ReportCalibrator,
-    SplitFields,
-    best_variant,
-    evaluation_metrics,
-    plot_field_rce,
-)
+from ctrcal.eval.figures import best_variant, plot_field_rce
+from ctrcal.eval.report_calibration import SplitFields, evaluation_metrics
 
 REPORT = SimpleNamespace(field_metrics=True, ece_bins=15, field_min_count=20)
 
@@ -46,19 +42,25 @@ def test_constant_fields_are_left_out_of_the_field_metrics():
     assert "field_rce_mean" not in off and "ecce" in off
 
 
-@pytest.mark.parametrize("kind", ["temperature", "platt", "isotonic", "field"])
-def test_report_calibrator_fits_and_applies_every_kind(kind):
+@pytest.mark.parametrize(
+    "spec",
+    ["temperature", "platt", "isotonic", {"name": "field_aware", "field": "C1", "shrinkage": 50}],
+)
+def test_every_registered_calibrator_fits_on_segments_and_applies(spec):
     z, y, fields = _rows()
-    cal = ReportCalibrator(kind, field="C1", shrinkage=50).fit(z, y, fields)
-    p = cal.predict_proba(z, fields)
+    segments = {name: fields.column(name) for name in fields.names}
+    cal = create_calibrator(spec).fit(z, y, segments)
+    p = cal.predict_proba(z, segments)
     assert p.shape == z.shape and np.all((p >= 0) & (p <= 1))
     assert M.logloss(p, y) <= M.logloss(1 / (1 + np.exp(-z)), y) + 1e-9
-    assert kind.split("_")[0] in cal.describe()
-    if kind == "field":  # the per-value offset of C1 == 2 is what it fixes
-        base = ReportCalibrator("platt").fit(z, y).predict_proba(z)
+    if isinstance(spec, dict):  # the per-value offset of C1 == 2 is what it fixes
+        assert cal.needed_fields() == ("C1",)
+        base = create_calibrator("platt").fit(z, y).predict_proba(z)
         assert M.field_rce(p, y, fields.column("C1")) < M.field_rce(base, y, fields.column("C1"))
         with pytest.raises(ValueError, match="needs the codes of field 'C1'"):
-            cal.predict_proba(z, SplitFields(fields.codes[:, 1:], ["C2", "I1"]))
+            cal.predict_proba(z, {"C2": fields.column("C2")})
+    else:
+        assert cal.needed_fields() == ()
 
 
 def test_best_variant_and_field_rce_figure(tmp_path):

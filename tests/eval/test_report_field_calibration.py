@@ -76,6 +76,25 @@ def test_report_has_field_metrics_calibrators_figure_and_oracle(tmp_path):
             "{name: x, field_calibration: C1, field_calibration_method: beta, from_variant: ln}",
             "field_calibration_method",
         ),
+        ("{name: x, calibration: betacal, from_variant: ln}", "unknown calibrator 'betacal'"),
+        (
+            "{name: x, calibration: {name: platt, bins: 3}, from_variant: ln}",
+            "calibration: calibration platt: ",
+        ),
+        (
+            "{name: x, calibration: {name: field_aware, field: C99}, from_variant: ln}",
+            "calibration: unknown categorical field 'C99'",
+        ),
+        (
+            "{name: x, calibration: {name: field_aware, field: C1, method: beta}, "
+            "from_variant: ln}",
+            "method: expected 'platt' or 'isotonic'",
+        ),
+        ("{name: x, calibration: field_aware, from_variant: ln}", "needs field:"),
+        (
+            "{name: x, calibration: isotonic, temperature_scaling: true, from_variant: ln}",
+            "temperature_scaling and calibration: choose one calibration",
+        ),
     ],
 )
 def test_validate_names_the_calibration_key(tmp_path, capsys, variant, message):
@@ -93,3 +112,28 @@ def test_validate_checks_the_report_field_keys(tmp_path, capsys):
     cfg.write_text("report:\n  field_numeric_buckets: 1\n")
     assert main(["validate", str(cfg)]) == 2
     assert "report.field_numeric_buckets" in capsys.readouterr().err
+
+
+def test_the_old_calibration_keys_translate_to_one_spec():
+    from ctrcal.config import VariantConfig
+    from ctrcal.eval.calibration_keys import calibration_spec
+
+    spec = calibration_spec
+    assert spec(VariantConfig("v")) is None
+    assert spec(VariantConfig("v", temperature_scaling=True)) == {"name": "temperature"}
+    assert spec(VariantConfig("v", platt_scaling=True)) == {"name": "platt"}
+    assert spec(VariantConfig("v", isotonic_calibration=True)) == {"name": "isotonic"}
+    old = VariantConfig(
+        "v", field_calibration="C14", field_calibration_method="isotonic",
+        field_calibration_shrinkage=50.0,
+    )  # fmt: skip
+    new = {"name": "field_aware", "field": "C14", "method": "isotonic", "shrinkage": 50.0}
+    assert spec(old) == new and spec(VariantConfig("v", calibration=new)) == new
+    assert spec(VariantConfig("v", calibration="isotonic")) == {"name": "isotonic"}
+    # the spec builds the same calibrator the old keys chose
+    from ctrcal.calibration.base import create_calibrator
+    from ctrcal.calibration.field_aware import FieldAwareCalibration
+
+    built = create_calibrator(spec(old))
+    assert isinstance(built, FieldAwareCalibration)
+    assert (built.field, built.method, built.shrinkage) == ("C14", "isotonic", 50.0)

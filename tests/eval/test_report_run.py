@@ -150,12 +150,19 @@ def test_report_tables_parse_and_verdict_present(tiny_report):
     assert "Space: **original**" in text
     tables = _tables(text)
     assert tables[0][0][0] == "space"  # the stds of the gaussian shift in both spaces
-    assert tables[1][0] == ["variant", "clean", "12.5 %", "50 %"]
+    # the verdict: the primary family as one table, then one sentence
+    assert tables[1][0] == ["variant", "metric", "point", "Δ ± SE", "p", "p_Holm", "detectable"]
+    assert len(tables[1]) == 2 + (VARIANTS - 1) * 2 * POINTS
+    verdict = text.split("## Verdict")[1].split("\n## ")[0].strip().splitlines()
+    after = verdict[max(i for i, line in enumerate(verdict) if line.startswith("|")) + 1 :]
+    sentence = next(line for line in after if line.strip())
+    assert sentence.startswith(("No variant differs", "Only these differ"))
+    assert tables[2][0] == ["variant", "clean", "12.5 %", "50 %"]
     assert ["variant", "clean", "p = 0.2", "p = 0.6"] in [t[0] for t in tables]
     for table in tables:
         assert len({len(r) for r in table}) == 1
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["verdict"] and summary["verdict"] in text
+    assert summary["verdict"] == sentence
     assert summary["n_seeds"] == 2 and summary["baseline"] == "layernorm"
     # the primary family: 7 variants x {AUC, ECE} x 5 points
     primary = [r for r in summary["paired"] if r["primary"]]
@@ -199,7 +206,7 @@ def test_shift_moves_predictions_of_a_trained_masknet(tiny_report):
     import torch
 
     from ctrcal.data.loader import ParquetCTRData
-    from ctrcal.eval.shift import GaussianShift
+    from ctrcal.eval.shifts import GaussianShift
     from ctrcal.train.trainer import load_run, predict_logits
 
     _, out = tiny_report

@@ -8,6 +8,8 @@ import polars as pl
 import pytest
 import torch
 
+from ctrcal.calibration.isotonic import IsotonicCalibration
+from ctrcal.calibration.scaling import PlattScaling, TemperatureScaling
 from ctrcal.config import Config
 from ctrcal.config_load import load_config
 from ctrcal.data.features import FeatureMap
@@ -15,8 +17,6 @@ from ctrcal.data.loader import ParquetCTRData
 from ctrcal.data.prepare import prepare
 from ctrcal.data.synthetic import generate_frame, write_criteo
 from ctrcal.eval import metrics as M
-from ctrcal.eval.calibration import IsotonicCalibration, PlattScaling, TemperatureScaling
-from ctrcal.eval.report_calibration import ReportCalibrator
 from ctrcal.train.predict import predict_logits
 
 INTENSITY = 0.5
@@ -34,7 +34,7 @@ report:
     - {{name: layernorm, net_norm: layernorm}}
     - {{name: temperature, temperature_scaling: true, from_variant: layernorm}}
     - {{name: platt, platt_scaling: true, from_variant: layernorm}}
-    - {{name: isotonic, isotonic_calibration: true, from_variant: layernorm}}
+    - {{name: isotonic, calibration: {{name: isotonic}}, from_variant: layernorm}}
 """
 CALIBRATORS = {
     "temperature": TemperatureScaling,
@@ -69,6 +69,7 @@ def splits(tmp_path_factory):
 @pytest.fixture(scope="module")
 def report(splits, tmp_path_factory):
     """The report run on those splits, recording every calibrator fit and every shift made."""
+    from ctrcal.calibration import base as calibration_registry
     from ctrcal.eval import shifts as shift_registry
     from ctrcal.eval.report import run_shift_report
 
@@ -77,11 +78,20 @@ def report(splits, tmp_path_factory):
     (root / "c.yaml").write_text(CONFIG)
     cfg = load_config(root / "c.yaml")
     fits, made = [], []
-    real_fit, real_create = ReportCalibrator.fit, shift_registry.create_shift
+    real_calibrator = calibration_registry.create_calibrator
+    real_create = shift_registry.create_shift
 
-    def recording_fit(self, logits, labels, fields=None):
-        fits.append((self, np.array(logits, dtype=np.float64), np.array(labels)))
-        return real_fit(self, logits, labels, fields)
+    def recording_calibrator(spec):
+        calibrator = real_calibrator(spec)
+        real_fit = calibrator.fit
+
+        def recording_fit(logits, labels, segments=None):
+            kind = calibration_registry.calibration_name(spec)
+            fits.append((kind, calibrator, np.array(logits, np.float64), np.array(labels)))
+            return real_fit(logits, labels, segments)
+
+        calibrator.fit = recording_fit
+        return calibrator
 
     def recording_create(*args, **kwargs):
         shift = real_create(*args, **kwargs)
@@ -89,7 +99,7 @@ def report(splits, tmp_path_factory):
         return shift
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ReportCalibrator, "fit", recording_fit)
+        mp.setattr(calibration_registry, "create_calibrator", recording_calibrator)
         mp.setattr(shift_registry, "create_shift", recording_create)
         run_shift_report(cfg, root / "out", data, progress=False, log=lambda m: None)
     return root / "out", fits, made
@@ -112,27 +122,27 @@ def test_calibrators_are_fitted_on_clean_validation_only(splits, report):
     z_valid, y_valid = _logits_and_labels(out / "runs" / "layernorm" / "seed0", data, "valid")
     z_test, y_test = _logits_and_labels(out / "runs" / "layernorm" / "seed0", data, "test")
     assert y_test.mean() > y_valid.mean() + 0.15  # the splits really differ
-    assert sorted(f[0].kind for f in fits) == sorted(CALIBRATORS)
+    assert sorted(f[0] for f in fits) == sorted(CALIBRATORS)
     results = pd.read_csv(out / "results.csv")
     clean = results[(results["shift"] == "clean") & (results["metric"] == "logloss")]
     clean = clean.set_index("variant")["value"]
-    for fitted, logits, labels in fits:
+    for kind, ours, logits, labels in fits:
         np.testing.assert_array_equal(labels, y_valid)  # validation rows, in order, clean
         np.testing.assert_allclose(logits, z_valid, rtol=1e-6, atol=1e-6)
-        on_valid = CALIBRATORS[fitted.kind]().fit(z_valid, y_valid)
-        on_test = CALIBRATORS[fitted.kind]().fit(z_test, y_test)
-        ours = fitted.calibrator_
-        if fitted.kind == "temperature":
+        on_valid = CALIBRATORS[kind]().fit(z_valid, y_valid)
+        on_test = CALIBRATORS[kind]().fit(z_test, y_test)
+        assert type(ours) is CALIBRATORS[kind]
+        if kind == "temperature":
             assert ours.temperature_ == pytest.approx(on_valid.temperature_, rel=1e-6)
-        elif fitted.kind == "platt":
+        elif kind == "platt":
             assert (ours.coef_, ours.intercept_) == pytest.approx(
                 (on_valid.coef_, on_valid.intercept_), rel=1e-6, abs=1e-9
             )
         # the report's clean test numbers are those of the validation fit, not of a test fit
         expected = M.logloss(on_valid.predict_proba(z_test), y_test)
         leaked = M.logloss(on_test.predict_proba(z_test), y_test)
-        assert clean[fitted.kind] == pytest.approx(expected, rel=1e-6)
-        assert abs(leaked - expected) > 100 * 1e-6 * expected, fitted.kind
+        assert clean[kind] == pytest.approx(expected, rel=1e-6)
+        assert abs(leaked - expected) > 100 * 1e-6 * expected, kind
 
 
 def test_the_gaussian_shift_uses_train_split_stds(splits, report):

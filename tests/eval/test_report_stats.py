@@ -1,4 +1,4 @@
-"""Report statistics, paired verdict, markdown and figures on synthetic result tables."""
+"""Report statistics, the verdict table and sentence, markdown and figures on synthetic tables."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from ctrcal.errors import ConfigError
 from ctrcal.eval import render as W
 from ctrcal.eval import report as R
 from ctrcal.eval import stats as S
+from ctrcal.eval import verdict as V
 
 INTENSITIES = [0.0, 0.0625, 0.125, 0.25, 0.5]
 
@@ -93,30 +94,52 @@ def test_paired_differences_detect_a_real_gain():
     assert not clean["significant"] and clean["better"] is None
 
 
+def _one_sentence(text):
+    body = text.rstrip(".")
+    return "\n" not in text and ". " not in body and text.endswith(".")
+
+
 def test_verdict_says_no_significant_difference_when_there_is_none():
-    df = _results(n_seeds=3, mc_gain=0.0, noise=0.01, seed=1)
-    diffs = S.paired_differences(df, "layernorm")
-    assert not diffs["significant"][diffs["primary"]].any()
-    text = S.verdict_paragraph(diffs, "layernorm", 3)
-    assert "no variant differs significantly from layernorm" in text
-    assert "better at" not in text
-    assert "were detectable with 80 % power" in text
-    assert "not evidence" in text  # few seeds caveat
+    summary = S.summarize_report(_results(n_seeds=3, mc_gain=0.0, noise=0.01, seed=1))
+    assert summary.significant.empty and summary.tests == 10
+    text = V.verdict_sentence(summary)
+    assert text.startswith("No variant differs significantly from layernorm at any shift point")
+    assert "10 paired tests" in text and "3 seeds" in text and _one_sentence(text)
+    lines = V.verdict_lines(summary, {})
+    table = _parse_markdown_tables("\n".join(lines))[0]
+    assert table[0] == ["variant", "metric", "point", "Δ ± SE", "p", "p_Holm", "detectable"]
+    assert len(table) == 2 + 10 and not any("**" in c for r in table for c in r)
+    assert lines[-2] == text  # the sentence follows the table
 
 
 def test_verdict_names_only_what_survives_the_family():
-    diffs = S.paired_differences(_results(n_seeds=6, mc_gain=0.03, noise=0.0005), "layernorm")
-    text = S.verdict_paragraph(diffs, "layernorm", 6)
-    short = text.split("In short")[1]
-    assert "mclayernorm beat layernorm on AUC at" in short
-    assert "gaussian_numeric 50 %" in short and "p = " in text
-    survivors = diffs[diffs["primary"] & diffs["significant"]]
-    for r in diffs[diffs["primary"] & ~diffs["significant"]].itertuples():
-        # a point that does not survive is never named in the short sentence for its metric
-        if r.shift != "clean" and not (
-            (survivors.metric == r.metric) & (survivors.intensity == r.intensity)
-        ).any():
-            assert f"gaussian_numeric {S.format_intensity(r.intensity)} (" not in short
+    summary = S.summarize_report(_results(n_seeds=6, mc_gain=0.03, noise=0.0005))
+    text = V.verdict_sentence(summary)
+    assert _one_sentence(text) and text.startswith("Only these differ from layernorm")
+    sig = summary.significant
+    assert not sig.empty
+    named = set()
+    for part in text.split("): ", 1)[1].rstrip(".").split("; "):
+        head, points = part.split(" at ", 1)
+        variant, _, word, metric = head.split(" ")
+        assert variant == "mclayernorm" and word == "better"
+        for group in points.split(" and "):  # "clean", "<shift> <level>, <level>, ..."
+            shift, _, levels = group.partition(" ")
+            named |= {(metric, f"{shift} {lv}".strip()) for lv in levels.split(", ")}
+    # exactly the comparisons that survive the family-wise correction are named
+    names = {"auc": "AUC", "ece": "ECE"}
+    assert named == {(names[r.metric], V.point_label(r, {})) for r in sig.itertuples()}
+    # the table marks exactly the surviving cells
+    table = _parse_markdown_tables("\n".join(V.verdict_lines(summary, {})))[0]
+    marked = [r for r in table[2:] if r[3].startswith("**")]
+    assert len(marked) == len(sig) and all(r[3].endswith("✓**") for r in marked)
+    header = table[0]
+    rows = {(r.metric, V.point_label(r, {})): r for r in summary.primary.itertuples()}
+    assert len(rows) == len(table) - 2
+    for cells in table[2:]:
+        row = rows[(cells[1].lower(), cells[2])]
+        assert float(cells[header.index("p_Holm")]) == pytest.approx(row.p_holm, rel=1e-2)
+        assert float(cells[header.index("detectable")]) == pytest.approx(row.detectable, abs=1e-4)
 
 
 def test_holm_adjustment():
@@ -196,10 +219,10 @@ def test_detectable_difference_by_hand():
 
 
 def test_verdict_single_seed():
-    diffs = S.paired_differences(_results(n_seeds=1), "layernorm")
-    assert diffs["significant"].sum() == 0
-    text = S.verdict_paragraph(diffs, "layernorm", 1)
-    assert "single training seed" in text
+    summary = S.summarize_report(_results(n_seeds=1))
+    assert summary.paired["significant"].sum() == 0
+    text = V.verdict_sentence(summary)
+    assert "1 training seed(s) there is no standard error" in text and _one_sentence(text)
 
 
 def test_tables_without_a_shift_column_read_as_one_gaussian_shift():
@@ -237,9 +260,9 @@ def test_write_report_files_tables_and_figures(tmp_path):
         v: {("clean", 0.0): curve, ("gaussian_numeric", 0.5): curve}
         for v in ("layernorm", "mclayernorm")
     }
-    meta = {
-        "rows": 1234,
-        "shifts": [
+    meta = W.ReportMeta(
+        rows=1234,
+        shifts=[
             {
                 "label": "gaussian_numeric",
                 "name": "gaussian_numeric",
@@ -252,8 +275,8 @@ def test_write_report_files_tables_and_figures(tmp_path):
                 "numeric_fields": ["I1", "I2"],
             }
         ],
-    }
-    paths = W.write_report(df, tmp_path, meta=meta, reliability=reliability)
+    )
+    paths = W.write_report(S.summarize_report(df), tmp_path, meta, reliability=reliability)
     for p in (paths.report_md, paths.results_csv, paths.summary_json, *paths.figures.values()):
         assert p.exists() and p.stat().st_size > 0
     assert set(paths.figures) == {
@@ -276,14 +299,16 @@ def test_write_report_files_tables_and_figures(tmp_path):
     assert len(tables) >= 8
     std_table = tables[0]
     assert std_table[0] == ["space", "I1", "I2"] and std_table[2] == ["original (used)", "3", "40"]
-    auc_table = tables[1]
+    auc_table = tables[2]
     assert auc_table[0] == ["variant", "clean", "6.25 %", "12.5 %", "25 %", "50 %"]
     assert [r[0] for r in auc_table[2:]] == ["layernorm", "mclayernorm"]
     mean, se = (float(x) for x in auc_table[2][1].split("±"))
     assert 0.5 < mean < 1 and se >= 0
     for table in tables:
         assert len({len(r) for r in table}) == 1  # every row has the header's width
-    assert "### Primary family" in text and "### Exploratory" in text and "detectable" in text
+    assert "## Verdict: each variant vs layernorm" in text and "## Exploratory" in text
+    verdict = tables[1]
+    assert verdict[0][-1] == "detectable" and len(verdict) == 2 + 10
 
     summary = json.loads(paths.summary_json.read_text())
     assert summary["verdict"] in text
@@ -293,9 +318,28 @@ def test_write_report_files_tables_and_figures(tmp_path):
 
 
 def test_write_report_without_figures(tmp_path):
-    paths = W.write_report(_results(n_seeds=2), tmp_path, figures=False)
+    paths = W.write_report(S.summarize_report(_results(n_seeds=2)), tmp_path, figures=False)
     assert paths.figures == {} and paths.main_figure is None
     assert "## Figures" not in paths.report_md.read_text()
+    summary = json.loads(paths.summary_json.read_text())
+    assert summary["elapsed"] == "n/a" and summary["timing_s"] is None
+
+
+def test_report_meta_states_how_the_report_was_made(tmp_path):
+    meta = W.ReportMeta(
+        rows=500, device="cpu", timing=W.Timing(train=3605.0, eval=65.0, total=3670.0),
+        training=W.TrainingInfo(["cpu", "cpu"], 1, {"trained": 4}),
+        variant_descriptions=["layernorm (one-shot)", "mclayernorm (one-shot)"],
+    )  # fmt: skip
+    paths = W.write_report(S.summarize_report(_results(n_seeds=2)), tmp_path, meta, figures=False)
+    text = paths.report_md.read_text()
+    assert "wall time 1h01m10s (training 1h00m05s, evaluation 1m05s)" in text
+    assert "Variants: layernorm (one-shot), mclayernorm (one-shot)." in text
+    summary = json.loads(paths.summary_json.read_text())
+    assert summary["timing_s"] == {"train": 3605.0, "eval": 65.0, "total": 3670.0}
+    assert summary["training"] == {"workers": ["cpu", "cpu"], "threads_per_run": 1,
+                                   "runs": {"trained": 4}}  # fmt: skip
+    assert summary["rows"] == 500 and summary["n_seeds"] == 2
 
 
 def test_plan_variants_resolves_runs_and_rejects_bad_ones():
@@ -310,7 +354,8 @@ def test_plan_variants_resolves_runs_and_rejects_bad_ones():
         )
     )
     plans = R.plan_variants(cfg)
-    assert plans[-1].run_variant == "mclayernorm" and plans[-1].calibration == "temperature"
+    assert plans[-1].run_variant == "mclayernorm"
+    assert plans[-1].calibration == {"name": "temperature"}
     cfg.report.variants[-1].platt_scaling = True
     with pytest.raises(ConfigError, match="not both"):
         R.plan_variants(cfg)
@@ -359,11 +404,12 @@ def test_auc_of_a_rank_preserving_recalibration_is_not_tested(tmp_path):
     assert out.loc[key, "p_holm"].iloc[0] <= plain.loc[key, "p_holm"].iloc[0]
     # the ECE of the same variant stays a tested, primary comparison
     assert out[(out.variant == "ts") & (out.metric == "ece")]["primary"].all()
-    text = S.verdict_paragraph(out, "base", n_seeds=4)
-    assert "**ts** — AUC: equal to base's by construction" in text
-    paths = W.write_report(df, tmp_path, baseline="base", figures=False, same_ranking=["ts"])
+    summary = S.summarize_report(df, baseline="base", same_ranking=["ts"])
+    table = _parse_markdown_tables("\n".join(V.verdict_lines(summary, {})))[0]
+    assert not any(r[0] == "ts" and r[1] == "AUC" for r in table)  # not in the family
+    paths = W.write_report(summary, tmp_path, figures=False)
     report = paths.report_md.read_text()
-    assert "Not tested: the AUC of ts equals base's by construction" in report
+    assert "Not in the table: the AUC of ts equals base's by construction" in report
 
 
 def test_only_temperature_scaling_of_the_same_runs_keeps_the_ranking():

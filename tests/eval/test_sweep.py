@@ -18,7 +18,8 @@ import pytest
 from ctrcal.cli import main
 from ctrcal.config_load import load_config
 from ctrcal.errors import ConfigError, CtrcalError, DataError
-from ctrcal.eval.sweep import run_in_processes, threads_per_worker, visible_gpus, worker_slots
+from ctrcal.train.processes import run_in_processes, threads_per_worker
+from ctrcal.train.sweep import visible_gpus, worker_slots
 
 TINY = """
 data:
@@ -191,12 +192,12 @@ def test_parallel_report_equals_sequential(sweeps):
 
 
 def test_parallel_rerun_reuses_and_retrains(sweeps, tmp_path, monkeypatch):
-    from ctrcal.eval import sweep
     from ctrcal.eval.report import plan_variants, train_variants
+    from ctrcal.train import processes
 
     # pin the thread count a worker gets without train.num_threads to the one the runs were
     # trained with (2 cores over 2 workers: 1), whatever this machine has
-    monkeypatch.setattr(sweep, "cpu_cores", lambda: 2)
+    monkeypatch.setattr(processes, "cpu_cores", lambda: 2)
 
     root, data, _, _ = sweeps
     runs = tmp_path / "runs"

@@ -7,7 +7,7 @@ checked without data and without torch (``ctrcal validate``)::
     create_shift("categorical_corruption", feature_map, intensity=0.2, seed=0)
     create_shift({"name": "gaussian_numeric", "space": "model"}, feature_map, intensity=0.25)
 
-Built-in kinds (implemented in :mod:`ctrcal.eval.shift`):
+Built-in kinds (implemented in :mod:`ctrcal.eval.shifts.builtin`):
 
 * ``gaussian_numeric``: N(0, (s·σ_j)²) added to numeric feature j; ``space: original``
   (default) adds it to the value as it stands in the input file, σ_j that value's train-split
@@ -264,7 +264,7 @@ def create_shift(
 
 register_shift(
     "gaussian_numeric",
-    "ctrcal.eval.shift:GaussianNumericShift.from_feature_map",
+    "ctrcal.eval.shifts.builtin:GaussianNumericShift.from_feature_map",
     default_intensities=(0.0625, 0.125, 0.25, 0.5),
     options={"space": ("original", "model")},
     unit="std",
@@ -273,7 +273,7 @@ register_shift(
 )
 register_shift(
     "categorical_corruption",
-    "ctrcal.eval.shift:CategoricalCorruption.from_feature_map",
+    "ctrcal.eval.shifts.builtin:CategoricalCorruption.from_feature_map",
     default_intensities=(0.05, 0.1, 0.2, 0.4, 0.6),
     low=0.0,
     high=1.0,
@@ -283,7 +283,7 @@ register_shift(
 )
 register_shift(
     "temporal",
-    "ctrcal.eval.shift:TemporalShift.from_feature_map",
+    "ctrcal.eval.shifts.builtin:TemporalShift.from_feature_map",
     default_intensities=(1.0,),
     only=(1.0,),
     unit="natural",

@@ -11,7 +11,8 @@ overfit, so each value's calibrator is blended with the global one by its row co
   method on the per-value NLL (gradients and Hessians of every value from ``bincount``; a
   weak quadratic pull toward the global (a, b) keeps values whose clicks are separable by z
   finite). The blend is on the parameters: ``a ← w_v a_v + (1 − w_v) a``, same for b.
-* ``method="isotonic"``: per value an :class:`~ctrcal.eval.calibration.IsotonicCalibration`;
+* ``method="isotonic"``: per value an
+  :class:`~ctrcal.calibration.isotonic.IsotonicCalibration`;
   the blend is on probabilities, ``p ← w_v p_v(z) + (1 − w_v) p(z)``.
 
 Values with fewer than ``min_count`` validation rows, or without both clicks and non-clicks,
@@ -20,17 +21,15 @@ and values never seen in validation use the global calibrator alone.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
 
-from ctrcal.eval.calibration import (
-    IsotonicCalibration,
-    PlattScaling,
-    _fit_inputs,
-    _sigmoid_like,
-    logit,
-)
+from ctrcal.calibration.base import Calibrator, Segments, fit_inputs, logit
+from ctrcal.calibration.base import sigmoid as _sigmoid_like
+from ctrcal.calibration.isotonic import IsotonicCalibration
+from ctrcal.calibration.scaling import PlattScaling
 from ctrcal.eval.metric_inputs import as_numpy
 
 __all__ = ["FieldAwareCalibration"]
@@ -53,10 +52,15 @@ def _like(out: np.ndarray, ref: Any) -> Any:
     return out
 
 
-class FieldAwareCalibration:
+class FieldAwareCalibration(Calibrator):
     """Per-value Platt or isotonic calibration of one field, shrunk toward the global one.
 
+    ``fit`` and ``transform`` take the field's integer codes [n] either in ``segments``
+    (a mapping of field name to codes, read at ``field``) or directly as an array.
+
     Args:
+        field: the field whose values get their own calibrator (the key read from
+            ``segments``; None: the codes are passed as an array).
         method: ``"platt"`` or ``"isotonic"``.
         shrinkage: pseudo-rows of the global calibrator in each value's blend (>= 0; 0 trusts
             every fitted value fully).
@@ -74,8 +78,11 @@ class FieldAwareCalibration:
         calibrators_: V per-value isotonic calibrators (``method="isotonic"``).
     """
 
+    _learned = ("global_",)
+
     def __init__(
         self,
+        field: str | None = None,
         method: Literal["platt", "isotonic"] = "platt",
         shrinkage: float = 1000.0,
         min_count: int = 100,
@@ -83,12 +90,14 @@ class FieldAwareCalibration:
         tol: float = 1e-8,
         eps: float = 1e-7,
     ) -> None:
+        self.field = field
         self.method = method
         self.shrinkage = shrinkage
         self.min_count = min_count
         self.max_iter = max_iter
         self.tol = tol
         self.eps = eps
+        self._check_params()  # a bad spec fails where the config is checked, not after training
 
     def _check_params(self) -> None:
         if self.method not in ("platt", "isotonic"):
@@ -98,11 +107,28 @@ class FieldAwareCalibration:
         if not isinstance(self.min_count, (int, np.integer)) or self.min_count < 2:
             raise ValueError(f"min_count: expected an integer >= 2, got {self.min_count!r}")
 
-    def fit(self, logits: Any, labels: Any, values: Any) -> FieldAwareCalibration:
+    def needed_fields(self) -> tuple[str, ...]:
+        return () if self.field is None else (self.field,)
+
+    def _values(self, segments: Segments | np.ndarray | None) -> Any:
+        if isinstance(segments, Mapping):
+            if self.field is None or self.field not in segments:
+                raise ValueError(
+                    f"field-aware calibration needs the codes of field {self.field!r} "
+                    f"(given: {', '.join(map(str, segments)) or 'none'})"
+                )
+            return segments[self.field]
+        if segments is None:
+            raise ValueError("field-aware calibration needs the field's codes (segments)")
+        return segments
+
+    def fit(
+        self, logits: Any, labels: Any, segments: Segments | np.ndarray | None = None
+    ) -> FieldAwareCalibration:
         """Fit on logits [n], 0/1 labels [n] and the field's integer codes [n]; returns self."""
         self._check_params()
-        z, y = _fit_inputs(logits, labels)
-        v = _codes(values, z.shape[0])
+        z, y = fit_inputs(logits, labels)
+        v = _codes(self._values(segments), z.shape[0])
         uniq, inv = np.unique(v, return_inverse=True)
         inv = inv.reshape(-1)
         count = np.bincount(inv, minlength=uniq.size)
@@ -165,10 +191,6 @@ class FieldAwareCalibration:
                 break
         return a, b
 
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "global_"):
-            raise RuntimeError("FieldAwareCalibration is not fitted; call fit() first")
-
     def _lookup(self, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Index into values_ of every row, and whether the row's value has one."""
         if self.values_.size == 0:
@@ -176,11 +198,11 @@ class FieldAwareCalibration:
         idx = np.minimum(np.searchsorted(self.values_, v), self.values_.size - 1)
         return idx, self.values_[idx] == v
 
-    def predict_proba(self, logits: Any, values: Any) -> Any:
+    def predict_proba(self, logits: Any, segments: Segments | np.ndarray | None = None) -> Any:
         """Calibrated click probabilities [n] for logits [n] of rows with field codes [n]."""
         self._check_fitted()
         z = np.asarray(as_numpy(logits, "logits"), dtype=np.float64)
-        v = _codes(values, z.shape[0])
+        v = _codes(self._values(segments), z.shape[0])
         idx, found = self._lookup(v)
         if self.method == "platt":
             a = np.full(z.shape[0], self.global_.coef_)
@@ -200,9 +222,6 @@ class FieldAwareCalibration:
                 p[r] = w * self.calibrators_[j].predict_proba(z[r]) + (1 - w) * p[r]
         return _like(p, logits)
 
-    def transform(self, logits: Any, values: Any) -> Any:
+    def transform(self, logits: Any, segments: Segments | np.ndarray | None = None) -> Any:
         """Calibrated logits [n] (``logit`` of :meth:`predict_proba`, clipped by ``eps``)."""
-        return logit(self.predict_proba(logits, values), eps=self.eps)
-
-    def fit_transform(self, logits: Any, labels: Any, values: Any) -> Any:
-        return self.fit(logits, labels, values).transform(logits, values)
+        return logit(self.predict_proba(logits, segments), eps=self.eps)

@@ -1,9 +1,9 @@
 """Shift implementations: Gaussian numeric noise, categorical corruption, the temporal split.
 
-The registry (names, intensity domains, defaults) is :mod:`ctrcal.eval.shifts`; this module
-holds the tensors. :class:`GaussianShift` is the primitive on a numeric tensor: every numeric
-feature j of a shifted row gets independent Gaussian noise with standard deviation
-``intensity · std_j``::
+The registry (names, intensity domains, defaults) is :mod:`ctrcal.eval.shifts.registry`;
+this module holds the tensors. :class:`GaussianShift` is the primitive on a numeric tensor:
+every numeric feature j of a shifted row gets independent Gaussian noise with standard
+deviation ``intensity · std_j``::
 
     x'_ij = x_ij + ε_ij,   ε_ij ~ N(0, (s · std_j)²)
 
@@ -40,6 +40,7 @@ __all__ = [
     "GaussianNumericShift",
     "GaussianShift",
     "TemporalShift",
+    "original_space_codec",
 ]
 
 PAPER_INTENSITIES: tuple[float, ...] = (0.0625, 0.125, 0.25, 0.5)
