@@ -56,6 +56,8 @@ _EXPORTS: dict[str, str | tuple[str, str]] = {
     "FeatureMap": "ctrcal.data.feature_map",
     "FeaturePipeline": "ctrcal.data.features",
     "read_criteo": "ctrcal.data.criteo",
+    "DatasetSchema": "ctrcal.data.schema",
+    "register_schema": "ctrcal.data.schema",
     # evaluation
     "GaussianShift": "ctrcal.eval.shifts",
     "CategoricalCorruption": "ctrcal.eval.shifts",

@@ -68,11 +68,21 @@ def check_data(cfg: Config, problems: Problems) -> None:
     if explicit and not d.train:
         problems.add("data.train", "train files are needed when valid or test files are given")
     problems.integer("data.synthetic.rows", d.synthetic.rows, low=1)
+    if d.schema is not None:
+        from ctrcal.data.schema import resolve_schema
+        from ctrcal.errors import DataError
+
+        try:
+            resolve_schema(d.schema)
+        except DataError as exc:
+            problems.add("data.schema", str(exc).removeprefix("data.schema: "))
 
 
 def check_features(cfg: Config, problems: Problems) -> None:
     f = cfg.features
     problems.integer("features.min_count", f.min_count, low=1)
+    problems.integer("features.max_vocab", f.max_vocab, low=0)
+    problems.integer("features.hash_buckets", f.hash_buckets, low=1)
     if f.numeric_buckets < 0 or f.numeric_buckets == 1:
         problems.add(
             "features.numeric_buckets", f"expected 0 (off) or >= 2, got {f.numeric_buckets}"
@@ -146,15 +156,21 @@ def _meta_feature_map(cfg: Config) -> Any:
     """A feature map of the config's data schema with tiny vocabularies (for meta builds)."""
     from types import SimpleNamespace
 
-    from ctrcal.data.criteo_schema import CATEGORICAL_COLUMNS, NUMERIC_COLUMNS
+    from ctrcal.data.schema import CRITEO, resolve_schema
+    from ctrcal.errors import DataError
 
+    try:
+        schema = resolve_schema(cfg.data.schema) or CRITEO
+    except DataError:
+        schema = CRITEO  # check_data names the schema's problem
+    categorical, numeric = schema.categorical_fields, schema.numeric
     buckets = cfg.features.numeric_buckets
     return SimpleNamespace(
-        vocab_sizes=[2] * len(CATEGORICAL_COLUMNS),
-        categorical_fields=list(CATEGORICAL_COLUMNS),
-        numeric_fields=list(NUMERIC_COLUMNS),
+        vocab_sizes=[2] * len(categorical),
+        categorical_fields=list(categorical),
+        numeric_fields=list(numeric),
         bucket_boundaries=(
-            [[float(b) for b in range(buckets - 1)] for _ in NUMERIC_COLUMNS]
+            [[float(b) for b in range(buckets - 1)] for _ in numeric]
             if buckets >= 2 else None
         ),  # fmt: skip
     )

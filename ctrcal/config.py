@@ -113,15 +113,25 @@ class DataConfig:
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     on_bad_row: Literal["error", "skip"] = "error"
     prepared_dir: str | None = None
+    # a DatasetSchema: a built-in name (criteo, avazu), a YAML file or the schema inline
+    # (ctrcal.data.schema); None reads Criteo files, their layout detected
+    schema: str | dict[str, Any] | None = None
 
 
 @dataclass
 class FeaturesConfig:
-    """The feature pipeline fitted on the train split."""
+    """The feature pipeline fitted on the train split.
+
+    ``max_vocab`` (0 = no cap) caps each categorical field's kept values; a field with more
+    hashes all but its most frequent ``max_vocab`` values into ``hash_buckets`` ids (see
+    :mod:`ctrcal.data.features`), so that its embedding table fits a device.
+    """
 
     min_count: int = 10
     numeric_transform: Literal["log_standardize", "standardize", "identity", "auto"] = "auto"
     numeric_buckets: int = 0
+    max_vocab: int = 0
+    hash_buckets: int = 1000
 
 
 class ModelConfig:

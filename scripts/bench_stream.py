@@ -4,7 +4,7 @@ Usage::
 
     python scripts/bench_stream.py [--rows 1000000] [--batch-size 4096] [--rounds 2]
                                    [--workdir DIR] [--no-train] [--buffer-rows 1048576]
-                                   [--threads N]
+                                   [--threads N] [--data PREPARED_DIR]
 
 A synthetic dataset of ``--rows`` rows is prepared once (kept in ``--workdir``). Then, for each
 ``ParquetCTRData`` mode (``memory`` and ``stream``), each in a fresh child process so that its
@@ -21,7 +21,7 @@ peak RSS is its own:
   the loader's batches instead, and the output says so.
 
 The modes are measured round-robin ``--rounds`` times, so both see the same machine load; the
-stream/memory ratio of each round and their median are what to read (the goal is >= 0.80 for
+stream/memory ratio of each round and their median are what to read (the goal is >= 0.95 for
 training); the best of each mode is printed too. On a machine other processes keep busy,
 ``--threads 1`` avoids torch's thread team stalling on preempted threads, which swamps any
 difference between the modes. Peak RSS is VmHWM of the child (reset by exec, unlike
@@ -153,10 +153,13 @@ def main() -> int:
     ap.add_argument("--workdir", type=Path,
                     default=Path(tempfile.gettempdir()) / "ctrcal-bench-stream")  # fmt: skip
     ap.add_argument("--no-train", action="store_true", help="only the loader iteration")
+    ap.add_argument("--data", type=Path, default=None,
+                    help="an existing prepared directory (e.g. bench_prepare.py --keep's) "
+                         "instead of --rows of generated data")  # fmt: skip
     args = ap.parse_args()
 
     args.workdir.mkdir(parents=True, exist_ok=True)
-    data_dir = _prepare(args.rows, args.workdir)
+    data_dir = args.data if args.data is not None else _prepare(args.rows, args.workdir)
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; batch "
           f"{args.batch_size}, stream buffer {args.buffer_rows:,} rows")  # fmt: skip
     base = _child(BASELINE)["peak_mib"]
@@ -212,8 +215,8 @@ def main() -> int:
               f"stream/memory {st['rows_per_s'] / mem['rows_per_s']:.2f}{extra}")
     if ratios["train"]:
         ratio = statistics.median(ratios["train"])
-        print(f"goal: training stream/memory >= 0.80 (median of rounds): "
-              f"{'met' if ratio >= 0.8 else 'NOT met'} ({ratio:.2f})")
+        print(f"goal: training stream/memory >= 0.95 (median of rounds): "
+              f"{'met' if ratio >= 0.95 else 'NOT met'} ({ratio:.2f})")
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -20,8 +20,9 @@ Supported layouts (``layout=`` names, detected automatically by :func:`detect_fo
 ``torchrec``    A header with torchrec's names ``label, int_0..int_12, cat_0..cat_25``.
 ==============  ================================================================================
 
-Every field is read as a string first: hex categoricals break float parsing (``623049e6``)
-and lose leading zeros (``00018438``); integers may be negative (I2) or written ``260.0``.
+Files are parsed chunk by chunk by :mod:`ctrcal.data.parse` (the C reader, else polars on
+the strings here): hex categoricals break float parsing (``623049e6``) and lose leading zeros
+(``00018438``); integers may be negative (I2) or written ``260.0``.
 The typed frame has ``label`` float32 (null when the file has no labels), ``I1..I13`` float64
 and ``C1..C26`` uint32 (the 8-hex-digit hash parsed base 16, or the decimal id of Criteo_x1);
 a missing value is null.
@@ -35,15 +36,15 @@ from __future__ import annotations
 
 import gzip
 import re
-import shutil
 import zlib
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
+from ctrcal.data.chunks import BOM
 from ctrcal.data.criteo_schema import (  # noqa: F401 - the schema, re-exported for readers
     CATEGORICAL_COLUMNS,
     COLUMNS,
@@ -58,7 +59,6 @@ from ctrcal.errors import DataError
 
 # Internal bookkeeping columns carried next to the typed fields.
 ROW_COL = "_row"  # 0-based record index within its file
-FILE_COL = "_file"  # index of the file in the list read
 BAD_COL = "_bad"  # 0 = ok, else the code of the first problem (see _BAD_REASONS)
 EXTRA_COL = "_extra"  # catches fields beyond the layout's last one
 
@@ -137,6 +137,7 @@ def _open_text_head(path: Path) -> str:
             f"{path}: is a parquet file; expected raw Criteo text (TSV/CSV). A directory "
             "prepared by 'ctrcal prepare' is used directly with --data"
         )
+    raw = raw.removeprefix(BOM)  # Excel and many exporters start a UTF-8 CSV with one
     if b"\0" in raw:
         raise DataError(f"{path}: binary data, expected Criteo text (TSV/CSV)")
     text = raw.decode("utf-8", errors="replace")
@@ -294,57 +295,22 @@ def _looks_like_x1(lines: list[str], canon: list[str | None], sep: str) -> bool:
 # Reading
 
 
-def decompress(path: Path, workdir: Path) -> Path:
-    """Stream-decompress a gzip file into ``workdir``; DataError if it is truncated or corrupt."""
-    out = workdir / (path.name[:-3] if path.name.endswith(".gz") else path.name + ".raw")
-    try:
-        with gzip.open(path, "rb") as src, open(out, "wb") as dst:
-            shutil.copyfileobj(src, dst, length=1 << 22)
-    except (EOFError, OSError, zlib.error) as exc:
-        out.unlink(missing_ok=True)
-        raise DataError(f"{path}: corrupt or truncated gzip file ({exc})") from None
-    return out
-
-
-def is_gzip(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        return fh.read(2) == b"\x1f\x8b"
-
-
 def scan_raw(
     path: str | Path | bytes,
     fmt: CriteoFormat,
-    numbers: bool = False,
     *,
     row_offset: int = 0,
     skip_header: bool = True,
-    integers: bool = False,
-    row_index: bool = True,
 ) -> pl.LazyFrame:
-    """The file's fields under canonical names, plus ``_row`` and ``_extra``.
+    """The file's fields under canonical names, as strings, plus ``_row`` and ``_extra``.
 
     Missing fields (short rows) are null; ``_extra`` is non-null where a row has more fields
-    than the layout. With ``numbers`` the label and ``I`` fields are parsed as floats by the
-    CSV reader itself (fast, but a non-numeric value fails the whole read); with ``integers``
-    as Int64 (faster still; ``1.0``, ``inf``, ``nan`` or a value beyond Int64 fail the whole
-    read, and an accepted value equals what the float parse gives, but for ``-0``, which is
-    0); otherwise every field is a string. ``row_index=False`` leaves out ``_row``.
-
-    ``path`` may also be the bytes of whole lines of a file (a chunk, see
-    :func:`iter_text_chunks`): ``row_offset`` is then the index of its first record in the
-    file, and ``skip_header=False`` because a chunk after the first has no header.
+    than the layout. ``path`` may also be the bytes of whole lines of a file (a chunk, see
+    :func:`~ctrcal.data.chunks.iter_text_chunks`): ``row_offset`` is then the index of its
+    first record in the
+    file, and ``skip_header=False`` because a chunk has no header.
     """
     schema = {name: pl.Utf8 for name in fmt.columns}
-    if integers:
-        for name in fmt.columns:
-            if name == LABEL or name in NUMERIC_COLUMNS:
-                schema[name] = pl.Int64
-    elif numbers:
-        for name in fmt.columns:
-            if name == LABEL:
-                schema[name] = pl.Float32
-            elif name in NUMERIC_COLUMNS:
-                schema[name] = pl.Float64
     schema[EXTRA_COL] = pl.Utf8
     # Header files are read positionally too (the header is skipped), so that names never
     # need to match and a row with too many fields lands in ``_extra``.
@@ -359,42 +325,7 @@ def scan_raw(
         truncate_ragged_lines=True,
         raise_if_empty=False,
     )
-    return lf.with_row_index(ROW_COL, offset=row_offset) if row_index else lf
-
-
-def iter_text_chunks(
-    path: str | Path, chunk_bytes: int, skip_lines: int = 0
-) -> Iterator[bytes]:
-    """Whole lines of a (possibly gzipped) text file, about ``chunk_bytes`` bytes at a time.
-
-    Each chunk ends at a newline (the last one may not), so parsing the chunks one after the
-    other gives the records of parsing the file at once; a gzip file is decompressed as it is
-    read (nothing is written to disk). The first ``skip_lines`` lines (a header) are skipped.
-
-    Yields:
-        bytes.
-
-    Raises:
-        DataError: unreadable file, corrupt or truncated gzip.
-    """
-    path = Path(path)
-    try:
-        fh = gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")  # noqa: SIM115
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        with fh:
-            for _ in range(skip_lines):
-                fh.readline()
-            while True:
-                block = fh.read(chunk_bytes)
-                if not block:
-                    break
-                if not block.endswith(b"\n"):
-                    block += fh.readline()  # complete the last line
-                yield block
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise DataError(f"{path}: corrupt or truncated gzip file ({exc})") from None
+    return lf.with_row_index(ROW_COL, offset=row_offset)
 
 
 def _checks(fmt: CriteoFormat, parsed: dict[str, pl.Expr]) -> list[pl.Expr]:
@@ -416,18 +347,16 @@ def _checks(fmt: CriteoFormat, parsed: dict[str, pl.Expr]) -> list[pl.Expr]:
     return checks
 
 
-def _parse_exprs(fmt: CriteoFormat, numbers: bool) -> dict[str, pl.Expr]:
-    """Typed expression per canonical column from what :func:`scan_raw` gives."""
+def _parse_exprs(fmt: CriteoFormat) -> dict[str, pl.Expr]:
+    """Typed expression per canonical column from the strings :func:`scan_raw` gives."""
     x1 = fmt.layout == "x1"
     out: dict[str, pl.Expr] = {}
     if not fmt.labelled:
         out[LABEL] = pl.lit(None, pl.Float32)
-    elif numbers:
-        out[LABEL] = pl.col(LABEL)
     else:
         out[LABEL] = pl.col(LABEL).str.strip_chars().cast(pl.Float32, strict=False)
     for name in NUMERIC_COLUMNS:
-        out[name] = pl.col(name) if numbers else pl.col(name).cast(pl.Float64, strict=False)
+        out[name] = pl.col(name).cast(pl.Float64, strict=False)
     for name in CATEGORICAL_COLUMNS:
         out[name] = pl.col(name).str.to_integer(
             base=10 if x1 else 16, dtype=pl.UInt32, strict=False
@@ -439,7 +368,7 @@ def _bad_code(fmt: CriteoFormat) -> pl.Expr:
     """The code of the first problem of a row (0 = fine); for describing one row."""
     codes = [
         pl.when(c).then(pl.lit(k + 1, pl.UInt8))
-        for k, c in enumerate(_checks(fmt, _parse_exprs(fmt, numbers=False)))
+        for k, c in enumerate(_checks(fmt, _parse_exprs(fmt)))
     ]
     codes.insert(0, pl.when(pl.col(EXTRA_COL).is_not_null()).then(pl.lit(_TOO_MANY, pl.UInt8)))
     return pl.coalesce(codes).fill_null(0)
@@ -448,31 +377,20 @@ def _bad_code(fmt: CriteoFormat) -> pl.Expr:
 def scan_typed(
     path: str | Path | bytes,
     fmt: CriteoFormat,
-    file_index: int = 0,
-    numbers: bool = True,
     *,
     row_offset: int = 0,
     skip_header: bool = True,
 ) -> pl.LazyFrame:
-    """Typed columns (``COLUMNS``) plus ``_file``, ``_row`` and ``_bad`` (0 = fine) for a file.
-
-    With ``numbers`` (fast) the CSV reader parses label and numerics itself, and a
-    non-numeric value there makes the query fail with ``polars.exceptions.ComputeError``:
-    run it again with ``numbers=False``, which flags such rows instead (as
-    :func:`read_criteo` and :func:`ctrcal.data.prepare.prepare` do). ``path`` may be a chunk
-    of the file's lines (see :func:`scan_raw`).
-    """
-    parsed = _parse_exprs(fmt, numbers)
+    """The row validator: typed columns (``COLUMNS``) plus ``_row`` and ``_bad`` (0 = fine,
+    else a malformed row) of a file or of a chunk of its lines (see :func:`scan_raw`)."""
+    parsed = _parse_exprs(fmt)
     tmp = {name: f"__{name}" for name in CATEGORICAL_COLUMNS}
-    raw = scan_raw(path, fmt, numbers, row_offset=row_offset, skip_header=skip_header)
-    lf = raw.with_columns(
-        parsed[name].alias(tmp[name]) for name in CATEGORICAL_COLUMNS
-    )
+    raw = scan_raw(path, fmt, row_offset=row_offset, skip_header=skip_header)
+    lf = raw.with_columns(parsed[name].alias(tmp[name]) for name in CATEGORICAL_COLUMNS)
     # Checks read the parsed categoricals from their columns, so each is parsed once.
     staged = {**parsed, **{name: pl.col(tmp[name]) for name in CATEGORICAL_COLUMNS}}
     checks = [pl.col(EXTRA_COL).is_not_null(), *_checks(fmt, staged)]
     return lf.select(
-        pl.lit(file_index, pl.UInt16).alias(FILE_COL),
         pl.col(ROW_COL),
         *(staged[name].alias(name) for name in COLUMNS),
         pl.any_horizontal(checks).cast(pl.UInt8).alias(BAD_COL),
@@ -490,7 +408,7 @@ def read_criteo(
         paths: one file or a list (all in the same layout family); ``.gz`` is fine.
         layout: ``auto`` or one of :data:`LAYOUTS`.
         on_bad_row: ``error`` (raise on the first malformed row) or ``skip`` (drop malformed
-            rows). Either way the files are scanned once now to find them.
+            rows). Either way the files are parsed now (:mod:`ctrcal.data.parse`).
 
     Returns:
         LazyFrame with ``label`` (float32), ``I1..I13`` (float64), ``C1..C26`` (uint32);
@@ -499,28 +417,14 @@ def read_criteo(
     Raises:
         DataError: unreadable/unknown file, or a malformed row (file and line).
     """
+    from ctrcal.data.parse import read_frame
+
     if isinstance(paths, (str, Path)):
         paths = [paths]
     if on_bad_row not in ("error", "skip"):
         raise DataError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
     formats = [detect_format(p, layout) for p in paths]
-    paths = [Path(p) for p in paths]
-
-    def frame(numbers: bool) -> pl.LazyFrame:
-        pairs = enumerate(zip(paths, formats, strict=True))
-        return pl.concat([scan_typed(p, f, i, numbers) for i, (p, f) in pairs])
-
-    lf = frame(numbers=True)
-    try:
-        try:
-            bad, _ = first_bad(lf, paths, formats, raise_error=on_bad_row == "error")
-        except pl.exceptions.ComputeError:
-            # a non-numeric label or I value: the string path flags it row by row
-            lf = frame(numbers=False)
-            bad, _ = first_bad(lf, paths, formats, raise_error=on_bad_row == "error")
-    except (pl.exceptions.PolarsError, OSError) as exc:
-        raise read_error(paths, exc) from None
-    return lf.filter(pl.col(BAD_COL) == 0).select(COLUMNS) if bad else lf.select(COLUMNS)
+    return read_frame([Path(p) for p in paths], formats, on_bad_row).lazy()
 
 
 def read_error(paths: Sequence[Path], exc: Exception) -> DataError:
@@ -530,41 +434,14 @@ def read_error(paths: Sequence[Path], exc: Exception) -> DataError:
     return DataError(f"{names}: cannot read as Criteo data: {first}")
 
 
-def first_bad(
-    lf: pl.LazyFrame,
-    paths: Sequence[Path],
-    formats: Sequence[CriteoFormat],
-    raise_error: bool,
-) -> tuple[int, str | None]:
-    """Count bad rows of a typed frame; describe (or raise on) the first one.
-
-    Returns:
-        (number of bad rows, message about the first one or None).
-    """
-    bad = lf.filter(pl.col(BAD_COL) != 0).select(FILE_COL, ROW_COL)
-    stats = bad.select(
-        pl.len().alias("n"),
-        pl.col(FILE_COL).first().alias("f"),
-        pl.col(ROW_COL).first().alias("r"),
-    ).collect(engine="streaming")
-    n = int(stats["n"][0])
-    if n == 0:
-        return 0, None
-    f, r = int(stats["f"][0]), int(stats["r"][0])
-    message = describe_bad_row(paths[f], formats[f], r)
-    if raise_error:
-        more = f"; {n - 1} more malformed rows" if n > 1 else ""
-        raise DataError(f"{message}{more} (use on_bad_row=skip to drop them)")
-    return n, message
-
-
 def describe_bad_row(
     path: Path, fmt: CriteoFormat, row: int, chunk: bytes | None = None, row_offset: int = 0
 ) -> str:
     """``FILE: line N: malformed row: <what> (got <value>)`` for record ``row`` (0-based).
 
     With ``chunk`` (lines of the file whose first record is ``row_offset``, see
-    :func:`iter_text_chunks`) the row is looked up there instead of re-reading the file.
+    :func:`~ctrcal.data.chunks.iter_text_chunks`) the row is looked up there instead of
+    re-reading the file.
     """
     line = row + 1 + fmt.header_lines
     if chunk is not None:

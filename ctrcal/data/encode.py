@@ -1,47 +1,47 @@
-"""Reading the sources and writing the encoded splits: in memory, or chunk by chunk.
+"""The streaming pipeline: sources -> coded chunks -> fit -> encode by gather -> one writer.
 
-There is no Python loop over rows or values, and the two ways write the same data (the same
-fitted state and rows in the same order, bit for bit):
+:func:`encode_sources` is the one route from raw files to encoded splits, whatever their size
+(a small file is one chunk):
 
-* **in memory** (:func:`encode_in_memory`): every source is parsed into one typed frame (bad
-  rows flagged, split assigned), cut into its three splits once, the
-  :class:`~ctrcal.data.features.FeaturePipeline` is fitted on the train rows, and each split is
-  encoded and written in one go -- fastest; well-formed Criteo input takes the faster way of
-  :mod:`ctrcal.data.fastpath` (integer parsing and keys), which writes the same data;
-* **chunked** (:func:`encode_chunked`): each source is read in chunks of whole lines (gzip
-  decompressed on the fly); each chunk is parsed, checked and split, its train rows are counted
-  into exact :class:`~ctrcal.data.features.FitStats` (per-value counts merged across chunks, so
-  ``min_count`` applies to the whole split), and the typed chunk waits on disk (lz4 parquet);
-  after the fit from the merged counts the chunks are encoded one by one into each split's
-  ``part-NNNNN.parquet`` files (row groups of :data:`ROW_GROUP_ROWS`). Memory is a few chunks
-  plus the counts, which grow with the number of distinct values, not with rows.
+1. each source is parsed chunk by chunk (:func:`ctrcal.data.parse.iter_chunks`: the C reader
+   first, polars for a chunk it refuses), each row is given its split
+   (:class:`~ctrcal.data.splits.SplitPlan`), and every column of the chunk is coded by its
+   :class:`~ctrcal.data.coder.ColumnCoder` (a column per thread), which keeps the distinct
+   values and their train counts across chunks; the chunk's codes, grouped by split, wait in
+   a :class:`_CodeStore` (memory, then disk);
+2. the :class:`~ctrcal.data.features.FeaturePipeline` is fitted on the distinct values and
+   their exact train counts (:class:`~ctrcal.data.fit_stats.FitStats`: any chunking gives the
+   same state, bit for bit);
+3. each column's answer per distinct value (its id, its model value) is computed once, and
+   every chunk is encoded by one gather per column and handed to the split's
+   :class:`~ctrcal.data.write.PartWriter`.
 
-Both write into the temporary directory they are given (see :mod:`ctrcal.data.publish`).
+Memory is a few chunks plus the coders (which grow with the number of distinct values, not
+rows); the output does not depend on the chunk size.
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import polars as pl
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ctrcal.data import criteo
-from ctrcal.data.criteo import LABEL, CriteoFormat
-from ctrcal.data.features import FeaturePipeline
-from ctrcal.data.splits import SPLIT_COL, SPLITS, SplitPlan
+from ctrcal.data import parse
+from ctrcal.data.coder import ColumnCoder, gather, numeric_bits
+from ctrcal.data.features import MISSING_ID, FeaturePipeline
+from ctrcal.data.fit_stats import FitStats
+from ctrcal.data.splits import SPLITS, SplitPlan
+from ctrcal.data.write import PROB_COL, PartWriter, encoded_schema
 from ctrcal.errors import DataError
 
-PROB_COL = "true_prob"
-ROW_GROUP_ROWS = 131_072
-PART_ROWS = 128 * ROW_GROUP_ROWS
-"""Rows per parquet part written by the chunked path (16.8M, ~1 GB of encoded data)."""
-CHUNK_BYTES = 16 << 20
-"""Text bytes per chunk of the chunked path (~70k Criteo rows). Measured on 1M rows: 16, 32
-and 64 MiB chunks prepare at the same speed, with peak RSS ~310, ~400 and ~530 MiB."""
+MEMORY_BYTES = 256 << 20
+"""Coded chunks are kept in memory up to this many bytes, later ones wait on disk."""
 
 
 @dataclass
@@ -50,8 +50,7 @@ class Source:
 
     path: Path  # as given
     split: int | None  # None: split by the plan
-    fmt: CriteoFormat | None = None
-    read_path: Path | None = None  # decompressed copy for .gz
+    fmt: Any = None  # CriteoFormat, or SchemaFormat for data described by a schema
     prob: Path | None = None  # true probabilities of generated data
 
 
@@ -68,16 +67,10 @@ class Clock:
         self.laps[name] = round(now - self._last, 3)
         self._last = now
 
-    def add(self, name: str) -> None:
-        """Seconds since the last lap are added to phase ``name`` (a phase in pieces)."""
-        now = time.perf_counter()
-        self.laps[name] = round(self.laps.get(name, 0.0) + now - self._last, 3)
-        self._last = now
-
 
 @dataclass
 class Tally:
-    """What reading the sources found (both paths fill it the same way)."""
+    """What reading the sources found."""
 
     rows: list[int] = field(default_factory=lambda: [0, 0, 0])
     label_sum: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
@@ -85,23 +78,19 @@ class Tally:
     bad: int = 0
     with_prob: bool = False
     chunks: int = 0
-    fast: bool = False  # prepared by :mod:`ctrcal.data.fastpath`
+    native_chunks: int = 0  # parsed by the C reader
 
-    def add(self, good: pl.DataFrame | pl.LazyFrame) -> None:
-        counts = (
-            good.lazy().group_by(SPLIT_COL)
-            .agg(pl.len().alias("rows"), pl.col(LABEL).cast(pl.Float64).sum().alias("sum"),
-                 pl.col(LABEL).count().alias("labelled"))
-            .collect()
-        )  # fmt: skip
-        for r in counts.iter_rows(named=True):
-            k = int(r[SPLIT_COL])
-            self.rows[k] += int(r["rows"])
-            self.label_sum[k] += float(r["sum"] or 0.0)
-            self.labelled[k] += int(r["labelled"])
+    def add(self, split: np.ndarray, label: np.ndarray) -> None:
+        known = ~np.isnan(label)
+        for k, n in enumerate(np.bincount(split, minlength=len(SPLITS)).tolist()):
+            self.rows[k] += n
+        sums = np.bincount(split, weights=np.where(known, label, 0.0), minlength=len(SPLITS))
+        for k, s in enumerate(sums.tolist()):
+            self.label_sum[k] += s  # exact: sums of 0/1 below 2^53
+        for k, n in enumerate(np.bincount(split[known], minlength=len(SPLITS)).tolist()):
+            self.labelled[k] += n
 
     def rate(self, k: int) -> float:
-        # label sums are exact integers, so this is the same whichever path added them up
         return self.label_sum[k] / self.labelled[k] if self.labelled[k] else float("nan")
 
 
@@ -113,120 +102,8 @@ def check_rows(tally: Tally, sources: list[Source]) -> None:
         raise DataError("the train split is empty (all rows malformed, or data.split gives 0)")
 
 
-def _with_split(df: pl.DataFrame, plan: SplitPlan) -> pl.DataFrame:
-    """``df`` (typed rows with ``_file`` and ``_row``) with each row's split code."""
-    codes = plan.codes(df[criteo.FILE_COL].to_numpy(), df[criteo.ROW_COL].to_numpy())
-    return df.with_columns(pl.Series(SPLIT_COL, codes))
-
-
-def encode_in_memory(
-    tmp: Path,
-    sources: list[Source],
-    on_bad_row: str,
-    plan: SplitPlan,
-    pipe: FeaturePipeline,
-    clock: Clock,
-) -> Tally:
-    """Parse everything into one typed frame in memory, fit, encode each split: the fast way
-    of :mod:`ctrcal.data.fastpath` when the input allows it, else strictly (bad rows flagged
-    with file, line and column)."""
-    from ctrcal.data.fastpath import encode_fast
-
-    work = tmp / "_work"
-    for s in sources:
-        s.read_path = criteo.decompress(s.path, work) if criteo.is_gzip(s.path) else s.path
-    tally = Tally(with_prob=all(s.prob is not None for s in sources))
-    try:
-        if encode_fast(tmp, sources, plan, pipe, clock, tally, write_split):
-            return tally
-    except (pl.exceptions.PolarsError, OSError) as exc:
-        raise criteo.read_error([s.path for s in sources], exc) from None
-
-    def typed_frame(numbers: bool) -> pl.DataFrame:
-        frames = [criteo.scan_typed(s.read_path, s.fmt, i, numbers) for i, s in enumerate(sources)]
-        return pl.concat(frames, how="vertical").collect(engine="streaming")
-
-    try:
-        try:
-            # parsed columns take less memory than the text
-            typed = _with_split(typed_frame(numbers=True), plan).lazy()
-        except pl.exceptions.ComputeError:
-            # a non-numeric label or I value: the string path flags it row by row
-            typed = _with_split(typed_frame(numbers=False), plan).lazy()
-    except (pl.exceptions.PolarsError, OSError) as exc:
-        raise criteo.read_error([s.path for s in sources], exc) from None
-    clock("parse")
-    tally = Tally(with_prob=all(s.prob is not None for s in sources), chunks=1)
-    if tally.with_prob:
-        # true probabilities of generated data, row-aligned with their data files; a file
-        # edited since it was generated no longer matches and its probabilities are dropped
-        per_file = typed.group_by(criteo.FILE_COL).agg(pl.len()).collect()
-        counts_by_file = dict(zip(*per_file.get_columns(), strict=True))
-        tally.with_prob = all(
-            pq.ParquetFile(s.prob).metadata.num_rows == counts_by_file.get(i, 0)
-            for i, s in enumerate(sources)
-        )
-    if tally.with_prob:
-        probs = pl.concat([pl.scan_parquet(s.prob).select("prob") for s in sources])
-        typed = pl.concat(
-            [typed, probs.select(pl.col("prob").cast(pl.Float32).alias(PROB_COL))],
-            how="horizontal",
-        )
-    bad, _ = criteo.first_bad(
-        typed, [s.path for s in sources], [s.fmt for s in sources], on_bad_row == "error"
-    )
-    good = typed.filter(pl.col(criteo.BAD_COL) == 0) if bad else typed
-    tally.bad = bad
-    tally.add(good)
-    check_rows(tally, sources)
-    clock("check")
-    try:
-        # each split once in memory: the fit and the encoding read it without filtering again
-        needed = [*criteo.COLUMNS, *((PROB_COL,) if tally.with_prob else ())]
-        parts = [good.filter(pl.col(SPLIT_COL) == k).select(needed).collect()
-                 for k in range(len(SPLITS))]  # fmt: skip
-        del good, typed
-        clock("split")
-        pipe.fit(parts[0].lazy())
-        clock("fit")
-        keep = (PROB_COL,) if tally.with_prob else ()
-        for k, name in enumerate(SPLITS):
-            (tmp / name).mkdir()
-            enc = pipe.encode(parts[k], keep=keep)
-            parts[k] = None  # type: ignore[call-overload]
-            clock.add("encode")
-            write_split(enc, tmp / name / "part-00000.parquet")
-            del enc
-            clock.add("write")
-    except (pl.exceptions.PolarsError, OSError) as exc:
-        raise criteo.read_error([s.path for s in sources], exc) from None
-    return tally
-
-
-def write_split(enc: pl.DataFrame, path: Path) -> None:
-    """One split's encoded rows as one parquet file (the in-memory paths)."""
-    enc.write_parquet(path, compression="snappy", statistics=False, row_group_size=ROW_GROUP_ROWS)
-
-
-def _parse_chunk(
-    chunk: bytes, s: Source, index: int, offset: int, plan: SplitPlan
-) -> pl.DataFrame:
-    """One chunk of a source's lines -> typed rows with ``_split`` (the in-memory columns)."""
-    try:
-        try:
-            lf = criteo.scan_typed(chunk, s.fmt, index, True, row_offset=offset, skip_header=False)
-            return _with_split(lf.collect(), plan)
-        except pl.exceptions.ComputeError:
-            # a non-numeric label or I value in this chunk: flag it row by row
-            lf = criteo.scan_typed(chunk, s.fmt, index, False, row_offset=offset,
-                                   skip_header=False)  # fmt: skip
-            return _with_split(lf.collect(), plan)
-    except (pl.exceptions.PolarsError, OSError) as exc:
-        raise criteo.read_error([s.path], exc) from None
-
-
 class ProbReader:
-    """The true probabilities of a generated file, handed out in row order chunk by chunk."""
+    """The true probabilities of a generated file, handed out in record order."""
 
     def __init__(self, path: Path) -> None:
         self.file = pq.ParquetFile(path)
@@ -235,10 +112,8 @@ class ProbReader:
         self._held: list[Any] = []
         self._held_rows = 0
 
-    def take(self, n: int) -> pl.Series | None:
+    def take(self, n: int) -> np.ndarray | None:
         """The next ``n`` probabilities (float32), or None when the file has fewer left."""
-        import pyarrow as pa
-
         while self._held_rows < n:
             try:
                 batch = next(self._batches)
@@ -246,137 +121,207 @@ class ProbReader:
                 return None
             self._held.append(batch.column(0))
             self._held_rows += len(batch)
-        joined = pa.concat_arrays(self._held)
+        joined = pa.concat_arrays(self._held) if self._held else pa.array([], pa.float64())
         out, rest = joined.slice(0, n), joined.slice(n)
         self._held, self._held_rows = ([rest] if len(rest) else []), len(rest)
-        return pl.Series(PROB_COL, out).cast(pl.Float32)
+        return out.to_numpy(zero_copy_only=False).astype(np.float32)
 
 
-def encode_chunked(
+@dataclass
+class _Coded:
+    """One chunk's rows grouped by split: codes [F, N] int32, label [N] float32 (NaN =
+    unlabelled), per split its number of rows, true probabilities [N] float32 (or None)."""
+
+    codes: np.ndarray
+    label: np.ndarray
+    sizes: list[int]
+    prob: np.ndarray | None
+
+
+class _CodeStore:
+    """Coded chunks in order: in memory up to :data:`MEMORY_BYTES`, then raw files in ``work``."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.items: list[_Coded | tuple[Path, int, int, list[int], bool]] = []
+        self.held = 0
+
+    def add(self, c: _Coded) -> None:
+        size = c.codes.nbytes + c.label.nbytes
+        if self.held + size <= MEMORY_BYTES:
+            self.items.append(c)
+            self.held += size
+            return
+        path = self.work / f"coded-{len(self.items):07d}.bin"
+        with open(path, "wb") as fh:
+            for a in (c.codes, c.label, c.prob):
+                if a is not None:
+                    a.tofile(fh)
+        self.items.append((path, *c.codes.shape, c.sizes, c.prob is not None))
+
+    def __iter__(self):
+        for i, item in enumerate(self.items):
+            if isinstance(item, _Coded):
+                self.items[i] = None  # type: ignore[call-overload]  # memory goes as it is used
+                yield item
+                continue
+            path, f, n, sizes, with_prob = item
+            raw = np.fromfile(path, dtype=np.uint8)
+            path.unlink()
+            codes = raw[: 4 * f * n].view(np.int32).reshape(f, n)
+            label = raw[4 * f * n : 4 * (f + 1) * n].view(np.float32)
+            prob = raw[4 * (f + 1) * n :].view(np.float32) if with_prob else None
+            yield _Coded(codes, label, sizes, prob)
+
+
+def encode_sources(
     tmp: Path,
     sources: list[Source],
     on_bad_row: str,
     plan: SplitPlan,
     pipe: FeaturePipeline,
     clock: Clock,
-    chunk_bytes: int,
+    chunk_bytes: int = parse.CHUNK_BYTES,
 ) -> Tally:
-    """Bounded memory: (1) read each source chunk by chunk -- parse, check, split, count the
-    train rows into exact :class:`~ctrcal.data.features.FitStats`, keep the typed chunk on
-    disk (lz4 parquet); (2) fit from the merged counts; (3) encode the kept chunks one by one
-    into each split's parquet parts. Memory is a few chunks plus the counts (which grow with
-    the number of distinct values, not rows); the output equals the in-memory path's."""
-    work = tmp / "_work"
+    """Parse, code, fit and encode ``sources`` into ``tmp/{train,valid,test}`` (see the module
+    docstring); returns what was read."""
+    workers = parse.threads()
+    nums, cats = pipe.numeric_fields, pipe.categorical_fields
+    coders = [ColumnCoder() for _ in (*nums, *cats)]
+    store = _CodeStore(tmp / "_work")
     tally = Tally(with_prob=all(s.prob is not None for s in sources))
-    stats = pipe.new_stats()
-    typed_parts: list[Path] = []
-    columns = [*criteo.COLUMNS, SPLIT_COL]
-    for i, s in enumerate(sources):
-        probs = ProbReader(s.prob) if tally.with_prob else None
-        offset = 0
-        for chunk in criteo.iter_text_chunks(s.path, chunk_bytes, s.fmt.header_lines):
-            df = _parse_chunk(chunk, s, i, offset, plan)
-            if tally.with_prob:
-                prob = probs.take(df.height)
-                if prob is None:  # the file was edited since it was generated
-                    tally.with_prob = False
-                else:
-                    df = df.with_columns(prob)
-            bad = int((df[criteo.BAD_COL] != 0).sum())
-            if bad:
-                if on_bad_row == "error":
-                    row = int(df.filter(pl.col(criteo.BAD_COL) != 0)[criteo.ROW_COL][0])
-                    message = criteo.describe_bad_row(s.path, s.fmt, row, chunk, offset)
-                    more = (f"; {bad - 1} more malformed rows in the {offset + df.height:,} "
-                            f"rows read so far" if bad > 1 else "")  # fmt: skip
-                    raise DataError(f"{message}{more} (use on_bad_row=skip to drop them)")
-                df = df.filter(pl.col(criteo.BAD_COL) == 0)
-            tally.bad += bad
-            offset += df.height + bad
-            del chunk
-            keep = [*columns, PROB_COL] if tally.with_prob else columns
-            df = df.select(keep)
-            tally.add(df)
-            stats.update(df.filter(pl.col(SPLIT_COL) == 0))
-            part = work / f"typed-{i:05d}-{tally.chunks:07d}.parquet"
-            df.write_parquet(part, compression="lz4", statistics=False)
-            typed_parts.append(part)
-            tally.chunks += 1
-            del df
-        if tally.with_prob and probs.rows != offset:
-            tally.with_prob = False
-    check_rows(tally, sources)
-    clock("parse")
-    pipe.fit_stats(stats)
-    del stats
-    clock("fit")
-    keep = (PROB_COL, SPLIT_COL) if tally.with_prob else (SPLIT_COL,)
-    writers = [PartWriter(tmp / name) for name in SPLITS]
-    schema = None
-    for part in typed_parts:
-        enc = pipe.encode(pl.read_parquet(part), keep=keep)
-        part.unlink()
-        for k, sub in enc.partition_by(SPLIT_COL, as_dict=True, include_key=False).items():
-            table = sub.to_arrow()
-            schema = table.schema
-            writers[int(k[0])].write(table)
-    for w in writers:
-        w.close(schema)
-    clock("encode")
+    with ThreadPoolExecutor(workers) as pool:
+        for i, s in enumerate(sources):
+            probs = ProbReader(s.prob) if tally.with_prob else None
+            records = 0
+            for chunk in parse.iter_chunks(s.path, s.fmt, on_bad_row, chunk_bytes, workers):
+                split = plan.codes(np.full(len(chunk), i, dtype=np.int64), chunk.rows, chunk.time)
+                prob = None
+                if tally.with_prob:
+                    prob = probs.take(chunk.records)
+                    if prob is None:  # the file was edited since it was generated
+                        tally.with_prob = False
+                    else:
+                        prob = prob[chunk.rows - records]
+                records += chunk.records
+                store.add(_code_chunk(chunk, split, prob, coders, pool))
+                tally.add(split, chunk.label)
+                tally.bad += chunk.bad
+                tally.chunks += 1
+                tally.native_chunks += chunk.native
+            if tally.with_prob and probs.rows != records:
+                tally.with_prob = False
+        check_rows(tally, sources)
+        clock("parse")
+        tables = _fit(pipe, coders, tally.rows[0])
+        del coders
+        clock("fit")
+        schema = encoded_schema(nums, cats, tally.with_prob)
+        with ThreadPoolExecutor(workers) as writing:
+            writers = [PartWriter(tmp / name, schema, writing) for name in SPLITS]
+            for coded in store:
+                offset = 0
+                for k, size in enumerate(coded.sizes):
+                    if size:
+                        rows = _encode_rows(coded, offset, offset + size, tables, schema, pool)
+                        writers[k].write(rows)
+                    offset += size
+            for w in writers:
+                w.close()
+        clock("encode")
     return tally
 
 
-class PartWriter:
-    """Encoded rows of one split -> ``part-NNNNN.parquet`` files of at most :data:`PART_ROWS`
-    rows, in row groups of exactly :data:`ROW_GROUP_ROWS` rows (the last one of the split
-    may be shorter) whatever the chunk sizes."""
+def _code_chunk(
+    chunk: parse.ParsedChunk,
+    split: np.ndarray,
+    prob: np.ndarray | None,
+    coders: list[ColumnCoder],
+    pool: ThreadPoolExecutor,
+) -> _Coded:
+    """Code every column of a chunk, its rows grouped by split (in order within a split)."""
+    sizes = np.bincount(split, minlength=len(SPLITS)).tolist()
+    order = None if max(sizes) == len(split) else np.argsort(split, kind="stable")
+    fn = chunk.numeric.shape[0]
+    train = (split == 0).view(np.uint8)
+    codes = np.empty((len(coders), len(split)), dtype=np.int32)
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        directory.mkdir()
-        self._pending: list[Any] = []
-        self._pending_rows = 0
-        self._writer: Any = None
-        self._parts = 0
-        self._part_rows = 0
+    def code(j: int) -> None:
+        if j < fn:
+            values, valid = numeric_bits(chunk.numeric[j]), chunk.numeric_valid[j]
+        else:
+            values, valid = chunk.categorical[j - fn], chunk.categorical_valid[j - fn]
+        c = coders[j].code(values, valid, train)
+        codes[j] = c if order is None else c.take(order)
 
-    def write(self, table: Any) -> None:
-        self._pending.append(table)
-        self._pending_rows += table.num_rows
-        if self._pending_rows >= ROW_GROUP_ROWS:
-            self._flush(final=False)
+    list(pool.map(code, range(len(coders))))
+    label = chunk.label.astype(np.float32)
+    if order is not None:
+        label = label.take(order)
+        prob = prob.take(order) if prob is not None else None
+    return _Coded(codes, label, sizes, prob)
 
-    def _flush(self, final: bool) -> None:
-        import pyarrow as pa
 
-        if not self._pending:
-            return
-        table = pa.concat_tables(self._pending)
-        full = table.num_rows if final else table.num_rows - table.num_rows % ROW_GROUP_ROWS
-        done = 0
-        while done < full:
-            if self._writer is None:
-                path = self.directory / f"part-{self._parts:05d}.parquet"
-                self._writer = pq.ParquetWriter(path, table.schema, compression="snappy",
-                                                write_statistics=False)  # fmt: skip
-                self._parts += 1
-                self._part_rows = 0
-            n = min(full - done, ROW_GROUP_ROWS, PART_ROWS - self._part_rows)
-            self._writer.write_table(table.slice(done, n), row_group_size=n)
-            done += n
-            self._part_rows += n
-            if self._part_rows >= PART_ROWS:
-                self._writer.close()
-                self._writer = None
-        rest = table.slice(full)
-        self._pending, self._pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
+def _fit(pipe: FeaturePipeline, coders: list[ColumnCoder], train_rows: int) -> list[np.ndarray]:
+    """Fit ``pipe`` on the coders' distinct values and train counts; per column the table of
+    answers by code (entry 0: missing): float32 model values, int32 ids."""
+    import polars as pl
 
-    def close(self, schema: Any) -> None:
-        """Write what is pending; a split that got no rows gets one empty part."""
-        self._flush(final=True)
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        if self._parts == 0:
-            pq.write_table(schema.empty_table(), self.directory / "part-00000.parquet",
-                           compression="snappy", write_statistics=False)  # fmt: skip
+
+    nums, cats = pipe.numeric_fields, pipe.categorical_fields
+    stats = FitStats(cats, nums)
+    stats.add_rows(train_rows)
+    states = [c.state() for c in coders]
+    values = []
+    for j, (distinct, counts, missing) in enumerate(states):
+        v = distinct.view(np.float64) if j < len(nums) else distinct.astype(np.uint32)
+        values.append(v)
+        seen = counts > 0
+        frame = pl.DataFrame({"value": v[seen], "count": counts[seen].astype(np.uint64)})
+        stats.add_counts((*nums, *cats)[j], frame, missing)
+    pipe.fit_stats(stats)
+    tables = []
+    for j, v in enumerate(values):
+        if j < len(nums):
+            answers, missing_answer = pipe._model_values(v, j), np.float32(np.nan)
+        else:
+            answers, missing_answer = pipe.categorical_ids(cats[j - len(nums)], v), MISSING_ID
+        table = np.empty(len(v) + 1, dtype=answers.dtype)
+        table[0] = missing_answer
+        table[1:] = answers
+        tables.append(table)
+    return tables
+
+
+def _encode_rows(
+    coded: _Coded, lo: int, hi: int, tables: list[np.ndarray], schema: pa.Schema,
+    pool: ThreadPoolExecutor,
+) -> pa.Table:  # fmt: skip
+    """Rows ``[lo, hi)`` of a coded chunk encoded (the schema's columns) by one gather per
+    column, in buffers of their own: a split's rows may wait for their part long after the
+    chunk is gone, and must not keep it alive."""
+
+    def column(j: int) -> pa.Array:
+        codes = coded.codes[j, lo:hi]
+        out = gather(tables[j], codes)
+        if out.dtype == np.float32:
+            return _nullable(out, codes != 0)
+        return pa.array(out)
+
+    label = coded.label[lo:hi].copy()
+    columns = [_nullable(label, ~np.isnan(label))]
+    columns += list(pool.map(column, range(len(tables))))
+    if PROB_COL in schema.names:
+        columns.append(pa.array(coded.prob[lo:hi].copy()))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _nullable(values: np.ndarray, valid: np.ndarray) -> pa.Array:
+    """``values`` as an Arrow array, null where ``valid`` is false (no copy of the values)."""
+    nulls = len(valid) - int(np.count_nonzero(valid))
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    dtype = pa.from_numpy_dtype(values.dtype)
+    return pa.Array.from_buffers(dtype, len(values), [bitmap, pa.py_buffer(values)], nulls)
+
+
+__all__ = ["Clock", "Source", "Tally", "check_rows", "encode_sources"]

@@ -17,6 +17,11 @@ thread):
       2 = OOV_ID      seen fewer than ``min_count`` times in train, or never seen
       3 ...           kept values, ordered by train frequency (most frequent first; ties by
                       the value), so ``vocab_size = 3 + number of kept values``
+      3 + K ...       with ``max_vocab = K``, for a field with more than K values seen at least
+                      ``min_count`` times: the K most frequent keep their ids and every other
+                      value (rarer, beyond the cap, or never seen) takes one of ``hash_buckets``
+                      ids by a fixed hash of the value (as DLRM caps its tables), so
+                      ``vocab_size = 3 + K + hash_buckets``; a field within the cap is as above
 
 Fitting reads exact counts (:class:`FitStats`): per categorical field the count of each
 value, per numeric field the count of each distinct raw value (a histogram: Criteo numerics
@@ -52,6 +57,7 @@ from ctrcal.data.feature_map import (  # noqa: F401 - the read-only view, re-exp
     FeatureMap,
     load_feature_map,
 )
+from ctrcal.data.fit_stats import FitStats
 from ctrcal.data.lookup import ValueIndex
 from ctrcal.errors import DataError
 from ctrcal.utils import atomic_path, write_json_atomic
@@ -99,6 +105,10 @@ class FeaturePipeline:
             ``auto`` first with :func:`resolve_numeric_transform`).
         numeric_buckets: when > 0, also store ``numeric_buckets - 1`` quantile boundaries per
             numeric field (model-input space) for bucketised embeddings.
+        max_vocab: when > 0, at most this many kept values per categorical field; a field with
+            more hashes every value but its ``max_vocab`` most frequent into
+            ``hash_buckets`` ids (see the module docstring).
+        hash_buckets: the number of hashed ids of a capped field.
         categorical_fields / numeric_fields: the columns to encode.
 
     Example::
@@ -120,10 +130,14 @@ class FeaturePipeline:
         numeric_buckets: int = 0,
         categorical_fields: tuple[str, ...] | list[str] = CATEGORICAL_COLUMNS,
         numeric_fields: tuple[str, ...] | list[str] = NUMERIC_COLUMNS,
+        max_vocab: int = 0,
+        hash_buckets: int = 1000,
     ) -> None:
         self.min_count = min_count
         self.numeric_transform = numeric_transform
         self.numeric_buckets = numeric_buckets
+        self.max_vocab = max_vocab
+        self.hash_buckets = hash_buckets
         self.categorical_fields = list(categorical_fields)
         self.numeric_fields = list(numeric_fields)
 
@@ -136,6 +150,8 @@ class FeaturePipeline:
             "numeric_buckets": self.numeric_buckets,
             "categorical_fields": self.categorical_fields,
             "numeric_fields": self.numeric_fields,
+            "max_vocab": self.max_vocab,
+            "hash_buckets": self.hash_buckets,
         }
 
     def _check_params(self) -> None:
@@ -148,6 +164,10 @@ class FeaturePipeline:
             raise DataError(f"min_count must be >= 1, got {self.min_count}")
         if self.numeric_buckets < 0 or self.numeric_buckets == 1:
             raise DataError(f"numeric_buckets must be 0 or >= 2, got {self.numeric_buckets}")
+        if self.max_vocab < 0:
+            raise DataError(f"max_vocab must be 0 (no cap) or positive, got {self.max_vocab}")
+        if self.max_vocab and self.hash_buckets < 1:
+            raise DataError(f"hash_buckets must be >= 1 with max_vocab, got {self.hash_buckets}")
 
     # -- numeric expressions --------------------------------------------------------------
 
@@ -189,6 +209,7 @@ class FeaturePipeline:
             raise DataError("cannot fit the feature pipeline on an empty train split")
         self.rows_ = rows
         self.vocab_ = {}
+        self.hashed_ = {}
         self.distinct_ = {}
         self.categorical_missing_rate_ = {}
         for name in self.categorical_fields:
@@ -197,6 +218,10 @@ class FeaturePipeline:
             kept = counts.filter(pl.col("count") >= self.min_count).sort(
                 ["count", "value"], descending=[True, False]
             )
+            capped = 0 < self.max_vocab < kept.height
+            self.hashed_[name] = self.hash_buckets if capped else 0
+            if capped:
+                kept = kept.head(self.max_vocab)
             self.vocab_[name] = kept.with_columns(
                 (pl.int_range(pl.len(), dtype=pl.Int32) + NUM_RESERVED).alias("id")
             )
@@ -308,10 +333,22 @@ class FeaturePipeline:
             )
             return mapped.set(col.is_null(), MISSING_ID).alias(col.name)  # type: ignore[arg-type]
         missing = col.is_null().to_numpy() if col.null_count() else None
-        ids = self._index(col.name).lookup(col.fill_null(0).to_numpy(), OOV_ID, skip=missing)
+        ids = self.categorical_ids(col.name, col.fill_null(0).to_numpy())
         if missing is not None:
             ids[missing] = MISSING_ID
         return pl.Series(col.name, ids)
+
+    def categorical_ids(self, name: str, values: np.ndarray) -> np.ndarray:
+        """[K] int32 ids of field ``name``'s values ([K] integers): a kept value's id, else
+        :data:`OOV_ID`, or in a capped field the value's hashed id. The pipeline asks it once
+        per distinct value and gathers the answers."""
+        ids = self._index(name).lookup(values, OOV_ID)
+        buckets = self.hashed_.get(name, 0)
+        if buckets:
+            other = np.flatnonzero(ids == OOV_ID)
+            first = NUM_RESERVED + self.vocab_[name].height
+            ids[other] = first + hash_bucket(values[other], buckets)
+        return ids
 
     def _index(self, name: str) -> ValueIndex:
         """The :class:`ValueIndex` of a field's vocabulary (built once per fitted state)."""
@@ -327,7 +364,8 @@ class FeaturePipeline:
 
     @property
     def vocab_sizes_(self) -> list[int]:
-        return [NUM_RESERVED + self.vocab_[n].height for n in self.categorical_fields]
+        return [NUM_RESERVED + self.vocab_[n].height + self.hashed_.get(n, 0)
+                for n in self.categorical_fields]  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON body of ``feature_map.json`` (without sources and splits)."""
@@ -356,6 +394,7 @@ class FeaturePipeline:
                 "kind": "categorical",
                 "dtype": "int32",
                 "vocab_size": size,
+                "hashed_ids": self.hashed_.get(name, 0),
                 "distinct_in_train": self.distinct_[name],
                 "missing_rate": self.categorical_missing_rate_[name],
             })  # fmt: skip
@@ -414,6 +453,7 @@ class FeaturePipeline:
         pipe.numeric_missing_rate_ = [f["missing_rate"] for f in nums]
         pipe.bucket_boundaries_ = fmap.bucket_boundaries
         pipe.distinct_ = {f["name"]: f["distinct_in_train"] for f in cats}
+        pipe.hashed_ = {f["name"]: f.get("hashed_ids", 0) for f in cats}
         pipe.categorical_missing_rate_ = {f["name"]: f["missing_rate"] for f in cats}
         pipe.vocab_ = {
             n: vocab.filter(pl.col("field") == n).select("value", "count", "id").sort("id")
@@ -426,128 +466,13 @@ class FeaturePipeline:
         return FeatureMap.from_dict(self.to_dict())
 
 
-# ---------------------------------------------------------------------------------------------
-# Exact, mergeable fit statistics
-
-
-class _CountTable:
-    """``value -> count`` summed over chunks.
-
-    Chunk tables are kept pending and merged (one ``group_by``) only once they outweigh the
-    merged table, so each row is re-aggregated O(log chunks) times and memory stays within a
-    small multiple of the number of distinct values, whatever the number of rows.
-    """
-
-    MIN_MERGE_ROWS = 1 << 16
-
-    def __init__(self, dtype: pl.DataType) -> None:
-        self.dtype = dtype
-        self._merged: pl.DataFrame | None = None
-        self._pending: list[pl.DataFrame] = []
-        self._pending_rows = 0
-
-    def add(self, counts: pl.DataFrame) -> None:
-        self._pending.append(counts.with_columns(pl.col("count").cast(pl.UInt64)))
-        self._pending_rows += counts.height
-        merged = self._merged.height if self._merged is not None else 0
-        if self._pending_rows > max(self.MIN_MERGE_ROWS, merged):
-            self._merge()
-
-    def _merge(self) -> None:
-        frames = ([self._merged] if self._merged is not None else []) + self._pending
-        if len(frames) == 1:
-            self._merged = frames[0]
-        elif frames:
-            self._merged = (
-                pl.concat(frames).group_by("value").agg(pl.col("count").sum())
-            )
-        self._pending, self._pending_rows = [], 0
-
-    def result(self) -> pl.DataFrame:
-        """The merged table (columns ``value``, ``count`` u64; row order unspecified)."""
-        self._merge()
-        if self._merged is None:
-            # a field without a single value in train (all missing)
-            return pl.DataFrame(schema={"value": self.dtype, "count": pl.UInt64})
-        return self._merged
-
-
-class FitStats:
-    """Everything :class:`FeaturePipeline` learns from, as exact integer counts.
-
-    Per categorical field the count of every distinct value, per numeric field the count of
-    every distinct raw value (Criteo numerics are integer counts, so this histogram is about
-    as small as a vocabulary), the null counts and the number of rows. Counts add up exactly,
-    so statistics accumulated chunk by chunk (:meth:`update` per chunk) equal those of the
-    whole split at once, and so does everything fitted from them: the vocabularies, the
-    numeric mean and std (computed from the histogram with compensated sums, two passes) and
-    exact quantile boundaries. Memory grows with the number of distinct values, not rows.
-
-    Args:
-        categorical_fields / numeric_fields: the columns to count.
-    """
-
-    def __init__(self, categorical_fields: list[str], numeric_fields: list[str]) -> None:
-        self.categorical_fields = list(categorical_fields)
-        self.numeric_fields = list(numeric_fields)
-        self.rows = 0
-        self.nulls: dict[str, int] = {n: 0 for n in self.categorical_fields + self.numeric_fields}
-        self._tables = {n: _CountTable(pl.UInt32) for n in self.categorical_fields}
-        self._tables.update({n: _CountTable(pl.Float64) for n in self.numeric_fields})
-
-    def update(self, frame: pl.LazyFrame | pl.DataFrame) -> FitStats:
-        """Add the rows of ``frame`` (typed columns); returns self."""
-        names = self.categorical_fields + self.numeric_fields
-        if isinstance(frame, pl.DataFrame):
-            # a chunk in memory: eager counts skip the query engine's per-query start-up
-            self.rows += frame.height
-            for name in names:
-                self.update_field(name, frame[name])
-            return self
-        lf = frame.lazy()
-        queries = []
-        for name in self.categorical_fields:
-            value = pl.col(name)
-            queries.append(lf.select(value.alias("value")).drop_nulls().group_by("value")
-                           .agg(pl.len().alias("count")))  # fmt: skip
-        for name in self.numeric_fields:
-            value = pl.col(name).cast(pl.Float64)
-            queries.append(lf.select(value.alias("value")).drop_nulls().group_by("value")
-                           .agg(pl.len().alias("count")))  # fmt: skip
-        queries.append(
-            lf.select(pl.len().alias("__rows"), *(pl.col(n).null_count().alias(n) for n in names))
-        )
-        results = pl.collect_all(queries, engine="streaming")
-        summary = results[-1].row(0, named=True)
-        self.rows += int(summary["__rows"])
-        for name, counts in zip(names, results[:-1], strict=True):
-            self.nulls[name] += int(summary[name])
-            if counts.height:
-                self._tables[name].add(counts)
-        return self
-
-    def update_field(self, name: str, values: pl.Series) -> None:
-        """Add one field's values (of rows counted once with :meth:`add_rows`). Fields may be
-        updated from different threads at once, each field from one."""
-        col = values.cast(pl.Float64) if name in self.numeric_fields else values
-        counts = col.drop_nulls().value_counts(name="count").rename({col.name: "value"})
-        self.add_counts(name, counts, values.null_count())
-
-    def add_counts(self, name: str, counts: pl.DataFrame, nulls: int) -> None:
-        """Add one field's counts computed elsewhere (``value``, ``count`` over non-null
-        values, the field's dtype: uint32 categorical, float64 numeric) and its null count;
-        the rows they came from are added once with :meth:`add_rows`."""
-        self.nulls[name] += int(nulls)
-        if counts.height:
-            self._tables[name].add(counts)
-
-    def add_rows(self, rows: int) -> None:
-        """Count ``rows`` more rows (see :meth:`add_counts`)."""
-        self.rows += int(rows)
-
-    def counts(self, name: str) -> pl.DataFrame:
-        """``value``, ``count`` of one field (non-null values only)."""
-        return self._tables[name].result()
+def hash_bucket(values: np.ndarray, buckets: int) -> np.ndarray:
+    """[K] int32 bucket in ``[0, buckets)`` of each integer value: the top 32 bits of a
+    Fibonacci hash (fixed, so a value lands in the same bucket in every split and run)."""
+    v = np.asarray(values).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        mixed = (v * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)
+    return (mixed % np.uint64(buckets)).astype(np.int32)
 
 
 def _weighted_moments(t: np.ndarray, c: np.ndarray) -> tuple[float, float]:

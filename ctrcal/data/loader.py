@@ -69,6 +69,17 @@ def copy_column(column, dst: np.ndarray) -> None:
 MODES = ("memory", "device", "stream")
 
 
+def open_parquet(path: Path):
+    """``pyarrow.parquet.ParquetFile(path)``; DataError naming the file when it is unreadable
+    (truncated, not parquet)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
+        raise DataError(f"{path}: unreadable parquet: {exc}") from None
+
+
 def _split_files(data_dir: Path, split: str) -> list[Path]:
     directory = data_dir / split
     if not directory.is_dir():
@@ -141,12 +152,7 @@ class ParquetCTRData:
     # -- reading --------------------------------------------------------------------------
 
     def _count_rows(self) -> int:
-        import pyarrow.parquet as pq
-
-        try:
-            return sum(pq.ParquetFile(f).metadata.num_rows for f in self.files)
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
-            raise DataError(f"{self.data_dir / self.split}: unreadable parquet: {exc}") from None
+        return sum(open_parquet(f).metadata.num_rows for f in self.files)
 
     def _arrays_of(
         self, table, out: tuple[np.ndarray, ...] | None = None
@@ -178,8 +184,6 @@ class ParquetCTRData:
         Read row group by row group straight into the result, so the peak is the split's
         tensors plus one row group (not twice the split, as a whole arrow table first would).
         """
-        import pyarrow.parquet as pq
-
         n = self._num_rows
         out = (
             np.empty((n, len(self._cat_cols)), dtype=np.int32),
@@ -188,18 +192,18 @@ class ParquetCTRData:
         )
         columns = ["label", *self._cat_cols, *self._num_cols]
         pos = 0
-        try:
-            for f in self.files:
-                pf = pq.ParquetFile(f)
+        for f in self.files:
+            pf = open_parquet(f)
+            try:
                 for g in range(pf.num_row_groups):
                     table = pf.read_row_group(g, columns=columns)
                     m = table.num_rows
                     self._arrays_of(table, out=tuple(a[pos : pos + m] for a in out))
                     pos += m
-        except DataError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
-            raise DataError(f"{self.data_dir / self.split}: unreadable parquet: {exc}") from None
+            except DataError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
+                raise DataError(f"{f}: unreadable parquet: {exc}") from None
         if pos != n:
             raise DataError(f"{self.data_dir / self.split}: changed while being read")
         return tuple(torch.from_numpy(a) for a in out)  # type: ignore[return-value]
@@ -305,20 +309,15 @@ class _BlockReader:
         self, data: ParquetCTRData, batch_size: int, shuffle: bool, seed: int | None,
         prefetch: int,
     ) -> None:  # fmt: skip
-        import pyarrow.parquet as pq
-
         self._data = data
         self._batch = batch_size
         self._shuffle = shuffle
         self._seed = seed
         self._target = max(data.buffer_rows if shuffle else batch_size, batch_size)
         self._columns = ["label", *data._cat_cols, *data._num_cols]
-        try:
-            handles = [pq.ParquetFile(f) for f in data.files]
-            self._groups = [(pf, g, pf.metadata.row_group(g).num_rows)
-                            for pf in handles for g in range(pf.num_row_groups)]  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
-            raise DataError(f"{data.data_dir / data.split}: unreadable parquet: {exc}") from None
+        handles = [open_parquet(f) for f in data.files]
+        self._groups = [(pf, g, pf.metadata.row_group(g).num_rows)
+                        for pf in handles for g in range(pf.num_row_groups)]  # fmt: skip
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ctrcal-stream", daemon=True)

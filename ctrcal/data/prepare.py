@@ -20,9 +20,9 @@ A prepared directory holds::
                            (+ true_prob float32 when the sources are synthetic)
 
 The jobs live in their own modules: :mod:`ctrcal.data.splits` (which row goes where),
-:mod:`ctrcal.data.encode` (parse, check, fit on the train rows only, write; in memory for
-inputs up to :data:`IN_MEMORY_BYTES` of text, else chunk by chunk with bounded memory -- both
-write the same data), :mod:`ctrcal.data.publish` (owned temporary directory, atomic
+:mod:`ctrcal.data.encode` (the streaming pipeline: parse and code chunk by chunk, fit on the
+train rows' distinct values, encode by gather, write; memory does not grow with the rows),
+:mod:`ctrcal.data.publish` (owned temporary directory, atomic
 publication, a lock so that concurrent runs into one directory take turns, cleanup after
 killed runs). A run killed at any moment leaves ``DIR`` as it was (or absent); the same
 command again gives the output of an uninterrupted run.
@@ -36,33 +36,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from ctrcal.data import criteo
+from ctrcal.data import criteo, schema_reader
 from ctrcal.data.criteo import LABEL
-from ctrcal.data.encode import (
-    PROB_COL,
-    Clock,
-    Source,
-    encode_chunked,
-    encode_in_memory,
-)
+from ctrcal.data.encode import Clock, Source, encode_sources
 from ctrcal.data.features import (
     FEATURE_MAP_FILE,
     SCHEMA_VERSION,
     FeaturePipeline,
     resolve_numeric_transform,
 )
+from ctrcal.data.parse import CHUNK_BYTES
+from ctrcal.data.prepare_result import PrepareResult
 from ctrcal.data.publish import (
     OWNER_FILE,
     check_out_dir,
@@ -72,75 +66,20 @@ from ctrcal.data.publish import (
     publish,
     publish_lock,
 )
-from ctrcal.data.splits import SPLITS, check_fractions, plan_splits, read_order, text_bytes
+from ctrcal.data.schema import DatasetSchema, resolve_schema
+from ctrcal.data.splits import (
+    SPLITS,
+    check_fractions,
+    plan_splits,
+    plan_time_column,
+    read_order,
+)
+from ctrcal.data.write import PROB_COL
 from ctrcal.errors import DataError
 
-PREPARE_VERSION = 3  # 2: original-space numeric statistics, data.split_order; 3: numpy encoding
-IN_MEMORY_BYTES = 1 << 30
-"""Text up to this size in all is parsed into memory (~1 GiB of text is ~4.5M Criteo rows and
-about as much memory once typed); larger inputs take the chunked path, whose memory does not
-grow with the number of rows."""
+PREPARE_VERSION = 4  # 2: original-space statistics, split_order; 3: numpy; 4: one pipeline
 _SPLIT_WORDS = {"train": 0, "training": 0, "tr": 0, "valid": 1, "validation": 1, "val": 1,
                 "dev": 1, "test": 2, "testing": 2, "te": 2}  # fmt: skip
-
-
-@dataclass
-class PrepareResult:
-    """What :func:`prepare` did (``out_dir`` is the prepared directory)."""
-
-    out_dir: Path
-    reused: bool
-    source_hash: str
-    rows: dict[str, int] = field(default_factory=dict)
-    positive_rate: dict[str, float] = field(default_factory=dict)
-    bad_rows: int = 0
-    layout: str | None = None
-    seconds: float = 0.0
-    summary: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def total_rows(self) -> int:
-        return sum(self.rows.values())
-
-    def describe(self) -> str:
-        """A few lines for the CLI."""
-        if self.reused:
-            return (
-                f"reused {self.out_dir} (inputs and config unchanged, "
-                f"hash {self.source_hash[:12]}): "
-                + ", ".join(f"{k} {v:,}" for k, v in self.rows.items())
-            )
-        rate = self.summary.get("read_rows", self.total_rows) / max(self.seconds, 1e-9)
-        how = self.layout or ""
-        if self.summary.get("path") == "chunked":
-            how += f", {self.summary['chunks']} chunks"
-        lines = [
-            f"prepared {self.total_rows:,} rows ({how}) in {self.seconds:.1f} s "
-            f"({rate:,.0f} rows/s) -> {self.out_dir}"
-        ]
-        for k in self.rows:
-            rate = self.positive_rate[k]
-            if self.rows[k] == 0:
-                what = "empty"
-            elif rate is None or math.isnan(rate):
-                what = "no labels (not scored; training needs labelled train and valid)"
-            else:
-                what = f"{100 * rate:.2f}% positive"
-            lines.append(f"  {k:5s} {self.rows[k]:>12,} rows, {what}")
-        fm = self.summary
-        if fm:
-            lines.append(
-                f"  {fm['num_categorical']} categorical fields (vocab total {fm['vocab_total']:,}, "
-                f"min_count {fm['min_count']}), {fm['num_numeric']} numeric "
-                f"({fm['numeric_transform']})"
-            )
-        if self.bad_rows:
-            lines.append(f"  skipped {self.bad_rows:,} malformed rows")
-        if "oracle" in fm:
-            o = fm["oracle"].get("test") or next(iter(fm["oracle"].values()))
-            lines.append(f"  oracle (true probabilities): AUC {o['auc']:.4f}, logloss "
-                         f"{o['logloss']:.4f}")  # fmt: skip
-        return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,14 +150,26 @@ def source_hash(identity: Any, params: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def data_schema(cfg: Any) -> DatasetSchema | None:
+    """The config's ``data.schema`` (None: Criteo files, their layout detected per file)."""
+    from ctrcal.data.schema import CRITEO
+
+    schema = resolve_schema(getattr(cfg.data, "schema", None))
+    return None if schema is CRITEO else schema
+
+
 def _params(cfg: Any, on_bad_row: str, random_split: bool) -> dict[str, Any]:
     data, feats = cfg.data, cfg.features
+    schema = data_schema(cfg)
     out = {
+        "schema": None if schema is None else schema.to_dict(),
         "layout": data.layout,
         "on_bad_row": on_bad_row,
         "min_count": feats.min_count,
         "numeric_transform": feats.numeric_transform,
         "numeric_buckets": feats.numeric_buckets,
+        "max_vocab": feats.max_vocab,
+        "hash_buckets": feats.hash_buckets,
     }
     if random_split:
         out["split"] = list(data.split)
@@ -240,7 +191,6 @@ def prepare(
     *,
     resplit: bool = False,
     force: bool = False,
-    in_memory_bytes: int | None = None,
     chunk_bytes: int | None = None,
 ) -> PrepareResult:
     """Prepare raw Criteo data into ``out_dir``, or reuse it when inputs and config are unchanged.
@@ -255,13 +205,8 @@ def prepare(
         on_bad_row: ``error`` or ``skip``; None takes ``cfg.data.on_bad_row``.
         resplit: allow pooling and re-splitting files whose names say they are splits.
         force: prepare even if an up-to-date ``out_dir`` exists.
-        in_memory_bytes: inputs up to this many bytes of text in all are parsed into memory;
-            larger ones take the chunked, bounded-memory path (default: the environment
-            variable ``CTRCAL_PREPARE_IN_MEMORY_BYTES``, else :data:`IN_MEMORY_BYTES` or a
-            quarter of the available memory, whichever is less; 0 forces the chunked path).
-            Both paths write the same data.
-        chunk_bytes: text bytes per chunk of the chunked path (default:
-            ``CTRCAL_PREPARE_CHUNK_BYTES``, else :data:`ctrcal.data.encode.CHUNK_BYTES`).
+        chunk_bytes: text bytes per chunk (default: ``CTRCAL_PREPARE_CHUNK_BYTES``, else
+            :data:`ctrcal.data.parse.CHUNK_BYTES`); the output does not depend on it.
 
     Returns:
         :class:`PrepareResult` (``.out_dir``, rows per split, ``.describe()`` for people).
@@ -285,7 +230,7 @@ def prepare(
         else:
             return _prepare_synthetic(cfg, Path(out_dir), force=force)
     return _prepare_files(inputs, Path(out_dir), cfg, on_bad_row, resplit=resplit, force=force,
-                          in_memory_bytes=in_memory_bytes, chunk_bytes=chunk_bytes)  # fmt: skip
+                          chunk_bytes=chunk_bytes)  # fmt: skip
 
 
 def _prepare_files(
@@ -298,14 +243,9 @@ def _prepare_files(
     force: bool = False,
     identity: Any = None,
     synthetic_info: Mapping[str, Any] | None = None,
-    in_memory_bytes: int | None = None,
     chunk_bytes: int | None = None,
 ) -> PrepareResult:
-    from ctrcal.data.encode import CHUNK_BYTES
-
     start = time.perf_counter()
-    in_memory_bytes = _size_setting(in_memory_bytes, "CTRCAL_PREPARE_IN_MEMORY_BYTES",
-                                    _auto_in_memory_bytes(), 0)  # fmt: skip
     chunk_bytes = _size_setting(chunk_bytes, "CTRCAL_PREPARE_CHUNK_BYTES", CHUNK_BYTES, 1)
     on_bad_row = on_bad_row or cfg.data.on_bad_row
     if on_bad_row not in ("error", "skip"):
@@ -333,29 +273,22 @@ def _prepare_files(
         tmp = owned_temp_dir(out_dir)
         try:
             result = _prepare_into(tmp, sources, cfg, on_bad_row, key, synthetic_info or {},
-                                   in_memory_bytes, chunk_bytes)  # fmt: skip
+                                   chunk_bytes)  # fmt: skip
             shutil.rmtree(tmp / "_work", ignore_errors=True)
             (tmp / OWNER_FILE).unlink(missing_ok=True)
             publish(tmp, out_dir, key)
+        except OSError as exc:
+            # the inputs are named by the readers; what is left is the output's trouble (a
+            # full disk, a read-only or foreign folder): name the path and the cause
+            where = f" ({exc.filename})" if exc.filename else ""
+            raise DataError(f"{out_dir}: cannot write the prepared data: "
+                            f"{exc.strerror or exc}{where}") from None  # fmt: skip
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     result.out_dir = out_dir
     result.seconds = time.perf_counter() - start
     return result
-
-
-def _auto_in_memory_bytes() -> int:
-    """:data:`IN_MEMORY_BYTES`, or less on a small machine: the in-memory path peaks at about
-    three times the text's size, so allow a quarter of the memory available (Linux)."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return min(IN_MEMORY_BYTES, int(line.split()[1]) * 1024 // 4)
-    except (OSError, ValueError, IndexError):
-        pass
-    return IN_MEMORY_BYTES
 
 
 def _size_setting(value: int | None, env: str, default: int, minimum: int) -> int:
@@ -380,7 +313,6 @@ def _prepare_into(
     on_bad_row: str,
     key: str,
     synthetic_info: Mapping[str, Any],
-    in_memory_bytes: int,
     chunk_bytes: int,
 ) -> PrepareResult:
     from ctrcal.data.synthetic import prob_path
@@ -389,15 +321,19 @@ def _prepare_into(
     work.mkdir()
     clock = Clock()
     # -- detect every source ----------------------------------------------------------------
+    schema = data_schema(cfg)
     for s in sources:
-        s.fmt = criteo.detect_format(s.path, cfg.data.layout)
+        if schema is None:
+            s.fmt = criteo.detect_format(s.path, cfg.data.layout)
+            p = prob_path(s.path)
+            s.prob = p if p.exists() else None
+        else:
+            s.fmt = schema_reader.detect(s.path, schema)
         if not s.fmt.labelled and (s.split is None or s.split < 2):
             raise DataError(
                 f"{s.path}: has no labels ({s.fmt.layout} layout); training and validation "
                 "need labelled rows (an unlabelled file can only be the explicit test split)"
             )
-        p = prob_path(s.path)
-        s.prob = p if p.exists() else None
     layouts = sorted({s.fmt.layout for s in sources if s.fmt})
     families = {"x1" if lay == "x1" else "raw" for lay in layouts}
     if len(families) > 1:
@@ -408,21 +344,27 @@ def _prepare_into(
     transform = resolve_numeric_transform(
         cfg.features.numeric_transform, "x1" if families == {"x1"} else layout
     )
+    fields = {} if schema is None else {"categorical_fields": schema.categorical_fields,
+                                        "numeric_fields": schema.numeric}  # fmt: skip
     pipe = FeaturePipeline(
         min_count=cfg.features.min_count,
         numeric_transform=transform,
         numeric_buckets=cfg.features.numeric_buckets,
+        max_vocab=cfg.features.max_vocab,
+        hash_buckets=cfg.features.hash_buckets,
+        **fields,
     )
-    plan = plan_splits(
-        [s.path for s in sources], [s.split for s in sources], cfg.data.split,
-        cfg.data.split_seed, cfg.data.split_order, [s.fmt.header_lines for s in sources],
-    )  # fmt: skip
-    clock("detect")
-    chunked = sum(text_bytes(s.path) for s in sources) > in_memory_bytes
-    if chunked:
-        tally = encode_chunked(tmp, sources, on_bad_row, plan, pipe, clock, chunk_bytes)
+    if schema is not None and schema.time and sources[0].split is None \
+            and cfg.data.split_order == "time":
+        counts = pl.concat([schema_reader.time_counts(s.path, s.fmt) for s in sources])
+        plan = plan_time_column(counts, cfg.data.split)
     else:
-        tally = encode_in_memory(tmp, sources, on_bad_row, plan, pipe, clock)
+        plan = plan_splits(
+            [s.path for s in sources], [s.split for s in sources], cfg.data.split,
+            cfg.data.split_seed, cfg.data.split_order, [s.fmt.header_lines for s in sources],
+        )  # fmt: skip
+    clock("detect")
+    tally = encode_sources(tmp, sources, on_bad_row, plan, pipe, clock, chunk_bytes)
     rows = {name: tally.rows[k] for k, name in enumerate(SPLITS)}
     rates = {name: tally.rate(k) for k, name in enumerate(SPLITS)}
     bad = tally.bad
@@ -444,6 +386,8 @@ def _prepare_into(
         },
         "bad_rows_skipped": bad,
     }
+    if schema is not None:
+        extra["schema"] = schema.to_dict()
     if synthetic_info:
         extra["synthetic"] = dict(synthetic_info)
     if oracle:
@@ -458,10 +402,15 @@ def _prepare_into(
         "min_count": pipe.min_count,
         "numeric_transform": transform,
         "read_rows": sum(rows.values()) + bad,
-        "path": "chunked" if chunked else "memory",
-        "fast_path": tally.fast,
         "chunks": tally.chunks,
+        "native_chunks": tally.native_chunks,
         "timings": clock.laps,
+        "tables": dict(zip(pipe.categorical_fields, pipe.vocab_sizes_, strict=True)),
+        "hashed": [n for n in pipe.categorical_fields if pipe.hashed_[n]],
+        "max_vocab": pipe.max_vocab,
+        # the model's dimension as configured; its default is looked up only to print it
+        "embedding_dim": cfg.model.get("embedding_dim"),
+        "model": cfg.model.name,
     }
     if oracle:
         summary["oracle"] = oracle

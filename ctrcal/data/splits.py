@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 
-from ctrcal.data import criteo
+from ctrcal.data.chunks import is_gzip, iter_text_chunks
 from ctrcal.errors import DataError
 
 SPLITS: tuple[str, ...] = ("train", "valid", "test")
@@ -65,6 +66,7 @@ class SplitPlan:
         file_split: per input file, its split (explicit / whole-file modes), else None.
         offsets: per input file, the global index of its first record (time mode).
         total: number of records over all inputs (time mode).
+        time_values: the first time of valid and of test (time_column mode).
     """
 
     mode: str
@@ -73,6 +75,7 @@ class SplitPlan:
     file_split: list[int | None] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
     total: int = 0
+    time_values: tuple[int, int] = (0, 0)
 
     def describe(self) -> dict | str:
         """What the feature map records about the split."""
@@ -84,11 +87,16 @@ class SplitPlan:
             out["seed"] = self.seed
         if self.mode == "time_files":
             out["whole_files"] = True
+        if self.mode == "time_column":
+            out["first_time"] = {"valid": self.time_values[0], "test": self.time_values[1]}
         return out
 
-    def codes(self, file: np.ndarray, row: np.ndarray) -> np.ndarray:
-        """[N] split codes (uint8) of records ``row`` (0-based index within its file, a typed
-        frame's ``_row``) of the inputs ``file`` (their index, ``_file``), both [N]."""
+    def codes(
+        self, file: np.ndarray, row: np.ndarray, time: np.ndarray | None = None
+    ) -> np.ndarray:
+        """[N] split codes (uint8) of records ``row`` (0-based index within its file) of the
+        inputs ``file`` (their index), both [N]; ``time`` [N] their time column's values
+        (``time_column`` mode)."""
         if self.file_split:
             if any(s is None for s in self.file_split):
                 raise DataError(f"{self.mode} split: an input without a split")  # unreachable
@@ -99,6 +107,9 @@ class SplitPlan:
             cut1, cut2 = self.time_cuts()
             g = row.astype(np.int64) + np.asarray(self.offsets, dtype=np.int64)[file]
             return (g >= cut1).astype(np.uint8) + (g >= cut2)
+        if self.mode == "time_column":
+            cut1, cut2 = self.time_values
+            return (time >= cut1).astype(np.uint8) + (time >= cut2)
         raise DataError(f"no split in {self.mode} mode")  # unreachable
 
     def time_cuts(self) -> tuple[int, int]:
@@ -159,13 +170,34 @@ def plan_splits(
     return SplitPlan("time", fractions=fr, offsets=offsets, total=sum(counts))
 
 
+def plan_time_column(counts: pl.DataFrame, fractions: Sequence[float]) -> SplitPlan:
+    """Splits cut by a time column's value: ``counts`` (``time``, ``count`` over all inputs)
+    in time order, each time value to the split its middle row falls in (all rows of one time
+    in one split), as whole day files are assigned."""
+    fr = check_fractions(fractions)
+    counts = counts.group_by("time").agg(pl.col("count").sum()).sort("time")
+    times, c = counts["time"].to_numpy(), counts["count"].to_numpy().astype(np.float64)
+    total = c.sum()
+    if total == 0:
+        raise DataError("data.split_order: time: the time column holds no integer values")
+    middle = (np.cumsum(c) - c / 2) / total
+    split = (middle >= fr[0]).astype(np.int64) + (middle >= fr[0] + fr[1])
+    for k, name in enumerate(SPLITS):
+        if fr[k] > 0 and not (split == k).any():
+            raise DataError(f"data.split_order: time: data.split {list(fractions)} leaves the "
+                            f"{name} split without a time value out of {len(times)}")  # fmt: skip
+    big = int(times.max()) + 1
+    first = [int(times[split >= k][0]) if (split >= k).any() else big for k in (1, 2)]
+    return SplitPlan("time_column", fractions=fr, time_values=(first[0], first[1]))
+
+
 def count_records(path: Path, header_lines: int = 0) -> int:
     """Records of a (possibly gzipped) text file as the CSV reader numbers them: lines, an
     unterminated last line included, minus the header."""
     lines, last = 0, b"\n"
-    for block in criteo.iter_text_chunks(path, 16 << 20):
-        lines += block.count(b"\n")
-        last = block[-1:] or last
+    for block in iter_text_chunks(path, 16 << 20):
+        lines += int(np.count_nonzero(np.frombuffer(block, np.uint8) == 10))
+        last = bytes(block[-1:]) or last
     if last != b"\n":
         lines += 1
     return max(lines - header_lines, 0)
@@ -175,7 +207,7 @@ def text_bytes(path: Path) -> int:
     """Size of a file's text: its size, or for gzip the larger of the trailer's (mod 2**32)
     size and three times the compressed size (Criteo text compresses about 4:1)."""
     size = path.stat().st_size
-    if not criteo.is_gzip(path):
+    if not is_gzip(path):
         return size
     with open(path, "rb") as fh:
         fh.seek(max(size - 4, 0))

@@ -54,7 +54,7 @@ from ctrcal.data.criteo import (
     NUMERIC_COLUMNS,
 )
 from ctrcal.errors import DataError
-from ctrcal.utils import atomic_path
+from ctrcal.utils import atomic_path, remove_stale_temporaries
 
 GENERATOR_VERSION = 1
 CHUNK_ROWS = 500_000
@@ -315,6 +315,8 @@ def generate(
         raise DataError(f"synthetic rows must be positive, got {rows}")
     start = time.perf_counter()
     out = Path(out)
+    # a killed run left its temporaries beside the target: one writer per target at a time
+    remove_stale_temporaries(out.parent, [out.name, prob_path(out).name])
     model = make_click_model(seed, max_cardinality, drift)
     _calibrate(model, seed, positive_rate)
     n_chunks = -(-rows // CHUNK_ROWS)

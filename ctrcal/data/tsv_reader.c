@@ -1,5 +1,5 @@
-/* Criteo's tab-separated layout (an optional label, integer fields, 8-hex-digit hashes, one
- * record per '\n' line) parsed straight into columns.
+/* Criteo's delimited layout (an optional label, integer fields, 8-hex-digit hashes, one
+ * record per '\n' line, fields separated by one byte) parsed straight into columns.
  *
  * Only the clean form is accepted: integer fields spelled -?[0-9]{1,18} or empty, hash fields
  * of exactly 8 hex digits or empty, the layout's number of fields on every line -- or fewer
@@ -44,6 +44,16 @@ static inline int all_hex(uint64_t x) {
     return (in_range(x, 0x30, 0x3A) | in_range(x, 0x41, 0x47) | in_range(x, 0x61, 0x67)) == HIGH;
 }
 
+/* The 8 hex digits of x (byte i = character i, checked by all_hex) read base 16, character 0
+ * the most significant: a letter's nibble is its low 4 bits + 9. */
+static inline uint64_t hex_value(uint64_t x) {
+    const uint64_t letter = (in_range(x, 0x41, 0x47) | in_range(x, 0x61, 0x67)) >> 7;
+    uint64_t nib = (x & 0x0F0F0F0F0F0F0F0FULL) + letter * 9;
+    nib = ((nib & 0x000F000F000F000FULL) << 4) | ((nib >> 8) & 0x000F000F000F000FULL);
+    nib = ((nib & 0x000000FF000000FFULL) << 8) | ((nib >> 16) & 0x000000FF000000FFULL);
+    return ((nib & 0xFFFFULL) << 16) | ((nib >> 32) & 0xFFFFULL);
+}
+
 /* The value of the k (1..8) decimal digits in the low bytes of x, character 0 the most
  * significant: move them to the top bytes (zeros before them read as leading zeros), then
  * combine neighbouring digits, pairs and quads with three multiplications. */
@@ -56,20 +66,21 @@ static inline int64_t digits_value(uint64_t x, int k) {
 
 /* Parse the whole lines of buf[0, len) into rows first, first + 1, ... of the columns.
  *
- * ints: [nint, stride] int64 (the label, if any, then the integer fields); ivalid: [nint,
- * stride] 0/1. keys: [ncat, stride] uint64, the 8 bytes of each hash as a little-endian key
- * (byte i = character i); kvalid: [ncat, stride] 0/1. An empty field is invalid (value 0).
+ * nums: [nnum, stride] double (the label, if any, then the integer fields; exact as the
+ * float reader reads them: the integer rounded once); nvalid: [nnum, stride] 0/1. cats:
+ * [ncat, stride] uint64, each hash read base 16; cvalid: [ncat, stride] 0/1. An empty field
+ * is invalid (value 0). Fields are separated by sep.
  *
  * Returns the number of rows parsed, or -1 - i when line i (0-based, within buf) is not clean.
  */
-int64_t tsv_parse(const char *buf, int64_t len, int nint, int ncat, int64_t stride,
-                  int64_t first, int64_t *ints, uint8_t *ivalid, uint64_t *keys,
-                  uint8_t *kvalid) {
+int64_t tsv_parse(const char *buf, int64_t len, int sep, int nnum, int ncat, int64_t stride,
+                  int64_t first, double *nums, uint8_t *nvalid, uint64_t *cats,
+                  uint8_t *cvalid) {
     const unsigned char *p = (const unsigned char *)buf, *end = p + len;
     int64_t line = 0;
     while (p < end) {
         const int64_t r = first + line;
-        for (int f = 0; f < nint; f++) {
+        for (int f = 0; f < nnum; f++) {
             int neg = 0, digits = 0;
             int64_t v = 0;
             if (p < end && *p == '-') {
@@ -93,15 +104,15 @@ int64_t tsv_parse(const char *buf, int64_t len, int nint, int ncat, int64_t stri
                     if (++digits > 18) return -1 - line;
                 }
             }
-            if (p == end || *p != '\t' || (neg && !digits)) return -1 - line;
+            if (p == end || *p != sep || (neg && !digits)) return -1 - line;
             p++;
-            ints[(int64_t)f * stride + r] = neg ? -v : v;
-            ivalid[(int64_t)f * stride + r] = digits != 0;
+            nums[(int64_t)f * stride + r] = (double)(neg ? -v : v);
+            nvalid[(int64_t)f * stride + r] = digits != 0;
         }
         int present = ncat; /* hash fields on the line: fewer on a ragged row */
         for (int f = 0; f < ncat; f++) {
             const int last = f == ncat - 1;
-            const unsigned char stop = last ? '\n' : '\t';
+            const unsigned char stop = last ? '\n' : (unsigned char)sep;
             uint64_t key = 0;
             int valid = 0;
             if (p < end && *p != stop) {
@@ -115,8 +126,8 @@ int64_t tsv_parse(const char *buf, int64_t len, int nint, int ncat, int64_t stri
                 p += 8;
                 valid = 1;
             }
-            keys[(int64_t)f * stride + r] = key;
-            kvalid[(int64_t)f * stride + r] = (uint8_t)valid;
+            cats[(int64_t)f * stride + r] = valid ? hex_value(key) : 0;
+            cvalid[(int64_t)f * stride + r] = (uint8_t)valid;
             if (p < end ? *p != stop : !last) {
                 if (!last && (p == end || *p == '\n')) { /* the line ends after this field */
                     present = f + 1;
@@ -129,8 +140,8 @@ int64_t tsv_parse(const char *buf, int64_t len, int nint, int ncat, int64_t stri
         if (present < ncat) { /* a ragged row: its last hash fields are missing, as the
                                  general reader pads them */
             for (int f = present; f < ncat; f++) {
-                keys[(int64_t)f * stride + r] = 0;
-                kvalid[(int64_t)f * stride + r] = 0;
+                cats[(int64_t)f * stride + r] = 0;
+                cvalid[(int64_t)f * stride + r] = 0;
             }
             if (p < end) p++;
         }

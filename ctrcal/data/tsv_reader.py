@@ -1,182 +1,144 @@
-"""Clean Criteo TSV files parsed by a small C kernel (``tsv_reader.c``), a chunk per thread.
+"""The C reader: a chunk of clean Criteo lines parsed by ``tsv_reader.c``, a piece per thread.
 
-:func:`read_clean` gives the frame :mod:`ctrcal.data.fastpath` reads with polars -- the label
-and ``I1..I13`` as Int64, ``C1..C26`` as the ``uint64`` keys of their 8 bytes (see
-:mod:`ctrcal.data.hexkeys`), null where a field is empty -- for files in the clean form only:
-tab-separated without a header, every line with exactly the layout's fields, integers spelled
-``-?[0-9]{1,18}``, hashes of exactly 8 hex digits. For anything else (or where no C compiler
-is found, or with ``CTRCAL_NATIVE_READER=0``) it returns None and the caller reads the file
-with polars as before, so what is accepted here is a subset of what polars accepts, read to
-the same values.
+:func:`read_clean` gives a chunk's columns as :class:`~ctrcal.data.parse.ParsedChunk` wants
+them -- the label and ``I1..I13`` as float64, ``C1..C26`` read base 16 (``uint64`` holding the
+``uint32`` value) with 0/1 validity -- for chunks in the clean form only: fields separated by
+one byte, the layout's canonical column order (``label, I1..I13, C1..C26`` or without the
+label), integers spelled ``-?[0-9]{1,18}``, hashes of exactly 8 hex digits, every line with
+the layout's fields or ending within its hash fields. For anything else (or where no C
+compiler is found, or with ``CTRCAL_NATIVE_READER=0``) it returns None and
+:mod:`ctrcal.data.parse` re-parses that chunk with polars, which reads the same values, so
+what is accepted here is a subset of what polars accepts.
 
-The file is memory-mapped and cut at line boundaries into one chunk per thread; each thread
-counts its lines, then parses them into its rows of preallocated columns (ctypes releases the
-GIL, so the chunks run in parallel).
+The chunk is cut at line boundaries into one piece per thread; each thread counts its lines,
+then parses them into its rows of preallocated columns (ctypes releases the GIL).
 """
 
 from __future__ import annotations
 
 import ctypes
-import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
-import pyarrow as pa
 
 from ctrcal.cbuild import LazyLibrary
-from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
+from ctrcal.data.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 
 ENV_SWITCH = "CTRCAL_NATIVE_READER"
-"""Set to ``0`` to read every file with polars (the C reader is then never built)."""
+"""Set to ``0`` to parse every chunk with polars (the C kernels are then never built)."""
 
 _SOURCE = Path(__file__).with_name("tsv_reader.c")
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    ptr, i64, cint = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.tsv_count_rows.argtypes = [ptr, i64]
     lib.tsv_count_rows.restype = i64
-    lib.tsv_parse.argtypes = [ptr, i64, ctypes.c_int, ctypes.c_int, i64, i64,
-                              ptr, ptr, ptr, ptr]  # fmt: skip
+    lib.tsv_parse.argtypes = [ptr, i64, cint, cint, cint, i64, i64, ptr, ptr, ptr, ptr]
     lib.tsv_parse.restype = i64
 
 
 _LIBRARY = LazyLibrary(_SOURCE, "tsv_reader", _declare)
 
 
-def _library() -> ctypes.CDLL | None:
-    """The compiled reader, built on first use; None where it cannot be built."""
-    return _LIBRARY.get()
-
-
 def available() -> bool:
     """Whether the C reader is switched on and builds here."""
-    return os.environ.get(ENV_SWITCH, "1") != "0" and _library() is not None
+    return os.environ.get(ENV_SWITCH, "1") != "0" and _LIBRARY.get() is not None
 
 
-def _clean_layout(fmt: Any) -> bool:
+def takes_layout(fmt: Any) -> bool:
+    """Whether files of this :class:`~ctrcal.data.criteo.CriteoFormat` can be read in C at all
+    (the canonical column order; a header is skipped before the chunks are cut)."""
     head = (LABEL,) if fmt.labelled else ()
     columns = (*head, *NUMERIC_COLUMNS, *CATEGORICAL_COLUMNS)
-    return fmt.separator == "\t" and not fmt.has_header and tuple(fmt.columns) == columns
+    return len(fmt.separator) == 1 and tuple(fmt.columns) == columns and fmt.layout != "x1"
 
 
-@dataclass
-class CleanColumns:
-    """A clean file's columns as the C reader leaves them (0/1 ``valid`` marks present values).
+class Buffers:
+    """The reader's output arrays, reused from chunk to chunk: fresh memory costs a page fault
+    per page, as much as parsing into it. What :func:`read_clean` returns with them is valid
+    until its next call."""
 
-    ``ints`` [I, N] int64 and ``ivalid`` [I, N] uint8: the label (when ``labelled``), then
-    ``I1..I13``; ``keys`` [26, N] uint64 and ``kvalid`` [26, N] uint8: ``C1..C26``'s keys (see
-    :mod:`ctrcal.data.hexkeys`)."""
+    def __init__(self) -> None:
+        self.cap = 0
+        self.arrays: tuple[np.ndarray, ...] = ()
 
-    ints: np.ndarray
-    ivalid: np.ndarray
-    keys: np.ndarray
-    kvalid: np.ndarray
-    labelled: bool
-
-    @property
-    def rows(self) -> int:
-        return self.keys.shape[1]
-
-    def frame(self) -> pl.DataFrame:
-        """The columns as :func:`read_clean` gives them."""
-        n = self.rows
-        columns = [] if self.labelled else [pl.Series(LABEL, [None] * n, dtype=pl.Int64)]
-        names = [LABEL] * self.labelled + list(NUMERIC_COLUMNS)
-        columns += [nullable_series(m, self.ints[j], self.ivalid[j], pa.int64())
-                    for j, m in enumerate(names)]  # fmt: skip
-        columns += [nullable_series(m, self.keys[j], self.kvalid[j], pa.uint64())
-                    for j, m in enumerate(CATEGORICAL_COLUMNS)]  # fmt: skip
-        return pl.DataFrame(columns)
+    def get(self, nnum: int, ncat: int, n: int) -> tuple[tuple[np.ndarray, ...], int]:
+        """Arrays of at least ``n`` columns (the row stride is the second value)."""
+        if n > self.cap or self.arrays[0].shape[0] != nnum or self.arrays[2].shape[0] != ncat:
+            self.cap = max(n, self.cap + self.cap // 4)
+            self.arrays = (np.empty((nnum, self.cap), dtype=np.float64),
+                           np.empty((nnum, self.cap), dtype=np.uint8),
+                           np.empty((ncat, self.cap), dtype=np.uint64),
+                           np.empty((ncat, self.cap), dtype=np.uint8))  # fmt: skip
+        return self.arrays, self.cap
 
 
-def read_clean(path: str | Path, fmt: Any, threads: int | None = None) -> pl.DataFrame | None:
-    """The file's columns (see the module docstring), or None when it is not in the clean form.
+def read_clean(
+    chunk: memoryview | bytes, fmt: Any, threads: int, buffers: Buffers | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """The chunk's columns, or None when a line is not in the clean form.
 
     Args:
-        path: an uncompressed text file.
-        fmt: its :class:`~ctrcal.data.criteo.CriteoFormat`.
-        threads: chunks parsed in parallel (default: polars' thread pool size, at most the
-            cores).
+        chunk: whole lines of a file (see :func:`ctrcal.data.chunks.iter_text_chunks`).
+        fmt: the file's format (:func:`takes_layout` must be true).
+        threads: pieces parsed in parallel.
+        buffers: reused output arrays (see :class:`Buffers`); None allocates new ones.
+
+    Returns:
+        ``(nums [I, N] float64, nvalid [I, N] uint8, cats [26, N] uint64, cvalid [26, N]
+        uint8)``; ``nums`` holds the label first when ``fmt.labelled``, then ``I1..I13``.
+        Each row of each array is contiguous.
     """
-    columns = read_clean_columns(path, fmt, threads)
-    return None if columns is None else columns.frame()
-
-
-def read_clean_columns(
-    path: str | Path, fmt: Any, threads: int | None = None
-) -> CleanColumns | None:
-    """:func:`read_clean`'s columns as numpy arrays (:class:`CleanColumns`), or None."""
-    if not _clean_layout(fmt) or not available():
-        return None
-    lib = _library()
-    size = os.path.getsize(path)
+    lib = _LIBRARY.get()
+    size = len(chunk)
     if size == 0:
-        return None  # polars reads an empty file
-    threads = threads or min(pl.thread_pool_size(), os.cpu_count() or 1)
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        view = np.frombuffer(mm, dtype=np.uint8)
-        try:
-            return _parse(lib, mm, view.ctypes.data, size, fmt.labelled, max(1, threads))
-        finally:
-            del view  # the map closes only once no array looks at it
-
-
-def _parse(
-    lib: ctypes.CDLL, mm: mmap.mmap, base: int, size: int, labelled: bool, threads: int
-) -> CleanColumns | None:
+        return None
+    view = np.frombuffer(chunk, dtype=np.uint8)
+    base = view.ctypes.data
     cuts = [0]
-    for k in range(1, threads):
-        nl = mm.find(b"\n", max(size * k // threads, cuts[-1]))
-        if nl < 0 or nl + 1 >= size:
+    for k in range(1, max(1, threads)):
+        start = max(size * k // threads, cuts[-1])
+        hits = np.flatnonzero(view[start : start + (1 << 20)] == 10)[:1]
+        if not len(hits) or start + int(hits[0]) + 1 >= size:
             break
-        cuts.append(nl + 1)
+        cuts.append(start + int(hits[0]) + 1)
     cuts.append(size)
     spans = list(zip(cuts[:-1], cuts[1:], strict=True))
-    with ThreadPoolExecutor(len(spans)) as pool:
-        counts = list(pool.map(lambda s: lib.tsv_count_rows(base + s[0], s[1] - s[0]), spans))
+    nnum = len(NUMERIC_COLUMNS) + int(fmt.labelled)
+    ncat = len(CATEGORICAL_COLUMNS)
+    sep = ord(fmt.separator)
+
+    def count(span: tuple[int, int]) -> int:
+        return lib.tsv_count_rows(base + span[0], span[1] - span[0])
+
+    def run(pool: ThreadPoolExecutor | None, fn: Any, *args: Any) -> list[int]:
+        return list(pool.map(fn, *args)) if pool is not None else list(map(fn, *args))
+
+    pool = ThreadPoolExecutor(len(spans)) if len(spans) > 1 else None
+    try:
+        counts = run(pool, count, spans)
         n = int(sum(counts))
-        nint = len(NUMERIC_COLUMNS) + int(labelled)
-        ncat = len(CATEGORICAL_COLUMNS)
-        ints = np.empty((nint, n), dtype=np.int64)
-        ivalid = np.empty((nint, n), dtype=np.uint8)
-        keys = np.empty((ncat, n), dtype=np.uint64)
-        kvalid = np.empty((ncat, n), dtype=np.uint8)
+        arrays, stride = (buffers or Buffers()).get(nnum, ncat, n)
         firsts = np.cumsum([0, *counts[:-1]]).tolist()
-        pointers = [a.ctypes.data for a in (ints, ivalid, keys, kvalid)]
+        pointers = [a.ctypes.data for a in arrays]
 
         def parse(span: tuple[int, int], first: int) -> int:
-            return lib.tsv_parse(base + span[0], span[1] - span[0], nint, ncat, n, first,
-                                 *pointers)  # fmt: skip
+            return lib.tsv_parse(base + span[0], span[1] - span[0], sep, nnum, ncat, stride,
+                                 first, *pointers)  # fmt: skip
 
-        parsed = list(pool.map(parse, spans, firsts))
+        parsed = run(pool, parse, spans, firsts)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    del view
     if parsed != counts:
-        return None  # a line not in the clean form: polars reads the file
-    return CleanColumns(ints, ivalid, keys, kvalid, labelled)
+        return None  # a line not in the clean form: polars parses the chunk
+    nums, nvalid, cats, cvalid = (a[:, :n] for a in arrays)
+    return nums, nvalid, cats, cvalid
 
 
-def nullable_series(
-    name: str,
-    values: np.ndarray,
-    valid: np.ndarray | None = None,
-    dtype: pa.DataType | None = None,
-) -> pl.Series:
-    """``values`` ([N], contiguous) as a polars column without a copy, null where ``valid``
-    ([N] bool or 0/1, optional) is 0 (an Arrow validity bitmap); ``dtype`` defaults to the
-    Arrow type of ``values``. Built from Arrow buffers: polars' own conversion of numpy arrays
-    (and ``pyarrow.array``) imports ``numpy.ma``, 10-50 ms once per process."""
-    values = np.ascontiguousarray(values)
-    dtype = dtype if dtype is not None else pa.from_numpy_dtype(values.dtype)
-    nulls = 0 if valid is None else len(valid) - int(np.count_nonzero(valid))
-    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
-    array = pa.Array.from_buffers(dtype, len(values), [bitmap, pa.py_buffer(values)], nulls)
-    return pl.Series(name, array)
-
-
-__all__ = ["ENV_SWITCH", "CleanColumns", "available", "nullable_series", "read_clean",
-           "read_clean_columns"]
+__all__ = ["ENV_SWITCH", "Buffers", "available", "read_clean", "takes_layout"]

@@ -99,27 +99,67 @@ def test_non_finite_integer_fields_are_malformed(tmp_path, value):
         read_criteo(path)
 
 
-@pytest.mark.parametrize("in_memory", [None, 0])
-def test_prepare_rejects_or_skips_non_finite_numerics(tmp_path, in_memory):
+def test_prepare_rejects_or_skips_non_finite_numerics(tmp_path):
     rows = [GOOD] * 20 + [_with(4, v) for v in NON_FINITE] + [_with(2, "260.0")]
     path = _write(tmp_path / "train.txt", rows)
     with pytest.raises(DataError, match="line 21: malformed row: I4 is not an integer"):
-        prepare([path], tmp_path / "p", in_memory_bytes=in_memory)
-    res = prepare([path], tmp_path / "q", on_bad_row="skip", in_memory_bytes=in_memory)
+        prepare([path], tmp_path / "p")
+    res = prepare([path], tmp_path / "q", on_bad_row="skip")
     assert res.bad_rows == len(NON_FINITE) and res.total_rows == 21
 
 
-@pytest.mark.parametrize("in_memory", [None, 0])
-def test_one_row_files(tmp_path, in_memory):
+def test_one_row_files(tmp_path):
     one = [_with(30, "")]  # C17 missing: a field without a single value in train
     paths = {s: [_write(tmp_path / f"{s}.txt", one)] for s in ("train", "valid", "test")}
-    res = prepare(paths, tmp_path / "p", in_memory_bytes=in_memory)
+    res = prepare(paths, tmp_path / "p")
     assert res.rows == {"train": 1, "valid": 1, "test": 1}
     from ctrcal.config import Config
 
     cfg = Config()
     cfg.data.split = [1, 0, 0]
-    res = prepare(paths["train"], tmp_path / "q", cfg, in_memory_bytes=in_memory)
+    res = prepare(paths["train"], tmp_path / "q", cfg)
     assert res.rows == {"train": 1, "valid": 0, "test": 0}
     text = res.describe()
     assert "valid            0 rows, empty" in text and "nan" not in text
+
+
+GOOD_INT = ["0", "1", "-1", "260", *["3"] * 10, *["05db9164"] * 26]  # every chunk C-readable
+MALFORMED = [
+    (5, "inf", "I5 is not an integer"),
+    (5, "nan", "I5 is not an integer"),
+    (5, "1.5", "I5 is not an integer"),
+    (5, "1e400", "I5 is not an integer"),
+    (5, "x", "I5 is not an integer"),
+    (0, "2", "label is not 0 or 1"),
+    (0, "-1", "label is not 0 or 1"),
+    (16, "zz0049e6", "C3 is not a hex"),
+    (16, "05DB916G", "C3 is not a hex"),
+    (16, "123456789", "C3 is not a hex"),
+    (16, "12", None),  # short hex is a value
+    (40, "extra", "more fields"),
+]
+
+
+@pytest.mark.parametrize(("index", "value", "match"), MALFORMED,
+                         ids=[str(i) for i in range(len(MALFORMED))])  # fmt: skip
+def test_malformed_rows_named_by_line(tmp_path, index, value, match):
+    row = list(GOOD_INT) + ([value] if index == len(GOOD_INT) else [])
+    row[index] = value
+    path = _write(tmp_path / "train.txt", [GOOD_INT] * 20 + [row] + [GOOD_INT] * 5)
+    if match is None:
+        assert prepare([path], tmp_path / "p").total_rows == 26
+        return
+    with pytest.raises(DataError, match=rf"{path}: line 21: malformed row: {match}"):
+        prepare([path], tmp_path / "p")
+    res = prepare([path], tmp_path / "q", on_bad_row="skip")
+    assert res.bad_rows == 1 and res.total_rows == 25
+
+
+def test_malformed_hash_in_a_held_out_split(tmp_path):
+    bad = list(GOOD_INT)
+    bad[20] = "0000000g"
+    train = _write(tmp_path / "tr.txt", [GOOD_INT] * 20)
+    valid = _write(tmp_path / "va.txt", [GOOD_INT] * 5)
+    test = _write(tmp_path / "te.txt", [GOOD_INT] * 3 + [bad] + [GOOD_INT])
+    with pytest.raises(DataError, match=rf"{test}: line 4: malformed row: C7 is not a hex"):
+        prepare({"train": [train], "valid": [valid], "test": [test]}, tmp_path / "p")

@@ -181,17 +181,6 @@ def test_cli_prepare_and_synth(tmp_path, capsys):
     assert not (tmp_path / "q").exists()
 
 
-def test_streaming_path_matches_memory(raw, tmp_path):
-    mem = prepare([raw], tmp_path / "mem", _cfg(min_count=2))
-    disk = prepare([raw], tmp_path / "disk", _cfg(min_count=2), in_memory_bytes=0)
-    assert mem.rows == disk.rows
-    for split in ("train", "valid", "test"):
-        a = pl.read_parquet(tmp_path / "mem" / split)
-        b = pl.read_parquet(tmp_path / "disk" / split)
-        assert a.equals(b)
-    assert FeatureMap.load(mem.out_dir).vocab_sizes == FeatureMap.load(disk.out_dir).vocab_sizes
-
-
 def test_non_numeric_value_skipped_in_prepare(raw, tmp_path):
     lines = raw.read_text().splitlines()
     fields = lines[10].split("\t")
@@ -201,10 +190,8 @@ def test_non_numeric_value_skipped_in_prepare(raw, tmp_path):
     bad.write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError, match=r"line 11: malformed row: I3 is not an integer"):
         prepare([bad], tmp_path / "p", _cfg(min_count=2))
-    for in_memory in (None, 0):
-        res = prepare([bad], tmp_path / f"p{in_memory}", _cfg(min_count=2),
-                              on_bad_row="skip", in_memory_bytes=in_memory)  # fmt: skip
-        assert res.bad_rows == 1 and res.total_rows == 2_999
+    res = prepare([bad], tmp_path / "q", _cfg(min_count=2), on_bad_row="skip")
+    assert res.bad_rows == 1 and res.total_rows == 2_999
 
 
 def test_synthetic_from_config_reused_until_changed(tmp_path):

@@ -22,17 +22,17 @@ from ctrcal.data.prepare import prepare
 cfg = Config()
 cfg.features.min_count = 2
 Path(sys.argv[3]).write_text("started")
-prepare([sys.argv[1]], sys.argv[2], cfg, in_memory_bytes=int(sys.argv[4]), chunk_bytes=1 << 15)
+prepare([sys.argv[1]], sys.argv[2], cfg, chunk_bytes=1 << 15)
 """
 
 
-def _start(raw, out, flag, in_memory):
-    argv = [sys.executable, "-c", CHILD, str(raw), str(out), str(flag), str(in_memory)]
+def _start(raw, out, flag):
+    argv = [sys.executable, "-c", CHILD, str(raw), str(out), str(flag)]
     return subprocess.Popen(argv, env=child_env(), stderr=subprocess.PIPE, text=True)
 
 
-def _run(raw, out, flag, in_memory):
-    proc = _start(raw, out, flag, in_memory)
+def _run(raw, out, flag):
+    proc = _start(raw, out, flag)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     return err
@@ -49,10 +49,9 @@ def raw(tmp_path_factory):
 
 
 def test_kill_9_at_any_moment_then_again_gives_the_uninterrupted_output(raw, tmp_path):
-    in_memory = 0  # the chunked path: the most phases and the most state on disk
     flag = tmp_path / "flag"
     reference = tmp_path / "reference"
-    proc = _start(raw, reference, flag, in_memory)
+    proc = _start(raw, reference, flag)
     while not flag.exists() and proc.poll() is None:
         time.sleep(0.002)
     start = time.perf_counter()
@@ -63,22 +62,22 @@ def test_kill_9_at_any_moment_then_again_gives_the_uninterrupted_output(raw, tmp
     # kills spread over the work, each leaving its state to the next run
     for fraction in (0.02, 0.3, 0.6, 0.85, 0.98):
         flag.unlink(missing_ok=True)
-        proc = _start(raw, out, flag, in_memory)
+        proc = _start(raw, out, flag)
         while not flag.exists() and proc.poll() is None:
             time.sleep(0.002)
         time.sleep(work * fraction)
         kill_9(proc)
         assert not out.exists() or is_prepared(out)  # never a half-written directory
-    _run(raw, out, flag, in_memory)
+    _run(raw, out, flag)
     assert snapshot(out) == expected
     assert _leftovers(out) == []
 
 
 def test_two_prepares_at_once_end_cleanly_with_one_valid_output(raw, tmp_path):
     reference = tmp_path / "reference"
-    _run(raw, reference, tmp_path / "f0", 1 << 30)
+    _run(raw, reference, tmp_path / "f0")
     out = tmp_path / "out"
-    procs = [_start(raw, out, tmp_path / f"f{i}", 1 << 30) for i in (1, 2)]
+    procs = [_start(raw, out, tmp_path / f"f{i}") for i in (1, 2)]
     errs = [p.communicate(timeout=120)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errs
     assert is_prepared(out)

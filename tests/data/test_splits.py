@@ -34,10 +34,9 @@ def _encoded_rows(out, raw_frame):
     return FeaturePipeline.load(out).transform(raw_frame).collect()
 
 
-@pytest.mark.parametrize("in_memory", [None, 0])
-def test_time_split_trains_on_the_first_rows(raw, tmp_path, in_memory):
+def test_time_split_trains_on_the_first_rows(raw, tmp_path):
     out = tmp_path / "p"
-    res = prepare([raw], out, _cfg(), in_memory_bytes=in_memory, chunk_bytes=1 << 14)
+    res = prepare([raw], out, _cfg(), chunk_bytes=1 << 14)
     assert res.rows == {"train": 800, "valid": 100, "test": 100}
     typed = read_criteo(raw).collect()
     for name, rows in [("train", slice(0, 800)), ("valid", slice(800, 900)),

@@ -1,16 +1,15 @@
-"""The C reader of clean Criteo TSV files: the frame polars reads for the fast path, value for
-value, whatever the thread count; anything else handed back (None) to polars and the strict
-path, whose errors still name file and line; prepared output byte-identical either way."""
+"""The C parse equals the polars parse on a chunk: the same columns value for value whatever
+the thread count; anything else is handed back (None) to polars, whose errors name file and
+line."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 import pytest
 
-from ctrcal.data import column_codes, criteo, fastpath, tsv_reader
+from ctrcal.data import criteo, parse, tsv_reader
 from ctrcal.data.prepare import prepare
 from ctrcal.data.synthetic import generate_frame, write_criteo
 from ctrcal.errors import DataError
@@ -32,40 +31,43 @@ def _write(path: Path, rows: list[list[str]], end: str = "\n", last: bool = True
     return path
 
 
-class _Source:
-    def __init__(self, path: Path) -> None:
-        self.path = self.read_path = path
-        self.fmt = criteo.detect_format(path, "auto")
+def _chunk(path: Path) -> tuple[bytes, criteo.CriteoFormat]:
+    fmt = criteo.detect_format(path, "auto")
+    return path.read_bytes(), fmt
 
 
-def _polars(path: Path, monkeypatch) -> pl.DataFrame:
-    """The fast path's frame as polars reads it (the C reader switched off)."""
-    with monkeypatch.context() as m:
-        m.setenv(tsv_reader.ENV_SWITCH, "0")
-        return fastpath._parse([_Source(path)])[0]
+def _polars(path: Path) -> parse.ParsedChunk:
+    chunk, fmt = _chunk(path)
+    return parse._polars(chunk, path, fmt, 0, "error")
 
 
-def _native(path: Path, threads: int | None = None) -> pl.DataFrame | None:
-    s = _Source(path)
-    return tsv_reader.read_clean(s.read_path, s.fmt, threads=threads)
+def _native(path: Path, threads: int = 2) -> parse.ParsedChunk | None:
+    chunk, fmt = _chunk(path)
+    return parse._native(chunk, fmt, 0, threads)
 
 
-def _assert_same_frame(a: pl.DataFrame, b: pl.DataFrame) -> None:
-    assert a.schema == b.schema
-    assert a.equals(b, null_equal=True)
+def _assert_same_chunk(a: parse.ParsedChunk, b: parse.ParsedChunk) -> None:
+    for name in ("rows", "label", "numeric", "numeric_valid", "categorical",
+                 "categorical_valid"):  # fmt: skip
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and x.shape == y.shape, name
+        # a missing value's slot is 0 in both; numerics compare as float64 bits (-0 == 0)
+        if x.dtype == np.float64 and name != "label":
+            x, y = x + 0.0, y + 0.0
+        np.testing.assert_array_equal(x, y, err_msg=name)
+    assert a.records == b.records and a.bad == b.bad == 0
 
 
 @pytest.mark.parametrize("layout", ["dac", "dac_test"])
-def test_generated_file_equals_polars_for_any_thread_count(tmp_path, monkeypatch, layout):
+def test_generated_chunk_equals_polars_for_any_thread_count(tmp_path, layout):
     frame = generate_frame(2_000, seed=5)[0]  # with missing numerics and categoricals
     path = write_criteo(frame, tmp_path / "train.txt", layout)
-    want = _polars(path, monkeypatch)
-    assert want[criteo.NUMERIC_COLUMNS[0]].null_count() > 0
-    assert want[criteo.CATEGORICAL_COLUMNS[-1]].null_count() > 0
+    want = _polars(path)
+    assert not want.numeric_valid[0].all() and not want.categorical_valid[-1].all()
     for threads in (1, 2, 3, 7):
         got = _native(path, threads)
-        assert got is not None
-        _assert_same_frame(got, want)
+        assert got is not None and got.native
+        _assert_same_chunk(got, want)
 
 
 SPELLINGS = ["0", "-0", "7", "-7", "007", "-007", "12345678", "-12345678", "123456789",
@@ -73,7 +75,7 @@ SPELLINGS = ["0", "-0", "7", "-7", "007", "-007", "12345678", "-12345678", "1234
              ""]  # fmt: skip
 
 
-def test_every_accepted_integer_spelling_reads_as_polars_reads_it(tmp_path, monkeypatch):
+def test_every_accepted_integer_spelling_reads_as_polars_reads_it(tmp_path):
     # each spelling in every integer field, and lengths 1..18 at the end of the file too
     rows = []
     for k, value in enumerate(SPELLINGS):
@@ -83,15 +85,16 @@ def test_every_accepted_integer_spelling_reads_as_polars_reads_it(tmp_path, monk
     path = _write(tmp_path / "train.txt", rows, last=False)  # no newline after the last line
     got = _native(path, 2)
     assert got is not None
-    _assert_same_frame(got, _polars(path, monkeypatch))
-    assert got["I13"].to_list()[-18:] == [int("9" * n) for n in range(1, 19)]
+    _assert_same_chunk(got, _polars(path))
+    assert got.numeric[-1, -18:].tolist() == [float(int("9" * n)) for n in range(1, 19)]
 
 
-def test_upper_case_hashes_and_a_single_row(tmp_path, monkeypatch):
+def test_upper_case_hashes_and_a_single_row(tmp_path):
     path = _write(tmp_path / "one.txt", [_with(20, "05DB9164")])
     got = _native(path)
-    assert got is not None and got.height == 1
-    _assert_same_frame(got, _polars(path, monkeypatch))
+    assert got is not None and len(got) == 1
+    _assert_same_chunk(got, _polars(path))
+    assert got.categorical[6, 0] == got.categorical[0, 0] == 0x05DB9164
 
 
 NOT_CLEAN = {
@@ -107,11 +110,13 @@ NOT_CLEAN = {
     "row ending in its integers": [GOOD[:10]],
     "row ending after its integers": [GOOD[:14]],
     "empty line": [GOOD, [], GOOD],
+    "label 2": [_with(0, "2")],
+    "empty label": [_with(0, "")],
 }
 
 
 @pytest.mark.parametrize("layout", ["dac", "dac_test"])
-def test_ragged_rows_read_as_polars_pads_them(tmp_path, monkeypatch, layout):
+def test_ragged_rows_read_as_polars_pads_them(tmp_path, layout):
     """Rows that end within their hash fields (published samples drop trailing empty fields):
     the missing fields are missing, as in the general reader, also on a last line without a
     newline and at a chunk boundary of every thread count."""
@@ -123,12 +128,12 @@ def test_ragged_rows_read_as_polars_pads_them(tmp_path, monkeypatch, layout):
     for last in (True, False):
         path = _write(tmp_path / f"ragged_{last}.txt", rows, last=last)
         assert criteo.detect_format(path, "auto").layout == layout
-        want = _polars(path, monkeypatch)
-        assert want[criteo.CATEGORICAL_COLUMNS[-1]].null_count() > 100
+        want = _polars(path)
+        assert (want.categorical_valid[-1] == 0).sum() > 100
         for threads in (1, 2, 3, 7):
             got = _native(path, threads)
             assert got is not None
-            _assert_same_frame(got, want)
+            _assert_same_chunk(got, want)
 
 
 @pytest.mark.parametrize("case", NOT_CLEAN)
@@ -139,12 +144,10 @@ def test_anything_unusual_is_handed_back(tmp_path, case):
         assert _native(path, threads) is None
 
 
-def test_crlf_and_empty_files_are_handed_back(tmp_path, monkeypatch):
+def test_crlf_is_handed_back(tmp_path):
     crlf = _write(tmp_path / "crlf.txt", [GOOD] * 5, end="\r\n")
     assert _native(crlf) is None
-    empty = tmp_path / "empty.txt"
-    empty.write_bytes(b"")
-    assert tsv_reader.read_clean(empty, criteo.detect_format(crlf, "auto")) is None
+    assert len(_polars(crlf)) == 5
 
 
 def test_handed_back_rows_keep_the_strict_errors(tmp_path):
@@ -152,64 +155,3 @@ def test_handed_back_rows_keep_the_strict_errors(tmp_path):
     assert _native(path) is None
     with pytest.raises(DataError, match=rf"{path}: line 21: malformed row: I5 is not an integer"):
         prepare([path], tmp_path / "p")
-
-
-def _files(directory: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(directory)): p.read_bytes()
-            for p in sorted(directory.rglob("*")) if p.is_file()}  # fmt: skip
-
-
-def _prepared(path: Path, out: Path, monkeypatch, switch: str, threads: int = 2) -> dict:
-    with monkeypatch.context() as m:
-        m.setenv(tsv_reader.ENV_SWITCH, switch)
-        m.setattr(tsv_reader.pl, "thread_pool_size", lambda: threads)
-        res = prepare([path], out)
-    assert res.summary["fast_path"] is True
-    files = _files(res.out_dir)
-    assert "feature_map.json" in files and len(files) > 3
-    files.pop("summary.json", None)  # timings
-    return files
-
-
-def test_prepared_bytes_equal_with_and_without_the_c_reader(tmp_path, monkeypatch):
-    frame = generate_frame(3_000, seed=9)[0]
-    path = write_criteo(frame, tmp_path / "train.txt", "dac")
-    calls = []
-    real = tsv_reader.read_clean_columns
-    monkeypatch.setattr(tsv_reader, "read_clean_columns",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))  # fmt: skip
-    off = _prepared(path, tmp_path / "off", monkeypatch, "0")
-    one = _prepared(path, tmp_path / "one", monkeypatch, "1", threads=1)
-    two = _prepared(path, tmp_path / "two", monkeypatch, "1", threads=2)
-    assert calls  # the fast path asked the C reader
-    assert off.keys() == one.keys() == two.keys()
-    for name in off:
-        assert off[name] == one[name] == two[name], name
-
-
-def test_without_a_compiler_polars_reads_the_file(tmp_path, monkeypatch):
-    frame = generate_frame(500, seed=2)[0]
-    path = write_criteo(frame, tmp_path / "train.txt", "dac")
-    want = _prepared(path, tmp_path / "with", monkeypatch, "1")
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    monkeypatch.setattr("ctrcal.cbuild._cache_dir", lambda: tmp_path / "empty-cache")
-    libraries = (tsv_reader._LIBRARY, column_codes._LIBRARY)
-    try:
-        for lib in libraries:
-            lib.forget()
-        assert not tsv_reader.available() and not column_codes.available()
-        assert all("no-such-compiler" in lib.error for lib in libraries)
-        assert _native(path) is None
-        assert _prepared(path, tmp_path / "without", monkeypatch, "1") == want
-    finally:
-        for lib in libraries:  # the next test builds (or loads the cached build) again
-            lib.forget()
-
-
-def test_columns_outlive_the_file(tmp_path):
-    # the memory map closes once parsed: the columns returned own their memory
-    path = write_criteo(generate_frame(300, seed=1)[0], tmp_path / "t.txt", "dac")
-    got = _native(path, 2)
-    assert got is not None
-    path.unlink()
-    assert np.isfinite(got["I1"].fill_null(0).to_numpy()).all()

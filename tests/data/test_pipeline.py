@@ -1,4 +1,5 @@
-"""The chunked (bounded-memory) prepare path: same output as in memory, memory cap, cleanup."""
+"""The one pipeline: chunk size never changes the output bytes; malformed rows named by file
+and line in any chunk; uniform row groups; bounded memory; the column coder; cleanup."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
 from ctrcal.config import Config
-from ctrcal.data import encode as encode_mod
 from ctrcal.data import publish as publish_mod
-from ctrcal.data.prepare import SPLITS, clean_stale_temporaries, prepare
+from ctrcal.data import write as write_mod
+from ctrcal.data.coder import ColumnCoder, gather
+from ctrcal.data.prepare import clean_stale_temporaries, prepare
 from ctrcal.data.synthetic import generate, prob_path, write_criteo
 from ctrcal.errors import DataError
 
@@ -30,16 +33,9 @@ def _cfg(min_count=2, buckets=0):
     return cfg
 
 
-def assert_same_prepared(a: Path, b: Path) -> None:
-    """Feature map, vocabulary and every split's rows (in order) are identical."""
-    assert json.loads((a / "feature_map.json").read_text()) == json.loads(
-        (b / "feature_map.json").read_text()
-    )
-    assert pl.read_parquet(a / "vocab.parquet").equals(pl.read_parquet(b / "vocab.parquet"))
-    for split in SPLITS:
-        x, y = pl.read_parquet(a / split), pl.read_parquet(b / split)
-        assert x.schema == y.schema, split
-        assert x.equals(y), split
+def _files(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes()
+            for p in sorted(directory.rglob("*")) if p.is_file()}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -58,25 +54,39 @@ def generated(tmp_path_factory):
     return paths
 
 
-def test_chunked_equals_memory_random_split(generated, tmp_path):
+CHUNK_SIZES = (1 << 12, 1 << 16, 1 << 30)  # hundreds of chunks, tens, one per file
+
+
+def _same_bytes_for_every_chunk_size(inputs, tmp_path, cfg, **kw):
+    outs = []
+    for size in CHUNK_SIZES:
+        res = prepare(inputs, tmp_path / f"c{size}", cfg, chunk_bytes=size, **kw)
+        outs.append((res, _files(tmp_path / f"c{size}")))
+    (first, want), *rest = outs
+    for res, got in rest:
+        assert got == want  # byte for byte: feature map, vocabulary, every part
+        assert res.rows == first.rows and res.bad_rows == first.bad_rows
+    assert outs[0][0].summary["chunks"] > 50 * outs[-1][0].summary["chunks"]
+    return first
+
+
+@pytest.mark.parametrize("order", ["random", "time"])
+def test_chunk_size_never_changes_the_output_bytes(generated, tmp_path, order):
     cfg = _cfg(min_count=3, buckets=6)
-    mem = prepare(generated, tmp_path / "mem", cfg)
-    # ~64 KiB chunks: about 100 chunks over three files
-    chk = prepare(generated, tmp_path / "chk", cfg, in_memory_bytes=0, chunk_bytes=1 << 16)
-    assert mem.summary["path"] == "memory" and chk.summary["path"] == "chunked"
-    assert chk.summary["chunks"] > 20
-    assert mem.rows == chk.rows and mem.positive_rate == chk.positive_rate
-    assert "oracle" in chk.summary  # true probabilities followed the rows through the chunks
-    assert_same_prepared(tmp_path / "mem", tmp_path / "chk")
-    assert not list((tmp_path / "chk").glob("_*"))  # no work files or owner record published
+    cfg.data.split_order = order
+    res = _same_bytes_for_every_chunk_size(generated[:2], tmp_path, cfg)
+    assert "oracle" in res.summary  # true probabilities followed the rows through the chunks
+    assert not list((tmp_path / f"c{CHUNK_SIZES[0]}").glob("_*"))  # no work files published
 
 
-def test_chunked_equals_memory_explicit_mixed_layouts(criteo_frame, criteo_files, tmp_path):
-    # header CSV, gzip streamed without a copy, an unlabelled test file; one malformed row
+def test_chunk_size_never_changes_mixed_layouts_and_skipped_rows(criteo_files, tmp_path):
+    # header CSV, gzip streamed, an unlabelled test file; malformed rows parsed by polars
+    # in chunks between chunks of the C reader
     lines = criteo_files["dac"].read_text().splitlines()
-    fields = lines[700].split("\t")
-    fields[5] = "n/a"
-    lines[700] = "\t".join(fields)
+    for k in (100, 700):
+        fields = lines[k].split("\t")
+        fields[5] = "n/a"
+        lines[k] = "\t".join(fields)
     bad = tmp_path / "train_bad.txt"
     bad.write_text("\n".join(lines) + "\n")
     inputs = {
@@ -84,13 +94,10 @@ def test_chunked_equals_memory_explicit_mixed_layouts(criteo_frame, criteo_files
         "valid": [criteo_files["x4"]],
         "test": [criteo_files["dac_test"]],
     }
-    cfg = _cfg(min_count=1)
-    mem = prepare(inputs, tmp_path / "mem", cfg, on_bad_row="skip")
-    chk = prepare(inputs, tmp_path / "chk", cfg, on_bad_row="skip", in_memory_bytes=0,
-                          chunk_bytes=20_000)  # fmt: skip
-    assert mem.bad_rows == chk.bad_rows == 1
-    assert chk.rows == {"train": 1_999, "valid": 1_000, "test": 1_000}
-    assert_same_prepared(tmp_path / "mem", tmp_path / "chk")
+    res = _same_bytes_for_every_chunk_size(inputs, tmp_path, _cfg(min_count=1),
+                                           on_bad_row="skip")  # fmt: skip
+    assert res.bad_rows == 2
+    assert res.rows == {"train": 1_998, "valid": 1_000, "test": 1_000}
 
 
 def test_chunked_bad_row_names_file_and_line(generated, tmp_path):
@@ -101,19 +108,18 @@ def test_chunked_bad_row_names_file_and_line(generated, tmp_path):
     bad = tmp_path / "day_1.txt"
     bad.write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError, match=rf"{bad}: line 2501: malformed row: C7 is not a hex"):
-        prepare([generated[0], bad], tmp_path / "p", _cfg(), in_memory_bytes=0,
-                        chunk_bytes=1 << 16)  # fmt: skip
+        prepare([generated[0], bad], tmp_path / "p", _cfg(), chunk_bytes=1 << 16)
     assert not (tmp_path / "p").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".p.")]
 
 
-def test_environment_selects_path_and_row_groups_are_uniform(generated, tmp_path, monkeypatch):
-    monkeypatch.setenv("CTRCAL_PREPARE_IN_MEMORY_BYTES", "0")
+def test_environment_sets_the_chunk_size_and_row_groups_are_uniform(generated, tmp_path,
+                                                                    monkeypatch):  # fmt: skip
     monkeypatch.setenv("CTRCAL_PREPARE_CHUNK_BYTES", str(1 << 16))
-    monkeypatch.setattr(encode_mod, "ROW_GROUP_ROWS", 500)
-    monkeypatch.setattr(encode_mod, "PART_ROWS", 2_000)
+    monkeypatch.setattr(write_mod, "ROW_GROUP_ROWS", 500)
+    monkeypatch.setattr(write_mod, "PART_ROWS", 2_000)
     res = prepare(generated, tmp_path / "p", _cfg())
-    assert res.summary["path"] == "chunked"
+    assert res.summary["chunks"] > 20
     parts = sorted((tmp_path / "p" / "train").glob("*.parquet"))
     assert [p.name for p in parts[:2]] == ["part-00000.parquet", "part-00001.parquet"]
     sizes = [pq.ParquetFile(p).metadata.row_group(g).num_rows
@@ -144,18 +150,17 @@ def status():
     return out
 
 src, out = Path(sys.argv[1]), Path(sys.argv[2])
-in_memory, budget = int(sys.argv[3]), int(sys.argv[4])
+budget = int(sys.argv[3])
 files = sorted(src.glob("day_*.txt"))
 cfg = Config()
 cfg.features.min_count = 2
 # warm up the same code paths on one small file first: thread pools and allocator arenas
 # reserve their address space once, and that is not what the cap is about
-prepare([src / "warm.txt"], out / "warm", cfg, in_memory_bytes=in_memory,
-                chunk_bytes=1 << 16)
+prepare([src / "warm.txt"], out / "warm", cfg, chunk_bytes=1 << 16)
 before = status()
 cap = (before["VmSize"] + budget) << 20
 resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-prepare(files, out / "data", cfg, in_memory_bytes=in_memory, chunk_bytes=2 << 20)
+prepare(files, out / "data", cfg, chunk_bytes=2 << 20)
 after = status()
 print(json.dumps({"vm_growth": after["VmSize"] - before["VmSize"],
                   "rss_growth": after["VmHWM"] - before["VmHWM"]}))
@@ -164,27 +169,12 @@ print(json.dumps({"vm_growth": after["VmSize"] - before["VmSize"],
 CAP_FILES = 8
 CAP_COPIES = 40  # x 1,000 rows per file: 320k rows, ~78 MB of text in all
 CAP_BUDGET_MIB = 150
-"""Address space the run may add after warm-up. Measured here with 2 polars threads: the
-chunked path (2 MiB chunks) adds ~70 MiB (peak RSS ~60 MiB) whatever the number of rows; the
-in-memory path adds ~240 MiB (peak RSS ~215 MiB) for these 320k rows -- the typed frame and
-the encoded splits, ~0.7 KiB per row -- and is killed under the cap."""
-
-
-def _run_capped(src: Path, out: Path, in_memory: int) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "POLARS_MAX_THREADS": "2",  # the same reservations on any machine
-        "MALLOC_ARENA_MAX": "2",
-        "PYTHONPATH": str(REPO),
-    }
-    return subprocess.run(
-        [sys.executable, "-c", CHILD, str(src), str(out), str(in_memory), str(CAP_BUDGET_MIB)],
-        capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
+"""Address space the run may add after warm-up: a few 2 MiB chunks, their codes (kept in
+memory up to ``encode.MEMORY_BYTES``, here less than that) and the coders, not the input."""
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS and /proc/self/status: Linux")
-def test_chunked_prepare_under_memory_cap(criteo_frame, tmp_path):
+def test_prepare_under_memory_cap(criteo_frame, tmp_path, monkeypatch):
     frame, _ = criteo_frame
     src = tmp_path / "src"
     src.mkdir()
@@ -192,17 +182,16 @@ def test_chunked_prepare_under_memory_cap(criteo_frame, tmp_path):
     text = one.read_bytes() * CAP_COPIES
     for i in range(CAP_FILES):
         (src / f"day_{i}.txt").write_bytes(text)
-
-    chunked = _run_capped(src, tmp_path / "chunked", in_memory=0)
-    assert chunked.returncode == 0, chunked.stderr[-2000:]
-    growth = json.loads(chunked.stdout.strip().splitlines()[-1])
-    # the in-memory path cannot do the same work under the same cap: the cap binds
-    memory = _run_capped(src, tmp_path / "memory", in_memory=1 << 40)
-    assert memory.returncode != 0, f"in-memory path fit under the cap; chunked grew {growth}"
-
+    env = {**os.environ, "POLARS_MAX_THREADS": "2", "MALLOC_ARENA_MAX": "2",
+           "PYTHONPATH": str(REPO)}  # fmt: skip
+    capped = subprocess.run(
+        [sys.executable, "-c", CHILD, str(src), str(tmp_path / "capped"), str(CAP_BUDGET_MIB)],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert capped.returncode == 0, capped.stderr[-2000:]
     files = sorted(src.glob("day_*.txt"))
     prepare(files, tmp_path / "reference", _cfg(min_count=2))
-    assert_same_prepared(tmp_path / "reference", tmp_path / "chunked" / "data")
+    assert _files(tmp_path / "reference") == _files(tmp_path / "capped" / "data")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,7 +203,7 @@ from pathlib import Path
 from ctrcal.data.publish import owned_temp_dir
 tmp = owned_temp_dir(Path(sys.argv[1]))
 (tmp / "_work").mkdir()
-(tmp / "_work" / "typed-00000-0000000.parquet").write_bytes(b"x" * 1000)
+(tmp / "_work" / "coded-0000000.bin").write_bytes(b"x" * 1000)
 print(tmp)
 os._exit(0)  # as if killed: nothing cleaned up
 """
@@ -250,3 +239,43 @@ def test_stale_temporaries_cleaned_live_ones_kept(generated, tmp_path):
                                      capture_output=True, text=True, check=True).stdout.strip())
     prepare(generated[:1], out, _cfg())
     assert not dead_again.exists() and live.is_dir()
+
+
+# ---------------------------------------------------------------------------------------------
+# The column coder
+
+
+@pytest.mark.parametrize("distinct", [1, 50, 30_000])  # 30k: the table grows several times
+def test_coder_keeps_codes_and_train_counts_across_chunks(distinct):
+    rng = np.random.default_rng(distinct)
+    values = rng.integers(0, distinct, 100_000).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    valid = (rng.random(100_000) > 0.1).astype(np.uint8)
+    train = (rng.random(100_000) > 0.3).astype(np.uint8)
+    coder = ColumnCoder()
+    codes = np.concatenate([coder.code(values[a:b], valid[a:b], train[a:b])
+                            for a, b in ((0, 7), (7, 40_000), (40_000, 100_000))])  # fmt: skip
+    seen, counts, missing = coder.state()
+    # codes number the distinct values in order of first appearance, 0 = missing
+    first = {}
+    for v in values[valid == 1].tolist():
+        first.setdefault(v, len(first))
+    assert seen.tolist() == list(first)
+    want = np.array([first.get(v, -1) + 1 for v in values.tolist()]) * valid
+    np.testing.assert_array_equal(codes, want)
+    in_train = (valid == 1) & (train == 1)
+    np.testing.assert_array_equal(counts, np.bincount(want[in_train] - 1, minlength=len(seen)))
+    assert missing == int(((valid == 0) & (train == 1)).sum())
+    table = np.arange(len(seen) + 1, dtype=np.int32) * 3 - 1
+    np.testing.assert_array_equal(gather(table, codes), table[codes])
+
+
+def test_preparing_never_imports_torch(criteo_files, tmp_path):
+    # torch's import costs seconds, more than preparing a small file; the embedding memory
+    # line of the CLI resolves the model's default dimension only when it is printed
+    code = ("import sys; from ctrcal.data.prepare import prepare; "
+            f"prepare([{str(criteo_files['dac'])!r}], {str(tmp_path / 'p')!r}); "
+            "print('torch' in sys.modules)")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=True).stdout  # fmt: skip
+    assert out.strip() == "False"

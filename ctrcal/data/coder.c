@@ -1,0 +1,138 @@
+/* Dense codes of one column, kept across chunks, and how often each distinct value occurs in
+ * the train rows: the counting and the lookup of the feature fit in one pass over each chunk.
+ *
+ * Each value (64 bits: a hash read base 16, or the bits of a float64 number) goes through an
+ * open-addressing table (linear probing, Fibonacci hashing, at most half full, doubled as it
+ * fills) that gives it a dense index in order of first appearance over all chunks coded so
+ * far. A row's code is that index + 1, or 0 where the value is missing, so an encoding is one
+ * gather through a table whose entry 0 answers "missing". Criteo's values are Zipf-distributed:
+ * the hot ones stay in cache.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+typedef struct {
+    uint64_t key;
+    int64_t index; /* -1: empty */
+} slot_t;
+
+typedef struct {
+    slot_t *table;
+    int bits;
+    int64_t used, capacity;
+    uint64_t *distinct; /* [capacity] values in order of first appearance */
+    int64_t *counts;    /* [capacity] train rows per distinct value */
+    int64_t train_missing;
+} coder_t;
+
+static inline uint64_t slot_of(uint64_t key, int bits) {
+    return (key * 0x9E3779B97F4A7C15ULL) >> (64 - bits);
+}
+
+static int grow_table(coder_t *c) {
+    const int nbits = c->bits + 1;
+    const uint64_t size = 1ULL << nbits, mask = size - 1;
+    slot_t *t = malloc(size * sizeof(slot_t));
+    if (!t) return -1;
+    for (uint64_t i = 0; i < size; i++) t[i].index = -1;
+    for (int64_t d = 0; d < c->used; d++) {
+        uint64_t s = slot_of(c->distinct[d], nbits);
+        while (t[s].index >= 0) s = (s + 1) & mask;
+        t[s].key = c->distinct[d];
+        t[s].index = d;
+    }
+    free(c->table);
+    c->table = t;
+    c->bits = nbits;
+    return 0;
+}
+
+static int grow_arrays(coder_t *c) {
+    const int64_t cap = c->capacity ? 2 * c->capacity : 1024;
+    uint64_t *d = realloc(c->distinct, (size_t)cap * sizeof(uint64_t));
+    if (!d) return -1;
+    c->distinct = d;
+    int64_t *n = realloc(c->counts, (size_t)cap * sizeof(int64_t));
+    if (!n) return -1;
+    c->counts = n;
+    c->capacity = cap;
+    return 0;
+}
+
+void coder_free(coder_t *c) {
+    if (!c) return;
+    free(c->table);
+    free(c->distinct);
+    free(c->counts);
+    free(c);
+}
+
+coder_t *coder_new(void) {
+    coder_t *c = calloc(1, sizeof(coder_t));
+    if (!c) return NULL;
+    c->bits = 10;
+    if (grow_table(c) || grow_arrays(c)) {
+        coder_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* Code values[0, n) (valid[i] == 0 marks a missing value; valid may be NULL: none missing)
+ * into codes[0, n) (0 = missing, else 1 + the value's index among the distinct values seen so
+ * far), counting the rows with train[i] != 0 per value (train may be NULL: none).
+ *
+ * Returns the number of distinct values so far, or -1 when memory runs out (the coder is then
+ * unusable) or a code would pass INT32_MAX. */
+int64_t coder_code(coder_t *c, const uint64_t *values, const uint8_t *valid,
+                   const uint8_t *train, int64_t n, int32_t *codes) {
+    uint64_t mask = (1ULL << c->bits) - 1;
+    for (int64_t i = 0; i < n; i++) {
+        const int counted = train && train[i];
+        if (valid && !valid[i]) {
+            codes[i] = 0;
+            c->train_missing += counted;
+            continue;
+        }
+        const uint64_t key = values[i];
+        uint64_t s = slot_of(key, c->bits);
+        int64_t index;
+        for (;;) {
+            index = c->table[s].index;
+            if (index < 0 || c->table[s].key == key) break;
+            s = (s + 1) & mask;
+        }
+        if (index < 0) {
+            if (c->used >= INT32_MAX - 1) return -1;
+            if (c->used == c->capacity && grow_arrays(c)) return -1;
+            index = c->used++;
+            c->table[s].key = key;
+            c->table[s].index = index;
+            c->distinct[index] = key;
+            c->counts[index] = 0;
+            if ((uint64_t)c->used * 2 > mask) { /* keep the table at most half full */
+                if (grow_table(c)) return -1;
+                mask = (1ULL << c->bits) - 1;
+            }
+        }
+        codes[i] = (int32_t)(index + 1);
+        c->counts[index] += counted;
+    }
+    return c->used;
+}
+
+/* The first d distinct values and their train counts (d <= the number seen). */
+void coder_state(const coder_t *c, int64_t d, uint64_t *distinct, int64_t *counts,
+                 int64_t *train_missing) {
+    for (int64_t i = 0; i < d; i++) {
+        distinct[i] = c->distinct[i];
+        counts[i] = c->counts[i];
+    }
+    *train_missing = c->train_missing;
+}
+
+/* out[i] = table[codes[i]] for 4-byte answers (int32 ids, float32 model values): the encoding
+ * of a coded column. The caller guarantees 0 <= codes[i] < the table's length. */
+void gather4(const uint32_t *table, const int32_t *codes, int64_t n, uint32_t *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = table[codes[i]];
+}

@@ -1,0 +1,212 @@
+"""The one parser entry: a raw file's chunks of whole lines -> typed, checked columns.
+
+:func:`iter_chunks` cuts a file (plain or gzip, decompressed as it is read) into chunks of
+whole lines (:func:`~ctrcal.data.chunks.iter_text_chunks`; a small file is one chunk) and
+parses each one with the C reader first (:mod:`ctrcal.data.tsv_reader`). A chunk the C reader
+cannot take -- a header CSV layout with an ``Id`` column, decimal ids, a float-written integer,
+a malformed row -- is re-parsed by polars' text parser, that chunk only, and checked row by
+row (:func:`~ctrcal.data.criteo.scan_typed`: the one row validator); the first malformed row is
+named by file, line and column, or malformed rows are skipped and counted.
+
+Both give the same :class:`ParsedChunk`: the label and numerics as float64, categoricals as
+their ``uint32`` values (hex read base 16, or Criteo_x1's decimal ids) widened to ``uint64``,
+with 0/1 validity, and each row's record index in its file (for the split).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from ctrcal.data import criteo, tsv_reader
+from ctrcal.data.chunks import iter_text_chunks
+from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS, CriteoFormat
+from ctrcal.errors import DataError
+
+CHUNK_BYTES = 32 << 20
+"""Text bytes per chunk (~140k Criteo rows): memory is a few chunks whatever the file size."""
+
+
+@dataclass
+class ParsedChunk:
+    """The good rows of one chunk (valid until the next chunk of its file is asked for: the
+    C reader's arrays are reused).
+
+    Attributes:
+        rows: [N] int64 record index of each row in its file (0-based, header excluded).
+        label: [N] float64 click (0/1), NaN where the file has no labels.
+        numeric: [Fn, N] float64 ``I1..I13``; numeric_valid: [Fn, N] uint8, 0 = missing.
+        categorical: [Fc, N] uint64 ``C1..C26`` values; categorical_valid: [Fc, N] uint8.
+        time: [N] int64 the time column's value (schemas with a time column), else None.
+        records: records read in the chunk (good and malformed).
+        bad: malformed records skipped.
+        native: parsed by the C reader.
+    """
+
+    rows: np.ndarray
+    label: np.ndarray
+    numeric: np.ndarray
+    numeric_valid: np.ndarray
+    categorical: np.ndarray
+    categorical_valid: np.ndarray
+    records: int
+    bad: int = 0
+    native: bool = False
+    time: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def frame(self) -> pl.DataFrame:
+        """The typed columns as :func:`~ctrcal.data.criteo.read_criteo` gives them: ``label``
+        float32, ``I1..I13`` float64, ``C1..C26`` uint32, null = missing."""
+        cols = [pl.Series(LABEL, self.label.astype(np.float32), nan_to_null=True)]
+        for j, name in enumerate(NUMERIC_COLUMNS):
+            # copies: a chunk's arrays may be the reader's, reused by the next chunk
+            s = pl.Series(name, self.numeric[j].copy())
+            cols.append(_with_nulls(s, self.numeric_valid[j]))
+        for j, name in enumerate(CATEGORICAL_COLUMNS):
+            s = pl.Series(name, self.categorical[j].astype(np.uint32))
+            cols.append(_with_nulls(s, self.categorical_valid[j]))
+        return pl.DataFrame(cols)
+
+
+def _with_nulls(s: pl.Series, valid: np.ndarray) -> pl.Series:
+    missing = np.flatnonzero(valid == 0)
+    return s.scatter(missing, None) if len(missing) else s
+
+
+def threads() -> int:
+    """Threads for one process's parsing and coding: polars' pool size, at most the cores."""
+    return max(1, min(pl.thread_pool_size(), os.cpu_count() or 1))
+
+
+def iter_chunks(
+    path: Path,
+    fmt: Any,
+    on_bad_row: str,
+    chunk_bytes: int = CHUNK_BYTES,
+    workers: int | None = None,
+) -> Iterator[ParsedChunk]:
+    """Parse a file chunk by chunk (see the module docstring). ``fmt`` is a Criteo file's
+    :class:`~ctrcal.data.criteo.CriteoFormat`, or a schema'd file's
+    :class:`~ctrcal.data.schema_reader.SchemaFormat` (read by :mod:`ctrcal.data.schema_reader`).
+
+    Raises:
+        DataError: unreadable file, corrupt gzip, text that is not UTF-8 (naming the line),
+            or with ``on_bad_row="error"`` the first malformed row (file, line, column).
+    """
+    from ctrcal.data import schema_reader
+
+    if isinstance(fmt, schema_reader.SchemaFormat):
+        yield from schema_reader.iter_chunks(path, fmt, on_bad_row, chunk_bytes)
+        return
+    workers = workers or threads()
+    native = tsv_reader.takes_layout(fmt) and tsv_reader.available()
+    buffers = tsv_reader.Buffers()
+    offset = 0
+    for chunk in iter_text_chunks(path, chunk_bytes, fmt.header_lines):
+        parsed = _native(chunk, fmt, offset, workers, buffers) if native else None
+        if parsed is None:
+            parsed = _polars(chunk, path, fmt, offset, on_bad_row)
+        offset += parsed.records
+        yield parsed
+
+
+def _native(
+    chunk: memoryview | bytes, fmt: CriteoFormat, offset: int, workers: int,
+    buffers: tsv_reader.Buffers | None = None,
+) -> ParsedChunk | None:  # fmt: skip
+    out = tsv_reader.read_clean(chunk, fmt, workers, buffers)
+    if out is None:
+        return None
+    nums, nvalid, cats, cvalid = out
+    n = nums.shape[1]
+    if fmt.labelled:
+        label = nums[0]
+        if not (nvalid[0].all() and ((label == 0) | (label == 1)).all()):
+            return None  # a label other than 0/1: polars names the row
+        nums, nvalid = nums[1:], nvalid[1:]
+    else:
+        label = np.full(n, np.nan)
+    rows = np.arange(offset, offset + n, dtype=np.int64)
+    return ParsedChunk(rows, label, nums, nvalid, cats, cvalid, records=n, native=True)
+
+
+def _polars(
+    chunk: memoryview | bytes, path: Path, fmt: CriteoFormat, offset: int, on_bad_row: str
+) -> ParsedChunk:
+    chunk = bytes(chunk)  # the slow path's own copy: polars and the messages read bytes
+    error = _not_utf8(chunk, path, fmt, offset)
+    if error is not None:
+        raise error
+    try:
+        df = criteo.scan_typed(chunk, fmt, row_offset=offset, skip_header=False).collect()
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise criteo.read_error([path], exc) from None
+    records = df.height
+    bad_rows = df[criteo.BAD_COL] != 0
+    bad = int(bad_rows.sum())
+    if bad:
+        if on_bad_row == "error":
+            row = int(df.filter(bad_rows)[criteo.ROW_COL][0])
+            message = criteo.describe_bad_row(path, fmt, row, chunk, offset)
+            more = (f"; {bad - 1} more malformed rows in the {offset + records:,} rows read "
+                    "so far" if bad > 1 else "")  # fmt: skip
+            raise DataError(f"{message}{more} (use on_bad_row=skip to drop them)")
+        df = df.filter(~bad_rows)
+    n = df.height
+    label = df[LABEL].cast(pl.Float64).fill_null(float("nan")).to_numpy()
+    numeric = np.empty((len(NUMERIC_COLUMNS), n), dtype=np.float64)
+    numeric_valid = np.empty((len(NUMERIC_COLUMNS), n), dtype=np.uint8)
+    for j, name in enumerate(NUMERIC_COLUMNS):
+        col = df[name]
+        numeric_valid[j] = col.is_not_null().to_numpy()
+        numeric[j] = col.fill_null(0.0).to_numpy()
+    categorical = np.empty((len(CATEGORICAL_COLUMNS), n), dtype=np.uint64)
+    categorical_valid = np.empty((len(CATEGORICAL_COLUMNS), n), dtype=np.uint8)
+    for j, name in enumerate(CATEGORICAL_COLUMNS):
+        col = df[name]
+        categorical_valid[j] = col.is_not_null().to_numpy()
+        categorical[j] = col.fill_null(0).to_numpy()
+    rows = df[criteo.ROW_COL].cast(pl.Int64).to_numpy()
+    return ParsedChunk(rows, label, numeric, numeric_valid, categorical, categorical_valid,
+                       records=records, bad=bad)  # fmt: skip
+
+
+def _not_utf8(chunk: bytes, path: Path, fmt: CriteoFormat, offset: int) -> DataError | None:
+    """A DataError naming the first line of ``chunk`` that is not UTF-8 text, if one is not."""
+    try:
+        chunk.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = offset + chunk.count(b"\n", 0, exc.start) + 1 + fmt.header_lines
+        start = chunk.rfind(b"\n", 0, exc.start) + 1
+        return DataError(
+            f"{path}: line {line}: not UTF-8 text (byte 0x{chunk[exc.start]:02x} at "
+            f"character {exc.start - start + 1}); save the file as UTF-8"
+        )
+    return None
+
+
+def read_frame(
+    paths: list[Path], formats: list[CriteoFormat], on_bad_row: str
+) -> pl.DataFrame:
+    """Every good row of ``paths`` as one typed frame (see :meth:`ParsedChunk.frame`)."""
+    frames = [c.frame() for p, f in zip(paths, formats, strict=True)
+              for c in iter_chunks(p, f, on_bad_row)]  # fmt: skip
+    if not frames:  # nothing but a header
+        fn, fc = len(NUMERIC_COLUMNS), len(CATEGORICAL_COLUMNS)
+        none = ParsedChunk(np.empty(0, np.int64), np.empty(0), np.empty((fn, 0)),
+                           np.empty((fn, 0), np.uint8), np.empty((fc, 0), np.uint64),
+                           np.empty((fc, 0), np.uint8), records=0)  # fmt: skip
+        frames = [none.frame()]
+    return pl.concat(frames)
+
+
+__all__ = ["CHUNK_BYTES", "ParsedChunk", "iter_chunks", "read_frame", "threads"]

@@ -1,0 +1,185 @@
+"""Any CTR dataset by schema: an Avazu-shaped file (CSV, gzip, parquet) with the built-in
+schema, a team's own headerless TSV by an inline or YAML schema, and files that do not match
+their schema named by column and line."""
+
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import polars as pl
+import pytest
+
+from ctrcal.config import Config
+from ctrcal.data.feature_map import FeatureMap
+from ctrcal.data.prepare import prepare
+from ctrcal.data.schema import AVAZU, AVAZU_CATEGORICAL, prepared_feature_kinds, resolve_schema
+from ctrcal.errors import DataError
+
+ROWS = 3_000
+
+
+def _avazu_frame(rows: int = ROWS, seed: int = 0) -> pl.DataFrame:
+    """Avazu's train.csv columns: id, click, hour (YYMMDDHH, sorted), 21 categoricals spelled
+    as Avazu spells them (8-hex ids, small integers)."""
+    rng = np.random.default_rng(seed)
+    hours = np.sort(rng.integers(0, 72, rows))  # three days, in time order
+    cols: dict[str, object] = {
+        "id": [str(x) for x in rng.integers(0, 2**63, rows, dtype=np.int64)],
+        "click": (rng.random(rows) < 0.17).astype(np.int64),
+        "hour": 14102100 + (hours // 24) * 100 + hours % 24,
+    }
+    for k, name in enumerate(AVAZU_CATEGORICAL):
+        size = 4 + 40 * (k % 5)
+        ranks = np.minimum(rng.zipf(1.3, rows), size) - 1
+        if name.startswith("C") or name.endswith(("_pos", "_type")):
+            cols[name] = 1000 + ranks  # integers
+        else:
+            cols[name] = [f"{(r * 2654435761 + k) % 2**32:08x}" for r in ranks]
+    return pl.DataFrame(cols)
+
+
+def _cfg(**data) -> Config:
+    cfg = Config()
+    cfg.data.schema = "avazu"
+    cfg.data.split_order = "time"
+    cfg.features.min_count = 2
+    for k, v in data.items():
+        setattr(cfg.data, k, v)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def avazu(tmp_path_factory):
+    root = tmp_path_factory.mktemp("avazu")
+    frame = _avazu_frame()
+    csv = root / "train.csv"
+    frame.write_csv(csv)
+    parquet = root / "train.parquet"
+    frame.write_parquet(parquet)
+    gz = root / "train.csv.gz"
+    gz.write_bytes(gzip.compress(csv.read_bytes()))
+    return frame, csv, parquet, gz
+
+
+def test_avazu_by_its_schema_split_by_hour(avazu, tmp_path):
+    frame, csv, _, _ = avazu
+    res = prepare([csv], tmp_path / "p", _cfg())
+    fmap = FeatureMap.load(tmp_path / "p")
+    assert fmap.categorical_fields == [*AVAZU_CATEGORICAL, "hour"]
+    assert fmap.numeric_fields == [] and len(fmap.categorical_fields) == 22
+    assert fmap.extra["schema"]["name"] == "avazu"
+    first = fmap.extra["split"]["first_time"]
+    hour = frame["hour"]
+    assert res.rows == {"train": int((hour < first["valid"]).sum()),
+                        "valid": int(((hour >= first["valid"]) & (hour < first["test"])).sum()),
+                        "test": int((hour >= first["test"]).sum())}  # fmt: skip
+    assert abs(res.rows["train"] / ROWS - 0.8) < 0.05
+    # hour of day as a feature: at most 24 values (+ the reserved ids)
+    assert fmap.vocab_sizes[-1] <= 3 + 24
+    assert prepared_feature_kinds(tmp_path / "p") == {"numeric": 0, "categorical": 22}
+    train = pl.read_parquet(tmp_path / "p" / "train")
+    assert train.columns == ["label", *AVAZU_CATEGORICAL, "hour"]
+    assert train["label"].sum() == frame["click"][: res.rows["train"]].sum()
+
+
+def test_parquet_and_gzip_give_the_csv_result(avazu, tmp_path):
+    _, csv, parquet, gz = avazu
+    cfg = _cfg(split_order="random")
+    prepare([csv], tmp_path / "csv", cfg)
+    for other in (parquet, gz):
+        prepare([other], tmp_path / other.suffix, cfg)
+        a, b = FeatureMap.load(tmp_path / "csv"), FeatureMap.load(tmp_path / other.suffix)
+        assert a.vocab_sizes == b.vocab_sizes
+        for split in ("train", "valid", "test"):
+            x = pl.read_parquet(tmp_path / "csv" / split)
+            assert x.equals(pl.read_parquet(tmp_path / other.suffix / split)), (other, split)
+    assert "parquet" in FeatureMap.load(tmp_path / ".parquet").layout
+
+
+def test_a_file_that_does_not_match_its_schema(avazu, tmp_path):
+    frame, _, _, _ = avazu
+    no_site = tmp_path / "no_site.csv"
+    frame.drop("site_id").write_csv(no_site)
+    with pytest.raises(DataError, match=rf"{no_site}: line 1 \(header\): no column 'site_id'"):
+        prepare([no_site], tmp_path / "p", _cfg())
+    bad = tmp_path / "bad.csv"
+    lines = _avazu_frame(50).write_csv().splitlines()
+    fields = lines[6].split(",")
+    fields[1] = "x"
+    lines[6] = ",".join(fields)
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"line 7: malformed row: click is not 0 or 1 \(got 'x'\)"):
+        prepare([bad], tmp_path / "q", _cfg(split_order="random"))
+    res = prepare([bad], tmp_path / "r", _cfg(split_order="random", on_bad_row="skip"))
+    assert res.bad_rows == 1 and res.total_rows == 49
+
+
+def _team_tsv(path, rows=400, seed=1):
+    rng = np.random.default_rng(seed)
+    lines = []
+    for _ in range(rows):
+        a = "" if rng.random() < 0.1 else f"{rng.normal(3, 2):.3f}"
+        lines.append("\t".join([str(int(rng.random() < 0.3)), a, f"user{rng.integers(30)}",
+                                f"ad {rng.integers(8)}"]))  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+TEAM = {"name": "team", "label": "y", "numeric": ["a"], "categorical": ["u", "v"],
+        "delimiter": "\t", "header": False, "columns": ["y", "a", "u", "v"]}  # fmt: skip
+
+
+def test_a_teams_own_tsv_by_an_inline_or_yaml_schema(tmp_path):
+    import yaml
+
+    data = _team_tsv(tmp_path / "logs.tsv")
+    cfg = Config()
+    cfg.data.schema = dict(TEAM)
+    cfg.features.min_count = 1
+    res = prepare([data], tmp_path / "inline", cfg)
+    fmap = FeatureMap.load(tmp_path / "inline")
+    assert fmap.numeric_fields == ["a"] and fmap.categorical_fields == ["u", "v"]
+    assert fmap.vocab_sizes == [3 + 30, 3 + 8] and res.total_rows == 400
+    assert 0.05 < fmap.numeric_missing_rate[0] < 0.15
+    schema_file = tmp_path / "team.yaml"
+    schema_file.write_text(yaml.safe_dump(TEAM))
+    cfg.data.schema = str(schema_file)
+    prepare([data], tmp_path / "file", cfg)
+    assert pl.read_parquet(tmp_path / "file" / "train").equals(
+        pl.read_parquet(tmp_path / "inline" / "train"))
+    wide = tmp_path / "wide.tsv"
+    wide.write_text("1\t2\tx\ty\tz\n")
+    with pytest.raises(DataError, match=rf"{wide}: line 1: 5 fields .* expects 4"):
+        prepare([wide], tmp_path / "w", cfg)
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [({"label": "y", "categorical": ["u"], "colour": 1}, "unknown schema key"),
+     ({"categorical": ["u"]}, "needs a 'label'"),
+     ({"label": "y"}, "no numeric or categorical"),
+     ({"label": "y", "categorical": ["u", "u"]}, "named twice"),
+     ({"label": "y", "categorical": ["u"], "categorical_spelling": "base64"}, "spelling"),
+     ("nope", "unknown schema 'nope'")],
+)  # fmt: skip
+def test_bad_schemas_are_refused(spec, match):
+    with pytest.raises(DataError, match=match):
+        resolve_schema(spec)
+
+
+def test_builtins():
+    assert resolve_schema("Avazu") is AVAZU
+    assert AVAZU.time == "hour" and len(AVAZU.categorical) == 21 and AVAZU.label == "click"
+
+
+def test_validate_names_a_bad_schema(tmp_path):
+    from ctrcal.config_load import load_config
+    from ctrcal.errors import ConfigError
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text("data:\n  schema: {label: y, categorical: [u], colour: red}\n")
+    with pytest.raises(ConfigError, match=r"data\.schema.*unknown schema key.*colour"):
+        load_config(path)
+    path.write_text("data:\n  schema: avazu\n")
+    assert resolve_schema(load_config(path).data.schema) is AVAZU
