@@ -370,8 +370,11 @@ def evaluate_grid(
         grid.seconds[plan.name] = grid.seconds.get(plan.name, 0.0) + time.perf_counter() - t0
 
 
-def row_level_windows(grid: EvalGrid, plans: list[VariantPlan]) -> None:
-    """The time windows of every calibrated variant (seed 0), into ``grid.row_level``."""
+def row_level_windows(
+    grid: EvalGrid, plans: list[VariantPlan], oracle: np.ndarray | None = None
+) -> None:
+    """The time windows of every calibrated variant (seed 0), into ``grid.row_level``
+    (``oracle``: the test rows' true probabilities, for the per-window floor)."""
     if not grid.cfg.report.windows or grid.natural is not None or grid.valid is None:
         return
     for plan in plans:
@@ -381,7 +384,9 @@ def row_level_windows(grid: EvalGrid, plans: list[VariantPlan]) -> None:
         valid = (grid.kept[(plan.name, "valid")], grid.valid.labels, grid.valid.segments())
         t0 = time.perf_counter()
         grid.row_level.windows.append(
-            window_report(plan.name, plan.calibration, test, valid, grid.cfg.report)
+            window_report(
+                plan.name, plan.calibration, test, valid, grid.cfg.report, oracle=oracle
+            )
         )
         grid.seconds[plan.name] = grid.seconds.get(plan.name, 0.0) + time.perf_counter() - t0
 

@@ -67,7 +67,7 @@ from ctrcal.eval.render import (
     write_report,
 )
 from ctrcal.eval.report_calibration import oracle_calibration
-from ctrcal.eval.row_level import check_time_ordered
+from ctrcal.eval.row_level import check_time_ordered, oracle_probs
 from ctrcal.eval.stats import RESULT_COLUMNS, summarize_report
 from ctrcal.train.sweep import (
     check_workers,
@@ -208,7 +208,8 @@ def run_shift_report(
     for grid, job in zip(grids, jobs, strict=True):
         calibrators = fit_calibrators(grid, plans, job.runs_dir, source)
         evaluate_grid(grid, plans, job.runs_dir, calibrators, bar, source)
-        row_level_windows(grid, plans)
+        if r.windows and job.natural is None:
+            row_level_windows(grid, plans, oracle_probs(job.data_dir, r.split, grid.test.labels))
         rows += grid.rows
         for variant, by_point in grid.curves().items():
             curves.setdefault(variant, {}).update(by_point)

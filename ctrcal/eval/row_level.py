@@ -34,6 +34,7 @@ __all__ = [
     "WindowReport",
     "check_row_level",
     "check_time_ordered",
+    "oracle_probs",
     "risk_coverage_values",
     "window_report",
 ]
@@ -103,11 +104,14 @@ class WindowReport:
         variant: the report variant.
         result: the per-window metrics (:class:`~ctrcal.eval.windows.WindowMetrics`).
         sentence: after how many windows the stale calibrator falls detectably behind.
+        oracle_ece: the ECE of the generator's true probabilities per window (the floor of
+            that window's sample), or None for real data.
     """
 
     variant: str
     result: Any
     sentence: str
+    oracle_ece: list[float] | None = None  # per window, of the true probabilities (synthetic)
 
 
 @dataclass
@@ -142,6 +146,7 @@ class RowLevel:
                     "calibrator": w.result.calibrator,
                     "fitted_on": w.result.fitted_on,
                     "sentence": w.sentence,
+                    "oracle_ece": w.oracle_ece,
                     "first_detectable": w.result.first_detectable(),
                     "windows": w.result.windows.to_dict(orient="records"),
                     "metrics": w.result.metrics.to_dict(orient="records"),
@@ -151,6 +156,24 @@ class RowLevel:
         }
 
 
+def oracle_probs(data_dir: Path, split: str, labels: np.ndarray) -> np.ndarray | None:
+    """The generator's true probabilities of ``split`` in row order (None for real data, or
+    when its rows do not line up with ``labels``)."""
+    import pyarrow.parquet as pq
+
+    from ctrcal.data.prepare import PROB_COL
+
+    files = sorted((Path(data_dir) / split).glob("*.parquet"))
+    if not files or PROB_COL not in pq.read_schema(files[0]).names:
+        return None
+    parts = [pq.read_table(f, columns=[PROB_COL, "label"]) for f in files]
+    prob = np.concatenate([t.column(PROB_COL).to_numpy() for t in parts]).astype(np.float64)
+    lab = np.concatenate([t.column("label").to_numpy() for t in parts]).astype(np.float64)
+    if lab.shape != labels.shape or not np.array_equal(lab, labels):
+        return None
+    return prob
+
+
 def window_report(
     variant: str,
     spec: Any,
@@ -158,6 +181,7 @@ def window_report(
     valid: tuple[np.ndarray, np.ndarray, dict | None],
     report: Any,
     seed: int = 0,
+    oracle: np.ndarray | None = None,
 ) -> WindowReport:
     """Stale vs fresh vs uncalibrated per window of the test period, in row (time) order.
 
@@ -169,8 +193,10 @@ def window_report(
         report: the report config (``windows``, ``bootstrap`` or 200 replicates for the
             detectable difference, ``alpha``, ``power``, ``field_min_count``).
         seed: the paired bootstrap's seed.
+        oracle: [n] the true probabilities of the test rows (synthetic data), or None.
     """
-    from ctrcal.eval.windows import calibration_over_time, decay_sentence
+    from ctrcal.eval import metrics as M
+    from ctrcal.eval.windows import calibration_over_time, decay_sentence, windows
 
     z, y, segs = test
     try:
@@ -181,4 +207,8 @@ def window_report(
         )  # fmt: skip
     except ValueError as exc:
         raise DataError(f"report.windows: {variant}: {exc}") from None
-    return WindowReport(variant, result, decay_sentence(result))
+    oracle_ece = None
+    if oracle is not None:  # the same windows: time is the row order
+        parts = windows(np.arange(z.shape[0]), report.windows)
+        oracle_ece = [float(M.ece(oracle[rows], y[rows])) for rows in parts]
+    return WindowReport(variant, result, decay_sentence(result), oracle_ece)

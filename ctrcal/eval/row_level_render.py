@@ -60,14 +60,15 @@ def _bootstrap_lines(row_level: RowLevel) -> list[str]:
     return [*lines, ""]
 
 
-def _window_table(result) -> list[str]:
+def _window_table(result, oracle_ece: list[float] | None) -> list[str]:
     m = result.metrics
+    floor = oracle_ece is not None
     lines = [
         "| window | rows | ECE uncalibrated | ECE stale | ECE fresh | stale − fresh "
-        "| detectable | PCOC stale | PCOC fresh |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| detectable | PCOC stale | PCOC fresh |" + (" ECE true probabilities |" if floor else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if floor else ""),
     ]
-    for r in result.windows.itertuples(index=False):
+    for i, r in enumerate(result.windows.itertuples(index=False)):
         w = int(r.window)
 
         def v(cal: str, metric: str, w: int = w) -> str:
@@ -78,7 +79,7 @@ def _window_table(result) -> list[str]:
         lines.append(
             f"| {w} | {int(r.rows):,} | {v('uncalibrated', 'ece')} | {v('stale', 'ece')} | "
             f"{v('fresh', 'ece')} | {r.ece_gap:+.4f} | {det} | {v('stale', 'pcoc')} | "
-            f"{v('fresh', 'pcoc')} |"
+            f"{v('fresh', 'pcoc')} |" + (f" {oracle_ece[i]:.4f} |" if floor else "")
         )
     return lines
 
@@ -94,8 +95,9 @@ def _window_lines(row_level: RowLevel, figures: dict[str, Path]) -> list[str]:
         "previous window (*fresh*: labels one window late, as in production; in window 1 it "
         "is the stale one), and the uncalibrated model; training seed 0. *Detectable*: the "
         "smallest stale − fresh ECE gap the window's rows can detect (paired row bootstrap, "
-        "the report's α and power). ECE, PCOC, NE and Field-RCE per window are in "
-        "`summary.json` (`row_level.windows`).",
+        "the report's α and power). On synthetic data the last column is the ECE of the true "
+        "probabilities on the window's rows: the floor of that sample. ECE, PCOC, NE and "
+        "Field-RCE per window are in `summary.json` (`row_level.windows`).",
         "",
     ]
     for w in row_level.windows:
@@ -103,7 +105,7 @@ def _window_lines(row_level: RowLevel, figures: dict[str, Path]) -> list[str]:
         fig = figures.get(_key(w.variant))
         if fig is not None:
             lines += [f"![calibration over time: {w.variant}]({fig.name})", ""]
-        lines += [*_window_table(w.result), ""]
+        lines += [*_window_table(w.result, w.oracle_ece), ""]
     return lines
 
 

@@ -62,6 +62,9 @@ def test_windows_give_the_decay_figure_and_sentence(report):
     assert w["variant"] == "platt" and w["fitted_on"] == "validation"
     assert w["sentence"] in text and "platt calibrator" in w["sentence"]
     assert [r["window"] for r in w["windows"]] == [1, 2, 3]
+    # synthetic data: the true probabilities' ECE per window, the floor of its rows
+    assert len(w["oracle_ece"]) == 3 and all(0 <= e < 0.2 for e in w["oracle_ece"])
+    assert "ECE true probabilities" in text
     assert sum(r["rows"] for r in w["windows"]) == 1200  # the whole test period, 30 % of rows
     metrics = pd.DataFrame(w["metrics"])
     assert set(metrics["calibration"]) == {"uncalibrated", "stale", "fresh"}
