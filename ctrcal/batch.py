@@ -6,6 +6,7 @@ this one type.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -15,7 +16,7 @@ __all__ = ["Batch"]
 
 @dataclass
 class Batch:
-    """One mini-batch of encoded rows.
+    """One mini-batch of encoded rows; what every model's ``forward(batch)`` takes.
 
     Attributes:
         categorical: int64 [B, Fc] ids into each field's vocabulary (field-local ids).
@@ -28,12 +29,18 @@ class Batch:
     numeric: torch.Tensor
     label: torch.Tensor | None
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+        """A batch of ``fn`` applied to each tensor (a missing label stays None)."""
         return Batch(
-            self.categorical.to(device, non_blocking=non_blocking),
-            self.numeric.to(device, non_blocking=non_blocking),
-            None if self.label is None else self.label.to(device, non_blocking=non_blocking),
+            fn(self.categorical), fn(self.numeric), None if self.label is None else fn(self.label)
         )
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        return self.map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def inputs(self) -> Batch:
+        """The batch as a model gets it: the same tensors, ``label=None``."""
+        return self if self.label is None else Batch(self.categorical, self.numeric, None)
 
     def __len__(self) -> int:
         return self.categorical.shape[0]

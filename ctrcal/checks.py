@@ -295,6 +295,12 @@ def check_train(cfg: Config, problems: Problems) -> None:
         problems.add("train.device", f"expected auto, cpu, cuda or cuda:N, got {t.device!r}")
     if t.finetune_from is not None and not t.finetune_from.strip():
         problems.add("train.finetune_from", "expected a run directory, got an empty string")
+    from ctrcal.train.noise_options import check_train_shift, check_weight_noise
+
+    with problems.at("train"):
+        check_weight_noise(t.weight_noise, "train")
+    with problems.at("train"):
+        check_train_shift(t.train_shift, "train")
 
 
 def device_list(value: Any) -> list[str]:

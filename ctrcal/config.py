@@ -61,6 +61,7 @@ __all__ = [
     "ShiftConfig",
     "SyntheticConfig",
     "TrainConfig",
+    "TrainShiftConfig",
     "VariantConfig",
     "config_to_dict",
     "dump_config",
@@ -217,6 +218,22 @@ def _model_arg(key: str, value: Any) -> Any:
 
 
 @dataclass
+class TrainShiftConfig:
+    """A registered shift applied to every training batch (``train.train_shift``).
+
+    ``name`` is a shift of :mod:`ctrcal.eval.shifts` that perturbs a batch
+    (``gaussian_numeric``, ``categorical_corruption``), ``intensity`` its level (std units or
+    a probability), ``space`` the ``gaussian_numeric`` space (``original``, the default, or
+    ``model``). Fresh noise on every batch, validation and test batches untouched; see
+    :mod:`ctrcal.train.noise`.
+    """
+
+    name: str
+    intensity: float
+    space: str | None = None
+
+
+@dataclass
 class TrainConfig:
     """The training loop (see :mod:`ctrcal.train.trainer`).
 
@@ -229,6 +246,10 @@ class TrainConfig:
     whose best weights start this run, with its norms replaced by this config's.
     ``cpu_matmul`` picks the library of CPU float32 matrix products (``auto``: oneDNN where it
     keeps float32 accuracy, see :mod:`ctrcal.train.cpu_matmul`; ``default``: PyTorch's BLAS).
+    Noise injection as a regulariser (:mod:`ctrcal.train.noise`): ``train_shift`` applies a
+    registered shift to every training batch; ``weight_noise`` = η adds N(0, η) (variance η,
+    std √η) to the dense weights for each step's forward and backward pass, restored before
+    the optimizer step.
     """
 
     seed: int = 0
@@ -252,6 +273,8 @@ class TrainConfig:
     cpu_matmul: Literal["auto", "default", "onednn"] = "auto"
     finetune_from: str | None = None
     progress: bool = True
+    train_shift: TrainShiftConfig | None = None
+    weight_noise: float = 0.0
 
 
 @dataclass
@@ -270,7 +293,9 @@ class VariantConfig:
     n_v / (n_v + ``field_calibration_shrinkage``); see :mod:`ctrcal.calibration.field_aware`).
     ``calibration`` names any registered calibrator by one spec (``isotonic``,
     ``{name: field_aware, field: C14, method: platt}``); the four keys before it are read as
-    such a spec (:func:`ctrcal.eval.calibration_keys.calibration_spec`).
+    such a spec (:func:`ctrcal.eval.calibration_keys.calibration_spec`). ``train_shift`` and
+    ``weight_noise`` train the variant with noise injection (they replace the ``train``
+    section's keys of the same name for this variant's runs; see :class:`TrainConfig`).
     """
 
     name: str
@@ -287,6 +312,8 @@ class VariantConfig:
     field_calibration_shrinkage: float = 1000.0
     calibration: str | dict[str, Any] | None = None
     from_variant: str | None = None
+    train_shift: TrainShiftConfig | None = None
+    weight_noise: float | None = None
 
 
 @dataclass
@@ -345,7 +372,7 @@ class ReportConfig:
     field_metrics: bool = True
     field_min_count: int = 100
     field_numeric_buckets: int = 10
-    # parallel sweeps (ctrcal.eval.sweep): training runs at once, each in its own process;
+    # parallel sweeps (ctrcal.train.sweep): training runs at once, each in its own process;
     # 0 = one per device in `devices` (1 without them)
     workers: int = 0
     # where the workers train: [cuda:0, cuda:1], "cuda:0,cuda:1", or "auto" (every visible

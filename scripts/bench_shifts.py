@@ -93,7 +93,7 @@ def main() -> None:
 
     model = MaskNet(vocab, fn, 16, hidden_units=[400, 400, 400]).to(device).eval()
     with torch.no_grad():
-        fwd = _time(lambda: model(batch.categorical, batch.numeric), args.repeats, device)
+        fwd = _time(lambda: model(batch.inputs()), args.repeats, device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     print(f"device: {where}; torch threads {torch.get_num_threads()}; batch {args.rows:,} rows")
     print(f"{'what':44s} {'ms/batch':>9s} {'Mrows/s':>8s} {'vs forward':>10s}")

@@ -110,7 +110,7 @@ except Exception as exc:  # an API the trainer no longer has: step the model her
     start = time.perf_counter()
     for b in data.batches(int(batch), shuffle=True, seed=0):
         opt.zero_grad(set_to_none=True)
-        loss = F.binary_cross_entropy_with_logits(model(b.categorical, b.numeric), b.label)
+        loss = F.binary_cross_entropy_with_logits(model(b.inputs()), b.label)
         loss.backward()
         opt.step()
         rows += len(b)

@@ -275,6 +275,7 @@ def check_compile_decomposed() -> str:
 
 @check("MaskNet forward/backward under bf16 autocast (LN and MC-LN everywhere)")
 def check_bf16() -> str:
+    from ctrcal.batch import Batch
     from ctrcal.config import NormSpec
     from ctrcal.models.masknet import MaskNet
 
@@ -287,7 +288,7 @@ def check_bf16() -> str:
         ).cuda()  # fmt: skip
         cat, num, label = _batch(4096, vocab)
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(cat, num)
+            logits = model(Batch(cat, num, None))
         loss = F.binary_cross_entropy_with_logits(logits.float().reshape(-1), label)
         loss.backward()
         require(bool(torch.isfinite(loss)), f"{norm}: non-finite loss")
@@ -296,6 +297,7 @@ def check_bf16() -> str:
 
 @check("MC integration on the GPU (mc_predict: 20 samples)")
 def check_mc_predict() -> str:
+    from ctrcal.batch import Batch
     from ctrcal.config import NormSpec
     from ctrcal.layers.mc_layernorm import mc_predict
     from ctrcal.models.masknet import MaskNet
@@ -306,7 +308,7 @@ def check_mc_predict() -> str:
         emb_norm=NormSpec("mclayernorm"),
     ).cuda()  # fmt: skip
     cat, num, _ = _batch(512, vocab)
-    mean, std = mc_predict(model, cat, num, n_samples=20)
+    mean, std = mc_predict(model, Batch(cat, num, None), n_samples=20)
     require(bool((std > 0).all()), "no spread between MC samples")
     require(bool(((mean >= 0) & (mean <= 1)).all()), "mean outside [0, 1]")
     return f"mean std {std.mean().item():.2e}"
@@ -538,6 +540,8 @@ def _masknet(norm: str, emb_norm: str = "none"):
 def bench_training(
     batch: int, compiled: bool, compile_precisions: tuple[str, ...] = ("bf16",)
 ) -> dict[tuple[str, str], float]:
+    from ctrcal.batch import Batch
+
     vocab = [40_000] * 26
     batches = [_batch(batch, vocab, seed) for seed in range(4)]
     out: dict[tuple[str, str], float] = {}
@@ -559,7 +563,7 @@ def bench_training(
                 cat, num, label = batches[step.i % 4]
                 step.i += 1
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-                    logits = model(cat, num).reshape(-1)
+                    logits = model(Batch(cat, num, None)).reshape(-1)
                 loss = F.binary_cross_entropy_with_logits(logits.float(), label)
                 loss.backward()
                 opt.step()
@@ -578,10 +582,11 @@ def bench_training(
 
 
 def bench_eval(batch: int) -> None:
+    from ctrcal.batch import Batch
     from ctrcal.layers.mc_layernorm import mc_mode
 
     vocab = [40_000] * 26
-    cat, num, _ = _batch(batch, vocab)
+    inputs = Batch(*_batch(batch, vocab)[:2], None)
     print(f"\nevaluation rows/s (batch {batch}, no_grad, bf16 autocast off)")
     results = {}
     for label, norm, mc in [
@@ -593,7 +598,7 @@ def bench_eval(batch: int) -> None:
 
         @torch.no_grad()
         def run(model=model) -> None:
-            model(cat, num)
+            model(inputs)
 
         if mc:
             with mc_mode(model):

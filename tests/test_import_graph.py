@@ -108,7 +108,6 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 KNOWN: list[list[str]] = [
     ["ctrcal.data.feature_map", "ctrcal.data.numeric"],
     ["ctrcal.data.encode", "ctrcal.data.fastpath"],
-    ["ctrcal.eval.calibration", "ctrcal.eval.field_aware"],
     ["ctrcal.data.criteo", "ctrcal.data.parse", "ctrcal.data.schema_reader"],
 ]
 

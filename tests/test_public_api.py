@@ -28,7 +28,7 @@ def test_import_ctrcal_metrics_works_as_a_module():
 def test_the_jobs_are_the_functions_that_do_them():
     from ctrcal.data.feature_map import FeatureMap
     from ctrcal.data.prepare import prepare
-    from ctrcal.eval.shift import CategoricalCorruption
+    from ctrcal.eval.shifts import CategoricalCorruption
     from ctrcal.models.build import create_model
     from ctrcal.train.evaluate import evaluate_run
     from ctrcal.train.results import Run

@@ -98,7 +98,7 @@ class ParquetCTRData:
 
         data = ParquetCTRData("prepared/", "train")
         for batch in data.batches(4096, shuffle=True, seed=0):
-            logits = model(batch.categorical, batch.numeric)
+            logits = model(batch.inputs())
     """
 
     def __init__(

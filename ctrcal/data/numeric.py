@@ -29,7 +29,7 @@ raises :class:`MissingOriginalStatsError` (prepare the data again).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,6 +69,9 @@ class NumericTransform:
     original_mean: tuple[float, ...] | None = None
     original_std: tuple[float, ...] | None = None
     source: str = "<feature map>"
+    # (center, scale) per device, copied there once: a copy per batch would be a host-to-device
+    # transfer (and on CUDA a host sync) at every training step of an original-space shift
+    _on_device: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in TRANSFORMS:
@@ -130,8 +133,13 @@ class NumericTransform:
         if x.dim() < 1 or x.shape[-1] != self.num_features:
             raise DataError(f"expected numerics of shape [..., {self.num_features}], "
                             f"got {tuple(x.shape)}")  # fmt: skip
-        kw = {"dtype": torch.float64, "device": x.device}
-        return torch.tensor(self.center, **kw), torch.tensor(self.scale, **kw)
+        params = self._on_device.get(x.device)
+        if params is None:
+            kw = {"dtype": torch.float64, "device": x.device}
+            params = self._on_device[x.device] = (
+                torch.tensor(self.center, **kw), torch.tensor(self.scale, **kw)
+            )  # fmt: skip
+        return params
 
     def to_original(self, x_model: torch.Tensor) -> torch.Tensor:
         """Model-space numerics -> the values as they stand in the input file.

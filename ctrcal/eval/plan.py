@@ -19,6 +19,7 @@ from ctrcal.errors import ConfigError
 from ctrcal.eval.calibration_keys import calibration_spec, check_calibration_keys
 from ctrcal.eval.row_level import check_row_level
 from ctrcal.eval.shifts import ShiftKind, check_shift_spec
+from ctrcal.train.noise_options import check_noise_options
 
 __all__ = [
     "ShiftPlan",
@@ -211,6 +212,12 @@ def plan_variants(cfg: Config, source: str = "config") -> list[VariantPlan]:
                     f"{key}.mc_dropout: the model has no dropout to keep on (model.dropout is "
                     f"{_model_dropout(cfg):g}); set model.dropout > 0"
                 )
+        check_noise_options(v.train_shift, v.weight_noise, key)
+        if v.from_variant is not None and (v.train_shift is not None or v.weight_noise is not None):
+            raise ConfigError(
+                f"{key}: train_shift and weight_noise change how a variant trains; a variant "
+                f"with from_variant reuses the runs of {v.from_variant!r} (set them there)"
+            )
         calibration = calibration_spec(v)
         plans.append(
             VariantPlan(v.name, root.name, v, v.mc_samples, calibration, v.mc_dropout, v.ensemble)
@@ -249,5 +256,10 @@ def variant_train_config(cfg: Config, plan: VariantPlan, k: int) -> Config:
     out.model = out.model.replace(net_norm=plan.config.net_norm)
     if plan.config.emb_norm is not None:
         out.model = out.model.replace(emb_norm=plan.config.emb_norm)
-    out.train = dataclasses.replace(out.train, seed=cfg.train.seed + k)
+    noise = {}
+    if plan.config.train_shift is not None:
+        noise["train_shift"] = copy.deepcopy(plan.config.train_shift)
+    if plan.config.weight_noise is not None:
+        noise["weight_noise"] = float(plan.config.weight_noise)
+    out.train = dataclasses.replace(out.train, seed=cfg.train.seed + k, **noise)
     return out

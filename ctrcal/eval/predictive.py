@@ -132,15 +132,15 @@ def predict_split(
             if shift is not None:
                 batch, rows = shift.apply(batch)
             masks.append(rows.cpu())
-            cat = batch.categorical.to(device, non_blocking=True)
-            num = batch.numeric.to(device, non_blocking=True)
+            inputs = batch.inputs().to(device, non_blocking=True)
             if single:
-                z = models[0](cat, num).float().reshape(-1)
+                z = models[0](inputs).float().reshape(-1)
                 logits.append(z.double().cpu())
                 means.append(torch.sigmoid(z).double().cpu())
                 continue
-            inputs = (cat, num)
-            p = torch.cat([sample_probabilities(m, inputs, passes, 4 * batch_size) for m in models])
+            p = torch.cat(
+                [sample_probabilities(m, [inputs], passes, 4 * batch_size) for m in models]
+            )
             std, mean = torch.std_mean(p.double(), dim=0, correction=0)
             means.append(mean.cpu())
             stds.append(std.cpu())

@@ -70,7 +70,7 @@ def calibration_slope_intercept(probs: Any, labels: Any, eps: float = DEFAULT_EP
         A :class:`Recalibration`; NaN fields when the rows hold a single class (no finite
         maximum-likelihood fit exists).
     """
-    from ctrcal.eval.calibration import PlattScaling
+    from ctrcal.calibration.scaling import PlattScaling
 
     p, y = check_probs_labels(probs, labels)
     clicks = float(y.sum())

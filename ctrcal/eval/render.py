@@ -171,6 +171,25 @@ def _calibration_text(spec: dict[str, Any]) -> str:
     return f"{what} on clean validation"
 
 
+def _training_noise_text(variant: Any, train: Any) -> list[str]:
+    """How a variant's runs were trained with noise (its own keys, else the train section's)."""
+    shift = variant.train_shift if variant.train_shift is not None else train.train_shift
+    eta = variant.weight_noise if variant.weight_noise is not None else train.weight_noise
+    out = []
+    if shift is not None:
+        from ctrcal.eval.shifts import get_shift
+
+        kind = get_shift(shift.name)
+        value = f"{shift.intensity:g}"
+        level = f"p = {value}" if kind.unit == "p" else f"{value} {kind.unit}"
+        space = shift.space or kind.options.get("space", (None,))[0]
+        where = f" in {space} space" if space else ""
+        out.append(f"trained with input noise {kind.name} {level}{where}")
+    if eta:
+        out.append(f"trained with weight noise N(0, {eta:g})")
+    return out
+
+
 def describe_variant(plan: Any, cfg: Any) -> str:
     """One line on a variant: its norms (or whose runs), how it predicts, its calibrator.
 
@@ -184,6 +203,7 @@ def describe_variant(plan: Any, cfg: Any) -> str:
         emb = emb if emb is not None else cfg.model.get("emb_norm")
         where = "MaskBlocks" if cfg.model.name == "masknet" else f"{cfg.model.name} net_norm"
         bits.append(f"{where} {_norm_text(plan.config.net_norm)}, fields {_norm_text(emb)}")
+        bits.extend(_training_noise_text(plan.config, cfg.train))
     else:
         bits.append(f"runs of {plan.run_variant}")
     if plan.ensemble:

@@ -17,8 +17,8 @@ shared OOV context.
 built as ``create_norm(spec, width, **kw)`` and called as ``norm(x)``; a context norm also
 needs the ids of the rows in ``x``. The model does not pass them: :func:`bind_contexts`
 installs a forward pre-hook on the *root* module (every ctrcal model is called
-``model(categorical, numeric)``) that, before any layer runs, hands each
-:class:`ContextNorm` in the tree its column ``categorical[:, j]`` of the batch; a forward hook
+``model(batch)``) that, before any layer runs, hands each :class:`ContextNorm` in the tree its
+column ``batch.categorical[:, j]``; a forward hook
 clears them after the pass (no stale ids, no tensor kept alive). The hook looks the norms up
 at every call, so norms swapped in later with ``replace_norms`` are found too, and works for
 foreign models unchanged (ctrcal calls :func:`bind_contexts` in ``create_model``; users of
@@ -170,11 +170,12 @@ def bind_contexts(model: nn.Module, categorical_fields: Sequence[str] | Any | No
     """Let every :class:`ContextNorm` in ``model`` see its field's ids on each forward pass.
 
     Resolves each context norm's ``field`` to its column in ``Batch.categorical`` and installs
-    (once) a forward pre-hook on ``model`` that reads ``categorical`` -- the first argument of
-    ``model(categorical, numeric)`` -- and a forward hook that clears the ids afterwards.
+    (once) a forward pre-hook on ``model`` that reads ``batch.categorical`` -- ``batch`` being
+    the one argument of ``model(batch)`` -- and a forward hook that clears the ids afterwards.
 
     Args:
-        model: the root module, called as ``model(categorical [B, Fc], numeric)``.
+        model: the root module, called as ``model(batch)`` with ``batch.categorical``
+            ``[B, Fc]`` (a :class:`~ctrcal.batch.Batch`).
         categorical_fields: the field names in column order (``feature_map.categorical_fields``;
             a feature map itself is accepted too). None: every field must be an index.
 
@@ -216,10 +217,10 @@ def _set_contexts(module: nn.Module, args: tuple[Any, ...]) -> None:
     norms = _context_norms(module)
     if not norms:
         return
-    categorical = args[0] if args else None
+    categorical = getattr(args[0], "categorical", None) if args else None
     if not isinstance(categorical, Tensor) or categorical.dim() != 2:
         raise RuntimeError(
-            "a model with a ContextNorm is called as model(categorical [B, Fc], numeric)"
+            "a model with a ContextNorm is called as model(batch), batch.categorical [B, Fc]"
         )
     for norm in norms:
         if norm.field_index_ is None:

@@ -20,24 +20,7 @@ from ctrcal.layers.registry import replace_norms
 from ctrcal.layers.spec import NormSpec, parse_norm_spec
 from ctrcal.models.registry import resolve_model
 
-__all__ = ["BatchInputModel", "check_model_output", "create_model"]
-
-
-class BatchInputModel(nn.Module):
-    """Calls a ``forward(batch)`` model as ``model(categorical, numeric)``.
-
-    The one adapter between the user contract ``forward(batch)`` and ctrcal's calling
-    convention (two tensors, which ``torch.compile``, DDP and forward hooks take as they are).
-    The wrapped model is ``self.model``; the batch it gets is a :class:`~ctrcal.batch.Batch`
-    with ``label=None``.
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, categorical: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
-        return self.model(Batch(categorical, numeric, None))
+__all__ = ["check_model_output", "create_model"]
 
 
 def create_model(
@@ -47,7 +30,7 @@ def create_model(
     check: bool = True,
     **kwargs: Any,
 ) -> nn.Module:
-    """Build a model for ``feature_map``: ``model(categorical, numeric) -> logits [B]``.
+    """Build a model for ``feature_map``: ``model(batch) -> logits [B]``.
 
     Args:
         spec: a registered name, an import path ``pkg.mod:Class``, a class / factory
@@ -59,8 +42,8 @@ def create_model(
         **kwargs: the model's keyword arguments (override the section's).
 
     Returns:
-        The model (a user model wrapped in :class:`BatchInputModel`), on the CPU, with every
-        context norm bound to its field (:func:`~ctrcal.layers.context.bind_contexts`).
+        The model as its factory built it (built-in or user model alike), on the CPU, with
+        every context norm bound to its field (:func:`~ctrcal.layers.context.bind_contexts`).
 
     Raises:
         ConfigError: unknown model, bad arguments, or a model that breaks the contract.
@@ -102,22 +85,20 @@ def create_model(
                 f"{label}: net_norm {shown!r} was given but the model has no nn.LayerNorm to "
                 "replace (and no net_norm argument)"
             )
-    if entry.batch_input:
-        model = BatchInputModel(model)
     bind_contexts(model, getattr(feature_map, "categorical_fields", None))
     if check:
         check_model_output(model, feature_map, label)
     return model
 
 
-def _probe_inputs(feature_map: Any, rows: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+def _probe_batch(feature_map: Any, rows: int = 2) -> Batch:
     fc = len(getattr(feature_map, "vocab_sizes", []))
     fn = len(getattr(feature_map, "numeric_fields", []))
     categorical = torch.zeros(rows, fc, dtype=torch.int64)
     numeric = torch.zeros(rows, fn, dtype=torch.float32)
     if fn:
         numeric[1] = 1.0
-    return categorical, numeric
+    return Batch(categorical, numeric, None)
 
 
 def check_model_output(model: nn.Module, feature_map: Any, label: str = "model") -> None:
@@ -129,13 +110,13 @@ def check_model_output(model: nn.Module, feature_map: Any, label: str = "model")
     Raises:
         ConfigError: the forward pass fails or returns the wrong type, shape or dtype.
     """
-    categorical, numeric = _probe_inputs(feature_map)
+    batch = _probe_batch(feature_map)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     was_training = model.training
     model.eval()
     try:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
-            out = model(categorical.to(device), numeric.to(device))
+            out = model(batch.to(device))
     except ConfigError:
         raise
     except Exception as exc:  # the user's forward: report it as a contract failure

@@ -25,6 +25,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from ctrcal.batch import Batch
 from ctrcal.layers.cross import CrossNet
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.mlp import MLP
@@ -58,8 +59,8 @@ class DCNv2(nn.Module):
         embedding_init_std: std of the normal init of the embeddings.
 
     Shapes:
-        categorical: int64 ``[B, Fc]``; numeric: float ``[B, Fn]`` (NaN = missing);
-        output: logits ``[B]``.
+        ``forward(batch)``: ``batch.categorical`` int64 ``[B, Fc]``; ``batch.numeric`` float
+        ``[B, Fn]`` (NaN = missing); output: logits ``[B]``.
     """
 
     def __init__(
@@ -135,9 +136,10 @@ class DCNv2(nn.Module):
         self.cross.reset_parameters()
         self.embedding.reset_parameters()
 
-    def forward(self, categorical: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B]`` for categorical ``[B, Fc]`` int64 ids and numeric ``[B, Fn]``."""
-        emb = self.embedding(categorical, numeric)
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Logits ``[B]`` for ``batch.categorical`` ``[B, Fc]`` int64 ids and ``batch.numeric``
+        ``[B, Fn]``."""
+        emb = self.embedding(batch.categorical, batch.numeric)
         x0 = emb.flatten(1) if self.emb_norm is None else self.emb_norm(emb).flatten(1)
         h = self.cross(x0)
         if self.stacked_dnn is not None:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from ctrcal.batch import Batch
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.mlp import MLP
 from ctrcal.layers.spec import is_no_norm
@@ -45,8 +46,8 @@ class DNN(nn.Module):
         embedding_init_std: std of the normal init of the embeddings.
 
     Shapes:
-        categorical: int64 ``[B, Fc]``; numeric: float ``[B, Fn]`` (NaN = missing);
-        output: logits ``[B]``.
+        ``forward(batch)``: ``batch.categorical`` int64 ``[B, Fc]``; ``batch.numeric`` float
+        ``[B, Fn]`` (NaN = missing); output: logits ``[B]``.
     """
 
     def __init__(
@@ -88,9 +89,10 @@ class DNN(nn.Module):
                     nn.init.zeros_(module.bias)
         self.embedding.reset_parameters()
 
-    def forward(self, categorical: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B]`` for categorical ``[B, Fc]`` int64 ids and numeric ``[B, Fn]``."""
-        emb = self.embedding(categorical, numeric)
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Logits ``[B]`` for ``batch.categorical`` ``[B, Fc]`` int64 ids and ``batch.numeric``
+        ``[B, Fn]``."""
+        emb = self.embedding(batch.categorical, batch.numeric)
         x = emb.flatten(1) if self.emb_norm is None else self.emb_norm(emb).flatten(1)
         return self.mlp(x).squeeze(-1)
 

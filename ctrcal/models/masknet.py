@@ -27,6 +27,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from ctrcal.batch import Batch
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.logit_head import sequential_logit
 from ctrcal.layers.mask_block import MaskBlock, mask_hidden_layers, serial_logits
@@ -59,8 +60,8 @@ class MaskNet(nn.Module):
         embedding_init_std: std of the normal init of the embeddings.
 
     Shapes:
-        categorical: int64 ``[B, Fc]``; numeric: float ``[B, Fn]`` (NaN = missing);
-        output: logits ``[B]``.
+        ``forward(batch)``: ``batch.categorical`` int64 ``[B, Fc]``; ``batch.numeric`` float
+        ``[B, Fn]`` (NaN = missing); output: logits ``[B]``.
     """
 
     def __init__(
@@ -144,9 +145,10 @@ class MaskNet(nn.Module):
         """The raw feature embedding ``[B, F, D]`` (before ``emb_norm``)."""
         return self.embedding(categorical, numeric)
 
-    def forward(self, categorical: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B]`` for categorical ``[B, Fc]`` int64 ids and numeric ``[B, Fn]``."""
-        emb = self.embedding(categorical, numeric)
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Logits ``[B]`` for ``batch.categorical`` ``[B, Fc]`` int64 ids and ``batch.numeric``
+        ``[B, Fn]``."""
+        emb = self.embedding(batch.categorical, batch.numeric)
         v_emb = emb.flatten(1)
         v_in = v_emb if self.emb_norm is None else self.emb_norm(emb).flatten(1)
         # every mask reads v_emb: their first layers run as one product (see the function)

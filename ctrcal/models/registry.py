@@ -42,8 +42,9 @@ Norm positions: a constructor argument named ``*_norm`` takes a norm spec (name,
 :func:`~ctrcal.layers.registry.replace_norms`), which is how a report variant's norm reaches a
 foreign model.
 
-The built-in models are registered by import path (``"ctrcal.models.masknet:MaskNet"``) and
-imported when first resolved; their constructors are the only statement of their arguments.
+The built-in models follow the same ``forward(batch)`` contract. They are registered by import
+path (``"ctrcal.models.masknet:MaskNet"``) and imported when first resolved; their constructors
+are the only statement of their arguments.
 This module imports no config and no data: it knows models, not files.
 """
 
@@ -90,8 +91,6 @@ class ModelEntry:
         data_args: for ctrcal's own models: ``feature_map -> {arg: value}`` filling the
             constructor's data arguments (vocab sizes, ...); None for the user contract
             ``factory(feature_map, **kwargs)``.
-        batch_input: ``forward(batch)`` (the user contract) instead of
-            ``forward(categorical, numeric)``.
         classes_only: the target came from a config (an import path nobody registered): it
             must be an ``nn.Module`` subclass, and is refused, uncalled, otherwise.
     """
@@ -99,7 +98,6 @@ class ModelEntry:
     name: str
     target: Callable[..., nn.Module] | str
     data_args: Callable[[Any], dict[str, Any]] | None = None
-    batch_input: bool = True
     classes_only: bool = False
 
     @property
@@ -167,7 +165,6 @@ def register_model(
     *,
     overwrite: bool = False,
     _data_args: Callable[[Any], dict[str, Any]] | None = None,
-    _batch_input: bool = True,
 ) -> Any:
     """Register a model under ``name``; usable as a decorator.
 
@@ -187,10 +184,7 @@ def register_model(
         ConfigError: ``factory`` is a class that is not an ``nn.Module``.
     """
     if factory is None:
-        return functools.partial(
-            register_model, name, overwrite=overwrite, _data_args=_data_args,
-            _batch_input=_batch_input,
-        )  # fmt: skip
+        return functools.partial(register_model, name, overwrite=overwrite, _data_args=_data_args)
     key = normalize_model_name(name)
     if not key or ":" in key:
         raise ValueError(f"model name {name!r} must be non-empty and contain no ':'")
@@ -202,7 +196,7 @@ def register_model(
         _check_factory(factory, name, classes_only=False)
     if key in _REGISTRY and not overwrite:
         raise ValueError(f"model {key!r} is already registered (pass overwrite=True)")
-    _REGISTRY[key] = ModelEntry(key, factory, _data_args, _batch_input)
+    _REGISTRY[key] = ModelEntry(key, factory, _data_args)
     return factory
 
 
@@ -415,4 +409,4 @@ for _name, _path in (
     ("dcnv2", "ctrcal.models.dcnv2:DCNv2"),
     ("dnn", "ctrcal.models.dnn:DNN"),
 ):
-    register_model(_name, _path, _data_args=FEATURE_DATA_ARGS, _batch_input=False)
+    register_model(_name, _path, _data_args=FEATURE_DATA_ARGS)

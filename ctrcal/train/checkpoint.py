@@ -15,6 +15,13 @@ A run's two checkpoints are written in an order that survives a kill at any inst
 A resumed run takes the schedule from ``last.pt`` alone and the best weights from whichever
 of the two best files holds the epoch ``last.pt`` names (:func:`load_best`), so it goes on
 exactly as the uninterrupted run would, wherever the kill landed.
+
+Model weights are stored under the model's own ``state_dict`` keys, and every checkpoint says
+so (``"model_keys": "own"``). Checkpoints without that mark were written when a user model
+(``forward(batch)``) ran inside an adapter module, which put ``model.`` in front of each of its
+keys; built-in models never had the prefix. :func:`load_checkpoint` is the one place that
+reads such an old checkpoint's keys back without it, so ``--resume``, ``evaluate`` and
+``train.finetune_from`` all take runs written either way.
 """
 
 from __future__ import annotations
@@ -31,6 +38,12 @@ import torch
 from ctrcal.errors import CtrcalError
 from ctrcal.runs import BEST, BEST_PREV
 from ctrcal.utils import atomic_path, writing
+
+# the mark of a checkpoint whose model weights are under the model's own state_dict keys
+MODEL_KEYS = "model_keys"
+OWN_KEYS = "own"
+# what the adapter of user models put in front of every key before checkpoints were marked
+ADAPTER_PREFIX = "model."
 
 __all__ = [
     "capture_rng_state",
@@ -85,19 +98,50 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
     file name reports a full disk as ``unexpected pos``).
     """
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        torch.save(payload, fh)
+        torch.save({**payload, MODEL_KEYS: OWN_KEYS}, fh)
 
 
 def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
-    """``torch.load(path, weights_only=True)``; a missing or corrupt file is a CtrcalError."""
+    """``torch.load(path, weights_only=True)``; a missing or corrupt file is a CtrcalError.
+
+    The model weights come back under the model's own keys, whenever the file was written
+    (see the module doc).
+    """
     path = Path(path)
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        payload = torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise CtrcalError(f"{path}: no such checkpoint") from None
     except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise CtrcalError(f"{path}: unreadable checkpoint ({first})") from None
+    return _own_model_keys(payload)
+
+
+def _own_model_keys(payload: Any) -> Any:
+    """An unmarked checkpoint's user-model weights without the adapter's ``model.`` prefix.
+
+    Only a checkpoint without the mark whose every key has the prefix was written through the
+    adapter (no built-in model has a top-level ``model`` submodule); a marked one is as
+    written, so a user model that keeps everything under its own ``self.model`` is left alone.
+    """
+    if not isinstance(payload, dict) or payload.get(MODEL_KEYS) == OWN_KEYS:
+        return payload
+    state = payload.get("model")
+    if not isinstance(state, dict) or not state:
+        return payload
+    if not all(isinstance(k, str) and k.startswith(ADAPTER_PREFIX) for k in state):
+        return payload
+    cut = len(ADAPTER_PREFIX)
+    own = type(state)((k[cut:], v) for k, v in state.items())
+    metadata = getattr(state, "_metadata", None)
+    if isinstance(metadata, dict):  # per-module versions, keyed by module path
+        own._metadata = type(metadata)(  # type: ignore[attr-defined]
+            ("" if k == ADAPTER_PREFIX[:-1] else k[cut:], v)
+            for k, v in metadata.items()
+            if k == ADAPTER_PREFIX[:-1] or k.startswith(ADAPTER_PREFIX)
+        )
+    return {**payload, "model": own}
 
 
 def capture_rng_state() -> dict[str, Any]:

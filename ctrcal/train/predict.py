@@ -28,9 +28,7 @@ def iter_batches(data: Any, batch_size: int) -> Iterator[Batch]:
         n = len(data)
         for start in range(0, n, batch_size):
             stop = min(start + batch_size, n)
-            yield Batch(
-                data.categorical[start:stop], data.numeric[start:stop], data.label[start:stop]
-            )
+            yield data.map(lambda t, a=start, b=stop: t[a:b])
         return
     if not hasattr(data, "batches"):
         raise TypeError(f"expected a Batch or ParquetCTRData, got {type(data).__name__}")
@@ -65,16 +63,13 @@ def predict_with_labels(
     try:
         for batch in iter_batches(data, batch_size):
             numeric = batch.numeric if transform is None else transform(batch.numeric)
-            categorical = batch.categorical.to(device, non_blocking=True)
-            numeric = numeric.to(device, non_blocking=True)
+            inputs = Batch(batch.categorical, numeric, None).to(device, non_blocking=True)
             if mc_samples > 0:
                 from ctrcal.layers.mc_layernorm import mc_predict
 
-                out, _ = mc_predict(
-                    model, categorical, numeric, n_samples=mc_samples, max_rows=batch_size
-                )
+                out, _ = mc_predict(model, inputs, n_samples=mc_samples, max_rows=batch_size)
             else:
-                out = model(categorical, numeric)
+                out = model(inputs)
             outs.append(out.float().reshape(-1).cpu())
             labels.append(batch.label.float().cpu())
     finally:
@@ -95,14 +90,14 @@ def predict_logits(
     """Logits ``[N]`` (float32, CPU, row order) of ``model`` on a split or a Batch.
 
     Args:
-        model: any module ``model(categorical, numeric) -> logits [B]``; run in eval mode
+        model: any module ``model(batch) -> logits [B]``; run in eval mode
             (its training flag is restored afterwards), so MC layers use their one-shot form
             unless the caller wraps this in ``mc_mode``.
         data: a :class:`~ctrcal.data.loader.ParquetCTRData` or a :class:`Batch`.
         batch_size: rows per forward pass.
         device: where the model runs (default: the device of its parameters).
         transform: ``numeric [B, Fn] -> numeric`` applied to every batch (e.g. a
-            :class:`~ctrcal.eval.shift.GaussianShift`).
+            :class:`~ctrcal.eval.shifts.GaussianShift`).
     """
     return predict_with_labels(model, data, batch_size, device, transform)[0]
 

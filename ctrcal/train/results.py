@@ -184,8 +184,8 @@ class Run(NamedTuple):
     """A trained run read back by :func:`load_run` (unpacks as ``model, config, fm``).
 
     Attributes:
-        model: the best model, on the CPU, in eval mode: ``model(categorical, numeric)``
-            returns logits ``[B]``.
+        model: the best model, on the CPU, in eval mode: ``model(batch)`` returns logits
+            ``[B]``.
         config: the run's validated config snapshot.
         feature_map: the :class:`~ctrcal.data.feature_map.FeatureMap` it was trained on.
     """

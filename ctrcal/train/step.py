@@ -11,6 +11,10 @@ which only matters in the rare steps that clip), with AdamW added to the gradien
 clipping. The reported training loss is the BCE alone. Only ``nn.Embedding`` tables are
 penalised, not the numeric embedding vectors (FuxiCTR's numeric embeddings are linear
 layers, outside its embedding regulariser too).
+
+Weight noise (``train.weight_noise``, :mod:`ctrcal.train.noise`) perturbs the dense weights
+(every trainable parameter but the embedding tables) for the forward and backward pass and
+restores them before clipping and the optimizer step.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from torch import nn
 from ctrcal.data.loader import Batch
 from ctrcal.layers.embedding import FeatureEmbedding
 from ctrcal.train.cpu_memory import retain_freed_memory
+from ctrcal.train.noise import perturb_weights, restore_weights, weight_noise_std
 
 __all__ = [
     "StepContext",
@@ -88,6 +93,8 @@ class StepContext:
     device_type: str
     amp_dtype: torch.dtype | None
     sparse_tables: bool = False  # tables emit sparse grads into persistent dense .grad buffers
+    weight_noise_std: float = 0.0  # std of the noise on `noisy` for each forward/backward
+    noisy: list[nn.Parameter] | None = None  # the weights weight noise perturbs
 
 
 def make_step_context(
@@ -133,6 +140,11 @@ def make_step_context(
         device_type=device.type,
         amp_dtype=amp_dtype,
         sparse_tables=sparse_tables and bool(tables),
+        weight_noise_std=weight_noise_std(cfg_train.weight_noise),
+        # the tables are left out: noising a whole table costs a table-sized pass per step,
+        # and the rows a batch does not look up would not change its forward anyway
+        noisy=[p for p in model.parameters()
+               if p.requires_grad and id(p) not in {id(t) for t in tables}],  # fmt: skip
     )
 
 
@@ -167,11 +179,17 @@ def clip_grads(ctx: StepContext) -> None:
 def train_step(ctx: StepContext, batch: Batch) -> torch.Tensor:
     """One optimizer step; returns the (device) mean BCE of the batch, without a host sync."""
     zero_grads(ctx)
+    # Weight noise in its regulariser form (Graves 2011; the seed's section 7.6.2): the
+    # gradient is taken at W + eps and applied to W; noise kept in the weights would instead
+    # be a random walk of the weights that the optimizer has to undo.
+    clean = perturb_weights(ctx.noisy, ctx.weight_noise_std) if ctx.weight_noise_std else None
     with torch.autocast(ctx.device_type, dtype=ctx.amp_dtype or torch.bfloat16,
                         enabled=ctx.amp_dtype is not None):  # fmt: skip
-        logits = ctx.forward(batch.categorical, batch.numeric)
+        logits = ctx.forward(batch.inputs())
     loss = F.binary_cross_entropy_with_logits(logits.float(), batch.label)
     loss.backward()
+    if clean is not None:
+        restore_weights(ctx.noisy, clean)
     if ctx.emb_l2 > 0:
         with_grad = [t for t in ctx.tables if t.grad is not None]
         with torch.no_grad():

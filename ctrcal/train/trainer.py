@@ -63,6 +63,7 @@ from ctrcal.train.evaluate import (
     training_monitor,
     valid_metrics,
 )
+from ctrcal.train.noise import TrainShift
 from ctrcal.train.predict import predict_logits, predict_probs, predict_with_labels
 from ctrcal.train.results import (
     TrainResult,
@@ -269,6 +270,9 @@ def _train_in_context(
     if main and test_rows and not score_test:
         _note(f"note: {data_dir}: the test split has no labels; it is not scored")
     train_data, valid_data = _open_training_splits(data_dir, feature_map, mode, device, dctx)
+    # input noise on the training batches only (validation and test are scored clean); built
+    # before the run directory is written, so data it cannot shift fails with nothing started
+    shift = TrainShift(tcfg.train_shift, feature_map) if tcfg.train_shift is not None else None
 
     monitor, monitor_note = training_monitor(tcfg.monitor, feature_map, data_dir)
     if main and monitor_note:
@@ -332,7 +336,7 @@ def _train_in_context(
             # must redraw the same ones: a per-(epoch, rank) seed gives both
             torch.manual_seed(epoch_seed(tcfg.seed, epoch) * 1_000_003 + dctx.rank)
         train_loss, rows_per_s, seconds = _train_epoch(
-            ctx, train_data, tcfg, epoch, device, tcfg.batch_size // world, dctx
+            ctx, train_data, tcfg, epoch, device, tcfg.batch_size // world, dctx, shift
         )
         speeds.append(rows_per_s)
         logits, labels = predict_with_labels(model, valid_data, tcfg.eval_batch_size, device)
@@ -419,8 +423,12 @@ def _train_epoch(
     device: torch.device,
     batch_size: int | None = None,
     dctx: dist_util.DistContext | None = None,
+    shift: TrainShift | None = None,
 ) -> tuple[float, float, float]:
     """One pass over the training split; returns (mean loss, rows/s, seconds).
+
+    ``shift`` (``train.train_shift``) perturbs every batch, from a stream seeded at the start
+    of the epoch by torch's global generator (see :mod:`ctrcal.train.noise`).
 
     Under DDP, ``batch_size`` is this rank's share of the global batch, and the loss and
     rows/s are totals over all ranks (one all-reduce per epoch).
@@ -444,10 +452,14 @@ def _train_epoch(
     acc_dtype = torch.float64 if device.type in ("cpu", "cuda") else torch.float32
     loss_sum = torch.zeros((), dtype=acc_dtype, device=device)
     rows = steps = 0
+    if shift is not None:
+        shift.start_epoch()
     start = time.perf_counter()
     try:
         for batch in data.batches(batch_size, shuffle=True, seed=epoch_seed(tcfg.seed, epoch)):
             batch = batch.to(device, non_blocking=True)
+            if shift is not None:
+                batch = shift(batch)
             loss = train_step(ctx, batch)
             n = len(batch)
             loss_sum += loss.to(acc_dtype) * n

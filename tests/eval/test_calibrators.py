@@ -7,13 +7,11 @@ import pytest
 import torch
 from sklearn.isotonic import IsotonicRegression
 
+from ctrcal.calibration.base import logit
+from ctrcal.calibration.field_aware import FieldAwareCalibration
+from ctrcal.calibration.isotonic import IsotonicCalibration
+from ctrcal.calibration.scaling import PlattScaling
 from ctrcal.eval import metrics as M
-from ctrcal.eval.calibration import (
-    FieldAwareCalibration,
-    IsotonicCalibration,
-    PlattScaling,
-    logit,
-)
 
 
 def _sigmoid(t):

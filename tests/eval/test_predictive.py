@@ -32,8 +32,8 @@ class _Model(nn.Module):
             self.lin.bias.fill_(shift)
         self.noise = _NoisyLogit()
 
-    def forward(self, categorical: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
-        return self.noise(self.lin(numeric).squeeze(1))
+    def forward(self, batch: Batch) -> torch.Tensor:
+        return self.noise(self.lin(batch.numeric).squeeze(1))
 
 
 def _batch(rows: int = 100) -> Batch:
@@ -111,15 +111,15 @@ def test_report_and_mc_predict_draw_the_same_passes():
             self.norm = MCLayerNorm(16, fraction=0.5)
             self.out = nn.Linear(16, 1)
 
-        def forward(self, categorical: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
-            return self.out(self.norm(self.lin(numeric))).squeeze(1)
+        def forward(self, batch: Batch) -> torch.Tensor:
+            return self.out(self.norm(self.lin(batch.numeric))).squeeze(1)
 
     torch.manual_seed(5)
     model, batch = Net(), _batch(40)
     torch.manual_seed(6)
     report = predict_split([model], batch, batch_size=64, device="cpu", mc_samples=3)
     torch.manual_seed(6)
-    mean, std = mc_predict(model, batch.categorical, batch.numeric, n_samples=3)
+    mean, std = mc_predict(model, batch, n_samples=3)
     assert float(std.mean()) > 1e-3  # the passes differ
     torch.testing.assert_close(torch.from_numpy(report.probs).float(), mean, rtol=0, atol=1e-7)
     torch.testing.assert_close(torch.from_numpy(report.std).float(), std, rtol=0, atol=1e-6)

@@ -206,7 +206,7 @@ def test_shift_moves_predictions_of_a_trained_masknet(tiny_report):
     import torch
 
     from ctrcal.data.loader import ParquetCTRData
-    from ctrcal.eval.shift import GaussianShift
+    from ctrcal.eval.shifts import GaussianShift
     from ctrcal.train.trainer import load_run, predict_logits
 
     _, out = tiny_report

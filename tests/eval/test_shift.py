@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ctrcal.eval import metrics as M
-from ctrcal.eval.shift import PAPER_INTENSITIES, GaussianShift
+from ctrcal.eval.shifts import PAPER_INTENSITIES, GaussianShift
 
 STD = [1.0, 0.5, 2.0, 0.0, 3.0]
 

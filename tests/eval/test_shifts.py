@@ -11,8 +11,10 @@ import torch
 from ctrcal.data.features import NUM_RESERVED
 from ctrcal.data.loader import Batch
 from ctrcal.errors import ConfigError, DataError
-from ctrcal.eval.shift import CategoricalCorruption, GaussianNumericShift, TemporalShift
 from ctrcal.eval.shifts import (
+    CategoricalCorruption,
+    GaussianNumericShift,
+    TemporalShift,
     available_shifts,
     check_shift_spec,
     create_shift,

@@ -14,7 +14,7 @@ class _Platt(Calibrator):
     """a·z + b by the library's Platt fit (registered here under a test name)."""
 
     def fit(self, logits, labels, segments=None):
-        from ctrcal.eval.calibration import PlattScaling
+        from ctrcal.calibration.scaling import PlattScaling
 
         self.platt_ = PlattScaling().fit(logits, labels)
         return self

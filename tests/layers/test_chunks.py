@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from ctrcal.batch import Batch
 from ctrcal.layers import chunks as chunks_module
 from ctrcal.layers import cpu_kernels, mcln_kernel
 from ctrcal.models.masknet import MaskNet
@@ -82,7 +83,7 @@ def _masknet_step(norm: str, seed: int = 0):
     num = torch.randn(2000, 5)
     num[::7, 2] = float("nan")
     torch.manual_seed(seed + 1)  # the dropout draws
-    logits = model(cat, num)
+    logits = model(Batch(cat, num, None))
     logits.square().sum().backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     return logits.detach(), grads

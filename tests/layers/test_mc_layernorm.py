@@ -624,6 +624,36 @@ def test_mc_predict_argument_checks_and_plain_models():
         mc_predict(model, cat, num, n_samples=0)
 
 
+class _BatchInput(_TwoInput):
+    """The same network called as a ctrcal model: ``forward(batch)``; it records labels."""
+
+    def forward(self, batch):
+        self.labels_seen = getattr(self, "labels_seen", []) + [batch.label]
+        return super().forward(batch.categorical, batch.numeric)
+
+
+def test_mc_predict_on_a_batch_equals_the_tensors_and_hides_the_label():
+    from ctrcal.batch import Batch
+
+    cat = torch.randint(0, 10, (9, 4), generator=torch.Generator().manual_seed(2))
+    num = torch.randn(9, 3, generator=torch.Generator().manual_seed(3))
+    torch.manual_seed(16)
+    model = _BatchInput()
+    twin = _TwoInput()
+    twin.load_state_dict(model.state_dict())
+    batch = Batch(cat, num, torch.ones(9))
+    for max_rows in (None, 4):  # one pass, and uneven chunks of repeated rows
+        torch.manual_seed(17)
+        mean, std = mc_predict(model, batch, n_samples=6, max_rows=max_rows)
+        torch.manual_seed(17)
+        ref_mean, ref_std = mc_predict(twin, cat, num, n_samples=6, max_rows=max_rows)
+        torch.testing.assert_close(mean, ref_mean, rtol=0, atol=0)
+        torch.testing.assert_close(std, ref_std, rtol=0, atol=0)
+    assert model.labels_seen and all(label is None for label in model.labels_seen)
+    with pytest.raises(ValueError, match="same batch size"):
+        mc_predict(model, Batch(cat, num[:3], None))
+
+
 def test_cpu_training_does_not_import_triton():
     """triton is imported only for a CUDA tensor or the interpreter: a CPU process never pays
     its import."""
@@ -639,7 +669,8 @@ def test_cpu_training_does_not_import_triton():
         "    vocab_sizes = [7, 9]; numeric_fields = ['I1']; bucket_boundaries = None\n"
         "m = create_model(ModelConfig('masknet', embedding_dim=4, hidden_units=[8],\n"
         "    emb_norm='mclayernorm', net_norm='mclayernorm'), FM())\n"
-        "out = m(torch.randint(0, 7, (32, 2)), torch.randn(32, 1))\n"
+        "from ctrcal.batch import Batch\n"
+        "out = m(Batch(torch.randint(0, 7, (32, 2)), torch.randn(32, 1), None))\n"
         "out.sum().backward()\n"
         "assert 'triton' not in sys.modules, 'triton was imported'\n"
     )

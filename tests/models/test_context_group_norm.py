@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctrcal.batch import Batch
 from ctrcal.config import ModelConfig, NormSpec
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, NUM_CATEGORICAL, NUM_NUMERIC, NUMERIC_COLUMNS
 from ctrcal.errors import ConfigError
@@ -108,12 +109,12 @@ def test_context_norm_in_every_position_of_every_model(cfg):
     with torch.no_grad():
         for n in norms:
             n.mean_weight.normal_()
-    out = model(cat, num)
+    out = model(Batch(cat, num, None))
     assert out.shape == (8,) and all(n._ids is None for n in norms)  # cleared after the pass
     # the context column changes the output; an unrelated column's values do not reach norms
     cat2 = cat.clone()
     cat2[:, CATEGORICAL_COLUMNS.index("C3")] = (cat2[:, 2] + 1) % 7
-    assert not torch.allclose(model(cat2, num), out)
+    assert not torch.allclose(model(Batch(cat2, num, None)), out)
 
 
 def test_replace_norms_then_bind_on_a_foreign_model():
@@ -124,8 +125,8 @@ def test_replace_norms_then_bind_on_a_foreign_model():
             self.norm = nn.LayerNorm(4)
             self.out = nn.Linear(4, 1)
 
-        def forward(self, categorical, numeric):
-            return self.out(self.norm(self.emb(categorical[:, 0]))).squeeze(-1)
+        def forward(self, batch):
+            return self.out(self.norm(self.emb(batch.categorical[:, 0]))).squeeze(-1)
 
     model = Foreign()
     assert replace_norms(model, "contextnorm", field="C2") == 1
@@ -135,5 +136,7 @@ def test_replace_norms_then_bind_on_a_foreign_model():
     assert bind_contexts(model, ["C1", "C2"]) == 1  # idempotent: one hook
     assert len(model._forward_pre_hooks) == 1
     cat = torch.tensor([[1, 3], [1, 7]])
-    out = model(cat, torch.zeros(2, 0))
+    out = model(Batch(cat, torch.zeros(2, 0), None))
     assert out.shape == (2,)
+    with pytest.raises(RuntimeError, match=r"called as model\(batch\)"):
+        model(cat)  # the ids come from batch.categorical

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctrcal.batch import Batch
 from ctrcal.data.criteo import NUM_CATEGORICAL, NUM_NUMERIC
 from ctrcal.layers.cross import CrossNet
 from ctrcal.layers.embedding import FieldNorm
@@ -33,7 +34,7 @@ def test_dcnv2_returns_finite_logits_of_shape_b(structure, low_rank, experts):
     model = DCNv2(VOCAB, NUM_NUMERIC, embedding_dim=4, structure=structure, num_cross_layers=2,
                   low_rank=low_rank, num_experts=experts, stacked_dnn_hidden_units=[8],
                   parallel_dnn_hidden_units=[8, 8])  # fmt: skip
-    out = model(*_inputs())
+    out = model(Batch(*_inputs(), None))
     assert out.shape == (6,) and torch.isfinite(out).all()
     out.sum().backward()
     assert model.cross.parameters().__next__().grad is not None
@@ -126,7 +127,7 @@ def test_dnn_norm_per_hidden_layer_and_none_adds_no_module():
     bare = DNN(VOCAB, NUM_NUMERIC, embedding_dim=4, hidden_units=[8, 6], net_norm="none")
     kinds = [type(m) for m in bare.mlp.layers]
     assert kinds == [nn.Linear, nn.ReLU, nn.Linear, nn.ReLU, nn.Linear]
-    assert model(*_inputs()).shape == (6,)
+    assert model(Batch(*_inputs(), None)).shape == (6,)
 
 
 @pytest.mark.parametrize("factory", [DNN, DCNv2])
@@ -140,7 +141,7 @@ def test_models_learn_a_simple_rule(factory):
     opt = torch.optim.Adam(model.parameters(), lr=0.02)
     for _ in range(150):
         opt.zero_grad()
-        loss = F.binary_cross_entropy_with_logits(model(cat, num), y)
+        loss = F.binary_cross_entropy_with_logits(model(Batch(cat, num, None)), y)
         loss.backward()
         opt.step()
     assert loss.item() < 0.3

@@ -11,6 +11,7 @@ import torch
 from batches import random_batch
 from torch import nn
 
+from ctrcal.batch import Batch
 from ctrcal.config import ModelConfig, NormSpec
 from ctrcal.config_load import load_config
 from ctrcal.data.criteo import NUM_CATEGORICAL, NUM_NUMERIC
@@ -43,7 +44,7 @@ def test_logits_shape_and_grads(variant):
     model = _model(variant=variant, num_blocks=3, block_dim=10, mlp_hidden_units=[9, 7],
                    emb_norm="layernorm", dropout=0.1)  # fmt: skip
     cat, num = _inputs()
-    out = model(cat, num)
+    out = model(Batch(cat, num, None))
     assert out.shape == (8,) and out.dtype == torch.float32
     out.sum().backward()
     assert all(p.grad is not None for p in model.parameters())
@@ -80,7 +81,7 @@ def test_every_mask_reads_the_raw_flattened_embedding(variant):
         nn.init.normal_(n.bias)
     seen = _capture_block_inputs(model)
     cat, num = _inputs()
-    model(cat, num)
+    model(Batch(cat, num, None))
     raw = model.embed(cat, num).flatten(1)
     normed = model.emb_norm(model.embed(cat, num)).flatten(1)
     assert len(seen) == len(model.blocks)
@@ -97,7 +98,7 @@ def test_without_emb_norm_the_first_block_masks_the_raw_embedding():
     model = _model().eval()
     seen = _capture_block_inputs(model)
     cat, num = _inputs()
-    model(cat, num)
+    model(Batch(cat, num, None))
     torch.testing.assert_close(seen[0][0], seen[0][1])
 
 
@@ -118,7 +119,8 @@ def test_replace_norms_swaps_every_layernorm():
     assert replace_norms(model, "mclayernorm", fraction=0.5) == len(model.blocks) + F
     assert all(isinstance(b.norm, MCLayerNorm) for b in model.blocks)
     cat, num = _inputs()
-    assert torch.isfinite(model(cat, num)).all()  # FieldNorm falls back to per-field layers
+    # FieldNorm falls back to per-field layers
+    assert torch.isfinite(model(Batch(cat, num, None))).all()
 
 
 def test_init_xavier_normal_and_small_embeddings():
@@ -137,7 +139,7 @@ def test_nan_numerics_give_finite_logits_and_grads():
     model = _model(emb_norm="layernorm")
     cat, num = _inputs()
     num[::2, :] = float("nan")
-    out = model(cat, num)
+    out = model(Batch(cat, num, None))
     out.sum().backward()
     assert torch.isfinite(out).all()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
@@ -146,8 +148,8 @@ def test_nan_numerics_give_finite_logits_and_grads():
 def test_numeric_shift_moves_predictions_behind_emb_norm():
     model = _model(emb_norm="layernorm").eval()
     cat, num = _inputs()
-    base = model(cat, num)
-    shifted = model(cat, num + 0.05)  # small: no sign flips
+    base = model(Batch(cat, num, None))
+    shifted = model(Batch(cat, num + 0.05, None))  # small: no sign flips
     assert (base - shifted).abs().max() > 0
 
 
@@ -155,7 +157,7 @@ def test_bf16_autocast_on_cpu():
     model = _model()
     cat, num = _inputs()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = model(cat, num)
+        out = model(Batch(cat, num, None))
     assert out.shape == (8,) and torch.isfinite(out.float()).all()
 
 
@@ -208,4 +210,4 @@ def test_every_shipped_config_builds_a_model(path):
     else:
         assert type(model).__name__.lower() == cfg.model.name
     cat = torch.zeros(2, NUM_CATEGORICAL, dtype=torch.long)
-    assert model(cat, torch.randn(2, NUM_NUMERIC)).shape == (2,)
+    assert model(Batch(cat, torch.randn(2, NUM_NUMERIC), None)).shape == (2,)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from batches import random_batch
 
+from ctrcal.batch import Batch
 from ctrcal.config import NormSpec
 from ctrcal.models.masknet import MaskNet
 
@@ -26,7 +27,7 @@ def _model(variant: str, dropout: float) -> MaskNet:
 def _run(module, model: MaskNet, seed: int = 5):
     cat, num = random_batch(VOCAB, FN, 32)
     torch.manual_seed(seed)
-    out = module(cat, num)
+    out = module(Batch(cat, num, None))
     grads = torch.autograd.grad(
         (out * torch.linspace(-1, 1, out.numel())).sum(), list(model.parameters())
     )
@@ -66,5 +67,5 @@ def test_compiled_dropout_is_live_and_seeded(variant):
     assert not torch.allclose(a, c)  # and another seed draws other ones
     with torch.no_grad():
         model.eval()
-        cat, num = random_batch(VOCAB, FN, 32)
-        torch.testing.assert_close(compiled(cat, num), model(cat, num), rtol=1e-5, atol=1e-6)
+        batch = Batch(*random_batch(VOCAB, FN, 32), None)
+        torch.testing.assert_close(compiled(batch), model(batch), rtol=1e-5, atol=1e-6)

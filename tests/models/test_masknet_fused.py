@@ -7,6 +7,7 @@ import torch
 from batches import random_batch
 
 import ctrcal.models.masknet as masknet_module
+from ctrcal.batch import Batch
 from ctrcal.layers.mask_block import mask_hidden_layers
 from ctrcal.models.masknet import MaskNet
 
@@ -40,7 +41,7 @@ def _run(model: MaskNet, fused: bool, monkeypatch, dtype) -> tuple[torch.Tensor,
         if not fused:
             mp.setattr(masknet_module, "mask_hidden_layers", lambda blocks, v: None)
         cat, num = _inputs()
-        out = model(cat, num.to(dtype))
+        out = model(Batch(cat, num.to(dtype), None))
         (out * torch.linspace(-1, 1, out.numel(), dtype=dtype)).sum().backward()
     return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -80,16 +81,16 @@ def test_a_hooked_or_replaced_first_layer_runs_block_by_block():
     calls = []
     model.blocks[1].mask_layer[0].register_forward_hook(lambda *a: calls.append(1))
     cat, num = _inputs()
-    model(cat, num)
+    model(Batch(cat, num, None))
     assert calls == [1]  # the hook saw its layer run
     assert mask_hidden_layers(model.blocks, torch.randn(2, model.embedding.output_dim)) is None
     _, model = _pair(torch.float32)
     model.blocks[0].mask_layer[1] = torch.nn.GELU()
     assert mask_hidden_layers(model.blocks, torch.randn(2, model.embedding.output_dim)) is None
     cat, num = _inputs()
-    with_gelu = model(cat, num)
+    with_gelu = model(Batch(cat, num, None))
     model.blocks[0].mask_layer[1] = torch.nn.ReLU()
-    assert not torch.allclose(with_gelu, model(cat, num))  # the GELU really ran
+    assert not torch.allclose(with_gelu, model(Batch(cat, num, None)))  # the GELU really ran
 
 
 @pytest.mark.parametrize("threads", [1, 3])
@@ -136,7 +137,7 @@ def test_fused_first_layers_pass_nan_like_relu():
 def _train_step_grads(model: MaskNet, seed: int) -> tuple[torch.Tensor, dict]:
     cat, num = _inputs(b=300)
     torch.manual_seed(seed)  # the dropout masks' draws
-    out = model(cat, num)
+    out = model(Batch(cat, num, None))
     (out * torch.linspace(-1, 1, out.numel())).sum().backward()
     return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -172,5 +173,5 @@ def test_a_hooked_last_block_runs_as_a_module():
     seen = []
     model.blocks[-1].register_forward_hook(lambda mod, inp, out: seen.append(out.shape))
     cat, num = _inputs()
-    assert model.train()(cat, num).shape == (16,)
+    assert model.train()(Batch(cat, num, None)).shape == (16,)
     assert seen == [(16, 9)]

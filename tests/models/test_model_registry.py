@@ -9,12 +9,13 @@ import pytest
 import torch
 from torch import nn
 
+from ctrcal.batch import Batch
 from ctrcal.config import ModelConfig, NormSpec
 from ctrcal.config_load import load_config
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, NUM_CATEGORICAL, NUM_NUMERIC, NUMERIC_COLUMNS
 from ctrcal.errors import ConfigError
 from ctrcal.layers.mc_layernorm import MCLayerNorm
-from ctrcal.models.build import BatchInputModel, create_model
+from ctrcal.models.build import create_model
 from ctrcal.models.masknet import MaskNet
 from ctrcal.models.registry import available_models, register_model, resolve_model
 
@@ -53,16 +54,18 @@ def test_masknet_keeps_its_state_dict_keys_and_outputs():
     built = create_model(ModelConfig(embedding_dim=4, hidden_units=[8]), _fm())
     assert type(built) is MaskNet
     assert list(built.state_dict()) == list(direct.state_dict())
-    cat, num = _inputs()
+    batch = Batch(*_inputs(), None)
     direct.eval(), built.eval()
-    assert torch.equal(direct(cat, num), built(cat, num))
+    assert torch.equal(direct(batch), built(batch))
 
 
-def test_user_model_by_import_path_is_wrapped_and_gets_its_kwargs():
+def test_user_model_by_import_path_is_built_as_it_is_and_gets_its_kwargs():
+    from tiny_user_model import TinyCTR
+
     model = create_model(ModelConfig(TINY_PATH, hidden=12), _fm())
-    assert isinstance(model, BatchInputModel)
-    assert model.model.net[0].out_features == 12
-    out = model(*_inputs())
+    assert type(model) is TinyCTR  # no wrapper: the user's module, called as model(batch)
+    assert model.net[0].out_features == 12
+    out = model(Batch(*_inputs(), None))
     assert out.shape == (5,) and out.dtype == torch.float32
 
 
@@ -71,7 +74,7 @@ def test_register_model_from_python():
 
     register_model("tiny_registered", TinyCTR, overwrite=True)
     model = create_model("tiny-registered", _fm(), dim=2)
-    assert model.model.tables[0].embedding_dim == 2
+    assert model.tables[0].embedding_dim == 2
     with pytest.raises(ValueError, match="already registered"):
         register_model("tiny_registered", TinyCTR)
 
@@ -240,16 +243,16 @@ def test_validate_and_train_refuse_a_non_module_import_path_uncalled(
 
 
 def test_a_python_factory_stays_available_through_register_model(tmp_path, monkeypatch):
+    from tiny_user_model import TinyCTR
+
     marker = _writer_module(tmp_path, monkeypatch)
 
     def factory(feature_map, hidden: int = 8):
-        from tiny_user_model import TinyCTR
-
         return TinyCTR(feature_map, hidden=hidden)
 
     register_model("tiny_factory", factory, overwrite=True)
     model = create_model("tiny_factory", _fm(), hidden=4)
-    assert isinstance(model, BatchInputModel)
+    assert isinstance(model, TinyCTR)
     cfg = load_config(None, ["model.name=tiny_factory", "model.hidden=4"])
     assert cfg.model.kwargs == {"hidden": 4}
     # a function the caller registered may be named by its import path as well
@@ -257,7 +260,7 @@ def test_a_python_factory_stays_available_through_register_model(tmp_path, monke
 
     monkeypatch.setattr(sneaky_models, "make_model", factory)
     register_model("sneaky", "sneaky_models:make_model", overwrite=True)
-    assert isinstance(create_model("sneaky_models:make_model", _fm()), BatchInputModel)
+    assert isinstance(create_model("sneaky_models:make_model", _fm()), TinyCTR)
     assert not marker.exists()
 
 
@@ -269,9 +272,10 @@ def test_a_factory_given_from_python_is_named_by_its_path_afterwards(tmp_path, m
         "    return TinyCTR(feature_map, hidden=hidden)\n"
     )
     import given_factory
+    from tiny_user_model import TinyCTR
 
     with pytest.raises(ConfigError, match="nn.Module subclass"):
         resolve_model("given_factory:build")  # a config cannot name it on its own ...
     entry = resolve_model(given_factory.build)  # ... until Python hands it over
     assert resolve_model("given_factory:build") is entry
-    assert isinstance(create_model("given_factory:build", _fm(), hidden=4), BatchInputModel)
+    assert isinstance(create_model("given_factory:build", _fm(), hidden=4), TinyCTR)

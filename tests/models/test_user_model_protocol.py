@@ -56,7 +56,7 @@ def test_cli_train_with_an_import_path_config(prepared_dir, tmp_path, capsys):
                  *TINY[2:]])  # fmt: skip
     assert code == 0
     state = torch.load(tmp_path / "r/checkpoints/best.pt", weights_only=True)["model"]
-    assert state["model.tables.0.weight"].shape[1] == 3
+    assert state["tables.0.weight"].shape[1] == 3  # the model's own keys, no wrapper's
 
 
 def test_contract_errors_stop_the_cli_before_training(prepared_dir, tmp_path, capsys):
@@ -104,3 +104,50 @@ def test_shift_report_rejects_a_bad_model_before_training(tmp_path):
     with pytest.raises(ConfigError, match="not a torch.nn.Module"):
         ctrcal.shift_report(_cfg(), model="tiny_user_model:NotAModule", out_dir=tmp_path)
     assert not (tmp_path / "runs").exists()
+
+
+def _as_written_through_the_adapter(path) -> None:
+    """Rewrite a checkpoint as ctrcal wrote user-model runs when an adapter module wrapped
+    them: every weight key prefixed ``model.``, and no mark saying the keys are the model's
+    own."""
+    payload = torch.load(path, weights_only=True)
+    del payload["model_keys"]
+    payload["model"] = {f"model.{k}": v for k, v in payload["model"].items()}
+    torch.save(payload, path)
+
+
+def test_a_user_model_run_with_adapter_prefixed_keys_resumes_evaluates_and_finetunes(
+    prepared_dir, tmp_path, monkeypatch
+):
+    import ctrcal.train.finetune as finetune
+    import ctrcal.train.trainer as trainer
+
+    cfg = _cfg("train.patience=5")
+    full = train(cfg, prepared_dir, tmp_path / "full")
+    # the same run interrupted right after its first epoch's checkpoints
+    real_save = trainer.save_checkpoint
+
+    def save_then_stop(path, payload):
+        real_save(path, payload)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "save_checkpoint", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, prepared_dir, tmp_path / "cut")
+    monkeypatch.setattr(trainer, "save_checkpoint", real_save)
+    for name in ("last.pt", "best.pt"):
+        _as_written_through_the_adapter(tmp_path / "cut/checkpoints" / name)
+    resumed = train(cfg, prepared_dir, tmp_path / "cut", resume=True)  # --resume
+    assert [h["valid_auc"] for h in resumed.history] == [h["valid_auc"] for h in full.history]
+    assert resumed.test == full.test
+    # evaluate and load_run of a finished run written the old way
+    before = evaluate_run(tmp_path / "full", "test")
+    trained = load_run(tmp_path / "full").model.state_dict()
+    _as_written_through_the_adapter(tmp_path / "full/checkpoints/best.pt")
+    assert evaluate_run(tmp_path / "full", "test") == before
+    # train.finetune_from starts from its weights (LayerNorm -> MC-LayerNorm keeps them all)
+    ft = _cfg(f"train.finetune_from={tmp_path / 'full'}",
+              "model.net_norm={name: mclayernorm, fraction: 0.5}")  # fmt: skip
+    start = finetune.finetune_model(ft, load_run(tmp_path / "full").feature_map, prepared_dir)
+    assert start.state_dict().keys() == trained.keys()
+    assert all(torch.equal(v, trained[k]) for k, v in start.state_dict().items())

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ctrcal.batch import Batch
 from ctrcal.models.masknet import MaskNet
 from ctrcal.train import cpu_matmul as cm
 from ctrcal.train.cpu_matmul import cpu_matmul, keeps_float32, onednn_fp32_is_exact
@@ -52,7 +53,7 @@ def _masknet_grads(dtype, context):
     num = torch.randn(256, 4, generator=g).to(dtype)
     label = (torch.rand(256, generator=g) < 0.3).to(dtype)
     with context:
-        logits = model(cat, num)
+        logits = model(Batch(cat, num, None))
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, label)
         loss.backward()
     return {n: p.grad.detach().double() for n, p in model.named_parameters()}

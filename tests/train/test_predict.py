@@ -43,7 +43,8 @@ def test_split_and_batch_give_the_same_logits_in_row_order(model, valid):
     b = predict_logits(model, whole, 10_000, "cpu")
     assert a.shape == (len(valid),) and a.dtype == torch.float32
     torch.testing.assert_close(a, b)
-    torch.testing.assert_close(a[:5], model.eval()(whole.categorical[:5], whole.numeric[:5]))
+    first = Batch(whole.categorical[:5], whole.numeric[:5], None)
+    torch.testing.assert_close(a[:5], model.eval()(first))
 
 
 def test_transform_is_applied_per_batch_and_training_flag_restored(model, valid):
@@ -72,7 +73,7 @@ def trained(valid):
     model.train()
     for batch in itertools.islice(valid.batches(256, shuffle=True, seed=0), 20):
         opt.zero_grad()
-        logits = model(batch.categorical, batch.numeric)
+        logits = model(batch.inputs())
         F.binary_cross_entropy_with_logits(logits, batch.label).backward()
         opt.step()
     return model.eval()
@@ -109,7 +110,7 @@ def _explicit_passes(model, data, batch_size, n):
     with torch.no_grad(), mc_mode(model):
         for batch in iter_batches(data, batch_size):
             out.append(torch.stack(
-                [torch.sigmoid(model(batch.categorical, batch.numeric)) for _ in range(n)]
+                [torch.sigmoid(model(batch.inputs())) for _ in range(n)]
             ))  # fmt: skip
     return torch.cat(out, dim=1)
 
@@ -127,8 +128,7 @@ def test_mc_probs_are_the_mean_of_explicit_stochastic_passes(trained, valid):
     # the std is the population std over the same passes
     whole = valid.all()
     torch.manual_seed(6)
-    mean, std = mc_predict(trained, whole.categorical, whole.numeric, n_samples=n,
-                           max_rows=len(whole))  # fmt: skip
+    mean, std = mc_predict(trained, whole, n_samples=n, max_rows=len(whole))
     torch.manual_seed(6)
     samples = _explicit_passes(trained, whole, len(whole), n)
     torch.testing.assert_close(mean, samples.mean(0))
@@ -143,7 +143,7 @@ def test_mc_std_shrinks_as_the_subset_grows(trained, valid):
     for fraction in (0.5, 0.8, 1.0):
         twin = _twin(trained, valid.feature_map, functools.partial(MCLayerNorm, fraction=fraction))
         torch.manual_seed(7)
-        _, std = mc_predict(twin, whole.categorical, whole.numeric, n_samples=8)
+        _, std = mc_predict(twin, whole, n_samples=8)
         spread[fraction] = float(std.mean())
     assert spread[0.5] > 1.3 * spread[0.8] > 0
     assert spread[1.0] < 1e-6

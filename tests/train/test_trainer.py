@@ -182,8 +182,7 @@ def test_emb_l2_is_the_gradient_of_half_lambda_squared_norm_of_the_whole_table()
                                lam, 0.0, "cpu", None)  # fmt: skip
     step.train_step(ctx, batch)
     opt_b = torch.optim.SGD(b.parameters(), lr=1.0)
-    loss = torch.nn.functional.binary_cross_entropy_with_logits(b(batch.categorical,
-                                                                  batch.numeric), batch.label)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(b(batch.inputs()), batch.label)
     (loss + lam / 2 * b.embedding.table.weight.square().sum()).backward()
     opt_b.step()
     torch.testing.assert_close(a.embedding.table.weight, b.embedding.table.weight)
@@ -191,6 +190,22 @@ def test_emb_l2_is_the_gradient_of_half_lambda_squared_norm_of_the_whole_table()
     unused = a.embedding.offsets[0] + 5
     torch.testing.assert_close(a.embedding.table.weight[unused],
                                models[1].embedding.table.weight[unused])  # fmt: skip
+
+
+def test_a_training_step_calls_the_model_with_the_batch_but_not_its_labels():
+    from ctrcal.data.loader import Batch
+    from ctrcal.models.masknet import MaskNet
+
+    model = MaskNet([6, 4], 3, 4, hidden_units=[8])
+    seen = []
+    model.register_forward_pre_hook(lambda module, args: seen.append(args))
+    ctx = step.StepContext(model, model, torch.optim.SGD(model.parameters(), lr=0.1),
+                           list(model.parameters()), [], 0.0, 0.0, "cpu", None)  # fmt: skip
+    batch = Batch(torch.zeros(4, 2, dtype=torch.long), torch.randn(4, 3), torch.ones(4))
+    step.train_step(ctx, batch)
+    [(given,)] = seen
+    assert given.label is None  # a model never sees labels
+    assert given.categorical is batch.categorical and given.numeric is batch.numeric
 
 
 def test_finetune_swaps_norms_and_starts_from_the_source_weights(ln_run, prepared_dir, tmp_path):
@@ -356,7 +371,7 @@ def test_adam_applies_emb_l2_as_the_l2_gradient_of_the_whole_table():
     for batch in _batches():
         step.train_step(ctx, batch)
         opt_b.zero_grad()
-        logits = b(batch.categorical, batch.numeric)
+        logits = b(batch.inputs())
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.label)
         (loss + 0.05 * b.embedding.table.weight.square().sum()).backward()
         opt_b.step()

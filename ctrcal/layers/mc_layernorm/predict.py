@@ -2,11 +2,12 @@
 
 Eq. 6 of the paper: the predictive probability is the mean of ``sigmoid(logits)`` over
 forward passes with the MC layers sampling (probabilities are averaged, not logits).
-:func:`sample_probabilities` runs those passes for any model, with the batch repeated along
-dim 0 so one forward pass yields many samples; it is the loop of :func:`mc_predict` and of
-the shift report's predictions (:func:`ctrcal.eval.predictive.predict_split`, which adds
-MC-Dropout and ensembles around it). Which layers sample is the caller's choice
-(:func:`~ctrcal.layers.mc_layernorm.module.mc_mode`).
+:func:`sample_probabilities` runs those passes for any model -- a ctrcal model called as
+``model(batch)`` with a :class:`~ctrcal.batch.Batch`, or any module called with batch-first
+tensors -- with the rows repeated along dim 0 so one forward pass yields many samples; it is
+the loop of :func:`mc_predict` and of the shift report's predictions
+(:func:`ctrcal.eval.predictive.predict_split`, which adds MC-Dropout and ensembles around it).
+Which layers sample is the caller's choice (:func:`~ctrcal.layers.mc_layernorm.module.mc_mode`).
 """
 
 from __future__ import annotations
@@ -17,14 +18,22 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from ctrcal.batch import Batch
 from ctrcal.layers.mc_layernorm.module import mc_mode
 
 __all__ = ["mc_predict", "sample_probabilities"]
 
+Input = Tensor | Batch
+
+
+def _rows_of(x: Input, fn: Callable[[Tensor], Tensor]) -> Input:
+    """``fn`` applied to a tensor, or to each tensor of a batch."""
+    return x.map(fn) if isinstance(x, Batch) else fn(x)
+
 
 def sample_probabilities(
     model: Callable[..., Tensor],
-    inputs: Sequence[Tensor],
+    inputs: Sequence[Input],
     n_samples: int,
     max_rows: int | None = None,
 ) -> Tensor:
@@ -36,7 +45,8 @@ def sample_probabilities(
 
     Args:
         model: returns logits ``[B]`` or ``[B, 1]`` for batch-first inputs.
-        inputs: tensors with the batch dimension B first, all of one batch size.
+        inputs: a :class:`~ctrcal.batch.Batch` (the model sees it with ``label=None``) or
+            tensors with the batch dimension B first, all of one batch size.
         n_samples: passes per row (>= 1).
         max_rows: most rows per forward pass (default: all ``n_samples * B`` at once).
 
@@ -46,19 +56,21 @@ def sample_probabilities(
     Raises:
         ValueError: logits of another shape.
     """
-    batch = inputs[0].shape[0]
+    inputs = [x.inputs() if isinstance(x, Batch) else x for x in inputs]
+    batch = len(inputs[0])
     limit = n_samples * batch if max_rows is None else int(max_rows)
     step = max(1, min(batch, limit))
     chunks: list[Tensor] = []
     for start in range(0, batch, step):
-        chunk = [t[start : start + step] for t in inputs]
-        rows = chunk[0].shape[0]
+        chunk = [_rows_of(x, lambda t, a=start: t[a : a + step]) for x in inputs]
+        rows = len(chunk[0])
         per_pass = max(1, limit // max(rows, 1))
         parts = []
         done = 0
         while done < n_samples:
             s = min(per_pass, n_samples - done)
-            rep = chunk if s == 1 else [t.repeat(s, *([1] * (t.dim() - 1))) for t in chunk]
+            tile = lambda t, s=s: t.repeat(s, *([1] * (t.dim() - 1)))  # noqa: E731
+            rep = chunk if s == 1 else [_rows_of(x, tile) for x in chunk]
             logits = model(*rep)
             if logits.numel() != s * rows:
                 raise ValueError(
@@ -68,14 +80,14 @@ def sample_probabilities(
             done += s
         chunks.append(torch.cat(parts, dim=0))
     if not chunks:
-        return inputs[0].new_zeros((n_samples, 0), dtype=torch.float32)
+        return torch.zeros((n_samples, 0), dtype=torch.float32)
     return torch.cat(chunks, dim=1)
 
 
 @torch.no_grad()
 def mc_predict(
     model: nn.Module,
-    *inputs: Tensor,
+    *inputs: Input,
     n_samples: int = 10,
     max_rows: int | None = None,
 ) -> tuple[Tensor, Tensor]:
@@ -86,9 +98,10 @@ def mc_predict(
     rows of one pass.
 
     Args:
-        model: module whose forward takes batch-first tensors and returns logits [B] or [B, 1].
-        *inputs: tensors with the batch dimension first (e.g. categorical [B, Fc] and
-            numeric [B, Fn]).
+        model: module returning logits [B] or [B, 1]: a ctrcal model (``model(batch)``) or any
+            module whose forward takes batch-first tensors.
+        *inputs: a :class:`~ctrcal.batch.Batch` for a ctrcal model (its label is not passed
+            on), or tensors with the batch dimension first (e.g. ``x`` [B, N]).
         n_samples: number of MC samples per row (>= 1).
         max_rows: most rows per forward pass (default: all ``n_samples * B`` at once).
 
@@ -96,17 +109,16 @@ def mc_predict(
         (mean_prob [B], std_prob [B]) in float32; std is the population std over samples.
     """
     if not inputs:
-        raise ValueError("mc_predict needs at least one input tensor")
+        raise ValueError("mc_predict needs an input: a Batch or batch-first tensors")
     if int(n_samples) < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
     if max_rows is not None and int(max_rows) < 1:
         raise ValueError(f"max_rows must be >= 1, got {max_rows}")
-    batch = inputs[0].shape[0]
-    for t in inputs:
-        if t.shape[0] != batch:
-            raise ValueError(
-                f"all inputs need the same batch size, got {[t.shape[0] for t in inputs]}"
-            )
+    batch = len(inputs[0])
+    parts = [(x.categorical, x.numeric) if isinstance(x, Batch) else (x,) for x in inputs]
+    sizes = [len(t) for tensors in parts for t in tensors]
+    if any(n != batch for n in sizes):
+        raise ValueError(f"all inputs need the same batch size, got {sizes}")
     was_training = model.training
     model.eval()
     try:

@@ -1,0 +1,38 @@
+"""Calibrators and shifts: each public name has one home, and built-ins load on first use."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import ctrcal
+
+
+def test_the_public_names_come_from_their_one_home():
+    from ctrcal.calibration import field_aware, isotonic, scaling
+    from ctrcal.eval import shifts
+    from ctrcal.eval.shifts import builtin, registry
+
+    assert ctrcal.TemperatureScaling is scaling.TemperatureScaling
+    assert ctrcal.PlattScaling is scaling.PlattScaling
+    assert ctrcal.IsotonicCalibration is isotonic.IsotonicCalibration
+    assert ctrcal.FieldAwareCalibration is field_aware.FieldAwareCalibration
+    assert ctrcal.GaussianShift is builtin.GaussianShift is shifts.GaussianShift
+    assert ctrcal.CategoricalCorruption is builtin.CategoricalCorruption
+    assert ctrcal.create_shift is registry.create_shift
+
+
+def test_builtin_calibrators_are_listed_by_path_and_load_on_first_use():
+    code = (
+        "import sys\n"
+        "from ctrcal.calibration.base import available_calibrators, create_calibrator\n"
+        "print(available_calibrators())\n"
+        "print('ctrcal.calibration.isotonic' in sys.modules)\n"
+        "create_calibrator('isotonic')\n"
+        "print('ctrcal.calibration.isotonic' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert {"field_aware", "isotonic", "platt", "temperature"} <= set(eval(out[0]))
+    assert out[1:3] == ["False", "True"]
