@@ -347,8 +347,14 @@ def check_workers(cfg: Config, source: str = "config") -> None:
 
 
 def check_report(cfg: Config, problems: Problems) -> None:
+    from ctrcal.eval.calibration_keys import missing_packages
     from ctrcal.eval.plan import check_report as plan_report
 
+    missing = missing_packages(cfg)
+    for key, message in missing:  # one line per package
+        problems.add(key, message)
+    if missing:
+        return  # the report's checks build its calibrators, which need those packages
     with problems.at("report"):
         plan_report(cfg, problems.source)
     with problems.at("report"):

@@ -388,6 +388,11 @@ class ReportConfig:
     # where the workers train: [cuda:0, cuda:1], "cuda:0,cuda:1", or "auto" (every visible
     # GPU, else the CPU); empty = train.device (every visible GPU if that is auto, workers > 1)
     devices: list[str] | str = field(default_factory=list)
+    # row-level analyses (ctrcal.eval.row_level): the test period of a time-ordered split
+    # (data.split_order: time) in this many consecutive windows, stale vs fresh calibrators
+    # (0 = off); row-bootstrap replicates of the clean ECE/PCOC/AUC intervals (0 = off)
+    windows: int = 0
+    bootstrap: int = 0
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any
 
 from ctrcal.errors import ConfigError
 
-__all__ = ["LEGACY_KEYS", "calibration_spec", "check_calibration_keys"]
+__all__ = ["LEGACY_KEYS", "calibration_spec", "check_calibration_keys", "missing_packages"]
 
 # the variant keys that name a calibrator without a spec, in the order they were checked
 LEGACY_KEYS = ("field_calibration", "isotonic_calibration", "temperature_scaling", "platt_scaling")
@@ -57,6 +57,48 @@ def calibration_spec(variant: Any) -> dict[str, Any] | None:
     return None
 
 
+def _spec_names(spec: Any) -> list[str]:
+    """The calibrator names a spec uses: its own and those it nests (``calibrate:``)."""
+    if isinstance(spec, str):
+        return [spec]
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        return []
+    return [spec["name"], *_spec_names(spec.get("calibrate"))]
+
+
+def missing_packages(cfg: Any) -> list[tuple[str, str]]:
+    """``(key, message)`` for every optional package the config's calibrators need and this
+    install lacks, one per package (the key is the first variant that needs it).
+
+    A registered calibrator names its extra (``CalibratorKind.extra``), which is also the
+    name its package imports as (``ctrcal[mcgrad]`` installs ``mcgrad``).
+    """
+    import importlib.util
+
+    from ctrcal.calibration.base import get_calibrator
+
+    needs: dict[str, list[tuple[int, str]]] = {}
+    for i, v in enumerate(cfg.report.variants):
+        for name in _spec_names(calibration_spec(v)):
+            try:
+                extra = get_calibrator(name).extra
+            except ConfigError:
+                continue  # an unknown name: check_calibration_keys names it
+            if extra is not None:
+                needs.setdefault(extra, []).append((i, v.name))
+    out = []
+    for extra, users in needs.items():
+        if importlib.util.find_spec(extra) is not None:
+            continue
+        names = ", ".join(name for _, name in users)
+        out.append((
+            f"report.variants[{users[0][0]}].calibration",
+            f"needs the optional package {extra!r}, which is not installed "
+            f"(pip install 'ctrcal[{extra}]'); variants that use it: {names}",
+        ))  # fmt: skip
+    return out
+
+
 def check_calibration_keys(cfg: Any, source: str, fields: Sequence[str] | None = None) -> None:
     """Check the calibration keys of ``report`` and its variants (no data needed).
 
@@ -73,10 +115,17 @@ def check_calibration_keys(cfg: Any, source: str, fields: Sequence[str] | None =
         ConfigError: naming the key.
     """
     from ctrcal.calibration.base import create_calibrator
-    from ctrcal.data.criteo_schema import CATEGORICAL_COLUMNS
+    from ctrcal.data.criteo_schema import CATEGORICAL_COLUMNS, NUMERIC_COLUMNS
 
     known = list(fields) if fields is not None else list(CATEGORICAL_COLUMNS)
     r = cfg.report
+    if r.field_numeric_buckets and fields is None:
+        known += list(NUMERIC_COLUMNS)  # bucketised numerics are segments too
+    missing = missing_packages(cfg)
+    if missing:
+        # every missing package at once, before any calibrator is built (building one
+        # without its package fails on the first)
+        raise ConfigError("; ".join(f"{source}: {key}: {msg}" for key, msg in missing))
     if r.field_min_count < 1:
         raise ConfigError(
             f"{source}: report.field_min_count: expected >= 1, got {r.field_min_count}"
@@ -103,6 +152,4 @@ def check_calibration_keys(cfg: Any, source: str, fields: Sequence[str] | None =
             raise ConfigError(f"{where}: {spec['name']} needs field: <a categorical field>")
         for name in calibrator.needed_fields():
             if name not in known:
-                raise ConfigError(
-                    f"{where}: unknown categorical field {name!r} (valid: {', '.join(known)})"
-                )
+                raise ConfigError(f"{where}: unknown field {name!r} (valid: {', '.join(known)})")

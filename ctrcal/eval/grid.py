@@ -18,6 +18,7 @@ evaluation, so every number is reproducible whatever ran before.
 from __future__ import annotations
 
 import json
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,10 +30,12 @@ import numpy as np
 from ctrcal.config import Config
 from ctrcal.errors import ConfigError
 from ctrcal.eval import metrics as M
+from ctrcal.eval.bootstrap import bootstrap_ci
 from ctrcal.eval.jobs import DataJob
 from ctrcal.eval.plan import ShiftPlan, VariantPlan
 from ctrcal.eval.predictive import Prediction, predict_split
 from ctrcal.eval.report_calibration import SplitFields, evaluation_metrics, load_split_fields
+from ctrcal.eval.row_level import RowLevel, risk_coverage_values, window_report
 from ctrcal.eval.stats import CLEAN
 
 __all__ = [
@@ -42,6 +45,7 @@ __all__ = [
     "fit_calibrators",
     "open_split",
     "oracle_metrics",
+    "row_level_windows",
     "shift_info",
     "shift_seed",
 ]
@@ -119,6 +123,10 @@ class EvalGrid:
             recorded under the shift's label at intensity 1.
         rows: the long results rows (:data:`~ctrcal.eval.stats.RESULT_COLUMNS`).
         bins: variant -> (shift, intensity) -> summed reliability bins (pooled over seeds).
+        row_level: the row-bootstrap intervals and time windows
+            (:mod:`ctrcal.eval.row_level`).
+        kept: (variant, split) -> the uncalibrated logits of training seed 0, kept for the
+            time windows of calibrated variants (``report.windows``).
     """
 
     cfg: Config
@@ -131,6 +139,9 @@ class EvalGrid:
     natural: ShiftPlan | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
     bins: dict[str, dict[tuple[str, float], dict[str, np.ndarray]]] = field(default_factory=dict)
+    row_level: RowLevel = field(default_factory=RowLevel)
+    kept: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)  # variant -> fit + evaluation time
 
     @classmethod
     def open(
@@ -247,6 +258,8 @@ class EvalGrid:
         seed_everything(7919 * (k + 1))
         pred = self.predict(models, plan, self.valid, None)
         z = pred.logits if pred.logits is not None else logit(pred.probs)
+        if self.cfg.report.windows and k == 0:
+            self.kept[(plan.name, "valid")] = np.asarray(z, dtype=np.float64)
         return create_calibrator(plan.calibration).fit(z, self.valid.labels, self.valid.segments())
 
     def evaluate(self, models: list, plan: VariantPlan, k: int, calibrator: Any, bar) -> None:
@@ -270,10 +283,18 @@ class EvalGrid:
             if calibrator is not None:
                 z = pred.logits if pred.logits is not None else logit(pred.probs)
                 probs = np.asarray(calibrator.predict_proba(z, segments), dtype=np.float64)
+                if sp is None and k == 0 and r.windows:
+                    self.kept[(plan.name, "test")] = np.asarray(z, dtype=np.float64)
             sel = pred.rows if sp is not None else np.ones_like(pred.rows)
             values = evaluation_metrics(probs, labels, self.test.fields, r, rows=sel)
+            if sp is None and k == 0 and r.bootstrap and self.natural is None:
+                self.row_level.n_boot = r.bootstrap
+                self.row_level.bootstrap[plan.name] = bootstrap_ci(
+                    probs, labels, n_boot=r.bootstrap, n_bins=r.ece_bins, seed=zlib.crc32(
+                        plan.name.encode()))  # fmt: skip
             if pred.std is not None:
                 values["pred_std"] = float(pred.std[sel].mean())
+                values.update(risk_coverage_values(probs[sel], labels[sel], pred.std[sel]))
                 if sp is None:
                     clean_std = pred.std
                 elif r.mix_fraction < 1.0:
@@ -326,7 +347,9 @@ def fit_calibrators(
     out: Calibrators = {}
     n = grid.cfg.report.seeds
     for plan, k, members in _seed_models(calibrated, runs_dir, grid.device, n, source):
+        t0 = time.perf_counter()
         out[(plan.name, k)] = grid.fit_calibrator(members, plan, k)
+        grid.seconds[plan.name] = grid.seconds.get(plan.name, 0.0) + time.perf_counter() - t0
     return out
 
 
@@ -342,7 +365,30 @@ def evaluate_grid(
     n = grid.cfg.report.seeds
     for plan, k, members in _seed_models(plans, runs_dir, grid.device, n, source):
         bar.set_postfix_str(f"{plan.name} seed {k}")
+        t0 = time.perf_counter()
         grid.evaluate(members, plan, k, calibrators.get((plan.name, k)), bar)
+        grid.seconds[plan.name] = grid.seconds.get(plan.name, 0.0) + time.perf_counter() - t0
+
+
+def row_level_windows(
+    grid: EvalGrid, plans: list[VariantPlan], oracle: np.ndarray | None = None
+) -> None:
+    """The time windows of every calibrated variant (seed 0), into ``grid.row_level``
+    (``oracle``: the test rows' true probabilities, for the per-window floor)."""
+    if not grid.cfg.report.windows or grid.natural is not None or grid.valid is None:
+        return
+    for plan in plans:
+        if plan.calibration is None:
+            continue
+        test = (grid.kept[(plan.name, "test")], grid.test.labels, grid.test.segments())
+        valid = (grid.kept[(plan.name, "valid")], grid.valid.labels, grid.valid.segments())
+        t0 = time.perf_counter()
+        grid.row_level.windows.append(
+            window_report(
+                plan.name, plan.calibration, test, valid, grid.cfg.report, oracle=oracle
+            )
+        )
+        grid.seconds[plan.name] = grid.seconds.get(plan.name, 0.0) + time.perf_counter() - t0
 
 
 def _check_stochastic(plan: VariantPlan, models: list, source: str) -> None:

@@ -25,6 +25,9 @@ __all__ = ["metric_table", "render_markdown", "shift_infos"]
 
 TABLE_METRICS = ["auc", "auc_retained", "ece", "ece_mass", "logloss", "brier", "pcoc", "ne"]
 UNCERTAINTY_METRICS = ["pred_std", "std_auroc"]
+# ctrcal.eval.risk_coverage: metrics on the most confident rows by predictive std
+RISK_COVERAGE_METRICS = ["auc@50%", "auc@80%", "auc@100%",
+                         "logloss@50%", "logloss@80%", "logloss@100%"]  # fmt: skip
 EXTRA_DEFINITIONS = {
     "auc_retained": "AUC under the shift divided by the clean AUC of the same run "
     "(per seed, then averaged); higher means more of the clean ranking quality survives.",
@@ -32,6 +35,8 @@ EXTRA_DEFINITIONS = {
     "over rows of the per-row standard deviation of the click probability across samples.",
     "std_auroc": "AUROC of the per-row predictive std at telling shifted rows (positive) from "
     "the same rows clean (negative); 0.5 = no signal.",
+    "auc@c% / logloss@c%": "risk–coverage: AUC / logloss on the c % of rows with the smallest "
+    "predictive std (variants with one); useful uncertainty makes them better as c shrinks.",
 }
 SECTIONS = [
     ("AUC", "auc"),
@@ -167,6 +172,8 @@ def render_markdown(
     meta: ReportMeta,
     figures: dict[str, Path],
     shifts: Sequence[dict[str, Any]] | None = None,
+    *,
+    extra: Sequence[str] = (),
 ) -> str:
     """The text of report.md.
 
@@ -175,6 +182,7 @@ def render_markdown(
         meta: how the report was made.
         figures: the figures written, ``{key: path}`` (linked by file name).
         shifts: one dict per shift (default: :func:`shift_infos` of ``meta.shifts``).
+        extra: lines of further sections, placed before the figure list.
     """
     table = summary.table
     variants, n = summary.variants, summary.n_seeds
@@ -259,6 +267,8 @@ def render_markdown(
                 metric_table(table, "pred_std", std_variants, label, unit),
                 "",
             ]
+        lines += _risk_coverage_lines(table, std_variants, shifts, present)
+    lines += list(extra)
     if figures:
         lines += ["## Figures", ""]
         for key, path in figures.items():
@@ -281,6 +291,33 @@ def render_markdown(
         "",
     ]
     return "\n".join(lines)
+
+
+def _risk_coverage_lines(
+    table: pd.DataFrame, variants: Sequence[str], shifts: Sequence[dict[str, Any]], present: set
+) -> list[str]:
+    """AUC and logloss on the most confident rows, per coverage, clean and per shift."""
+    if not present & set(RISK_COVERAGE_METRICS):
+        return []
+    lines = [
+        "### Risk–coverage",
+        "",
+        "AUC and logloss on the 50 / 80 / 100 % of rows with the smallest predictive std "
+        "(Geifman and El-Yaniv 2017): if the std says which rows to trust, AUC rises and "
+        "logloss falls as the coverage shrinks.",
+        "",
+    ]
+    for info in shifts:
+        label, unit = info["label"], info.get("unit", "std")
+        for metric in RISK_COVERAGE_METRICS:
+            if metric in present and not metric.endswith("@100%"):
+                lines += [
+                    f"{metric} — {label}:",
+                    "",
+                    metric_table(table, metric, variants, label, unit),
+                    "",
+                ]
+    return lines
 
 
 def _oracle_calibration_lines(oracle: dict[str, float] | None) -> list[str]:
@@ -316,6 +353,8 @@ def _caption(key: str) -> str:
         "error vs shift intensity",
         "field_rce": "Field-RCE by field and shift intensity for the baseline and the variant "
         "with the lowest mean Field-RCE under the shift",
+        "windows": "Calibration over time: ECE, PCOC, Field-RCE and NE per test window, stale "
+        "vs fresh vs uncalibrated",
     }.get(kind, kind)
     return f"{text} — {shift}" if shift else text
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ctrcal.config import Config, ReportConfig, VariantConfig
 from ctrcal.errors import ConfigError
 from ctrcal.eval.calibration_keys import calibration_spec, check_calibration_keys
+from ctrcal.eval.row_level import check_row_level
 from ctrcal.eval.shifts import ShiftKind, check_shift_spec
 from ctrcal.train.noise_options import check_noise_options
 
@@ -228,6 +229,7 @@ def plan_variants(cfg: Config, source: str = "config") -> list[VariantPlan]:
         )
     r = cfg.report
     check_calibration_keys(cfg, source)
+    check_row_level(cfg, source)
     if r.seeds < 1:
         raise ConfigError(f"{source}: report.seeds: expected >= 1, got {r.seeds}")
     if r.noise_seeds < 1:

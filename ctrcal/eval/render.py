@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ctrcal.eval.markdown import render_markdown, shift_infos
+from ctrcal.eval.row_level import RowLevel
 from ctrcal.eval.stats import Summary
 from ctrcal.eval.verdict import verdict_sentence
 from ctrcal.utils import write_json_atomic, write_text_atomic
@@ -50,11 +51,13 @@ def fmt_seconds(s: float) -> str:
 
 @dataclass
 class Timing:
-    """Wall time of a report's phases, in seconds."""
+    """Wall time of a report's phases, in seconds (``eval_by_variant``: each variant's share
+    of the evaluation, its calibrators' fits included)."""
 
     train: float
     eval: float
     total: float
+    eval_by_variant: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -222,6 +225,7 @@ def write_report(
     *,
     reliability: dict[str, dict[Any, dict[str, Any]]] | None = None,
     figures: bool = True,
+    row_level: RowLevel | None = None,
 ) -> ReportPaths:
     """Write results.csv, summary.json, report.md and (with ``figures``) the PNG figures.
 
@@ -231,8 +235,10 @@ def write_report(
         meta: how the report was made (default: what the results table itself tells).
         reliability: pooled reliability-curve data ``{variant: {(shift, intensity): {...}}}``.
         figures: write PNG figures.
+        row_level: the row-bootstrap intervals and time windows (:mod:`ctrcal.eval.row_level`).
     """
     from ctrcal.eval.figures import write_figures
+    from ctrcal.eval.row_level_render import row_level_figures, row_level_lines
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -250,7 +256,12 @@ def write_report(
         paths.figures = write_figures(
             summary.table, reliability, out_dir, summary.variants, shifts, summary.baseline
         )
-    write_text_atomic(paths.report_md, render_markdown(summary, meta, paths.figures, shifts))
+        if row_level is not None:
+            paths.figures.update(row_level_figures(row_level, out_dir))
+    extra = row_level_lines(row_level, paths.figures)
+    write_text_atomic(
+        paths.report_md, render_markdown(summary, meta, paths.figures, shifts, extra=extra)
+    )
     payload = {
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         **meta.to_json(),
@@ -261,6 +272,7 @@ def write_report(
         "power": summary.power,
         "shifts": shifts,
         "verdict": verdict,
+        **({"row_level": row_level.to_json()} if row_level is not None else {}),
         "summary": _records(summary.table),
         "paired": _records(summary.paired),
         "reliability": _jsonable(

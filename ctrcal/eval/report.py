@@ -38,7 +38,14 @@ from pathlib import Path
 import pandas as pd
 
 from ctrcal.config import Config, config_to_dict
-from ctrcal.eval.grid import EvalGrid, evaluate_grid, fit_calibrators, oracle_metrics, shift_info
+from ctrcal.eval.grid import (
+    EvalGrid,
+    evaluate_grid,
+    fit_calibrators,
+    oracle_metrics,
+    row_level_windows,
+    shift_info,
+)
 from ctrcal.eval.jobs import check_data_for_shifts, data_jobs, train_jobs_for
 from ctrcal.eval.plan import (
     ShiftPlan,
@@ -60,6 +67,7 @@ from ctrcal.eval.render import (
     write_report,
 )
 from ctrcal.eval.report_calibration import oracle_calibration
+from ctrcal.eval.row_level import check_time_ordered, oracle_probs
 from ctrcal.eval.stats import RESULT_COLUMNS, summarize_report
 from ctrcal.train.sweep import (
     check_workers,
@@ -175,6 +183,8 @@ def run_shift_report(
                 "note: report.split is 'valid', the split the calibrators are fitted on; their "
                 "clean numbers are in-sample"
             )
+    if r.windows:
+        check_time_ordered(data_dir, source)
     jobs = data_jobs(cfg, shift_plans, feature_map, data_dir, out_dir, log)
 
     # 3. training
@@ -187,7 +197,7 @@ def run_shift_report(
     # explicit report.devices: evaluate on the first of them, as a sequential run would train
     device = resolve_device(slots[0] if r.devices else cfg.train.device)
     bs = cfg.train.eval_batch_size
-    fields = r.field_metrics or any(p.needed_fields() for p in plans)
+    fields = r.field_metrics or bool(r.windows) or any(p.needed_fields() for p in plans)
     grids = [
         EvalGrid.open(job, shift_plans, device, bs, fields=fields, valid=calibrated)
         for job in jobs
@@ -198,11 +208,14 @@ def run_shift_report(
     for grid, job in zip(grids, jobs, strict=True):
         calibrators = fit_calibrators(grid, plans, job.runs_dir, source)
         evaluate_grid(grid, plans, job.runs_dir, calibrators, bar, source)
+        if r.windows and job.natural is None:
+            row_level_windows(grid, plans, oracle_probs(job.data_dir, r.split, grid.test.labels))
         rows += grid.rows
         for variant, by_point in grid.curves().items():
             curves.setdefault(variant, {}).update(by_point)
     bar.close()
     eval_s = time.perf_counter() - t_eval
+    by_variant = {p.name: sum(g.seconds.get(p.name, 0.0) for g in grids) for p in plans}
 
     # 5. statistics: numbers only
     baseline = r.baseline or plans[0].name
@@ -232,7 +245,7 @@ def run_shift_report(
         shifts=[shift_info(sp, main) for sp in shift_plans],
         oracle=oracle_metrics(data_dir, r.split),
         oracle_calibration=oracle_calibration(data_dir, r.split, test.labels, test.fields, r),
-        timing=Timing(train=train_s, eval=eval_s, total=total_s),
+        timing=Timing(train=train_s, eval=eval_s, total=total_s, eval_by_variant=by_variant),
         training=TrainingInfo(slots, training_threads(cfg, slots), outcomes),
         runs_dir=str(out_dir / "runs"),
         data_dir=str(data_dir),
@@ -240,6 +253,11 @@ def run_shift_report(
         config=config_to_dict(cfg),
     )
     reliability = {p.name: curves[p.name] for p in plans if p.name in curves}
-    paths = write_report(summary, out_dir, meta, reliability=reliability, figures=r.figures)
+    paths = write_report(
+        summary, out_dir, meta, reliability=reliability, figures=r.figures,
+        row_level=grids[0].row_level,
+    )  # fmt: skip
     log(f"shift report: {total} evaluations, total time {fmt_seconds(total_s)}")
+    log("evaluation time by variant (calibrator fits included): " + ", ".join(
+        f"{v} {s:.1f}s" for v, s in by_variant.items()))  # fmt: skip
     return paths

@@ -83,7 +83,7 @@ def test_report_has_field_metrics_calibrators_figure_and_oracle(tmp_path):
         ),
         (
             "{name: x, calibration: {name: field_aware, field: C99}, from_variant: ln}",
-            "calibration: unknown categorical field 'C99'",
+            "calibration: unknown field 'C99'",
         ),
         (
             "{name: x, calibration: {name: field_aware, field: C1, method: beta}, "
