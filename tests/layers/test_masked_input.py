@@ -46,6 +46,7 @@ def test_equals_linear_then_product_with_all_gradients(kernels):
 
 
 def test_the_kernel_runs_in_a_training_masknet(kernels, monkeypatch):
+    from ctrcal.batch import Batch
     from ctrcal.models.masknet import MaskNet
 
     calls = []
@@ -55,7 +56,7 @@ def test_the_kernel_runs_in_a_training_masknet(kernels, monkeypatch):
                             calls.append(name) or real(*args))  # fmt: skip
     model = MaskNet([9, 7], 3, embedding_dim=4, hidden_units=[16, 8, 6], dropout=0.1)
     cat = torch.stack([torch.randint(0, 9, (32,)), torch.randint(0, 7, (32,))], 1)
-    model(cat, torch.randn(32, 3)).sum().backward()
+    model(Batch(cat, torch.randn(32, 3), None)).sum().backward()
     # the first block's masked input reads the embedding; every later one reads the block
     # before it, whose LayerNorm, ReLU and dropout run in the same node
     assert calls == ["_MaskedInputFn", "_NormMaskedInputFn", "_NormMaskedInputFn"]
