@@ -61,7 +61,7 @@ def test_the_kernel_runs_in_a_training_masknet(kernels, monkeypatch):
     # before it, whose LayerNorm, ReLU and dropout run in the same node
     assert calls == ["_MaskedInputFn", "_NormMaskedInputFn", "_NormMaskedInputFn"]
     calls.clear()
-    model.eval()(cat, torch.randn(32, 3))  # no dropout: the masked inputs one by one
+    model.eval()(Batch(cat, torch.randn(32, 3), None))  # no dropout: the masked inputs one by one
     assert calls == ["_MaskedInputFn"] * 3
 
 
