@@ -10,7 +10,8 @@ Subcommands::
                         [--devices cuda:0,cuda:1|auto] [k=v ...]
                                                prepare (unless --data) + train every variant
                                                + shift report; ``ctrcal run`` is an alias
-    ctrcal validate CONFIG [k=v ...]           check a config without running anything
+    ctrcal validate CONFIG [--data DIR] [k=v ...]
+                                               check a config (and its data) without running
     ctrcal calibration-report FILE --prob COL --label COL [--segments COLS] [--time COL
                         [--windows N]] [--compare COL2] [--std COL] [--out DIR]
                                                calibration report of any predictions file
@@ -55,12 +56,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for problem in exc.problems:  # every problem, one per line
             print(f"ctrcal validate: error: {problem}", file=sys.stderr)
         return exc.exit_code
+    if args.data is not None:
+        _check_config_against_data(cfg, args.data, str(args.config))
     print(
         f"{args.config}: OK (model {cfg.model.describe()}, "
         f"net_norm {getattr(cfg.model.get('net_norm'), 'name', 'as built')}, "
         f"{len(cfg.report.variants)} report variants)"
     )
     return 0
+
+
+def _check_config_against_data(cfg, data_dir: Path, source: str) -> None:
+    """What ``validate --data`` adds: every shift the config evaluates or trains under can
+    apply to that prepared data (its feature kinds, original-space statistics)."""
+    from ctrcal.data.feature_map import FeatureMap
+    from ctrcal.eval.jobs import check_data_for_shifts, check_shifts_apply, training_shifts
+    from ctrcal.eval.plan import plan_shifts
+
+    feature_map = FeatureMap.load(data_dir)
+    check_data_for_shifts(plan_shifts(cfg, source), feature_map, data_dir, source)
+    check_shifts_apply(training_shifts(cfg), feature_map, data_dir, source)
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -325,6 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("validate", cmd_validate, "check a config without running anything")
     _add_config(p)
+    p.add_argument(
+        "--data", type=Path, default=None,
+        help="also check the config against this prepared data (do its shifts apply?)",
+    )  # fmt: skip
 
     p = add(
         "calibration-report",

@@ -21,7 +21,15 @@ from ctrcal.errors import DataError
 from ctrcal.eval.plan import ShiftPlan, VariantPlan, variant_train_config
 from ctrcal.train.sweep import TrainJob
 
-__all__ = ["DataJob", "check_data_for_shifts", "data_jobs", "run_seeds", "train_jobs_for"]
+__all__ = [
+    "DataJob",
+    "check_data_for_shifts",
+    "check_shifts_apply",
+    "data_jobs",
+    "run_seeds",
+    "train_jobs_for",
+    "training_shifts",
+]
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,7 @@ def check_data_for_shifts(
     """What the prepared data must hold for the shifts (checked before any training)."""
     from ctrcal.eval.shifts.builtin import original_space_codec
 
+    check_shifts_apply([(sp.key, sp.kind) for sp in shifts], feature_map, data_dir, source)
     for sp in shifts:
         if sp.options.get("space") == "original":
             try:
@@ -114,3 +123,40 @@ def check_data_for_shifts(
             except DataError as exc:
                 where = f"{sp.key}.space" if sp.key.startswith("report.shifts") else sp.key
                 raise DataError(f"{exc} [{source}: {where}]") from None
+
+
+def training_shifts(cfg: Config) -> list[tuple[str, Any]]:
+    """``(config key, ShiftKind)`` of every shift a config trains under (``train.train_shift``
+    and each report variant's)."""
+    from ctrcal.eval.shifts.registry import get_shift
+
+    found = [("train.train_shift", cfg.train.train_shift)]
+    found += [
+        (f"report.variants[{i}].train_shift", v.train_shift)
+        for i, v in enumerate(cfg.report.variants)
+    ]
+    return [(key, get_shift(spec.name)) for key, spec in found if spec is not None]
+
+
+def check_shifts_apply(
+    shifts: list[tuple[str, Any]], feature_map: Any, data_dir: Path, source: str
+) -> None:
+    """Refuse a shift whose feature kind the data lacks (Gaussian noise without numerics).
+
+    Args:
+        shifts: ``(config key, ShiftKind)`` pairs.
+        feature_map: the prepared data's feature map.
+        data_dir: where it lives, for the message.
+        source: the config's file name, for the message.
+
+    Raises:
+        DataError: naming the key, the shift and the data.
+    """
+    have = {"numeric": feature_map.num_numeric, "categorical": feature_map.num_categorical}
+    for key, kind in shifts:
+        if kind.acts_on is not None and have.get(kind.acts_on, 0) == 0:
+            raise DataError(
+                f"{source}: {key}: the shift {kind.name} perturbs {kind.acts_on} features, and "
+                f"the data in {data_dir} has none; drop it or choose a shift of the "
+                f"{'categorical' if kind.acts_on == 'numeric' else 'numeric'} features"
+            )

@@ -183,3 +183,31 @@ def test_validate_names_a_bad_schema(tmp_path):
         load_config(path)
     path.write_text("data:\n  schema: avazu\n")
     assert resolve_schema(load_config(path).data.schema) is AVAZU
+
+
+def test_validate_data_refuses_a_shift_the_data_cannot_take(avazu, tmp_path, capsys):
+    """Gaussian noise on a dataset without numerics is a clear error from validate --data,
+    whether the report evaluates under it or training injects it; corruption applies."""
+    from ctrcal.cli import main
+
+    _, csv, _, _ = avazu
+    prepare([csv], tmp_path / "p", _cfg())
+    base = "data:\n  schema: avazu\n  split_order: time\n"
+    report = tmp_path / "report.yaml"
+    report.write_text(base + "report:\n  shifts:\n    - {name: gaussian_numeric, space: model}\n")
+    assert main(["validate", str(report)]) == 0  # without data nothing says it cannot apply
+    assert main(["validate", str(report), "--data", str(tmp_path / "p")]) != 0
+    err = capsys.readouterr().err
+    assert "report.shifts[0]" in err and "gaussian_numeric" in err and "numeric" in err
+    assert len(err.strip().splitlines()) == 1
+
+    noisy = tmp_path / "noisy.yaml"
+    noisy.write_text(
+        base + "train:\n  train_shift: {name: gaussian_numeric, intensity: 0.25}\n"
+        "report:\n  shifts:\n    - {name: categorical_corruption}\n"
+    )
+    assert main(["validate", str(noisy), "--data", str(tmp_path / "p")]) != 0
+    assert "train.train_shift" in capsys.readouterr().err
+    fine = tmp_path / "fine.yaml"
+    fine.write_text(base + "report:\n  shifts:\n    - {name: categorical_corruption}\n")
+    assert main(["validate", str(fine), "--data", str(tmp_path / "p")]) == 0

@@ -63,6 +63,8 @@ class ShiftKind:
         options: option name -> allowed values; the first value is the default.
         unit: how intensities are written in tables (``"std"``, ``"p"``, ``"natural"``).
         needs_time_split: the shift is only meaningful on a time-ordered split.
+        acts_on: the feature kind it perturbs (``"numeric"``, ``"categorical"``), or None; data
+            without a field of that kind cannot take the shift.
         description: one line for the report.
     """
 
@@ -76,6 +78,7 @@ class ShiftKind:
     unit: str = "std"
     needs_time_split: bool = False
     description: str = ""
+    acts_on: str | None = None
 
     def resolve_factory(self) -> ShiftFactory:
         if isinstance(self.factory, str):
@@ -126,6 +129,7 @@ def register_shift(
     unit: str = "std",
     needs_time_split: bool = False,
     description: str = "",
+    acts_on: str | None = None,
     overwrite: bool = False,
 ) -> ShiftKind:
     """Register a shift kind under ``name`` (see :class:`ShiftKind`); returns it.
@@ -147,6 +151,7 @@ def register_shift(
         unit,
         needs_time_split,
         description,
+        acts_on,
     )
     for s in kind.default_intensities:
         err = kind.intensity_error(s)
@@ -268,6 +273,7 @@ register_shift(
     default_intensities=(0.0625, 0.125, 0.25, 0.5),
     options={"space": ("original", "model")},
     unit="std",
+    acts_on="numeric",
     description="Gaussian noise on the numeric features, in units of each feature's "
     "train-split std",
 )
@@ -278,6 +284,7 @@ register_shift(
     low=0.0,
     high=1.0,
     unit="p",
+    acts_on="categorical",
     description="each categorical value replaced with probability p by an id drawn uniformly "
     "from its field's vocabulary",
 )
