@@ -397,36 +397,6 @@ def scan_typed(
     )
 
 
-def read_criteo(
-    paths: str | Path | Sequence[str | Path],
-    layout: str = "auto",
-    on_bad_row: str = "error",
-) -> pl.LazyFrame:
-    """Read raw Criteo file(s) in any supported layout as one typed LazyFrame.
-
-    Args:
-        paths: one file or a list (all in the same layout family); ``.gz`` is fine.
-        layout: ``auto`` or one of :data:`LAYOUTS`.
-        on_bad_row: ``error`` (raise on the first malformed row) or ``skip`` (drop malformed
-            rows). Either way the files are parsed now (:mod:`ctrcal.data.parse`).
-
-    Returns:
-        LazyFrame with ``label`` (float32), ``I1..I13`` (float64), ``C1..C26`` (uint32);
-        missing values are null.
-
-    Raises:
-        DataError: unreadable/unknown file, or a malformed row (file and line).
-    """
-    from ctrcal.data.parse import read_frame
-
-    if isinstance(paths, (str, Path)):
-        paths = [paths]
-    if on_bad_row not in ("error", "skip"):
-        raise DataError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
-    formats = [detect_format(p, layout) for p in paths]
-    return read_frame([Path(p) for p in paths], formats, on_bad_row).lazy()
-
-
 def read_error(paths: Sequence[Path], exc: Exception) -> DataError:
     """A one-line DataError for a polars/IO failure while reading ``paths``."""
     names = ", ".join(str(p) for p in paths[:3]) + (", ..." if len(paths) > 3 else "")

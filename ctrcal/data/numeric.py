@@ -15,7 +15,7 @@ model-space boundaries inside the model, so they need nothing here.
 Public API (all vectorised torch, on the input's device, never mutating the input, NaN =
 missing preserved both ways)::
 
-    codec = NumericTransform.from_feature_map(feature_map)   # or load_numeric_transform(dir)
+    codec = NumericTransform.from_feature_map(feature_map)   # or feature_map.numeric_codec()
     x_orig = codec.to_original(batch.numeric)    # [B, Fn] model space -> original space
     z = codec.to_model(x_orig + noise)           # [B, Fn] original space -> model space
     codec.original_std                           # [Fn] train-split std of original values
@@ -30,7 +30,6 @@ raises :class:`MissingOriginalStatsError` (prepare the data again).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ctrcal.errors import DataError
@@ -179,13 +178,6 @@ class NumericTransform:
         if self.kind == "log_standardize":
             x = torch.sign(x) * torch.log1p(x.abs())
         return ((x - center) / scale).to(x_original.dtype)
-
-
-def load_numeric_transform(data_dir: str | Path) -> NumericTransform:
-    """The :class:`NumericTransform` of a prepared directory."""
-    from ctrcal.data.feature_map import FeatureMap
-
-    return NumericTransform.from_feature_map(FeatureMap.load(data_dir))
 
 
 def to_original(x_model: torch.Tensor, fmap: FeatureMap) -> torch.Tensor:

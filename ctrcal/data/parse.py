@@ -16,8 +16,7 @@ with 0/1 validity, and each row's record index in its file (for the split).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,59 +26,11 @@ import polars as pl
 from ctrcal.data import criteo, tsv_reader
 from ctrcal.data.chunks import iter_text_chunks
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS, CriteoFormat
+from ctrcal.data.parsed import ParsedChunk, not_utf8
 from ctrcal.errors import DataError
 
 CHUNK_BYTES = 32 << 20
 """Text bytes per chunk (~140k Criteo rows): memory is a few chunks whatever the file size."""
-
-
-@dataclass
-class ParsedChunk:
-    """The good rows of one chunk (valid until the next chunk of its file is asked for: the
-    C reader's arrays are reused).
-
-    Attributes:
-        rows: [N] int64 record index of each row in its file (0-based, header excluded).
-        label: [N] float64 click (0/1), NaN where the file has no labels.
-        numeric: [Fn, N] float64 ``I1..I13``; numeric_valid: [Fn, N] uint8, 0 = missing.
-        categorical: [Fc, N] uint64 ``C1..C26`` values; categorical_valid: [Fc, N] uint8.
-        time: [N] int64 the time column's value (schemas with a time column), else None.
-        records: records read in the chunk (good and malformed).
-        bad: malformed records skipped.
-        native: parsed by the C reader.
-    """
-
-    rows: np.ndarray
-    label: np.ndarray
-    numeric: np.ndarray
-    numeric_valid: np.ndarray
-    categorical: np.ndarray
-    categorical_valid: np.ndarray
-    records: int
-    bad: int = 0
-    native: bool = False
-    time: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def frame(self) -> pl.DataFrame:
-        """The typed columns as :func:`~ctrcal.data.criteo.read_criteo` gives them: ``label``
-        float32, ``I1..I13`` float64, ``C1..C26`` uint32, null = missing."""
-        cols = [pl.Series(LABEL, self.label.astype(np.float32), nan_to_null=True)]
-        for j, name in enumerate(NUMERIC_COLUMNS):
-            # copies: a chunk's arrays may be the reader's, reused by the next chunk
-            s = pl.Series(name, self.numeric[j].copy())
-            cols.append(_with_nulls(s, self.numeric_valid[j]))
-        for j, name in enumerate(CATEGORICAL_COLUMNS):
-            s = pl.Series(name, self.categorical[j].astype(np.uint32))
-            cols.append(_with_nulls(s, self.categorical_valid[j]))
-        return pl.DataFrame(cols)
-
-
-def _with_nulls(s: pl.Series, valid: np.ndarray) -> pl.Series:
-    missing = np.flatnonzero(valid == 0)
-    return s.scatter(missing, None) if len(missing) else s
 
 
 def threads() -> int:
@@ -143,7 +94,7 @@ def _polars(
     chunk: memoryview | bytes, path: Path, fmt: CriteoFormat, offset: int, on_bad_row: str
 ) -> ParsedChunk:
     chunk = bytes(chunk)  # the slow path's own copy: polars and the messages read bytes
-    error = _not_utf8(chunk, path, fmt, offset)
+    error = not_utf8(chunk, path, fmt, offset)
     if error is not None:
         raise error
     try:
@@ -180,20 +131,6 @@ def _polars(
                        records=records, bad=bad)  # fmt: skip
 
 
-def _not_utf8(chunk: bytes, path: Path, fmt: CriteoFormat, offset: int) -> DataError | None:
-    """A DataError naming the first line of ``chunk`` that is not UTF-8 text, if one is not."""
-    try:
-        chunk.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = offset + chunk.count(b"\n", 0, exc.start) + 1 + fmt.header_lines
-        start = chunk.rfind(b"\n", 0, exc.start) + 1
-        return DataError(
-            f"{path}: line {line}: not UTF-8 text (byte 0x{chunk[exc.start]:02x} at "
-            f"character {exc.start - start + 1}); save the file as UTF-8"
-        )
-    return None
-
-
 def read_frame(
     paths: list[Path], formats: list[CriteoFormat], on_bad_row: str
 ) -> pl.DataFrame:
@@ -209,4 +146,32 @@ def read_frame(
     return pl.concat(frames)
 
 
-__all__ = ["CHUNK_BYTES", "ParsedChunk", "iter_chunks", "read_frame", "threads"]
+__all__ = ["CHUNK_BYTES", "ParsedChunk", "iter_chunks", "read_criteo", "read_frame", "threads"]
+
+
+def read_criteo(
+    paths: str | Path | Sequence[str | Path],
+    layout: str = "auto",
+    on_bad_row: str = "error",
+) -> pl.LazyFrame:
+    """Read raw Criteo file(s) in any supported layout as one typed LazyFrame.
+
+    Args:
+        paths: one file or a list (all in the same layout family); ``.gz`` is fine.
+        layout: ``auto`` or one of :data:`LAYOUTS`.
+        on_bad_row: ``error`` (raise on the first malformed row) or ``skip`` (drop malformed
+            rows). Either way the files are parsed now (:mod:`ctrcal.data.parse`).
+
+    Returns:
+        LazyFrame with ``label`` (float32), ``I1..I13`` (float64), ``C1..C26`` (uint32);
+        missing values are null.
+
+    Raises:
+        DataError: unreadable/unknown file, or a malformed row (file and line).
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    if on_bad_row not in ("error", "skip"):
+        raise DataError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
+    formats = [criteo.detect_format(p, layout) for p in paths]
+    return read_frame([Path(p) for p in paths], formats, on_bad_row).lazy()

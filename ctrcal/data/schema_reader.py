@@ -24,7 +24,7 @@ import numpy as np
 import polars as pl
 
 from ctrcal.data.chunks import BOM, is_gzip, iter_text_chunks
-from ctrcal.data.parse import ParsedChunk
+from ctrcal.data.parsed import ParsedChunk, not_utf8
 from ctrcal.data.schema import DatasetSchema
 from ctrcal.errors import DataError
 
@@ -226,14 +226,13 @@ def iter_chunks(path: Path, fmt: SchemaFormat, on_bad_row: str,
     if fmt.parquet:
         yield from _parquet_chunks(path, fmt, on_bad_row, chunk_bytes)
         return
-    from ctrcal.data.parse import _not_utf8  # the one UTF-8 check of the text parsers
 
     schema = {c: pl.Utf8 for c in fmt.columns}
     schema[_EXTRA] = pl.Utf8
     offset = 0
     for view in iter_text_chunks(path, chunk_bytes, fmt.header_lines):
         chunk = bytes(view)
-        error = _not_utf8(chunk, path, fmt, offset)
+        error = not_utf8(chunk, path, fmt, offset)
         if error is not None:
             raise error
         try:

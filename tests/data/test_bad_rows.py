@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ctrcal.data.criteo import read_criteo
+from ctrcal.data.parse import read_criteo
 from ctrcal.data.prepare import prepare
 from ctrcal.errors import DataError
 

@@ -13,8 +13,8 @@ from ctrcal.data.criteo import (
     LABEL,
     NUMERIC_COLUMNS,
     detect_format,
-    read_criteo,
 )
+from ctrcal.data.parse import read_criteo
 from ctrcal.errors import DataError
 
 EXPECTED_LAYOUT = {

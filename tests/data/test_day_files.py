@@ -8,8 +8,9 @@ import polars as pl
 import pytest
 
 from ctrcal.config import Config
-from ctrcal.data.criteo import CATEGORICAL_COLUMNS, read_criteo
+from ctrcal.data.criteo import CATEGORICAL_COLUMNS
 from ctrcal.data.features import NUM_RESERVED, OOV_ID, FeatureMap, FeaturePipeline, hash_bucket
+from ctrcal.data.parse import read_criteo
 from ctrcal.data.prepare import prepare
 from ctrcal.data.synthetic import generate_frame, write_criteo
 

@@ -11,8 +11,9 @@ import pytest
 from interrupt import ctrcal_argv, kill_9, run, start
 
 from ctrcal.data.chunks import BOM, iter_text_chunks
-from ctrcal.data.criteo import detect_format, read_criteo
+from ctrcal.data.criteo import detect_format
 from ctrcal.data.loader import ParquetCTRData
+from ctrcal.data.parse import read_criteo
 from ctrcal.data.prepare import prepare
 from ctrcal.errors import DataError
 

@@ -8,8 +8,8 @@ import pytest
 
 from ctrcal.config import Config
 from ctrcal.config_load import load_config
-from ctrcal.data.criteo import read_criteo
 from ctrcal.data.features import FeatureMap, FeaturePipeline
+from ctrcal.data.parse import read_criteo
 from ctrcal.data.prepare import prepare
 from ctrcal.data.splits import SplitPlan, count_records
 from ctrcal.data.synthetic import generate_frame, write_criteo

@@ -7,7 +7,8 @@ import polars as pl
 from sklearn.metrics import roc_auc_score
 
 from ctrcal.data import synthetic as syn
-from ctrcal.data.criteo import CATEGORICAL_COLUMNS, NUMERIC_COLUMNS, read_criteo
+from ctrcal.data.criteo import CATEGORICAL_COLUMNS, NUMERIC_COLUMNS
+from ctrcal.data.parse import read_criteo
 
 
 def test_deterministic_by_seed(tmp_path):

@@ -1,0 +1,81 @@
+"""What a parser gives: the typed columns of one chunk (:class:`ParsedChunk`), and the one
+UTF-8 check of the text parsers. A leaf, so that both parsers (:mod:`ctrcal.data.parse`, the C
+and polars route for Criteo, and :mod:`ctrcal.data.schema_reader`) import it without importing
+each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from ctrcal.data.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
+from ctrcal.errors import DataError
+
+__all__ = ["ParsedChunk", "not_utf8"]
+
+
+@dataclass
+class ParsedChunk:
+    """The good rows of one chunk (valid until the next chunk of its file is asked for: the
+    C reader's arrays are reused).
+
+    Attributes:
+        rows: [N] int64 record index of each row in its file (0-based, header excluded).
+        label: [N] float64 click (0/1), NaN where the file has no labels.
+        numeric: [Fn, N] float64 ``I1..I13``; numeric_valid: [Fn, N] uint8, 0 = missing.
+        categorical: [Fc, N] uint64 ``C1..C26`` values; categorical_valid: [Fc, N] uint8.
+        time: [N] int64 the time column's value (schemas with a time column), else None.
+        records: records read in the chunk (good and malformed).
+        bad: malformed records skipped.
+        native: parsed by the C reader.
+    """
+
+    rows: np.ndarray
+    label: np.ndarray
+    numeric: np.ndarray
+    numeric_valid: np.ndarray
+    categorical: np.ndarray
+    categorical_valid: np.ndarray
+    records: int
+    bad: int = 0
+    native: bool = False
+    time: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def frame(self) -> pl.DataFrame:
+        """The typed columns as :func:`~ctrcal.data.parse.read_criteo` gives them: ``label``
+        float32, ``I1..I13`` float64, ``C1..C26`` uint32, null = missing."""
+        cols = [pl.Series(LABEL, self.label.astype(np.float32), nan_to_null=True)]
+        for j, name in enumerate(NUMERIC_COLUMNS):
+            # copies: a chunk's arrays may be the reader's, reused by the next chunk
+            s = pl.Series(name, self.numeric[j].copy())
+            cols.append(_with_nulls(s, self.numeric_valid[j]))
+        for j, name in enumerate(CATEGORICAL_COLUMNS):
+            s = pl.Series(name, self.categorical[j].astype(np.uint32))
+            cols.append(_with_nulls(s, self.categorical_valid[j]))
+        return pl.DataFrame(cols)
+
+
+def _with_nulls(s: pl.Series, valid: np.ndarray) -> pl.Series:
+    missing = np.flatnonzero(valid == 0)
+    return s.scatter(missing, None) if len(missing) else s
+
+
+def not_utf8(chunk: bytes, path: Path, fmt: Any, offset: int) -> DataError | None:
+    """A DataError naming the first line of ``chunk`` that is not UTF-8 text, if one is not."""
+    try:
+        chunk.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = offset + chunk.count(b"\n", 0, exc.start) + 1 + fmt.header_lines
+        start = chunk.rfind(b"\n", 0, exc.start) + 1
+        return DataError(
+            f"{path}: line {line}: not UTF-8 text (byte 0x{chunk[exc.start]:02x} at "
+            f"character {exc.start - start + 1}); save the file as UTF-8"
+        )
+    return None
