@@ -57,7 +57,7 @@ from ctrcal.data.feature_map import (  # noqa: F401 - the read-only view, re-exp
     FeatureMap,
     load_feature_map,
 )
-from ctrcal.data.fit_stats import FitStats
+from ctrcal.data.fit_stats import FitStats, weighted_moments, weighted_quantiles
 from ctrcal.data.lookup import ValueIndex
 from ctrcal.errors import DataError
 from ctrcal.utils import atomic_path, write_json_atomic
@@ -230,10 +230,10 @@ class FeaturePipeline:
         self.original_mean_, self.original_std_ = [], []
         for name in self.numeric_fields:
             raw, t, c = self._histogram(stats.counts(name))
-            m, s = _weighted_moments(t, c)
+            m, s = weighted_moments(t, c)
             mean.append(m)
             std.append(s)
-            m, s = _weighted_moments(raw, c)
+            m, s = weighted_moments(raw, c)
             self.original_mean_.append(m)
             self.original_std_.append(s)
         if self.numeric_transform == "identity":
@@ -275,7 +275,7 @@ class FeaturePipeline:
             raw = counts["value"].cast(pl.Float64).to_numpy()
             z = self._model_values(raw, j).astype(np.float64)
             c = counts["count"].to_numpy().astype(np.int64)
-            self.bucket_boundaries_.append(_weighted_quantiles(z, c, qs))
+            self.bucket_boundaries_.append(weighted_quantiles(z, c, qs))
 
     # -- transform ------------------------------------------------------------------------
 
@@ -473,35 +473,6 @@ def hash_bucket(values: np.ndarray, buckets: int) -> np.ndarray:
     with np.errstate(over="ignore"):
         mixed = (v * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)
     return (mixed % np.uint64(buckets)).astype(np.int32)
-
-
-def _weighted_moments(t: np.ndarray, c: np.ndarray) -> tuple[float, float]:
-    """Mean and population std of values ``t`` with counts ``c``: two passes, each an exactly
-    rounded sum (``math.fsum``), so the result depends only on the histogram."""
-    n = float(c.sum())
-    if n == 0 or not np.isfinite(t).all():
-        return 0.0, 0.0  # nothing usable to standardise by: leave the values as they are
-    mean = math.fsum((c * t).tolist()) / n
-    var = math.fsum((c * (t - mean) ** 2).tolist()) / n
-    return mean, math.sqrt(var)
-
-
-def _weighted_quantiles(z: np.ndarray, c: np.ndarray, qs: list[float]) -> list[float]:
-    """Linear-interpolation quantiles of the multiset {z_i repeated c_i times}, deduplicated and
-    sorted (as the bucket boundaries); [] when there are no values."""
-    n = int(c.sum())
-    if n == 0:
-        return []
-    order = np.argsort(z, kind="stable")
-    z, cum = z[order], np.cumsum(c[order])
-    out = set()
-    for q in qs:
-        h = q * (n - 1)
-        lo = math.floor(h)
-        x_lo = z[np.searchsorted(cum, lo, side="right")]
-        x_hi = z[np.searchsorted(cum, min(lo + 1, n - 1), side="right")]
-        out.add(float(x_lo + (h - lo) * (x_hi - x_lo)))
-    return sorted(out)
 
 
 def _positive(v: float | None) -> float:

@@ -1,8 +1,12 @@
 """Exact, mergeable fit statistics: what :class:`~ctrcal.data.features.FeaturePipeline` learns
-from, as integer counts that add up the same whatever the chunking."""
+from, as integer counts that add up the same whatever the chunking, and the moments and
+quantiles of such a histogram (exactly rounded, so they depend only on the counts)."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import polars as pl
 
 
@@ -126,4 +130,33 @@ class FitStats:
         return self._tables[name].result()
 
 
-__all__ = ["FitStats"]
+__all__ = ["FitStats", "weighted_moments", "weighted_quantiles"]
+
+
+def weighted_moments(t: np.ndarray, c: np.ndarray) -> tuple[float, float]:
+    """Mean and population std of values ``t`` with counts ``c``: two passes, each an exactly
+    rounded sum (``math.fsum``), so the result depends only on the histogram."""
+    n = float(c.sum())
+    if n == 0 or not np.isfinite(t).all():
+        return 0.0, 0.0  # nothing usable to standardise by: leave the values as they are
+    mean = math.fsum((c * t).tolist()) / n
+    var = math.fsum((c * (t - mean) ** 2).tolist()) / n
+    return mean, math.sqrt(var)
+
+
+def weighted_quantiles(z: np.ndarray, c: np.ndarray, qs: list[float]) -> list[float]:
+    """Linear-interpolation quantiles of the multiset {z_i repeated c_i times}, deduplicated and
+    sorted (as the bucket boundaries); [] when there are no values."""
+    n = int(c.sum())
+    if n == 0:
+        return []
+    order = np.argsort(z, kind="stable")
+    z, cum = z[order], np.cumsum(c[order])
+    out = set()
+    for q in qs:
+        h = q * (n - 1)
+        lo = math.floor(h)
+        x_lo = z[np.searchsorted(cum, lo, side="right")]
+        x_hi = z[np.searchsorted(cum, min(lo + 1, n - 1), side="right")]
+        out.add(float(x_lo + (h - lo) * (x_hi - x_lo)))
+    return sorted(out)
