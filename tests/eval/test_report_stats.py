@@ -336,7 +336,8 @@ def test_report_meta_states_how_the_report_was_made(tmp_path):
     assert "wall time 1h01m10s (training 1h00m05s, evaluation 1m05s)" in text
     assert "Variants: layernorm (one-shot), mclayernorm (one-shot)." in text
     summary = json.loads(paths.summary_json.read_text())
-    assert summary["timing_s"] == {"train": 3605.0, "eval": 65.0, "total": 3670.0}
+    assert summary["timing_s"] == {"train": 3605.0, "eval": 65.0, "total": 3670.0,
+                                   "eval_by_variant": {}}
     assert summary["training"] == {"workers": ["cpu", "cpu"], "threads_per_run": 1,
                                    "runs": {"trained": 4}}  # fmt: skip
     assert summary["rows"] == 500 and summary["n_seeds"] == 2

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from ctrcal.config_load import load_config
-from ctrcal.data.criteo_schema import CATEGORICAL_COLUMNS, NUMERIC_COLUMNS
+from ctrcal.data.schema import CRITEO, resolve_schema
 from ctrcal.models.build import create_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,15 +33,16 @@ VARIANTS = {
 
 
 def _feature_map(cfg):
+    schema = resolve_schema(cfg.data.schema, ROOT / "configs") or CRITEO
+    numeric = list(schema.numeric)
     buckets = cfg.features.numeric_buckets
     return SimpleNamespace(
-        vocab_sizes=[2] * len(CATEGORICAL_COLUMNS),
-        categorical_fields=list(CATEGORICAL_COLUMNS),
-        numeric_fields=list(NUMERIC_COLUMNS),
+        vocab_sizes=[2] * len(schema.categorical_fields),
+        categorical_fields=list(schema.categorical_fields),
+        numeric_fields=numeric,
         bucket_boundaries=(
-            [[float(b) for b in range(buckets - 1)] for _ in NUMERIC_COLUMNS]
-            if buckets >= 2 else None
-        ),  # fmt: skip
+            [[float(b) for b in range(buckets - 1)] for _ in numeric] if buckets >= 2 else None
+        ),
     )
 
 
