@@ -121,16 +121,9 @@ def oracle_calibration(
     Reads the ``true_prob`` column the preparation keeps for synthetic sources; returns None
     when it is absent or its rows do not line up with the split's labels.
     """
-    import pyarrow.parquet as pq
+    from ctrcal.eval.row_level import oracle_probs
 
-    from ctrcal.data.prepare import PROB_COL
-
-    files = sorted((Path(data_dir) / split).glob("*.parquet"))
-    if not files or PROB_COL not in pq.read_schema(files[0]).names:
-        return None
-    parts = [pq.read_table(f, columns=[PROB_COL, "label"]) for f in files]
-    prob = np.concatenate([t.column(PROB_COL).to_numpy() for t in parts]).astype(np.float64)
-    lab = np.concatenate([t.column("label").to_numpy() for t in parts]).astype(np.float64)
-    if lab.shape != labels.shape or not np.array_equal(lab, labels):
+    prob = oracle_probs(Path(data_dir), split, labels)
+    if prob is None:
         return None
     return evaluation_metrics(prob, labels, fields, report)
