@@ -47,6 +47,19 @@ OUTPUT_ERRNOS = frozenset(_CAUSES)  # the failures the environment, not ctrcal, 
 _LOW_SPACE = 1 << 20  # bytes; a write that failed with less than this free ran out of space
 
 
+def import_object(path: str) -> Any:
+    """The object a built-in registry entry names as ``"package.module:attr.sub"``, imported
+    on first use (registries list built-ins by path, so that listing them imports nothing).
+    User-given import paths go through :mod:`ctrcal.models.registry`, which checks them."""
+    import importlib
+
+    module, _, attr = path.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def write_failure_cause(path: str | os.PathLike, exc: BaseException) -> str | None:
     """Why writing ``path`` failed with ``exc``: no space, read-only, permission, or the
     system's words; None when ``exc`` is not a failure of the file system (a bug).

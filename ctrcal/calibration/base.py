@@ -13,7 +13,6 @@ that evaluation never fits anything.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ctrcal.errors import ConfigError
+from ctrcal.utils import import_object
 
 __all__ = [
     "Calibrator",
@@ -139,11 +139,7 @@ class CalibratorKind:
 
     def resolve(self) -> Callable[..., Calibrator]:
         if isinstance(self.factory, str):
-            module, _, attr = self.factory.partition(":")
-            obj: Any = importlib.import_module(module)
-            for part in attr.split("."):
-                obj = getattr(obj, part)
-            return obj
+            return import_object(self.factory)
         return self.factory
 
 

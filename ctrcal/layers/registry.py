@@ -20,7 +20,6 @@ built: importing a module never registers anything. A user's norm is registered 
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import math
 from collections.abc import Callable, Sequence
@@ -32,7 +31,7 @@ from torch import nn
 from ctrcal.errors import ConfigError
 from ctrcal.layers.fusion import is_layer_norm
 from ctrcal.layers.spec import NormSpec, is_no_norm, normalize_name
-from ctrcal.utils import closest
+from ctrcal.utils import closest, import_object
 
 __all__ = [
     "NormSpec",
@@ -69,8 +68,7 @@ def _resolve(key: str) -> NormFactory:
     """The factory of a registered name, importing it the first time."""
     factory = _REGISTRY[key]
     if isinstance(factory, str):
-        module, _, attr = factory.partition(":")
-        factory = getattr(importlib.import_module(module), attr)
+        factory = import_object(factory)
         _REGISTRY[key] = factory
     return factory
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctrcal.errors import ConfigError
-from ctrcal.utils import closest
+from ctrcal.utils import closest, import_object
 
 __all__ = [
     "ShiftKind",
@@ -82,13 +82,7 @@ class ShiftKind:
 
     def resolve_factory(self) -> ShiftFactory:
         if isinstance(self.factory, str):
-            import importlib
-
-            module, _, path = self.factory.partition(":")
-            obj: Any = importlib.import_module(module)
-            for attr in path.split("."):
-                obj = getattr(obj, attr)
-            return obj
+            return import_object(self.factory)
         return self.factory
 
     def intensity_error(self, s: Any) -> str | None:
