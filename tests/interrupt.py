@@ -1,5 +1,6 @@
-"""What the kill -9 tests share: run a command in a child process, SIGKILL it (and every
-process it started) at a chosen moment, and compare what the runs left behind.
+"""What the interruption tests share: run a command in a child process, SIGKILL it (and
+every process it started) at a chosen moment, interrupt an in-process run at a chosen
+training step, and compare what the runs left behind.
 
 Imported by tests as ``from interrupt import ...`` (``tests/`` is on ``sys.path`` through its
 ``conftest.py``).
@@ -19,6 +20,15 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+# a training run small enough to interrupt and resume within a test
+TINY_TRAINING = [
+    "model.embedding_dim=4",
+    "model.hidden_units=[16]",
+    "train.batch_size=2048",
+    "train.eval_batch_size=8192",
+    "train.progress=false",
+    "train.num_threads=1",
+]
 TIMING = ("rows_per_s", "seconds")  # per-epoch keys that measure speed, not what was learnt
 
 
@@ -149,3 +159,31 @@ def assert_same_training(a: Path, b: Path) -> None:
     wb = load_checkpoint(b / "checkpoints" / "best.pt")["model"]
     assert wa.keys() == wb.keys()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def interrupt_training_at_step(monkeypatch, step: int, run) -> None:
+    """Run ``run()`` (a training call) with its ``step``-th training step raising
+    KeyboardInterrupt, as Ctrl-C would; the real step is restored afterwards."""
+    import pytest
+
+    from ctrcal.train import trainer
+
+    real_step, calls = trainer.train_step, []
+
+    def crashing_step(ctx, batch):
+        calls.append(1)
+        if len(calls) == step:
+            raise KeyboardInterrupt
+        return real_step(ctx, batch)
+
+    monkeypatch.setattr(trainer, "train_step", crashing_step)
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    monkeypatch.setattr(trainer, "train_step", real_step)
+
+
+def tiny_config(*overrides: str):
+    """The :data:`TINY_TRAINING` config with ``overrides`` (``section.key=value``)."""
+    from ctrcal.config_load import load_config
+
+    return load_config(None, [*TINY_TRAINING, *overrides])

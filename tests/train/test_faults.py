@@ -16,28 +16,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from interrupt import assert_same_training, child_env, kill_9, wait_for
+from interrupt import assert_same_training, child_env, kill_9, tiny_config, wait_for
 
 import ctrcal.train.trainer as trainer
 from ctrcal.cli import main
-from ctrcal.config_load import load_config
 from ctrcal.errors import OutputError
 from ctrcal.train.checkpoint import load_checkpoint
 from ctrcal.train.results import epoch_tradeoff, read_result
 from ctrcal.train.trainer import train
 
-TINY = [
-    "model.embedding_dim=4",
-    "model.hidden_units=[16]",
-    "train.batch_size=2048",
-    "train.eval_batch_size=8192",
-    "train.progress=false",
-    "train.num_threads=1",
-]
-
-
-def _cfg(*overrides: str):
-    return load_config(None, [*TINY, *overrides])
 
 
 def _config_file(tmp_path: Path, prepared_dir: Path, epochs: int = 2) -> Path:
@@ -128,10 +115,10 @@ def test_a_forbidden_result_file_is_one_line_and_resume_finishes(
 
     monkeypatch.setattr(Path, "write_text", forbidden)
     with pytest.raises(OutputError) as failed:
-        train(_cfg("train.epochs=1"), prepared_dir, run)
+        train(tiny_config("train.epochs=1"), prepared_dir, run)
     assert str(failed.value) == f"{run / 'result.json'}: cannot write: permission denied"
     monkeypatch.setattr(Path, "write_text", real_write)
-    res = train(_cfg("train.epochs=1"), prepared_dir, run, resume=True)
+    res = train(tiny_config("train.epochs=1"), prepared_dir, run, resume=True)
     assert read_result(run).test == res.test and res.epochs_completed == 1
 
 
@@ -231,7 +218,7 @@ def test_a_valid_split_without_a_click_monitors_logloss_says_so_and_writes_valid
 
 def test_json_of_a_split_without_a_click_is_strict(no_click_valid, tmp_path, capsys):
     run = tmp_path / "run"
-    train(_cfg("train.epochs=1", "train.monitor=logloss"), no_click_valid, run)
+    train(tiny_config("train.epochs=1", "train.monitor=logloss"), no_click_valid, run)
     assert "falls back" not in capsys.readouterr().err  # logloss was asked for
     history = _strict_json((run / "result.json").read_text())["history"]
     assert history[0]["valid_auc"] is None and history[0]["valid_pcoc"] is None
@@ -245,7 +232,7 @@ def test_evaluate_suggests_data_when_the_run_data_has_moved(prepared_dir, tmp_pa
     data = tmp_path / "data"
     shutil.copytree(prepared_dir, data)
     run = tmp_path / "run"
-    train(_cfg("train.epochs=1"), data, run)
+    train(tiny_config("train.epochs=1"), data, run)
     moved = data.rename(tmp_path / "moved")
     assert main(["evaluate", str(run)]) == 1
     line = _one_line(capsys.readouterr().err)
@@ -287,7 +274,7 @@ def test_every_epoch_has_valid_metrics_and_the_monitor_trade_off_is_said(
 
 
 def test_real_epochs_record_finite_validation_metrics(prepared_dir, tmp_path):
-    res = train(_cfg("train.epochs=2"), prepared_dir, tmp_path / "run")
+    res = train(tiny_config("train.epochs=2"), prepared_dir, tmp_path / "run")
     saved = _strict_json((tmp_path / "run" / "result.json").read_text())
     assert len(saved["history"]) == 2
     for h in saved["history"]:

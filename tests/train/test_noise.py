@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from interrupt import interrupt_training_at_step
 
 import ctrcal.train.trainer as trainer
 from ctrcal.batch import Batch
@@ -332,18 +333,8 @@ def test_runs_with_noise_are_bit_identical_by_seed_and_differ_across_seeds(prepa
 def test_resumed_noisy_run_continues_the_same_noise_sequence(prepared_dir, tmp_path, monkeypatch):
     cfg = _cfg(*BOTH, "train.epochs=3", "train.patience=5")
     full = train(cfg, prepared_dir, tmp_path / "full")
-    real_step, calls = trainer.train_step, []
-
-    def crashing_step(ctx, batch):
-        calls.append(1)
-        if len(calls) == 12:  # in the middle of the second epoch (8 steps per epoch)
-            raise KeyboardInterrupt
-        return real_step(ctx, batch)
-
-    monkeypatch.setattr(trainer, "train_step", crashing_step)
-    with pytest.raises(KeyboardInterrupt):
-        train(cfg, prepared_dir, tmp_path / "cut")
-    monkeypatch.setattr(trainer, "train_step", real_step)
+    # step 12: in the middle of the second epoch (8 steps per epoch)
+    interrupt_training_at_step(monkeypatch, 12, lambda: train(cfg, prepared_dir, tmp_path / "cut"))
     resumed = train(cfg, prepared_dir, tmp_path / "cut", resume=True)
     assert _strip(resumed.history) == _strip(full.history)
     assert resumed.test == full.test

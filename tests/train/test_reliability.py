@@ -7,31 +7,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from interrupt import assert_same_training, ctrcal_argv, kill_9_when, run, start
+from interrupt import assert_same_training, ctrcal_argv, kill_9_when, run, start, tiny_config
 
 import ctrcal.train.trainer as trainer
-from ctrcal.config_load import load_config
 from ctrcal.errors import CtrcalError, DataError
 from ctrcal.train.checkpoint import load_checkpoint
 from ctrcal.train.trainer import train
 
-TINY = [
-    "model.embedding_dim=4",
-    "model.hidden_units=[16]",
-    "train.batch_size=2048",
-    "train.eval_batch_size=8192",
-    "train.progress=false",
-    "train.num_threads=1",
-]
-
-
-def _cfg(*overrides: str):
-    return load_config(None, [*TINY, *overrides])
 
 
 def test_kill_between_best_and_last_checkpoint_resumes_exactly(prepared_dir, tmp_path, monkeypatch):
     # patience 1: a replayed epoch that saw "no improvement" would cut the LR and stop
-    cfg = _cfg("train.epochs=3", "train.patience=1", "model.dropout=0.1")
+    cfg = tiny_config("train.epochs=3", "train.patience=1", "model.dropout=0.1")
     full = train(cfg, prepared_dir, tmp_path / "full")
     assert full.best_epoch >= 2, "needs an improving second epoch to test the window"
 
@@ -115,10 +102,10 @@ def test_unlabelled_test_split_is_skipped_by_train_and_refused_by_evaluate(
     from ctrcal.train.evaluate import evaluate_run
 
     data = _unlabelled_test_dir(criteo_files, tmp_path)
-    res = train(_cfg("train.epochs=1"), data, tmp_path / "run")
+    res = train(tiny_config("train.epochs=1"), data, tmp_path / "run")
     assert res.test is None and (tmp_path / "run" / "result.json").exists()
     assert "test split has no labels" in capsys.readouterr().err
-    again = train(_cfg("train.epochs=1"), data, tmp_path / "run", resume=True)
+    again = train(tiny_config("train.epochs=1"), data, tmp_path / "run", resume=True)
     assert again.test is None
     with pytest.raises(DataError, match="no labels"):
         evaluate_run(tmp_path / "run", "test")
@@ -131,7 +118,7 @@ def test_shift_report_on_an_unlabelled_test_split_refuses_before_training(
     from ctrcal.eval.report import run_shift_report
 
     data = _unlabelled_test_dir(criteo_files, tmp_path)
-    cfg = _cfg("train.epochs=1", "report.seeds=1")
+    cfg = tiny_config("train.epochs=1", "report.seeds=1")
     with pytest.raises(DataError, match="no labels"):
         run_shift_report(cfg, tmp_path / "out", data, progress=False, log=lambda m: None)
     assert not (tmp_path / "out" / "runs").exists()

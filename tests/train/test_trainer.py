@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from interrupt import interrupt_training_at_step
 from torch import nn
 
 import ctrcal.train.trainer as trainer
@@ -108,18 +109,8 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(
                "model.net_norm=mclayernorm", "train.emb_l2=1e-4")  # fmt: skip
     full = train(cfg, prepared_dir, tmp_path / "full")
 
-    real_step, calls = trainer.train_step, []
-
-    def crashing_step(ctx, batch):
-        calls.append(1)
-        if len(calls) == 12:  # in the middle of the second epoch (8 steps per epoch)
-            raise KeyboardInterrupt
-        return real_step(ctx, batch)
-
-    monkeypatch.setattr(trainer, "train_step", crashing_step)
-    with pytest.raises(KeyboardInterrupt):
-        train(cfg, prepared_dir, tmp_path / "cut")
-    monkeypatch.setattr(trainer, "train_step", real_step)
+    # step 12: in the middle of the second epoch (8 steps per epoch)
+    interrupt_training_at_step(monkeypatch, 12, lambda: train(cfg, prepared_dir, tmp_path / "cut"))
     assert not (tmp_path / "cut" / "result.json").exists()
     resumed = train(cfg, prepared_dir, tmp_path / "cut", resume=True)
 
