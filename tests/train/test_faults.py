@@ -26,7 +26,6 @@ from ctrcal.train.results import epoch_tradeoff, read_result
 from ctrcal.train.trainer import train
 
 
-
 def _config_file(tmp_path: Path, prepared_dir: Path, epochs: int = 2) -> Path:
     path = tmp_path / "c.yaml"
     path.write_text(

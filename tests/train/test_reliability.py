@@ -15,7 +15,6 @@ from ctrcal.train.checkpoint import load_checkpoint
 from ctrcal.train.trainer import train
 
 
-
 def test_kill_between_best_and_last_checkpoint_resumes_exactly(prepared_dir, tmp_path, monkeypatch):
     # patience 1: a replayed epoch that saw "no improvement" would cut the LR and stop
     cfg = tiny_config("train.epochs=3", "train.patience=1", "model.dropout=0.1")
