@@ -48,6 +48,13 @@ def amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return None
 
 
+def dense_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The trainable parameters other than the embedding tables: the optimizer's dense group,
+    and what weight noise perturbs."""
+    tables = {id(p) for p in embedding_tables(model)}
+    return [p for p in model.parameters() if p.requires_grad and id(p) not in tables]
+
+
 def make_optimizer(model: nn.Module, cfg_train: Any) -> torch.optim.Optimizer:
     """Adam or AdamW over two groups: dense layers (``weight_decay``) and embedding tables.
 
@@ -57,7 +64,7 @@ def make_optimizer(model: nn.Module, cfg_train: Any) -> torch.optim.Optimizer:
     decoupled, so there :func:`train_step` adds the L2 gradient itself.)
     """
     tables = {id(p) for p in embedding_tables(model)}
-    dense = [p for p in model.parameters() if p.requires_grad and id(p) not in tables]
+    dense = dense_parameters(model)
     emb = [p for p in model.parameters() if p.requires_grad and id(p) in tables]
     groups = [{"params": dense, "weight_decay": cfg_train.weight_decay}]
     if emb:
@@ -143,8 +150,7 @@ def make_step_context(
         weight_noise_std=weight_noise_std(cfg_train.weight_noise),
         # the tables are left out: noising a whole table costs a table-sized pass per step,
         # and the rows a batch does not look up would not change its forward anyway
-        noisy=[p for p in model.parameters()
-               if p.requires_grad and id(p) not in {id(t) for t in tables}],  # fmt: skip
+        noisy=dense_parameters(model),
     )
 
 
