@@ -13,10 +13,12 @@ demo: env
 
 test: env
 	$(VENV)/bin/ruff check ctrcal tests scripts
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
 
 lint: env
 	$(VENV)/bin/ruff check ctrcal tests scripts
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .ruff_cache

@@ -16,6 +16,8 @@ The public API is importable from the top level; modules load on first use, so t
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -43,15 +45,15 @@ _EXPORTS: dict[str, str | tuple[str, str]] = {
     "ContextNorm": "ctrcal.layers.context",
     "bind_contexts": "ctrcal.layers.context",
     "FeatureGroupNorm": "ctrcal.layers.norms",
-    "Batch": "ctrcal.batch",
+    "Batch": "ctrcal.core.batch",
     # the jobs: prepare, train, evaluate, report
-    "prepare": "ctrcal.data.prepare",
+    "prepare": "ctrcal.api",
     "evaluate": ("ctrcal.train.evaluate", "evaluate_run"),
     "load_run": "ctrcal.train.trainer",
     "Run": "ctrcal.train.results",
     "predict_logits": "ctrcal.train.predict",
-    "shift_report": "ctrcal.eval.api",
-    "ShiftReportSummary": "ctrcal.eval.api",
+    "shift_report": "ctrcal.api",
+    "ShiftReportSummary": "ctrcal.api",
     # data
     "FeatureMap": "ctrcal.data.feature_map",
     "FeaturePipeline": "ctrcal.data.features",
@@ -59,33 +61,67 @@ _EXPORTS: dict[str, str | tuple[str, str]] = {
     "DatasetSchema": "ctrcal.data.schema",
     "register_schema": "ctrcal.data.schema",
     # evaluation
-    "GaussianShift": "ctrcal.eval.shifts",
-    "CategoricalCorruption": "ctrcal.eval.shifts",
-    "create_shift": "ctrcal.eval.shifts",
-    "register_shift": "ctrcal.eval.shifts",
-    "available_shifts": "ctrcal.eval.shifts",
+    "GaussianShift": "ctrcal.shifts.builtin",
+    "CategoricalCorruption": "ctrcal.shifts.builtin",
+    "create_shift": "ctrcal.shifts.registry",
+    "register_shift": "ctrcal.shifts.registry",
+    "available_shifts": "ctrcal.shifts.registry",
     "TemperatureScaling": "ctrcal.calibration.scaling",
     "PlattScaling": "ctrcal.calibration.scaling",
     "IsotonicCalibration": "ctrcal.calibration.isotonic",
     "FieldAwareCalibration": "ctrcal.calibration.field_aware",
-    "smooth_ece": "ctrcal.eval.smooth_ece",
-    "calibration_slope_intercept": "ctrcal.eval.recalibration",
-    "bootstrap_ci": "ctrcal.eval.bootstrap",
-    "paired_bootstrap": "ctrcal.eval.bootstrap",
-    "risk_coverage": "ctrcal.eval.risk_coverage",
-    "calibration_over_time": "ctrcal.eval.windows",
-    "read_predictions": "ctrcal.predictions_file",
-    "calibration_report": "ctrcal.calibration_report",
+    "smooth_ece": "ctrcal.metrics",
+    "calibration_slope_intercept": "ctrcal.metrics",
+    "bootstrap_ci": "ctrcal.metrics",
+    "paired_bootstrap": "ctrcal.metrics",
+    "risk_coverage": "ctrcal.metrics",
+    "calibration_over_time": "ctrcal.reports.shift.windows",
+    "read_predictions": "ctrcal.reports.calibration.predictions_file",
+    "calibration_report": "ctrcal.reports.calibration.report",
     # config
     "Config": "ctrcal.config",
     "ModelConfig": "ctrcal.config",
     "NormSpec": "ctrcal.config",
-    "load_config": "ctrcal.config_load",
+    "load_config": "ctrcal.validate",
 }
-# `ctrcal.train` is the training package, callable as the training job (see its docstring)
-_SUBMODULES = {"metrics": "ctrcal.metrics", "train": "ctrcal.train"}
+_SUBMODULES = {"metrics": "ctrcal.metrics"}
 
-__all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
+__all__ = sorted([*_EXPORTS, *_SUBMODULES, "train", "__version__"])
+
+
+class _TrainJob:
+    """``ctrcal.train``: the training job, :func:`ctrcal.api.train`.
+
+    ``ctrcal.train`` also names the training package, and importing any ``ctrcal.train.*``
+    module binds that package to the name on ``ctrcal``. This object keeps the name the job's
+    while attribute access reaches the package, so ``import ctrcal.train.trainer as t`` and
+    ``ctrcal.train.step`` work as for any package.
+    """
+
+    def __call__(self, cfg: Any, data_dir: Any, run_dir: Any, resume: bool = False) -> Any:
+        return importlib.import_module("ctrcal.api").train(cfg, data_dir, run_dir, resume)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(importlib.import_module("ctrcal.train"), name)
+
+    def __repr__(self) -> str:
+        return "<the training job ctrcal.train (ctrcal.api.train)>"
+
+
+class _Ctrcal(types.ModuleType):
+    """The ``ctrcal`` module: ``train`` stays the training job when the package is imported."""
+
+    @property
+    def train(self) -> _TrainJob:
+        return _TRAIN
+
+    @train.setter
+    def train(self, value: Any) -> None:
+        pass  # the import system binding the subpackage: the name stays the job
+
+
+_TRAIN = _TrainJob()
+sys.modules[__name__].__class__ = _Ctrcal
 
 
 def __getattr__(name: str) -> Any:

@@ -27,8 +27,9 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
-from ctrcal.errors import CtrcalError, NotAvailableError
+from ctrcal.core.errors import CtrcalError, NotAvailableError
 
 
 def _not_available(what: str) -> NotAvailableError:
@@ -36,7 +37,7 @@ def _not_available(what: str) -> NotAvailableError:
 
 
 def _load(args: argparse.Namespace):
-    from ctrcal.config_load import load_config
+    from ctrcal.validate import load_config
 
     return load_config(args.config, args.overrides)
 
@@ -48,7 +49,7 @@ def _load(args: argparse.Namespace):
 def cmd_validate(args: argparse.Namespace) -> int:
     """Load the config with every check: the model is built on the ``meta`` device, so its
     constructor (and each norm's) decides; each problem is one line naming file and key."""
-    from ctrcal.errors import ConfigProblems
+    from ctrcal.core.errors import ConfigProblems
 
     try:
         cfg = _load(args)
@@ -57,25 +58,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"ctrcal validate: error: {problem}", file=sys.stderr)
         return exc.exit_code
     if args.data is not None:
-        _check_config_against_data(cfg, args.data, str(args.config))
+        from ctrcal.validate import validate_data
+
+        validate_data(cfg, args.data, str(args.config))
     print(
         f"{args.config}: OK (model {cfg.model.describe()}, "
         f"net_norm {getattr(cfg.model.get('net_norm'), 'name', 'as built')}, "
         f"{len(cfg.report.variants)} report variants)"
     )
     return 0
-
-
-def _check_config_against_data(cfg, data_dir: Path, source: str) -> None:
-    """What ``validate --data`` adds: every shift the config evaluates or trains under can
-    apply to that prepared data (its feature kinds, original-space statistics)."""
-    from ctrcal.data.feature_map import FeatureMap
-    from ctrcal.eval.jobs import check_data_for_shifts, check_shifts_apply, training_shifts
-    from ctrcal.eval.plan import plan_shifts
-
-    feature_map = FeatureMap.load(data_dir)
-    check_data_for_shifts(plan_shifts(cfg, source), feature_map, data_dir, source)
-    check_shifts_apply(training_shifts(cfg), feature_map, data_dir, source)
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -94,12 +85,16 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from ctrcal.config import Config
-    from ctrcal.config_load import load_config
-    from ctrcal.data.prepare import prepare
-    from ctrcal.errors import ConfigError
+    from ctrcal.config.load import read_config
+    from ctrcal.core.errors import ConfigError
+    from ctrcal.data.prepare.prepare import prepare
+    from ctrcal.validate import validate_config
 
-    cfg = load_config(args.config) if args.config is not None else Config()
+    # preparing needs the data and features sections: only their checks run (no model, no
+    # report plan, no torch)
+    cfg = read_config(args.config)
+    source = str(args.config) if args.config is not None else "<defaults>"
+    validate_config(cfg, source, skip=("model", "train", "report"))
     explicit = {"train": args.train, "valid": args.valid, "test": args.test}
     named = cfg.data.inputs or cfg.data.train or cfg.data.valid or cfg.data.test
     inputs: list[Path] | dict[str, list[Path]] | None = None
@@ -120,13 +115,27 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     if inputs is not None and named:
         raise ConfigError(f"{args.config}: data names input files and so does the command line; "
                           "keep one of them")  # fmt: skip
-    res = prepare(inputs, args.out, cfg, args.on_bad_row, resplit=args.resplit)
-    print(res.describe())
+    res = prepare(inputs, args.out, cfg.data, cfg.features, args.on_bad_row, resplit=args.resplit)
+    print(res.describe(_embedding_dim(cfg)))
     return 0
 
 
+def _embedding_dim(cfg: Any) -> int | None:
+    """The model's embedding dimension, as configured or by default; None for a model without
+    one (resolving a model imports torch: done only to print the prepared data's memory)."""
+    dim = cfg.model.get("embedding_dim")
+    if dim is None:
+        try:
+            from ctrcal.models.registry import model_defaults
+
+            dim = model_defaults(cfg.model.name).get("embedding_dim")
+        except Exception:  # noqa: BLE001 - a model that cannot be resolved has no dimension
+            return None
+    return dim if isinstance(dim, int) and not isinstance(dim, bool) else None
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from ctrcal.runs import prepared_data_dir
+    from ctrcal.train.runs import prepared_data_dir
 
     cfg = _load(args)
     run_dir = args.out if args.out is not None else Path(cfg.out_dir)
@@ -149,7 +158,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from ctrcal.runs import require_run_dir, run_data
+    from ctrcal.train.runs import require_run_dir, run_data
 
     # a mistyped run or a moved data directory answers before torch is imported
     require_run_dir(args.run_dir)
@@ -173,14 +182,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_shift_report(args: argparse.Namespace) -> int:
     import time
 
-    from ctrcal.runs import require_prepared_dir
+    from ctrcal.train.runs import require_prepared_dir
 
     start = time.perf_counter()
     cfg = _load(args)
     if args.data is not None:
         require_prepared_dir(args.data)
     # imported only now (torch): a wrong config or data directory answers at once
-    from ctrcal.eval.report import finish_message, run_shift_report
+    from ctrcal.reports.shift.report import finish_message, run_shift_report
 
     out = args.out if args.out is not None else Path(cfg.out_dir)
     paths = run_shift_report(
@@ -198,8 +207,8 @@ def cmd_shift_report(args: argparse.Namespace) -> int:
 
 
 def cmd_calibration_report(args: argparse.Namespace) -> int:
-    from ctrcal.calibration_report import calibration_report
-    from ctrcal.predictions_file import read_predictions
+    from ctrcal.reports.calibration.predictions_file import read_predictions
+    from ctrcal.reports.calibration.report import calibration_report
 
     segments = [s.strip() for part in args.segments for s in part.split(",") if s.strip()]
     preds = read_predictions(
@@ -388,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ctrcal {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:
-        from ctrcal.utils import OUTPUT_ERRNOS, describe_os_error
+        from ctrcal.core.utils import OUTPUT_ERRNOS, describe_os_error
 
         # a full disk, a read-only or forbidden path that no writer turned into an
         # OutputError itself: still one line naming the path and the cause

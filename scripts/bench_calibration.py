@@ -30,11 +30,9 @@ import time
 
 import numpy as np
 
-from ctrcal.eval import metrics as M
-from ctrcal.eval.bootstrap import bootstrap_ci
-from ctrcal.eval.recalibration import calibration_slope_intercept
-from ctrcal.eval.smooth_ece import smooth_ece
-from ctrcal.utils import cpu_model_name
+from ctrcal import metrics as M
+from ctrcal.core.utils import cpu_model_name
+from ctrcal.metrics import bootstrap_ci, calibration_slope_intercept, smooth_ece
 
 
 def make_rows(n: int, n_fields: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

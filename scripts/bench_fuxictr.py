@@ -189,10 +189,10 @@ def ctrcal_worker(spec: dict[str, Any]) -> None:
 
     import torch
 
-    from ctrcal.config_load import load_config
     from ctrcal.data.loader import Batch
     from ctrcal.train import step as train_step_lib
     from ctrcal.train.cpu_matmul import cpu_matmul
+    from ctrcal.validate import load_config
 
     torch.set_num_threads(spec["threads"])
     overrides = [*spec.get("overrides", []), f"train.batch_size={spec['batch_size']}"]
@@ -318,8 +318,8 @@ class Worker:
 
 
 def _prepare_data(rows: int, out: Path) -> Path:
-    from ctrcal.config_load import load_config
-    from ctrcal.data.prepare import prepare
+    from ctrcal.api import prepare
+    from ctrcal.validate import load_config
 
     cfg = load_config(None, [f"data.synthetic.rows={rows}", "data.synthetic.seed=0",
                              "features.min_count=1"])  # fmt: skip
@@ -446,8 +446,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from ctrcal.core.utils import cpu_model_name
     from ctrcal.data.features import FeatureMap
-    from ctrcal.utils import cpu_model_name
 
     print(f"CPU: {cpu_model_name()}, {os.cpu_count()} cores; torch {torch.__version__}, "
           f"{args.threads} threads per worker; FuxiCTR {fuxictr_version}")  # fmt: skip

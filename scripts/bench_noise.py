@@ -56,11 +56,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from ctrcal.batch import Batch
     from ctrcal.config import TrainConfig
+    from ctrcal.core.batch import Batch
     from ctrcal.data.numeric import NumericTransform
-    from ctrcal.eval.shifts.builtin import CategoricalCorruption, GaussianNumericShift
     from ctrcal.models.masknet import MaskNet
+    from ctrcal.shifts.builtin import CategoricalCorruption, GaussianNumericShift
     from ctrcal.train import step
 
     fc, fn, b = 26, 13, args.batch_size

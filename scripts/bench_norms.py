@@ -40,13 +40,13 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from ctrcal.core.utils import cpu_model_name
 from ctrcal.layers.mc_layernorm import (
     MCLayerNorm,
     grouped_layer_norm,
     kernel_available,
     mc_grouped_layer_norm,
 )
-from ctrcal.utils import cpu_model_name
 
 CASES = [
     ((4096, 400), (400,)),
@@ -134,10 +134,10 @@ def _time(
 def bench_step(repeats: int, batch: int = 4096) -> None:
     """MaskNet training step: per-field LN vs per-field MC-LN (and MC-LN everywhere)."""
     from ctrcal.config import NormSpec
-    from ctrcal.config_load import load_config
     from ctrcal.data.loader import Batch
     from ctrcal.models.masknet import MaskNet
     from ctrcal.train import step
+    from ctrcal.validate import load_config
 
     vocab = [1_000_000 // 26] * 26
     g = torch.Generator().manual_seed(0)

@@ -39,8 +39,8 @@ from pathlib import Path
 PREPARE = r"""
 import json, sys, time
 from ctrcal.config import Config
-from ctrcal.data.prepare import prepare
-from ctrcal.utils import peak_rss_mib
+from ctrcal.api import prepare
+from ctrcal.core.utils import peak_rss_mib
 start = time.perf_counter()
 res = prepare([sys.argv[1]], sys.argv[2], Config(), force=True,
               chunk_bytes=int(sys.argv[3]) if len(sys.argv) > 3 else None)
@@ -53,7 +53,7 @@ print(json.dumps({"rows": res.total_rows, "rss": peak_rss_mib(),
 FLOOR = r"""
 import json, sys, time
 import polars as pl
-from ctrcal.utils import peak_rss_mib
+from ctrcal.core.utils import peak_rss_mib
 names = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
 start = time.perf_counter()
 df = pl.scan_csv(sys.argv[1], has_header=False, separator="\t", quote_char=None,
@@ -111,7 +111,7 @@ def _inputs(workdir: Path, sizes: list[int]) -> dict[int, Path]:
 
 
 def main() -> int:
-    from ctrcal.utils import cpu_model_name
+    from ctrcal.core.utils import cpu_model_name
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="1000000,5000000,20000000,45000000")

@@ -19,7 +19,7 @@ import torch
 
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, NUMERIC_COLUMNS
 from ctrcal.data.loader import Batch
-from ctrcal.eval.shifts import create_shift
+from ctrcal.shifts.registry import create_shift
 
 
 def cpu_name() -> str:

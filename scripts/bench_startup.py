@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ctrcal.utils import cpu_model_name
+from ctrcal.core.utils import cpu_model_name
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "triton", "numpy", "pyarrow", "polars", "pandas", "sklearn", "scipy",

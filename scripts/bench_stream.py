@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-PEAK = "from ctrcal.utils import peak_rss_mib\n"
+PEAK = "from ctrcal.core.utils import peak_rss_mib\n"
 
 ITERATE = PEAK + r"""
 import json, sys, time
@@ -128,7 +128,7 @@ def _child(code: str, *args: str) -> dict:
 
 def _prepare(rows: int, workdir: Path) -> Path:
     from ctrcal.config import Config
-    from ctrcal.data.prepare import prepare
+    from ctrcal.api import prepare
 
     cfg = Config()
     cfg.data.synthetic.rows = rows

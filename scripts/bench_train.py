@@ -51,13 +51,13 @@ from typing import Any
 
 import torch
 
-from ctrcal.config_load import load_config
+from ctrcal.core.utils import cpu_model_name
 from ctrcal.data.criteo import NUM_CATEGORICAL, NUM_NUMERIC
 from ctrcal.data.loader import Batch
 from ctrcal.models.masknet import MaskNet
 from ctrcal.train import step, trainer
 from ctrcal.train.cpu_matmul import cpu_matmul
-from ctrcal.utils import cpu_model_name
+from ctrcal.validate import load_config
 
 MODEL = {"hidden_units": [400, 400, 400], "embedding_dim": 16, "reduction_ratio": 0.2}
 NORMS = {"layernorm": "layernorm", "mclayernorm": {"name": "mclayernorm", "fraction": 0.8}}
@@ -82,7 +82,7 @@ def _batch(batch_size: int, vocab: list[int], seed: int) -> Batch:
 def _context(
     norm: str, vocab: list[int], precision: str, emb_l2: float, dropout: float = 0.0
 ) -> step.StepContext:
-    from ctrcal.layers.spec import NormSpec
+    from ctrcal.core.norm_spec import NormSpec
 
     spec = NORMS[norm]
     spec = NormSpec(spec) if isinstance(spec, str) else NormSpec(spec["name"], {"fraction": 0.8})
@@ -155,7 +155,7 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, dict[str, float]]:
 
 
 def bench_auc(args: argparse.Namespace) -> dict[str, Any]:
-    from ctrcal.data.prepare import prepare
+    from ctrcal.api import prepare
 
     base = [
         f"data.synthetic.rows={args.auc_rows}",

@@ -275,8 +275,8 @@ def check_compile_decomposed() -> str:
 
 @check("MaskNet forward/backward under bf16 autocast (LN and MC-LN everywhere)")
 def check_bf16() -> str:
-    from ctrcal.batch import Batch
     from ctrcal.config import NormSpec
+    from ctrcal.core.batch import Batch
     from ctrcal.models.masknet import MaskNet
 
     vocab = [1000] * 26
@@ -297,8 +297,8 @@ def check_bf16() -> str:
 
 @check("MC integration on the GPU (mc_predict: 20 samples)")
 def check_mc_predict() -> str:
-    from ctrcal.batch import Batch
     from ctrcal.config import NormSpec
+    from ctrcal.core.batch import Batch
     from ctrcal.layers.mc_layernorm import mc_predict
     from ctrcal.models.masknet import MaskNet
 
@@ -540,7 +540,7 @@ def _masknet(norm: str, emb_norm: str = "none"):
 def bench_training(
     batch: int, compiled: bool, compile_precisions: tuple[str, ...] = ("bf16",)
 ) -> dict[tuple[str, str], float]:
-    from ctrcal.batch import Batch
+    from ctrcal.core.batch import Batch
 
     vocab = [40_000] * 26
     batches = [_batch(batch, vocab, seed) for seed in range(4)]
@@ -582,7 +582,7 @@ def bench_training(
 
 
 def bench_eval(batch: int) -> None:
-    from ctrcal.batch import Batch
+    from ctrcal.core.batch import Batch
     from ctrcal.layers.mc_layernorm import mc_mode
 
     vocab = [40_000] * 26

@@ -9,25 +9,3 @@ A report variant names one by a spec::
     calibration: isotonic
     calibration: {name: field_aware, field: C14, method: platt}
 """
-
-from ctrcal.calibration.base import (
-    Calibrator,
-    CalibratorKind,
-    Segments,
-    available_calibrators,
-    calibration_name,
-    create_calibrator,
-    get_calibrator,
-    register_calibrator,
-)
-
-__all__ = [
-    "Calibrator",
-    "CalibratorKind",
-    "Segments",
-    "available_calibrators",
-    "calibration_name",
-    "create_calibrator",
-    "get_calibrator",
-    "register_calibrator",
-]

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ctrcal.errors import ConfigError
-from ctrcal.utils import import_object
+from ctrcal.core.errors import ConfigError
+from ctrcal.core.utils import import_object
 
 __all__ = [
     "Calibrator",

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from ctrcal.calibration.base import Calibrator, Segments
-from ctrcal.errors import NotAvailableError
-from ctrcal.eval.metric_inputs import as_numpy
+from ctrcal.core.errors import NotAvailableError
+from ctrcal.metrics._inputs import as_numpy
 
 __all__ = ["MCGradCalibrator"]
 

@@ -28,40 +28,9 @@ from typing import Any
 import numpy as np
 
 from ctrcal.calibration.base import Calibrator, Segments, fit_inputs, logit
+from ctrcal.metrics._recalibration import newton_logistic
 
 __all__ = ["PlattScaling", "TemperatureScaling", "logit"]
-
-
-def _nll(t: np.ndarray, y: np.ndarray) -> float:
-    # mean of log(1 + e^t) − y·t, stable for large |t|
-    return float(np.mean(np.logaddexp(0.0, t) - y * t))
-
-
-def _newton_logistic(
-    x: np.ndarray, y: np.ndarray, w0: np.ndarray, max_iter: int, tol: float
-) -> tuple[np.ndarray, int]:
-    """Minimise mean NLL of sigmoid(x @ w) for a tiny design matrix x [n, k] (k ≤ 2)."""
-    w = w0.astype(np.float64).copy()
-    n = x.shape[0]
-    loss = _nll(x @ w, y)
-    for it in range(1, max_iter + 1):
-        t = x @ w
-        s = 0.5 * (1.0 + np.tanh(0.5 * t))  # sigmoid without overflow warnings
-        grad = x.T @ (s - y) / n
-        hess = (x * (s * (1.0 - s))[:, None]).T @ x / n
-        hess += 1e-12 * np.eye(len(w))  # keeps a separable / degenerate set solvable
-        step = np.linalg.solve(hess, grad)
-        lr = 1.0
-        while True:
-            cand = w - lr * step
-            new_loss = _nll(x @ cand, y)
-            if new_loss <= loss + 1e-4 * lr * float(grad @ -step) or lr < 1e-10:
-                break
-            lr *= 0.5
-        w, improvement, loss = cand, loss - new_loss, new_loss
-        if np.max(np.abs(lr * step)) < tol or abs(improvement) < tol * 1e-3:
-            return w, it
-    return w, max_iter
 
 
 class TemperatureScaling(Calibrator):
@@ -86,7 +55,7 @@ class TemperatureScaling(Calibrator):
         """Fit T on logits [n] and 0/1 labels [n]; returns self."""
         z, y = fit_inputs(logits, labels)
         # NLL is convex in the inverse temperature β = 1/T (a logistic slope without intercept)
-        beta, self.n_iter_ = _newton_logistic(z[:, None], y, np.ones(1), self.max_iter, self.tol)
+        beta, self.n_iter_ = newton_logistic(z[:, None], y, np.ones(1), self.max_iter, self.tol)
         if not beta[0] > 0:
             raise ValueError(
                 "temperature scaling needs logits that rank clicks above non-clicks "
@@ -126,7 +95,7 @@ class PlattScaling(Calibrator):
         """Fit (a, b) on logits [n] and 0/1 labels [n]; returns self."""
         z, y = fit_inputs(logits, labels)
         x = np.stack([z, np.ones_like(z)], axis=1)
-        w, self.n_iter_ = _newton_logistic(x, y, np.array([1.0, 0.0]), self.max_iter, self.tol)
+        w, self.n_iter_ = newton_logistic(x, y, np.array([1.0, 0.0]), self.max_iter, self.tol)
         self.coef_, self.intercept_ = float(w[0]), float(w[1])
         return self
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ctrcal.errors import DataError
+from ctrcal.core.errors import DataError
 
 BOM = b"\xef\xbb\xbf"
 """The UTF-8 byte order mark that Excel and many exporters write before a CSV's text."""

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ctrcal.cbuild import LazyLibrary
-from ctrcal.errors import DataError
+from ctrcal.core.cbuild import LazyLibrary
+from ctrcal.core.errors import DataError
 
 _SOURCE = Path(__file__).with_name("coder.c")
 

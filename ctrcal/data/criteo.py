@@ -1,6 +1,6 @@
 """Criteo layout detection and readers (-> polars LazyFrame).
 
-The column names and counts live in :mod:`ctrcal.data.criteo_schema` (no polars needed to
+The column names and counts live in :mod:`ctrcal.core.criteo_schema` (no polars needed to
 name them) and are re-exported here.
 
 Supported layouts (``layout=`` names, detected automatically by :func:`detect_format`):
@@ -29,7 +29,7 @@ a missing value is null.
 
 Malformed rows (more fields than the layout, a label other than 0/1, a non-integer in an
 ``I`` field, a non-hex value in a ``C`` field) are flagged, and either raise
-:class:`~ctrcal.errors.DataError` naming the file and line or are skipped and counted.
+:class:`~ctrcal.core.errors.DataError` naming the file and line or are skipped and counted.
 """
 
 from __future__ import annotations
@@ -44,8 +44,7 @@ from pathlib import Path
 
 import polars as pl
 
-from ctrcal.data.chunks import BOM
-from ctrcal.data.criteo_schema import (  # noqa: F401 - the schema, re-exported for readers
+from ctrcal.core.criteo_schema import (  # noqa: F401 - the schema, re-exported for readers
     CATEGORICAL_COLUMNS,
     COLUMNS,
     FEATURE_COLUMNS,
@@ -55,7 +54,8 @@ from ctrcal.data.criteo_schema import (  # noqa: F401 - the schema, re-exported 
     NUM_NUMERIC,
     NUMERIC_COLUMNS,
 )
-from ctrcal.errors import DataError
+from ctrcal.core.errors import DataError
+from ctrcal.data.chunks import BOM
 
 # Internal bookkeeping columns carried next to the typed fields.
 ROW_COL = "_row"  # 0-based record index within its file

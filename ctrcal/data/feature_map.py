@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ctrcal.core.errors import DataError
 from ctrcal.data.numeric import NumericTransform
-from ctrcal.errors import DataError
 
 __all__ = ["FEATURE_MAP_FILE", "SCHEMA_VERSION", "FeatureMap", "load_feature_map"]
 

@@ -50,6 +50,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from ctrcal.core.errors import DataError
+from ctrcal.core.utils import atomic_path, write_json_atomic
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.data.feature_map import (  # noqa: F401 - the read-only view, re-exported
     FEATURE_MAP_FILE,
@@ -59,8 +61,6 @@ from ctrcal.data.feature_map import (  # noqa: F401 - the read-only view, re-exp
 )
 from ctrcal.data.fit_stats import FitStats, weighted_moments, weighted_quantiles
 from ctrcal.data.lookup import ValueIndex
-from ctrcal.errors import DataError
-from ctrcal.utils import atomic_path, write_json_atomic
 
 VOCAB_FILE = "vocab.parquet"
 

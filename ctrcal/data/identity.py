@@ -12,7 +12,7 @@ both vocabularies have the same size. Two identities say when data may meet a ru
 * :func:`data_identity`: the feature identity plus the sources' hash and the splits' sizes:
   the same rows, as a resumed or reused run needs.
 
-A run records both in its ``data.json`` when it starts (:mod:`ctrcal.runs` compares them), so
+A run records both in its ``data.json`` when it starts (:mod:`ctrcal.train.runs` compares them), so
 a run directory needs no copy of the vocabularies. Reading needs pyarrow only (no polars).
 """
 
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from ctrcal.core.errors import DataError
 from ctrcal.data.feature_map import FEATURE_MAP_FILE
-from ctrcal.errors import DataError
 
 __all__ = ["IDENTITY_VERSION", "data_identity", "feature_identity", "short"]
 

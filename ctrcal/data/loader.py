@@ -2,7 +2,7 @@
 
 A :class:`Batch` is three tensors; models read ``categorical`` and ``numeric``.
 :class:`ParquetCTRData` reads one split of a prepared directory (see
-:mod:`ctrcal.data.prepare`) in one of three modes:
+:mod:`ctrcal.data.prepare.prepare`) in one of three modes:
 
 * ``memory`` (default): the split is loaded once into contiguous CPU tensors (categoricals kept
   as int32 to halve memory, widened to int64 per batch); batches are slices, or with
@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ctrcal.batch import Batch
-from ctrcal.errors import DataError
+from ctrcal.core.batch import Batch
+from ctrcal.core.errors import DataError
 
 # arrow type name -> numpy dtype of its values buffer (the types prepare writes)
 _ARROW_DTYPES = {"int32": np.int32, "int64": np.int64, "float": np.float32, "double": np.float64}
@@ -97,7 +97,7 @@ class ParquetCTRData:
     """One split of a prepared directory as batches.
 
     Args:
-        data_dir: a directory written by :func:`ctrcal.data.prepare.prepare`.
+        data_dir: a directory written by :func:`ctrcal.data.prepare.prepare.prepare`.
         split: ``train``, ``valid`` or ``test``.
         mode: ``memory``, ``device`` or ``stream`` (see the module docstring).
         device: where ``device`` mode keeps the tensors (default: CUDA if available).
@@ -139,7 +139,7 @@ class ParquetCTRData:
         self._cat_cols = list(self.feature_map.categorical_fields)
         self._num_cols = list(self.feature_map.numeric_fields)
         if mode == "device":
-            from ctrcal.utils import resolve_device
+            from ctrcal.core.utils import resolve_device
 
             self.device = torch.device(device) if device is not None else resolve_device("auto")
         else:

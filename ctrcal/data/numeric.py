@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ctrcal.errors import DataError
+from ctrcal.core.errors import DataError
 
 if TYPE_CHECKING:
     import torch

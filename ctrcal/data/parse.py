@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from ctrcal.core.errors import DataError
 from ctrcal.data import criteo, tsv_reader
 from ctrcal.data.chunks import iter_text_chunks
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS, CriteoFormat
 from ctrcal.data.parsed import ParsedChunk, not_utf8
-from ctrcal.errors import DataError
 
 CHUNK_BYTES = 32 << 20
 """Text bytes per chunk (~140k Criteo rows): memory is a few chunks whatever the file size."""

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ctrcal.data.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
-from ctrcal.errors import DataError
+from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
+from ctrcal.core.errors import DataError
 
 __all__ = ["ParsedChunk", "not_utf8"]
 

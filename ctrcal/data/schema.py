@@ -30,8 +30,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ctrcal.data.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
-from ctrcal.errors import DataError
+from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
+from ctrcal.core.errors import DataError
 
 SPELLINGS = ("hex", "string")
 TIME_FEATURES = ("none", "value", "hour_of_day")

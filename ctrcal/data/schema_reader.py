@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from ctrcal.core.errors import DataError
 from ctrcal.data.chunks import BOM, is_gzip, iter_text_chunks
 from ctrcal.data.parsed import ParsedChunk, not_utf8
 from ctrcal.data.schema import DatasetSchema
-from ctrcal.errors import DataError
 
 _ROW = "__row"
 _EXTRA = "__extra"

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from ctrcal.core.errors import DataError
 from ctrcal.data.chunks import is_gzip, iter_text_chunks
-from ctrcal.errors import DataError
 
 SPLITS: tuple[str, ...] = ("train", "valid", "test")
 SPLIT_COL = "_split"

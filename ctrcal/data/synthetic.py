@@ -46,6 +46,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from ctrcal.core.errors import DataError
+from ctrcal.core.utils import atomic_path, remove_stale_temporaries
 from ctrcal.data.criteo import (
     CATEGORICAL_COLUMNS,
     LABEL,
@@ -53,8 +55,6 @@ from ctrcal.data.criteo import (
     NUM_NUMERIC,
     NUMERIC_COLUMNS,
 )
-from ctrcal.errors import DataError
-from ctrcal.utils import atomic_path, remove_stale_temporaries
 
 GENERATOR_VERSION = 1
 CHUNK_ROWS = 500_000

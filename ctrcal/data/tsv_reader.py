@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ctrcal.cbuild import LazyLibrary
-from ctrcal.data.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
+from ctrcal.core.cbuild import LazyLibrary
+from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 
 ENV_SWITCH = "CTRCAL_NATIVE_READER"
 """Set to ``0`` to parse every chunk with polars (the C kernels are then never built)."""

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ctrcal.errors import ConfigError
+from ctrcal.core.errors import ConfigError
 
 __all__ = ["ContextNorm", "bind_contexts"]
 
@@ -175,7 +175,7 @@ def bind_contexts(model: nn.Module, categorical_fields: Sequence[str] | Any | No
 
     Args:
         model: the root module, called as ``model(batch)`` with ``batch.categorical``
-            ``[B, Fc]`` (a :class:`~ctrcal.batch.Batch`).
+            ``[B, Fc]`` (a :class:`~ctrcal.core.batch.Batch`).
         categorical_fields: the field names in column order (``feature_map.categorical_fields``;
             a feature map itself is accepted too). None: every field must be an index.
 
@@ -198,7 +198,7 @@ def bind_contexts(model: nn.Module, categorical_fields: Sequence[str] | Any | No
             norm.field_index_ = norm.field
             continue
         if fields is None or norm.field not in fields:
-            from ctrcal.utils import closest
+            from ctrcal.core.utils import closest
 
             hint = closest(str(norm.field), fields or [])
             did = f"; did you mean {hint!r}?" if hint else ""

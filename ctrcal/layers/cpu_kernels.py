@@ -7,7 +7,7 @@ The C source holds the fused ReLU + dropout and LayerNorm + ReLU + dropout
 (:mod:`ctrcal.layers.table_lookup`), the numeric embeddings
 (:mod:`ctrcal.layers.embedding`) and DCNv2's full-rank cross layers
 (:mod:`ctrcal.layers.cross`). It is compiled once per machine with the system C compiler and
-cached like the MC-LayerNorm kernel (:func:`ctrcal.cbuild.build_c_library`); where it cannot
+cached like the MC-LayerNorm kernel (:func:`ctrcal.core.cbuild.build_c_library`); where it cannot
 be built, :func:`cpu_kernels` is ``None`` and the callers take their torch paths. When a
 caller may run a kernel at all is one rule, :func:`ctrcal.layers.fusion.fusable_on_cpu`.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ctrcal.cbuild import LazyLibrary
+from ctrcal.core.cbuild import LazyLibrary
 from ctrcal.layers.chunks import HEADER, torch_uses_loaded_openmp
 
 __all__ = ["cpu_kernels", "kernel_error"]

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ctrcal.cbuild import LazyLibrary
+from ctrcal.core.cbuild import LazyLibrary
 from ctrcal.layers.chunks import HEADER, Chunks, torch_uses_loaded_openmp
 
 

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ctrcal.core.norm_spec import is_no_norm
 from ctrcal.layers.dropout import run_sequential
 from ctrcal.layers.registry import create_norm
-from ctrcal.layers.spec import is_no_norm
 
 __all__ = ["MLP"]
 

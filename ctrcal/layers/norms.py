@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ctrcal.errors import ConfigError
+from ctrcal.core.errors import ConfigError
 
 __all__ = ["FeatureBatchNorm", "FeatureGroupNorm", "NoMorelization"]
 

@@ -28,10 +28,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ctrcal.errors import ConfigError
+from ctrcal.core.errors import ConfigError
+from ctrcal.core.norm_spec import NormSpec, is_no_norm, normalize_name
+from ctrcal.core.utils import closest, import_object
 from ctrcal.layers.fusion import is_layer_norm
-from ctrcal.layers.spec import NormSpec, is_no_norm, normalize_name
-from ctrcal.utils import closest, import_object
 
 __all__ = [
     "NormSpec",
@@ -181,7 +181,7 @@ def create_norm(spec: Any, width: Width, **kwargs: Any) -> nn.Module:
 
     Args:
         spec: a registered name (``"layernorm"``, ``"MC_LayerNorm"``, ``"none"``, ...), a
-            :class:`~ctrcal.layers.spec.NormSpec` or a mapping ``{"name": ..., **kwargs}``
+            :class:`~ctrcal.core.norm_spec.NormSpec` or a mapping ``{"name": ..., **kwargs}``
             (name + kwargs), a class or callable taking the
             width first (``functools.partial`` included), or None (no normalization).
         width: normalized width N, or a shape tuple for norms over several trailing dims.

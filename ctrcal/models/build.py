@@ -13,11 +13,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ctrcal.batch import Batch
-from ctrcal.errors import ConfigError
+from ctrcal.core.batch import Batch
+from ctrcal.core.errors import ConfigError
+from ctrcal.core.norm_spec import NormSpec, parse_norm_spec
 from ctrcal.layers.context import bind_contexts
 from ctrcal.layers.registry import replace_norms
-from ctrcal.layers.spec import NormSpec, parse_norm_spec
 from ctrcal.models.registry import resolve_model
 
 __all__ = ["check_model_output", "create_model"]

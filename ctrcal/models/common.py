@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ctrcal.typed import require_int, require_number
+from ctrcal.core.typed import require_int, require_number
 
 __all__ = ["check_embedding_args"]
 

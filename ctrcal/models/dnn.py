@@ -19,12 +19,12 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from ctrcal.batch import Batch
+from ctrcal.core.batch import Batch
+from ctrcal.core.norm_spec import is_no_norm
+from ctrcal.core.typed import require_int
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.mlp import MLP
-from ctrcal.layers.spec import is_no_norm
 from ctrcal.models.common import check_embedding_args
-from ctrcal.typed import require_int
 
 __all__ = ["DNN"]
 

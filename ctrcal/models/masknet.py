@@ -27,13 +27,13 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from ctrcal.batch import Batch
+from ctrcal.core.batch import Batch
+from ctrcal.core.norm_spec import is_no_norm
+from ctrcal.core.typed import require_int, require_number
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.logit_head import sequential_logit
 from ctrcal.layers.mask_block import MaskBlock, mask_hidden_layers, serial_logits
-from ctrcal.layers.spec import is_no_norm
 from ctrcal.models.common import check_embedding_args
-from ctrcal.typed import require_int, require_number
 
 VARIANTS = ("serial", "parallel")
 

@@ -32,7 +32,7 @@ it (``@ctrcal.register_model("name")`` at import).
 * constructed as ``MyModel(feature_map, **kwargs)``; ``feature_map`` has ``vocab_sizes``,
   ``categorical_fields``, ``numeric_fields`` (and ``bucket_boundaries``);
 * ``forward(batch) -> logits [B]`` (floating point); ``batch`` is a
-  :class:`~ctrcal.batch.Batch`: ``batch.categorical`` int64 ``[B, Fc]``, ``batch.numeric``
+  :class:`~ctrcal.core.batch.Batch`: ``batch.categorical`` int64 ``[B, Fc]``, ``batch.numeric``
   float32 ``[B, Fn]`` (NaN = missing), ``batch.label`` None (a model never sees labels);
 * pure: no optimizer, no device logic, no files (ctrcal moves it, trains it, saves it).
 
@@ -60,10 +60,10 @@ from typing import Any
 
 from torch import nn
 
-from ctrcal.errors import ConfigError
-from ctrcal.layers.spec import parse_norm_spec
-from ctrcal.typed import check_value
-from ctrcal.utils import closest
+from ctrcal.core.errors import ConfigError
+from ctrcal.core.norm_spec import parse_norm_spec
+from ctrcal.core.typed import check_value
+from ctrcal.core.utils import closest
 
 __all__ = [
     "ModelEntry",

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ctrcal.errors import CtrcalError
-from ctrcal.runs import BEST, BEST_PREV
-from ctrcal.utils import atomic_path, writing
+from ctrcal.core.errors import CtrcalError
+from ctrcal.core.utils import atomic_path, writing
+from ctrcal.train.runs import BEST, BEST_PREV
 
 # the mark of a checkpoint whose model weights are under the model's own state_dict keys
 MODEL_KEYS = "model_keys"
@@ -93,7 +93,7 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
     """``torch.save`` through a temporary file and a rename.
 
     A failed write (a full disk) leaves the previous file at ``path`` intact and is one
-    :class:`~ctrcal.errors.OutputError` line naming ``path`` and the cause. The data go
+    :class:`~ctrcal.core.errors.OutputError` line naming ``path`` and the cause. The data go
     through a Python file object, whose failures carry their errno (``torch.save`` given a
     file name reports a full disk as ``unexpected pos``).
     """

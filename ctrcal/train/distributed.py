@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ctrcal.errors import CtrcalError
+from ctrcal.core.errors import CtrcalError
 
 
 @dataclass(frozen=True)

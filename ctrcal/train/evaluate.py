@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ctrcal.errors import ConfigError, DataError
+from ctrcal.core.errors import ConfigError, DataError
 
 __all__ = [
     "EPOCH_METRICS",
@@ -49,7 +49,7 @@ def training_monitor(name: str, feature_map: Any, data_dir: Any) -> tuple[str, s
 def valid_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     """:data:`EPOCH_METRICS` of logits [N] against labels [N]; NaN where undefined (the AUC
     of a single class, the PCOC of a split without a click)."""
-    from ctrcal.eval.metrics import auc, ece, logloss, pcoc
+    from ctrcal.metrics import auc, ece, logloss, pcoc
 
     probs = torch.sigmoid(logits)
     return {"auc": float(auc(probs, labels)), "logloss": float(logloss(probs, labels)),
@@ -59,8 +59,8 @@ def valid_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float
 def score_split(
     model: Any, data: Any, batch_size: int, device: torch.device, mc_samples: int = 0
 ) -> dict[str, float]:
-    """All metrics (:func:`ctrcal.eval.metrics.compute_all`) of ``model`` on a split."""
-    from ctrcal.eval.metrics import compute_all
+    """All metrics (:func:`ctrcal.metrics.compute_all`) of ``model`` on a split."""
+    from ctrcal.metrics import compute_all
     from ctrcal.train.predict import predict_probs
 
     probs, labels = predict_probs(model, data, batch_size, device, mc_samples=mc_samples)
@@ -81,7 +81,7 @@ def evaluate_run(
     batch_size: int | None = None,
     seed: int = DEFAULT_MC_SEED,
 ) -> dict[str, float]:
-    """All metrics (:func:`ctrcal.eval.metrics.compute_all`) of a run's best model on a split.
+    """All metrics (:func:`ctrcal.metrics.compute_all`) of a run's best model on a split.
 
     Args:
         run_dir: a run directory written by :func:`~ctrcal.train.trainer.train`.
@@ -98,12 +98,12 @@ def evaluate_run(
         DataError: the data is encoded with another feature map than the run's, has moved,
             or the split has no labels (checked before the model is loaded).
     """
+    from ctrcal.core.utils import resolve_device
     from ctrcal.data.feature_map import FeatureMap
     from ctrcal.layers.mc_layernorm import has_mc_layers
-    from ctrcal.runs import check_same_features, require_run_dir, run_data
     from ctrcal.train.results import load_run
+    from ctrcal.train.runs import check_same_features, require_run_dir, run_data
     from ctrcal.train.splits import open_split, require_labelled, resolve_data_mode
-    from ctrcal.utils import resolve_device
 
     require_run_dir(run_dir)
     data_dir = run_data(run_dir, data_dir)

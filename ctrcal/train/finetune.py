@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ctrcal.config import Config
-from ctrcal.errors import ConfigError
+from ctrcal.core.errors import ConfigError
 from ctrcal.models.build import create_model
 
 __all__ = ["finetune_model"]
@@ -35,8 +35,8 @@ def finetune_model(cfg: Config, feature_map: Any, data_dir: str | Path) -> nn.Mo
             classes of its norm layers (a norm cannot be added or removed: it would have no
             trained weights to start from).
     """
-    from ctrcal.runs import check_same_features
     from ctrcal.train.results import load_run
+    from ctrcal.train.runs import check_same_features
 
     src_dir = Path(cfg.train.finetune_from)  # type: ignore[arg-type]
     src_model, src_cfg, _ = load_run(src_dir)

@@ -3,7 +3,7 @@
 Two regularisers of the seed survey (section 7.6), each the baseline MC-LayerNorm is weighed
 against under a shift:
 
-* **Input noise** (``train.train_shift``): a registered shift (:mod:`ctrcal.eval.shifts`),
+* **Input noise** (``train.train_shift``): a registered shift (:mod:`ctrcal.shifts`),
   ``gaussian_numeric`` in either space or ``categorical_corruption``, applied to every
   training batch at one intensity, with fresh noise on every batch. Validation and test
   batches are never shifted (the trainer applies it in its training loop only).
@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ctrcal.batch import Batch
-from ctrcal.eval.shifts.registry import create_shift
+from ctrcal.core.batch import Batch
+from ctrcal.shifts.registry import create_shift
 from ctrcal.train.noise_options import check_noise_options, train_shift_spec
 
 __all__ = ["TrainShift", "perturb_weights", "restore_weights", "weight_noise_std"]

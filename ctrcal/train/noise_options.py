@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ctrcal.errors import ConfigError
-from ctrcal.eval.shifts.registry import get_shift
+from ctrcal.core.errors import ConfigError
+from ctrcal.shifts.registry import get_shift
 
 __all__ = ["check_noise_options", "check_train_shift", "check_weight_noise", "train_shift_spec"]
 

@@ -97,7 +97,7 @@ def predict_logits(
         batch_size: rows per forward pass.
         device: where the model runs (default: the device of its parameters).
         transform: ``numeric [B, Fn] -> numeric`` applied to every batch (e.g. a
-            :class:`~ctrcal.eval.shifts.GaussianShift`).
+            :class:`~ctrcal.shifts.builtin.GaussianShift`).
     """
     return predict_with_labels(model, data, batch_size, device, transform)[0]
 

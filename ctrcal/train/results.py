@@ -1,6 +1,6 @@
 """A run's outcome (:class:`TrainResult`, ``result.json``) and its model, read back.
 
-The file names are :mod:`ctrcal.runs`'s; the checkpoint format is
+The file names are :mod:`ctrcal.train.runs`'s; the checkpoint format is
 :mod:`ctrcal.train.checkpoint`'s.
 """
 
@@ -15,15 +15,15 @@ from typing import Any, NamedTuple
 from torch import nn
 
 from ctrcal.config import Config
-from ctrcal.errors import CtrcalError
-from ctrcal.runs import (
+from ctrcal.core.errors import CtrcalError
+from ctrcal.core.utils import json_dumps, write_json_atomic, write_text_atomic
+from ctrcal.train.runs import (
     FEATURE_MAP_FILE,
     METRICS_FILE,
     RESULT_FILE,
     load_run_config,
     require_run_dir,
 )
-from ctrcal.utils import json_dumps, write_json_atomic, write_text_atomic
 
 __all__ = ["Run", "TrainResult", "load_run", "read_result", "write_history", "write_result"]
 

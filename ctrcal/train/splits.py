@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ctrcal.errors import DataError
+from ctrcal.core.errors import DataError
 
 __all__ = ["check_ids", "is_labelled", "open_split", "require_labelled", "resolve_data_mode"]
 

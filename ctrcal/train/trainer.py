@@ -1,7 +1,7 @@
 """The training loop: config + prepared data -> a run directory.
 
 ``train(cfg, data_dir, run_dir)`` trains the config's model with binary cross-entropy on
-logits and writes the run directory laid out in :mod:`ctrcal.runs`. The loop's parts each
+logits and writes the run directory laid out in :mod:`ctrcal.train.runs`. The loop's parts each
 have their own module: one optimizer step (:mod:`ctrcal.train.step`), where a split lives
 (:mod:`ctrcal.train.splits`), checkpoints (:mod:`ctrcal.train.checkpoint`), fine-tuning
 (:mod:`ctrcal.train.finetune`), scoring (:mod:`ctrcal.train.evaluate`) and the outcome
@@ -40,11 +40,17 @@ import torch
 from torch import nn
 
 from ctrcal.config import Config
+from ctrcal.core.errors import ConfigError, CtrcalError, DataError
+from ctrcal.core.utils import (
+    directory_lock,
+    make_dirs,
+    remove_stale_temporaries,
+    resolve_device,
+    seed_everything,
+)
 from ctrcal.data.loader import Batch
-from ctrcal.errors import ConfigError, CtrcalError, DataError
 from ctrcal.layers.embedding import FeatureEmbedding
 from ctrcal.models.build import create_model
-from ctrcal.runs import LAST, check_resumable, run_progress, write_run_files
 from ctrcal.train import distributed as dist_util
 from ctrcal.train.checkpoint import (
     capture_rng_state,
@@ -72,15 +78,9 @@ from ctrcal.train.results import (
     write_history,
     write_result,
 )
+from ctrcal.train.runs import LAST, check_resumable, run_progress, write_run_files
 from ctrcal.train.splits import check_ids, is_labelled, open_split, resolve_data_mode
 from ctrcal.train.step import StepContext, amp_dtype, make_optimizer, make_step_context, train_step
-from ctrcal.utils import (
-    directory_lock,
-    make_dirs,
-    remove_stale_temporaries,
-    resolve_device,
-    seed_everything,
-)
 
 __all__ = [
     "TrainResult",
@@ -114,7 +114,8 @@ def train(
     """Train ``cfg.model`` on a prepared directory; write and return the run's outcome.
 
     Args:
-        cfg: a validated :class:`~ctrcal.config.Config`.
+        cfg: a valid :class:`~ctrcal.config.Config` (:func:`ctrcal.api.train` checks it first;
+            this function does not check it again).
         data_dir: a prepared directory (``feature_map.json``, ``train/``, ``valid/``,
             optionally ``test/``; an unlabelled test split is skipped with a note).
         run_dir: where the run's files go (created). It is locked while training
@@ -154,10 +155,6 @@ def _train_locked(cfg: Config, data_dir: Path, run_dir: Path, resume: bool) -> T
             result = read_result(run_dir)
             result.model = load_run(run_dir)[0]
             return result
-    from ctrcal.validation import validate_config
-
-    # a Config built in Python skipped load_config's checks; the report section is not the run's
-    validate_config(cfg, "train", skip=("report",))
     threads = torch.get_num_threads()
     if tcfg.num_threads > 0:
         torch.set_num_threads(tcfg.num_threads)

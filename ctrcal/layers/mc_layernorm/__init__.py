@@ -22,7 +22,7 @@ The fused kernels sit beside this package: :mod:`ctrcal.layers.mcln_kernel` (C, 
   :mod:`.definition` and the two kernels (``mcln_kernel.c``, ``mcln_triton.py``), which the
   tests hold to :mod:`.definition`'s formula (``mcln_kernel.py`` too if the C kernel's
   arguments change);
-* the subset size ``k``: one function, :func:`ctrcal.layers.spec.mc_subset_size` (config
+* the subset size ``k``: one function, :func:`ctrcal.core.norm_spec.mc_subset_size` (config
   checks share it);
 * when the layer samples (training, one-shot, MC mode): :mod:`.module` alone.
 
@@ -51,7 +51,7 @@ _EXPORTS = {
     "mc_layer_norm": "ctrcal.layers.mc_layernorm.functional",
     "mc_mode": "ctrcal.layers.mc_layernorm.module",
     "mc_predict": "ctrcal.layers.mc_layernorm.predict",
-    "mc_subset_size": "ctrcal.layers.spec",
+    "mc_subset_size": "ctrcal.core.norm_spec",
     "sample_probabilities": "ctrcal.layers.mc_layernorm.predict",
     "sample_subset_mask": "ctrcal.layers.mc_layernorm.functional",
     "set_mc_mode": "ctrcal.layers.mc_layernorm.module",

@@ -10,7 +10,7 @@ trailing elements are its features)::
 
 Every row draws its own subset, independently of every other row and of every other layer
 (algorithm 1 of the paper). ``k`` is computed in exact rational arithmetic
-(:func:`~ctrcal.layers.spec.mc_subset_size`, beside the other norm facts a config holds):
+(:func:`~ctrcal.core.norm_spec.mc_subset_size`, beside the other norm facts a config holds):
 ``f * N`` within 1e-9 of an integer counts as that integer, so ``f=0.3, N=10`` gives 3
 although the float 0.3 is slightly below 0.3 (and ``int(0.29 * 100)`` is 28, not 29).
 
@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ctrcal.core.norm_spec import mc_subset_size
 from ctrcal.layers.mcln_kernel import small_side
-from ctrcal.layers.spec import mc_subset_size
 
 __all__ = ["compute_dtype", "masked_rows", "mc_subset_size", "torch_subset_mask"]
 

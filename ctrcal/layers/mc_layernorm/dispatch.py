@@ -39,11 +39,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ctrcal.errors import ConfigError
+from ctrcal.core.errors import ConfigError
+from ctrcal.core.norm_spec import MC_BACKENDS
 from ctrcal.layers import mcln_kernel
 from ctrcal.layers.fusion import fusable_on_cpu
 from ctrcal.layers.mc_layernorm.definition import compute_dtype, masked_rows, torch_subset_mask
-from ctrcal.layers.spec import MC_BACKENDS
 
 __all__ = [
     "BACKENDS",
@@ -55,7 +55,7 @@ __all__ = [
     "resolve_backend",
 ]
 
-BACKENDS = MC_BACKENDS  # named once, in ctrcal.layers.spec (config checks need them)
+BACKENDS = MC_BACKENDS  # named once, in ctrcal.core.norm_spec (config checks need them)
 """``auto``: the C kernel for CPU tensors when it builds (else ``torch``), the Triton kernel
 for CUDA tensors when triton is installed and compiles (else ``torch``, with one warning).
 ``c``: the C kernel (CPU; an error if it cannot be built). ``triton``: the Triton kernel (CUDA

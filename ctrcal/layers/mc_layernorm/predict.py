@@ -3,10 +3,11 @@
 Eq. 6 of the paper: the predictive probability is the mean of ``sigmoid(logits)`` over
 forward passes with the MC layers sampling (probabilities are averaged, not logits).
 :func:`sample_probabilities` runs those passes for any model -- a ctrcal model called as
-``model(batch)`` with a :class:`~ctrcal.batch.Batch`, or any module called with batch-first
+``model(batch)`` with a :class:`~ctrcal.core.batch.Batch`, or any module called with batch-first
 tensors -- with the rows repeated along dim 0 so one forward pass yields many samples; it is
 the loop of :func:`mc_predict` and of the shift report's predictions
-(:func:`ctrcal.eval.predictive.predict_split`, which adds MC-Dropout and ensembles around it).
+(:func:`ctrcal.reports.shift.predictive.predict_split`, which adds MC-Dropout and ensembles
+around it).
 Which layers sample is the caller's choice (:func:`~ctrcal.layers.mc_layernorm.module.mc_mode`).
 """
 
@@ -18,7 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from ctrcal.batch import Batch
+from ctrcal.core.batch import Batch
 from ctrcal.layers.mc_layernorm.module import mc_mode
 
 __all__ = ["mc_predict", "sample_probabilities"]
@@ -45,7 +46,7 @@ def sample_probabilities(
 
     Args:
         model: returns logits ``[B]`` or ``[B, 1]`` for batch-first inputs.
-        inputs: a :class:`~ctrcal.batch.Batch` (the model sees it with ``label=None``) or
+        inputs: a :class:`~ctrcal.core.batch.Batch` (the model sees it with ``label=None``) or
             tensors with the batch dimension B first, all of one batch size.
         n_samples: passes per row (>= 1).
         max_rows: most rows per forward pass (default: all ``n_samples * B`` at once).
@@ -100,7 +101,7 @@ def mc_predict(
     Args:
         model: module returning logits [B] or [B, 1]: a ctrcal model (``model(batch)``) or any
             module whose forward takes batch-first tensors.
-        *inputs: a :class:`~ctrcal.batch.Batch` for a ctrcal model (its label is not passed
+        *inputs: a :class:`~ctrcal.core.batch.Batch` for a ctrcal model (its label is not passed
             on), or tensors with the batch dimension first (e.g. ``x`` [B, N]).
         n_samples: number of MC samples per row (>= 1).
         max_rows: most rows per forward pass (default: all ``n_samples * B`` at once).

@@ -1,1 +1,0 @@
-"""Metrics, shifts, post-hoc calibration and the shift-robustness report."""

@@ -1,0 +1,87 @@
+"""``ctrcal.metrics``: every metric of CTR predictions, numpy only, in one public place.
+
+Every metric takes ``(probs, labels)`` (torchmetrics' order), accepts numpy arrays or tensors
+and is defined once, in a private submodule; this package is its one public name::
+
+    import ctrcal.metrics
+    ctrcal.metrics.ece(probs, labels)
+    ctrcal.metrics.smooth_ece(probs, labels).value
+    ctrcal.metrics.bootstrap_ci(probs, labels, "ece")
+"""
+
+from __future__ import annotations
+
+from ctrcal.metrics._bootstrap import BootstrapCI, PairedCI, bootstrap_ci, paired_bootstrap
+from ctrcal.metrics._ecce import (
+    ECCETest,
+    Multicalibration,
+    ecce,
+    ecce_pvalue_from_sigmas,
+    ecce_std,
+    ecce_test,
+    multicalibration_error,
+)
+from ctrcal.metrics._field import (
+    FieldCalibration,
+    bucketize,
+    field_calibration,
+    field_ece,
+    field_rce,
+)
+from ctrcal.metrics._metrics import (
+    CALIBRATION_DEFINITIONS,
+    DEFINITIONS,
+    ReliabilityCurve,
+    auc,
+    brier,
+    calibration_free_ne,
+    calibration_summary,
+    compute_all,
+    ece,
+    logloss,
+    normalized_entropy,
+    pcoc,
+    reliability_curve,
+)
+from ctrcal.metrics._recalibration import Recalibration, calibration_slope_intercept
+from ctrcal.metrics._risk_coverage import RiskCoverage, risk_coverage
+from ctrcal.metrics._smooth_ece import SmoothECE, smooth_ece, smooth_ece_at
+
+__all__ = [
+    "CALIBRATION_DEFINITIONS",
+    "DEFINITIONS",
+    "BootstrapCI",
+    "ECCETest",
+    "FieldCalibration",
+    "Multicalibration",
+    "PairedCI",
+    "Recalibration",
+    "ReliabilityCurve",
+    "RiskCoverage",
+    "SmoothECE",
+    "auc",
+    "bootstrap_ci",
+    "brier",
+    "bucketize",
+    "calibration_free_ne",
+    "calibration_slope_intercept",
+    "calibration_summary",
+    "compute_all",
+    "ece",
+    "ecce",
+    "ecce_pvalue_from_sigmas",
+    "ecce_std",
+    "ecce_test",
+    "field_calibration",
+    "field_ece",
+    "field_rce",
+    "logloss",
+    "multicalibration_error",
+    "normalized_entropy",
+    "paired_bootstrap",
+    "pcoc",
+    "reliability_curve",
+    "risk_coverage",
+    "smooth_ece",
+    "smooth_ece_at",
+]

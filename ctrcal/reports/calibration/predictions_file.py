@@ -1,0 +1,257 @@
+"""A predictions file from any system: read, check and encode its columns for the metrics.
+
+Parquet or CSV (``.csv``, ``.tsv``, ``.txt``, optionally gzipped) with one row per impression:
+a probability column, a label column, and optionally segment columns, a time column, a second
+model's probabilities (``compare``) and a predictive standard deviation (``std``).
+
+Every check names the file, the column and the first offending row (1-based among the data
+rows; a CSV's line is one more, for its header): a probability outside [0, 1] or missing, a
+label other than 0/1, a missing column, columns of different lengths (arrays given directly),
+a time that is not a number or a date. Segment columns become integer codes: categories as
+they are (a missing value is one more category), floating-point columns with many values are
+bucketised into equal-mass buckets, as the report bucketises numeric fields.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ctrcal.core.errors import DataError
+
+__all__ = ["Predictions", "read_predictions"]
+
+NUMERIC_BUCKETS = 10
+_CSV_SUFFIXES = (".csv", ".tsv", ".txt")
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """Checked columns of a predictions file, row-aligned.
+
+    Attributes:
+        source: where they came from (for messages).
+        prob: [n] float64 probabilities of the model (column ``names["prob"]``).
+        label: [n] float64 labels, 0/1.
+        compare: [n] a second model's probabilities, or None.
+        std: [n] predictive standard deviations, or None.
+        time: [n] int64 or float64 times, or None.
+        segments: segment name -> [n] int32 codes.
+        names: role (``prob``, ``label``, ``compare``, ``std``, ``time``) -> column name.
+    """
+
+    source: str
+    prob: np.ndarray
+    label: np.ndarray
+    compare: np.ndarray | None = None
+    std: np.ndarray | None = None
+    time: np.ndarray | None = None
+    segments: dict[str, np.ndarray] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return int(self.prob.shape[0])
+
+    @classmethod
+    def from_columns(
+        cls,
+        columns: Mapping[str, Any],
+        prob: str,
+        label: str,
+        *,
+        segments: Sequence[str] = (),
+        time: str | None = None,
+        compare: str | None = None,
+        std: str | None = None,
+        source: str = "predictions",
+        line_offset: int | None = None,
+    ) -> Predictions:
+        """Check and encode columns (name -> [n] values); DataError naming column and row.
+
+        ``line_offset``: for a text file, the line of data row 1 (its header's line + 1), so
+        messages also give the line.
+        """
+        roles = {"prob": prob, "label": label, "compare": compare, "std": std, "time": time}
+        wanted = [c for c in roles.values() if c is not None] + list(segments)
+        missing = [c for c in dict.fromkeys(wanted) if c not in columns]
+        if missing:
+            role = next((k for k, v in roles.items() if v == missing[0]), "segments")
+            raise DataError(
+                f"{source}: no column {missing[0]!r} (--{role}); columns: "
+                f"{', '.join(map(str, columns))}"
+            )
+        arrays = {c: np.asarray(columns[c]) for c in dict.fromkeys(wanted)}
+        n = arrays[prob].shape[0]
+        for c, a in arrays.items():
+            if a.shape[0] != n:
+                raise DataError(
+                    f"{source}: column {c!r} has {a.shape[0]} rows, column {prob!r} has {n}"
+                )
+        if n == 0:
+            raise DataError(f"{source}: no rows")
+
+        def where(c: str, i: int) -> str:
+            line = "" if line_offset is None else f" (line {i + line_offset})"
+            return f"{source}: column {c!r}, row {i + 1}{line}"
+
+        p = _probabilities(arrays[prob], prob, where)
+        y = _labels(arrays[label], label, where)
+        other = _probabilities(arrays[compare], compare, where) if compare else None
+        sd = _std(arrays[std], std, where) if std else None
+        t = _times(arrays[time], time, where) if time else None
+        codes = {c: _codes(arrays[c]) for c in segments}
+        names = {k: v for k, v in roles.items() if v is not None}
+        return cls(source, p, y, other, sd, t, codes, names)
+
+
+def _numbers(a: np.ndarray, c: str, where) -> np.ndarray:
+    if a.dtype.kind in "biuf":
+        return a.astype(np.float64)
+    out = np.empty(a.shape[0], dtype=np.float64)
+    for i, v in enumerate(a):  # a text column: find the first value that is not a number
+        try:
+            out[i] = float(v)
+        except (TypeError, ValueError):
+            raise DataError(f"{where(c, i)}: {_show(v)} is not a number") from None
+    return out
+
+
+def _show(v: Any) -> str:
+    """A value as the user wrote it (``1.3``, ``'yes'``), not as numpy prints it."""
+    return repr(v.item() if isinstance(v, np.generic) else v)
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+def _probabilities(a: np.ndarray, c: str, where) -> np.ndarray:
+    p = _numbers(a, c, where)
+    bad = ~np.isfinite(p)
+    if bad.any():
+        i = _first(bad)
+        raise DataError(f"{where(c, i)}: missing or non-finite probability ({_show(p[i])})")
+    bad = (p < 0.0) | (p > 1.0)
+    if bad.any():
+        i = _first(bad)
+        raise DataError(f"{where(c, i)}: {_show(p[i])} is not a probability in [0, 1]")
+    return p
+
+
+def _labels(a: np.ndarray, c: str, where) -> np.ndarray:
+    y = _numbers(a, c, where)
+    bad = ~((y == 0.0) | (y == 1.0))
+    if bad.any():
+        i = _first(bad)
+        raise DataError(f"{where(c, i)}: {_show(a[i])} is not a label 0 or 1")
+    return y
+
+
+def _std(a: np.ndarray, c: str, where) -> np.ndarray:
+    s = _numbers(a, c, where)
+    bad = ~np.isfinite(s) | (s < 0.0)
+    if bad.any():
+        i = _first(bad)
+        raise DataError(f"{where(c, i)}: {_show(s[i])} is not a standard deviation >= 0")
+    return s
+
+
+def _times(a: np.ndarray, c: str, where) -> np.ndarray:
+    import pandas as pd
+
+    if a.dtype.kind == "M":
+        t = a.astype("datetime64[ns]")
+        bad = np.isnat(t)
+        if bad.any():
+            raise DataError(f"{where(c, _first(bad))}: missing time")
+        return t.astype(np.int64)
+    if a.dtype.kind in "biuf":
+        t = a.astype(np.float64)
+        bad = ~np.isfinite(t)
+        if bad.any():
+            raise DataError(f"{where(c, _first(bad))}: missing or non-finite time")
+        return t
+    parsed = pd.to_datetime(pd.Series(a), errors="coerce")
+    bad = parsed.isna().to_numpy()
+    if bad.any():
+        i = _first(bad)
+        raise DataError(f"{where(c, i)}: {_show(a[i])} is neither a number nor a date")
+    return parsed.to_numpy().astype("datetime64[ns]").astype(np.int64)
+
+
+def _codes(a: np.ndarray) -> np.ndarray:
+    import pandas as pd
+
+    from ctrcal.metrics import bucketize
+
+    if a.dtype.kind == "f" and np.unique(a[np.isfinite(a)]).size > 2 * NUMERIC_BUCKETS:
+        return bucketize(a, NUMERIC_BUCKETS).astype(np.int32)
+    codes, _ = pd.factorize(pd.Series(a), use_na_sentinel=False)
+    return codes.astype(np.int32)
+
+
+def _csv_separator(path: Path) -> str:
+    name = path.name.lower().removesuffix(".gz")
+    return "\t" if name.endswith((".tsv", ".txt")) else ","
+
+
+def read_predictions(
+    path: str | Path,
+    prob: str,
+    label: str,
+    *,
+    segments: Sequence[str] = (),
+    time: str | None = None,
+    compare: str | None = None,
+    std: str | None = None,
+) -> Predictions:
+    """Read and check the named columns of a parquet or CSV predictions file.
+
+    Raises:
+        DataError: an unreadable file, a missing column or a bad value (naming the column
+            and the row).
+    """
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    wanted = list(dict.fromkeys(c for c in (prob, label, compare, std, time, *segments) if c))
+    name = path.name.lower().removesuffix(".gz")
+    line_offset = None
+    if name.endswith(".parquet") or name.endswith(".pq"):
+        import pyarrow.parquet as pq
+
+        try:
+            have = pq.read_schema(path).names
+        except Exception as exc:  # noqa: BLE001 - any pyarrow failure is an unreadable file
+            raise DataError(f"{path}: not a readable parquet file ({exc})") from None
+        table = pq.read_table(path, columns=[c for c in wanted if c in have])
+        frame = {c: table.column(c).to_numpy(zero_copy_only=False) for c in table.column_names}
+        columns: Mapping[str, Any] = {c: frame.get(c) for c in have}
+    elif name.endswith(_CSV_SUFFIXES):
+        try:
+            df = pd.read_csv(path, sep=_csv_separator(path), low_memory=False)
+        except pd.errors.ParserError as exc:
+            m = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", str(exc))
+            if m:
+                raise DataError(
+                    f"{path}: line {m.group(2)} has {m.group(3)} fields, the header {m.group(1)}"
+                ) from None
+            raise DataError(f"{path}: not a readable CSV file ({exc})") from None
+        except (UnicodeDecodeError, pd.errors.EmptyDataError) as exc:
+            raise DataError(f"{path}: not a readable CSV file ({exc})") from None
+        columns = {str(c): df[c].to_numpy() for c in df.columns}
+        line_offset = 2
+    else:
+        raise DataError(f"{path}: expected a .parquet or .csv/.tsv file (optionally .gz)")
+    return Predictions.from_columns(
+        columns, prob, label, segments=segments, time=time, compare=compare, std=std,
+        source=str(path), line_offset=line_offset,
+    )  # fmt: skip

@@ -1,0 +1,339 @@
+"""Figures of the shift report (PNG, matplotlib's Agg canvas; no pyplot, no global backend).
+
+Every function takes the tidy tables of :mod:`ctrcal.reports.shift.stats` and writes one PNG:
+
+* :func:`plot_metrics_vs_intensity`: metric panels vs shift intensity, mean ± standard error
+  over training seeds, one line per variant (with ``["auc", "ece"]`` the paper's Figure 3).
+* :func:`plot_reliability`: reliability diagrams (click rate vs mean predicted probability
+  per bin) at chosen intensities, pooled over seeds.
+* :func:`plot_field_rce`: Field-RCE by field × intensity for the baseline and the best variant.
+
+:func:`write_figures` draws every figure of a report directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ctrcal.core.utils import atomic_path
+from ctrcal.reports.shift.stats import CLEAN, format_intensity
+
+__all__ = [
+    "METRIC_LABELS",
+    "best_variant",
+    "plot_field_rce",
+    "plot_metrics_vs_intensity",
+    "plot_reliability",
+    "write_figures",
+]
+
+METRIC_LABELS: dict[str, str] = {
+    "auc": "AUC (↑)",
+    "auc_retained": "AUC retained vs clean (↑)",
+    "ece": "ECE, 15 equal-width bins (↓)",
+    "ece_mass": "ECE, 15 equal-mass bins (↓)",
+    "logloss": "logloss (↓)",
+    "brier": "Brier score (↓)",
+    "pcoc": "PCOC Σp/Σy (1 = calibrated)",
+    "ne": "normalized entropy (↓)",
+    "pred_std": "mean predictive std (MC)",
+    "std_auroc": "AUROC of std: shifted vs clean",
+}
+
+_STYLES = ["o-", "s--", "^-.", "D:", "v-", "P--", "X-.", "*:"]
+
+
+def _figure(n_panels: int, width: float = 4.2, height: float = 3.4):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width * n_panels, height), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = [fig.add_subplot(1, n_panels, i + 1) for i in range(n_panels)]
+    return fig, axes
+
+
+def _save(fig: Any, path: Path, **kwargs: Any) -> Path:
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", **kwargs)
+    return path
+
+
+def plot_metrics_vs_intensity(
+    summary: pd.DataFrame,
+    metrics: Sequence[str],
+    path: str | Path,
+    variants: Sequence[str] | None = None,
+    title: str | None = None,
+    xlabel: str = "shift intensity (% of feature std)",
+    x_scale: float = 100.0,
+) -> Path:
+    """Panels of metric vs shift intensity with standard-error bars.
+
+    Args:
+        summary: columns ``variant, intensity, metric, mean, se, n`` (se may be NaN).
+        metrics: one panel per metric present in ``summary``.
+        path: PNG to write.
+        variants: order and subset of lines (default: as they appear).
+        title: figure title.
+        xlabel: the x axis label (the shift's unit).
+        x_scale: intensities are drawn as ``x_scale · intensity`` (100 for percent).
+
+    Returns:
+        ``path``.
+    """
+    metrics = [m for m in metrics if m in set(summary["metric"])]
+    if not metrics:
+        raise ValueError("none of the requested metrics is in the summary")
+    variants = list(variants) if variants is not None else list(dict.fromkeys(summary["variant"]))
+    fig, axes = _figure(len(metrics))
+    levels = np.unique(x_scale * summary["intensity"].to_numpy(dtype=float))
+    gap = float(np.min(np.diff(levels))) if levels.size > 1 else 1.0
+    # dodge the lines sideways a little so overlapping error bars stay readable
+    offsets = (np.arange(len(variants)) - (len(variants) - 1) / 2) * min(0.6, 0.12 * gap)
+    for ax, metric in zip(axes, metrics, strict=True):
+        rows = summary[summary["metric"] == metric]
+        for i, variant in enumerate(variants):
+            sub = rows[rows["variant"] == variant].sort_values("intensity")
+            if sub.empty:
+                continue
+            x = x_scale * sub["intensity"].to_numpy() + offsets[i]
+            err = np.nan_to_num(sub["se"].to_numpy(dtype=float))
+            ax.errorbar(
+                x,
+                sub["mean"].to_numpy(dtype=float),
+                yerr=err,
+                fmt=_STYLES[i % len(_STYLES)],
+                capsize=3,
+                markersize=4,
+                label=variant,
+            )
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(METRIC_LABELS.get(metric, metric))
+        ax.grid(alpha=0.3)
+        if metric == "pcoc":
+            ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def plot_reliability(
+    curves: dict[str, dict[float, dict[str, Any]]],
+    path: str | Path,
+    intensities: Sequence[Any],
+    title: str | None = None,
+    min_count: int = 20,
+    panel_titles: Sequence[str] | None = None,
+) -> Path:
+    """Reliability diagrams, one panel per intensity, one line per variant.
+
+    Bins holding fewer than ``min_count`` rows are not drawn (their click rate is noise).
+
+    Args:
+        curves: ``{variant: {intensity: {"mean_prob": [...], "frac_pos": [...],
+            "counts": [...]}}}`` (bins with no rows are skipped).
+        path: PNG to write.
+        intensities: the keys of ``curves[variant]`` to draw, one panel each.
+        title: figure title.
+        min_count: smallest bin drawn.
+        panel_titles: one title per panel (default: "shift <intensity> %").
+
+    Returns:
+        ``path``.
+    """
+    fig, axes = _figure(len(intensities), width=4.0, height=3.8)
+    titles = (
+        list(panel_titles)
+        if panel_titles is not None
+        else [f"shift {100 * float(s):g} %" for s in intensities]
+    )
+    for ax, intensity, panel in zip(axes, intensities, titles, strict=True):
+        top = 0.0
+        for i, (variant, by_intensity) in enumerate(curves.items()):
+            curve = by_intensity.get(intensity)
+            if curve is None:
+                continue
+            counts = np.asarray(curve["counts"], dtype=float)
+            keep = counts >= min_count
+            mp = np.asarray(curve["mean_prob"], dtype=float)[keep]
+            fp = np.asarray(curve["frac_pos"], dtype=float)[keep]
+            top = max(top, float(np.max(mp, initial=0)), float(np.max(fp, initial=0)))
+            ax.plot(mp, fp, _STYLES[i % len(_STYLES)], markersize=4, label=variant)
+        top = min(1.0, top * 1.05 + 0.02)
+        ax.plot([0, top], [0, top], color="grey", lw=0.8, ls=":", label="calibrated")
+        ax.set_xlim(0, top)
+        ax.set_ylim(0, top)
+        ax.set_xlabel("mean predicted click probability")
+        ax.set_ylabel("observed click rate")
+        ax.set_title(panel, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def best_variant(
+    summary: pd.DataFrame, baseline: str, metric: str = "field_rce_mean"
+) -> str | None:
+    """The non-baseline variant with the lowest ``metric`` averaged over shifted points."""
+    sub = summary[(summary["metric"] == metric) & (summary["intensity"] > 0)]
+    sub = sub[sub["variant"] != baseline]
+    if sub.empty:
+        return None
+    means = sub.groupby("variant", sort=False)["mean"].mean()
+    return str(means.idxmin())
+
+
+def plot_field_rce(
+    summary: pd.DataFrame,
+    variants: Sequence[str],
+    path: str | Path,
+    shift: str | None = None,
+    unit: str = "std",
+) -> Path | None:
+    """Heatmaps of Field-RCE (mean over seeds) by field × intensity, one panel per variant.
+
+    Args:
+        summary: columns ``variant, [shift,] intensity, metric, mean`` with per-field metrics
+            ``field_rce:<field>``.
+        variants: the panels, e.g. the baseline and the best variant.
+        path: PNG to write.
+        shift: keep the clean point and this shift's points (None: all points).
+        unit: how the shift's intensities read (see
+            :func:`~ctrcal.reports.shift.stats.format_intensity`).
+
+    Returns:
+        ``path``, or None when the summary holds no per-field values.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    sub = summary[summary["metric"].str.startswith("field_rce:")]
+    if shift is not None and "shift" in sub.columns:
+        sub = sub[sub["shift"].isin([CLEAN, shift])]
+    sub = sub[sub["variant"].isin(variants)]
+    if sub.empty:
+        return None
+    fields = list(dict.fromkeys(sub["metric"].str.slice(len("field_rce:"))))
+    levels = sorted(set(sub["intensity"].astype(float)))
+    grids = []
+    for v in variants:
+        g = np.full((len(fields), len(levels)), np.nan)
+        for r in sub[sub["variant"] == v].itertuples():
+            g[fields.index(r.metric[len("field_rce:") :]), levels.index(float(r.intensity))] = (
+                r.mean
+            )
+        grids.append(g)
+    vmax = float(np.nanmax(grids)) if np.isfinite(grids).any() else 1.0
+    fig = Figure(
+        figsize=(1.2 + 1.1 * len(levels) * len(variants), 0.8 + 0.22 * len(fields)), dpi=120
+    )
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(variants), squeeze=False, sharey=True)
+    for ax, v, g in zip(axes[0], variants, grids, strict=True):
+        im = ax.imshow(g, aspect="auto", cmap="viridis", vmin=0.0, vmax=vmax)
+        ax.set_title(v, fontsize=9)
+        ticks = ["clean" if s == 0 else format_intensity(s, unit) for s in levels]
+        ax.set_xticks(range(len(levels)), ticks, fontsize=7)
+        ax.set_yticks(range(len(fields)), fields, fontsize=6)
+        ax.set_xlabel("shift intensity", fontsize=8)
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="Field-RCE")
+    fig.suptitle(
+        "Field-RCE by field and shift intensity" + (f" ({shift})" if shift else ""), fontsize=9
+    )
+    return _save(fig, Path(path), bbox_inches="tight")
+
+
+_XLABEL = {
+    "std": ("shift intensity (% of feature std)", 100.0),
+    "p": ("replacement probability p", 1.0),
+    "natural": ("clean (0) vs natural shift (1)", 1.0),
+}
+
+
+def _shift_frame(summary: pd.DataFrame, shift: str) -> pd.DataFrame:
+    """The clean point plus one shift's points."""
+    return summary[summary["shift"].isin([CLEAN, shift])]
+
+
+def write_figures(
+    summary: pd.DataFrame,
+    reliability: dict[str, dict[Any, dict[str, Any]]] | None,
+    out_dir: Path,
+    variants: list[str],
+    shifts: list[dict[str, Any]],
+    baseline: str | None = None,
+) -> dict[str, Path]:
+    """Every figure of a report: per shift, then the pooled reliability diagrams.
+
+    Args:
+        summary: :func:`~ctrcal.reports.shift.stats.summarize` output.
+        reliability: pooled reliability curves ``{variant: {(shift, intensity): {...}}}``.
+        out_dir: where the PNGs go.
+        variants: the lines, in order.
+        shifts: one dict per shift (``label``, ``unit``).
+        baseline: the variant of the first Field-RCE panel (default: the first variant).
+
+    Returns:
+        ``{"<kind>:<shift>": path}`` (``"reliability"`` without a shift).
+    """
+    out: dict[str, Path] = {}
+    present = set(summary["metric"])
+    for info in shifts:
+        label = info["label"]
+        sub = _shift_frame(summary, label)
+        xlabel, scale = _XLABEL.get(info.get("unit", "std"), _XLABEL["std"])
+        slug = "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in label)
+        axes = {"xlabel": xlabel, "x_scale": scale}
+        out[f"auc_ece:{label}"] = plot_metrics_vs_intensity(
+            sub, ["auc", "ece"], out_dir / f"fig_{slug}_auc_ece.png", variants,
+            title=f"AUC and ECE under {label} (mean ± SE over seeds)", **axes,
+        )  # fmt: skip
+        if present & {"logloss", "brier", "pcoc", "ne"}:
+            out[f"calibration:{label}"] = plot_metrics_vs_intensity(
+                sub, ["logloss", "brier", "pcoc", "ne"],
+                out_dir / f"fig_{slug}_calibration.png", variants, **axes,
+            )  # fmt: skip
+        if present & {"ecce", "field_rce_mean", "mce"}:
+            out[f"field_calibration:{label}"] = plot_metrics_vs_intensity(
+                sub, ["ecce", "field_rce_mean", "field_rce_max", "mce"],
+                out_dir / f"fig_{slug}_field_calibration.png", variants, **axes,
+            )  # fmt: skip
+        base = baseline or variants[0]
+        best = best_variant(sub, base)
+        heat = plot_field_rce(
+            sub, [base] + ([best] if best else []), out_dir / f"fig_{slug}_field_rce.png",
+            label, info.get("unit", "std"),
+        )  # fmt: skip
+        if heat is not None:
+            out[f"field_rce:{label}"] = heat
+        has_std = set(sub[sub["metric"] == "pred_std"]["variant"])
+        std_variants = [v for v in variants if v in has_std]
+        if std_variants:
+            out[f"uncertainty:{label}"] = plot_metrics_vs_intensity(
+                sub, ["pred_std", "std_auroc"], out_dir / f"fig_{slug}_uncertainty.png",
+                std_variants, **axes,
+            )  # fmt: skip
+    if reliability:
+        keys: list[Any] = []
+        for by in reliability.values():
+            keys += [key for key in by if key not in keys]
+        keys.sort(key=lambda k: (k[0] != CLEAN, str(k[0]), float(k[1])))
+        units = {i["label"]: i.get("unit", "std") for i in shifts}
+        titles = [
+            "clean" if k[0] == CLEAN else f"{k[0]} {format_intensity(k[1], units.get(k[0], 'std'))}"
+            for k in keys
+        ]
+        out["reliability"] = plot_reliability(
+            reliability, out_dir / "fig_reliability.png", keys, panel_titles=titles
+        )
+    return out
