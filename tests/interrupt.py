@@ -184,6 +184,6 @@ def interrupt_training_at_step(monkeypatch, step: int, run) -> None:
 
 def tiny_config(*overrides: str):
     """The :data:`TINY_TRAINING` config with ``overrides`` (``section.key=value``)."""
-    from ctrcal.config_load import load_config
+    from ctrcal.validate import load_config
 
     return load_config(None, [*TINY_TRAINING, *overrides])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import ctrcal
 
 
@@ -16,7 +18,7 @@ def test_every_exported_name_resolves():
 def test_import_ctrcal_metrics_works_as_a_module():
     code = (
         "import torch, ctrcal.metrics\n"
-        "from ctrcal.eval import metrics\n"
+        "from ctrcal import metrics\n"
         "assert ctrcal.metrics.ece is metrics.ece\n"
         "p = torch.tensor([0.1, 0.9, 0.8, 0.3]); y = torch.tensor([0.0, 1.0, 1.0, 0.0])\n"
         "assert float(ctrcal.metrics.auc(p, y)) == 1.0\n"
@@ -26,10 +28,10 @@ def test_import_ctrcal_metrics_works_as_a_module():
 
 
 def test_the_jobs_are_the_functions_that_do_them():
+    from ctrcal.api import prepare
     from ctrcal.data.feature_map import FeatureMap
-    from ctrcal.data.prepare import prepare
-    from ctrcal.eval.shifts import CategoricalCorruption
     from ctrcal.models.build import create_model
+    from ctrcal.shifts.builtin import CategoricalCorruption
     from ctrcal.train.evaluate import evaluate_run
     from ctrcal.train.results import Run
 
@@ -39,13 +41,23 @@ def test_the_jobs_are_the_functions_that_do_them():
     assert ctrcal.create_model is create_model
 
 
-def test_ctrcal_train_is_the_training_job_whatever_was_imported_first(monkeypatch):
+def test_ctrcal_train_checks_the_config_once_then_trains(monkeypatch):
     import ctrcal.train.trainer as trainer
+    from ctrcal.config import Config
+    from ctrcal.core.errors import ConfigError
 
     calls = []
-    monkeypatch.setattr(trainer, "train", lambda *a, **k: calls.append((a, k)) or "result")
-    assert ctrcal.train("cfg", "data", "run", resume=True) == "result"
-    assert calls == [(("cfg", "data", "run"), {"resume": True})]
+    monkeypatch.setattr(trainer, "train", lambda *a: calls.append(a) or "result")
+    cfg = Config()
+    assert ctrcal.train(cfg, "data", "run", resume=True) == "result"
+    assert calls == [(cfg, "data", "run", True)]
+    cfg.train.device = "gpu7"
+    with pytest.raises(ConfigError, match=r"train\.device"):
+        ctrcal.train(cfg, "data", "run")
+    assert len(calls) == 1  # a bad config never reaches the trainer
+
+
+def test_ctrcal_train_is_the_training_job_whatever_was_imported_first():
     code = "import ctrcal\nassert callable(ctrcal.train)\nimport ctrcal.train.step\n" \
         "assert callable(ctrcal.train) and ctrcal.train.step\n"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

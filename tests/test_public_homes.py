@@ -9,9 +9,9 @@ import ctrcal
 
 
 def test_the_public_names_come_from_their_one_home():
+    from ctrcal import shifts
     from ctrcal.calibration import field_aware, isotonic, scaling
-    from ctrcal.eval import shifts
-    from ctrcal.eval.shifts import builtin, registry
+    from ctrcal.shifts import builtin, registry
 
     assert ctrcal.TemperatureScaling is scaling.TemperatureScaling
     assert ctrcal.PlattScaling is scaling.PlattScaling

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from ctrcal.cli import main
-from ctrcal.config_load import load_config
-from ctrcal.errors import ConfigError
-from ctrcal.layers.spec import NormSpec, is_no_norm
-from ctrcal.validation import Problems, check_config, register_check
+from ctrcal.core.errors import ConfigError
+from ctrcal.core.norm_spec import NormSpec, is_no_norm
+from ctrcal.validate import Problems, check_config, load_config, register_check
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = """\
@@ -198,7 +197,7 @@ def test_a_plugged_in_check_runs_and_names_its_key():
         with pytest.raises(ConfigError, match="multiple of 64"):
             load_config(None, ["train.batch_size=100"])
     finally:
-        from ctrcal import validation
+        from ctrcal import validate as validation
 
         validation._CHECKS.pop("test_multiple_of_64")
 

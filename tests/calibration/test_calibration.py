@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from ctrcal import metrics as M
 from ctrcal.calibration.base import logit
 from ctrcal.calibration.scaling import PlattScaling, TemperatureScaling
-from ctrcal.eval import metrics as M
 
 
 def _miscalibrated(n: int = 20_000, seed: int = 0, slope: float = 0.5, bias: float = -0.4):

@@ -7,11 +7,11 @@ import pytest
 import torch
 from sklearn.isotonic import IsotonicRegression
 
+from ctrcal import metrics as M
 from ctrcal.calibration.base import logit
 from ctrcal.calibration.field_aware import FieldAwareCalibration
 from ctrcal.calibration.isotonic import IsotonicCalibration
 from ctrcal.calibration.scaling import PlattScaling
-from ctrcal.eval import metrics as M
 
 
 def _sigmoid(t):

@@ -7,7 +7,7 @@ import pytest
 
 from ctrcal.calibration.base import create_calibrator
 from ctrcal.calibration.label_shift import LabelShiftCalibrator
-from ctrcal.eval.metrics import ece
+from ctrcal.metrics import ece
 
 
 def _rows(rate: float, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from ctrcal.calibration.base import create_calibrator, get_calibrator
-from ctrcal.errors import NotAvailableError
-from ctrcal.eval.metrics import bucketize, multicalibration_error
+from ctrcal.core.errors import NotAvailableError
+from ctrcal.metrics import bucketize, multicalibration_error
 
 pytest.importorskip("mcgrad")
 

@@ -8,10 +8,11 @@ import pytest
 import yaml
 
 from ctrcal.config import Config, NormSpec, config_to_dict, dump_config
-from ctrcal.config_load import config_from_dict, load_config
-from ctrcal.errors import ConfigError
+from ctrcal.config.load import config_from_dict
+from ctrcal.core.errors import ConfigError
+from ctrcal.validate import load_config
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 SHIPPED = sorted(CONFIG_DIR.glob("*.yaml"))
 # every shipped config as it loaded before the config modules were split (same values since)
 SNAPSHOTS = Path(__file__).resolve().parent / "config_snapshots"

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from ctrcal.cbuild import build_c_library
+from ctrcal.core.cbuild import build_c_library
 from ctrcal.layers.chunks import HEADER
 
 _SOURCE = """
@@ -30,7 +30,7 @@ def cc():
 
 def _build(tmp_path, monkeypatch, compiler, openmp):
     monkeypatch.setenv("CC", str(compiler))
-    monkeypatch.setattr("ctrcal.cbuild._cache_dir", lambda: tmp_path / "cache")
+    monkeypatch.setattr("ctrcal.core.cbuild._cache_dir", lambda: tmp_path / "cache")
     return build_c_library(_SOURCE, "cbuild_test", openmp, {HEADER.name: HEADER.read_text()})
 
 

@@ -8,9 +8,8 @@ import os
 
 import pytest
 
-from ctrcal.errors import OutputError
-from ctrcal.eval.render import REPORT_OUTPUTS
-from ctrcal.utils import (
+from ctrcal.core.errors import OutputError
+from ctrcal.core.utils import (
     atomic_path,
     describe_os_error,
     directory_lock,
@@ -21,6 +20,7 @@ from ctrcal.utils import (
     write_text_atomic,
     writing,
 )
+from ctrcal.reports.shift.render import REPORT_OUTPUTS
 
 
 def test_atomic_write_leaves_the_old_file_when_the_body_fails(tmp_path):
@@ -167,11 +167,11 @@ def test_a_held_lock_refuses_or_waits_and_names_its_holder(tmp_path):
 
     from interrupt import child_env
 
-    from ctrcal.errors import CtrcalError
+    from ctrcal.core.errors import CtrcalError
 
     target = tmp_path / "run"
     code = (
-        "import sys\nfrom ctrcal.utils import directory_lock\n"
+        "import sys\nfrom ctrcal.core.utils import directory_lock\n"
         f"with directory_lock({str(target)!r}, 'test'):\n"
         "    print('held', flush=True)\n    sys.stdin.read()\n"
     )

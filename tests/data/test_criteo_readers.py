@@ -7,6 +7,7 @@ import gzip
 import polars as pl
 import pytest
 
+from ctrcal.core.errors import DataError
 from ctrcal.data.criteo import (
     CATEGORICAL_COLUMNS,
     COLUMNS,
@@ -15,7 +16,6 @@ from ctrcal.data.criteo import (
     detect_format,
 )
 from ctrcal.data.parse import read_criteo
-from ctrcal.errors import DataError
 
 EXPECTED_LAYOUT = {
     "dac": "dac",

@@ -11,7 +11,7 @@ from ctrcal.config import Config
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS
 from ctrcal.data.features import NUM_RESERVED, OOV_ID, FeatureMap, FeaturePipeline, hash_bucket
 from ctrcal.data.parse import read_criteo
-from ctrcal.data.prepare import prepare
+from ctrcal.api import prepare
 from ctrcal.data.synthetic import generate_frame, write_criteo
 
 DAYS, ROWS_PER_DAY, CAP, BUCKETS = 24, 150, 20, 7
@@ -54,7 +54,7 @@ def test_day_files_with_a_vocabulary_cap(days, tmp_path):
         else:
             assert size == full, name  # a field within the cap is untouched
     assert len(capped) >= 10
-    text = res.describe()
+    text = res.describe(embedding_dim=16)
     assert f"capped at max_vocab {CAP}" in text and "embedding memory at dim" in text
     total = sum(fmap.vocab_sizes)
     assert f"{total:,} rows x 16 x 4 B" in text
@@ -77,7 +77,7 @@ def test_day_files_with_a_vocabulary_cap(days, tmp_path):
 
 
 def test_cap_is_validated():
-    from ctrcal.errors import DataError
+    from ctrcal.core.errors import DataError
 
     with pytest.raises(DataError, match="max_vocab"):
         FeaturePipeline(max_vocab=-1).fit(pl.DataFrame({c: [1] for c in CATEGORICAL_COLUMNS}))

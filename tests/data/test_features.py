@@ -8,6 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from ctrcal.core.errors import DataError
 from ctrcal.data.features import (
     MISSING_ID,
     NUM_RESERVED,
@@ -17,7 +18,6 @@ from ctrcal.data.features import (
     FeaturePipeline,
     resolve_numeric_transform,
 )
-from ctrcal.errors import DataError
 
 
 def _frame(cats, nums, labels=None):

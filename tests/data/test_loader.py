@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from ctrcal.core.errors import DataError
 from ctrcal.data.loader import Batch, ParquetCTRData
-from ctrcal.errors import DataError
 
 
 def _rows(batches):

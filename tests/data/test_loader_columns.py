@@ -6,8 +6,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from ctrcal.core.errors import DataError
 from ctrcal.data.loader import copy_column
-from ctrcal.errors import DataError
 
 
 def test_copy_column_matches_to_numpy_with_nulls_offsets_and_chunks():

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from ctrcal.core.errors import DataError
 from ctrcal.data.loader import ParquetCTRData
-from ctrcal.errors import DataError
 
 
 def _rows(batches):

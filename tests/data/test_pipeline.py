@@ -16,12 +16,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from ctrcal.config import Config
-from ctrcal.data import publish as publish_mod
-from ctrcal.data import write as write_mod
+from ctrcal.core.errors import DataError
 from ctrcal.data.coder import ColumnCoder, gather
-from ctrcal.data.prepare import clean_stale_temporaries, prepare
+from ctrcal.api import prepare
+from ctrcal.data.prepare.prepare import clean_stale_temporaries
+from ctrcal.data.prepare import publish as publish_mod
+from ctrcal.data.prepare import write as write_mod
 from ctrcal.data.synthetic import generate, prob_path, write_criteo
-from ctrcal.errors import DataError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -139,7 +140,7 @@ CHILD = r"""
 import json, resource, sys
 from pathlib import Path
 from ctrcal.config import Config
-from ctrcal.data.prepare import prepare
+from ctrcal.api import prepare
 
 def status():
     out = {}
@@ -200,7 +201,7 @@ def test_prepare_under_memory_cap(criteo_frame, tmp_path, monkeypatch):
 LEAVE_TEMP = r"""
 import os, sys
 from pathlib import Path
-from ctrcal.data.publish import owned_temp_dir
+from ctrcal.data.prepare.publish import owned_temp_dir
 tmp = owned_temp_dir(Path(sys.argv[1]))
 (tmp / "_work").mkdir()
 (tmp / "_work" / "coded-0000000.bin").write_bytes(b"x" * 1000)
@@ -272,7 +273,7 @@ def test_coder_keeps_codes_and_train_counts_across_chunks(distinct):
 def test_preparing_never_imports_torch(criteo_files, tmp_path):
     # torch's import costs seconds, more than preparing a small file; the embedding memory
     # line of the CLI resolves the model's default dimension only when it is printed
-    code = ("import sys; from ctrcal.data.prepare import prepare; "
+    code = ("import sys; from ctrcal.api import prepare; "
             f"prepare([{str(criteo_files['dac'])!r}], {str(tmp_path / 'p')!r}); "
             "print('torch' in sys.modules)")  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}

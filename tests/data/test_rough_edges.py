@@ -10,12 +10,12 @@ import polars as pl
 import pytest
 from interrupt import ctrcal_argv, kill_9, run, start
 
+from ctrcal.core.errors import DataError
 from ctrcal.data.chunks import BOM, iter_text_chunks
 from ctrcal.data.criteo import detect_format
 from ctrcal.data.loader import ParquetCTRData
 from ctrcal.data.parse import read_criteo
-from ctrcal.data.prepare import prepare
-from ctrcal.errors import DataError
+from ctrcal.api import prepare
 
 
 @pytest.mark.parametrize("layout", ["x4", "dac"])
@@ -76,7 +76,7 @@ def test_a_killed_synth_leaves_no_temporary_behind(tmp_path):
 
 def test_a_full_disk_while_writing_names_the_output_and_the_cause(criteo_files, tmp_path,
                                                                  monkeypatch):  # fmt: skip
-    from ctrcal.data import write
+    from ctrcal.data.prepare import write
 
     def full(self, table):
         raise OSError(28, "No space left on device")

@@ -11,10 +11,10 @@ import polars as pl
 import pytest
 
 from ctrcal.config import Config
+from ctrcal.core.errors import DataError
 from ctrcal.data.feature_map import FeatureMap
-from ctrcal.data.prepare import prepare
+from ctrcal.api import prepare
 from ctrcal.data.schema import AVAZU, AVAZU_CATEGORICAL, prepared_feature_kinds, resolve_schema
-from ctrcal.errors import DataError
 
 ROWS = 3_000
 
@@ -174,8 +174,8 @@ def test_builtins():
 
 
 def test_validate_names_a_bad_schema(tmp_path):
-    from ctrcal.config_load import load_config
-    from ctrcal.errors import ConfigError
+    from ctrcal.core.errors import ConfigError
+    from ctrcal.validate import load_config
 
     path = tmp_path / "cfg.yaml"
     path.write_text("data:\n  schema: {label: y, categorical: [u], colour: red}\n")

@@ -7,13 +7,13 @@ import polars as pl
 import pytest
 
 from ctrcal.config import Config
-from ctrcal.config_load import load_config
+from ctrcal.core.errors import ConfigError, DataError
 from ctrcal.data.features import FeatureMap, FeaturePipeline
 from ctrcal.data.parse import read_criteo
-from ctrcal.data.prepare import prepare
+from ctrcal.api import prepare
 from ctrcal.data.splits import SplitPlan, count_records
 from ctrcal.data.synthetic import generate_frame, write_criteo
-from ctrcal.errors import ConfigError, DataError
+from ctrcal.validate import load_config
 
 
 def _cfg(order="time", split=(0.8, 0.1, 0.1)):
@@ -100,7 +100,7 @@ def test_config_checks(tmp_path):
 
 
 def test_drifting_synthetic_data_split_by_time(tmp_path):
-    from ctrcal.data.prepare import prepare
+    from ctrcal.api import prepare
 
     cfg = _cfg()
     cfg.data.synthetic.rows = 3_000

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ctrcal.core.errors import DataError
 from ctrcal.data import criteo, parse, tsv_reader
-from ctrcal.data.prepare import prepare
+from ctrcal.api import prepare
 from ctrcal.data.synthetic import generate_frame, write_criteo
-from ctrcal.errors import DataError
 
 pytestmark = pytest.mark.skipif(not tsv_reader.available(), reason="no C compiler here")
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from ctrcal.batch import Batch
+from ctrcal.core.batch import Batch
 from ctrcal.layers import chunks as chunks_module
 from ctrcal.layers import cpu_kernels, mcln_kernel
 from ctrcal.models.masknet import MaskNet

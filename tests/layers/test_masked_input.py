@@ -46,7 +46,7 @@ def test_equals_linear_then_product_with_all_gradients(kernels):
 
 
 def test_the_kernel_runs_in_a_training_masknet(kernels, monkeypatch):
-    from ctrcal.batch import Batch
+    from ctrcal.core.batch import Batch
     from ctrcal.models.masknet import MaskNet
 
     calls = []

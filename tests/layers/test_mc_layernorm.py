@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctrcal.errors import ConfigError
+from ctrcal.core.errors import ConfigError
 from ctrcal.layers import mcln_kernel, mcln_triton
 from ctrcal.layers.mc_layernorm import (
     MCLayerNorm,
@@ -633,7 +633,7 @@ class _BatchInput(_TwoInput):
 
 
 def test_mc_predict_on_a_batch_equals_the_tensors_and_hides_the_label():
-    from ctrcal.batch import Batch
+    from ctrcal.core.batch import Batch
 
     cat = torch.randint(0, 10, (9, 4), generator=torch.Generator().manual_seed(2))
     num = torch.randn(9, 3, generator=torch.Generator().manual_seed(3))
@@ -669,7 +669,7 @@ def test_cpu_training_does_not_import_triton():
         "    vocab_sizes = [7, 9]; numeric_fields = ['I1']; bucket_boundaries = None\n"
         "m = create_model(ModelConfig('masknet', embedding_dim=4, hidden_units=[8],\n"
         "    emb_norm='mclayernorm', net_norm='mclayernorm'), FM())\n"
-        "from ctrcal.batch import Batch\n"
+        "from ctrcal.core.batch import Batch\n"
         "out = m(Batch(torch.randint(0, 7, (32, 2)), torch.randn(32, 1), None))\n"
         "out.sum().backward()\n"
         "assert 'triton' not in sys.modules, 'triton was imported'\n"

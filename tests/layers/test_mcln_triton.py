@@ -320,7 +320,7 @@ def test_subset_mask_op_registration():
 
 
 def test_unknown_compiled_mode_is_a_clear_error(monkeypatch):
-    from ctrcal.errors import ConfigError
+    from ctrcal.core.errors import ConfigError
 
     monkeypatch.setenv("CTRCAL_MCLN_COMPILED", "fused-ish")
     with pytest.raises(ConfigError, match="CTRCAL_MCLN_COMPILED must be one of kernel, decomposed"):

@@ -10,8 +10,7 @@ from torch import nn
 
 import ctrcal
 from ctrcal.config import NormSpec
-from ctrcal.config_load import load_config
-from ctrcal.errors import ConfigError, CtrcalError
+from ctrcal.core.errors import ConfigError, CtrcalError
 from ctrcal.layers.mc_layernorm import MCLayerNorm, mc_mode
 from ctrcal.layers.norms import FeatureBatchNorm, NoMorelization
 from ctrcal.layers.registry import (
@@ -21,6 +20,7 @@ from ctrcal.layers.registry import (
     register_norm,
     replace_norms,
 )
+from ctrcal.validate import load_config
 
 BUILTINS = ["batchnorm", "identity", "layernorm", "mclayernorm", "nomorelization", "rmsnorm"]
 

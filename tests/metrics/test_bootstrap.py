@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ctrcal.eval.bootstrap import bootstrap_ci, paired_bootstrap
-from ctrcal.eval.metrics import auc, ece, pcoc
+from ctrcal.metrics import auc, bootstrap_ci, ece, paired_bootstrap, pcoc
 
 METRICS = {"ece": ece, "pcoc": pcoc, "auc": auc}
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from ctrcal.eval import metrics as M
+from ctrcal import metrics as M
 
 mcgrad = pytest.importorskip("mcgrad.metrics")
 

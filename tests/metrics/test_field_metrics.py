@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ctrcal.eval import metrics as M
+from ctrcal import metrics as M
 
 
 def _loop_reference(p, y, v, min_count):

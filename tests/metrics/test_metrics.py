@@ -1,4 +1,4 @@
-"""ctrcal.eval.metrics against sklearn, torchmetrics and hand-computed cases."""
+"""ctrcal.metrics against sklearn, torchmetrics and hand-computed cases."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score
 
-from ctrcal.eval import metrics as M
+from ctrcal import metrics as M
 
 
 def _ctr_like(n: int, seed: int, decimals: int | None = 3, dtype=np.float64):

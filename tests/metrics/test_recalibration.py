@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression
 
-from ctrcal.eval.recalibration import calibration_slope_intercept
+from ctrcal.metrics import calibration_slope_intercept
 
 
 def _rows(a: float, b: float, n: int = 30_000, seed: int = 0):

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ctrcal.eval.metrics import auc, logloss
-from ctrcal.eval.risk_coverage import risk_coverage
+from ctrcal.metrics import auc, logloss, risk_coverage
 
 
 def test_informative_std_raises_auc_on_the_confident_rows():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ctrcal.eval.smooth_ece import smooth_ece, smooth_ece_at
+from ctrcal.metrics import smooth_ece, smooth_ece_at
 
 relplot = pytest.importorskip("relplot")
 

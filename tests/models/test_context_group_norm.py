@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctrcal.batch import Batch
 from ctrcal.config import ModelConfig, NormSpec
+from ctrcal.core.batch import Batch
+from ctrcal.core.errors import ConfigError
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, NUM_CATEGORICAL, NUM_NUMERIC, NUMERIC_COLUMNS
-from ctrcal.errors import ConfigError
 from ctrcal.layers import context
 from ctrcal.layers.context import ContextNorm, bind_contexts
 from ctrcal.layers.norms import FeatureGroupNorm

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctrcal.batch import Batch
+from ctrcal.core.batch import Batch
 from ctrcal.data.criteo import NUM_CATEGORICAL, NUM_NUMERIC
 from ctrcal.layers.cross import CrossNet
 from ctrcal.layers.embedding import FieldNorm

@@ -11,16 +11,16 @@ import torch
 from batches import random_batch
 from torch import nn
 
-from ctrcal.batch import Batch
 from ctrcal.config import ModelConfig, NormSpec
-from ctrcal.config_load import load_config
+from ctrcal.core.batch import Batch
+from ctrcal.core.errors import ConfigError
 from ctrcal.data.criteo import NUM_CATEGORICAL, NUM_NUMERIC
-from ctrcal.errors import ConfigError
 from ctrcal.layers.mask_block import MaskBlock
 from ctrcal.layers.mc_layernorm import MCLayerNorm
 from ctrcal.layers.registry import replace_norms
 from ctrcal.models.build import create_model
 from ctrcal.models.masknet import MaskNet
+from ctrcal.validate import load_config
 
 VOCAB = [11, 5, 7]
 FN = 4

@@ -7,7 +7,7 @@ import torch
 from batches import random_batch
 
 import ctrcal.models.masknet as masknet_module
-from ctrcal.batch import Batch
+from ctrcal.core.batch import Batch
 from ctrcal.layers.mask_block import mask_hidden_layers
 from ctrcal.models.masknet import MaskNet
 

@@ -9,15 +9,15 @@ import pytest
 import torch
 from torch import nn
 
-from ctrcal.batch import Batch
 from ctrcal.config import ModelConfig, NormSpec
-from ctrcal.config_load import load_config
+from ctrcal.core.batch import Batch
+from ctrcal.core.errors import ConfigError
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, NUM_CATEGORICAL, NUM_NUMERIC, NUMERIC_COLUMNS
-from ctrcal.errors import ConfigError
 from ctrcal.layers.mc_layernorm import MCLayerNorm
 from ctrcal.models.build import create_model
 from ctrcal.models.masknet import MaskNet
 from ctrcal.models.registry import available_models, register_model, resolve_model
+from ctrcal.validate import load_config
 
 TINY_PATH = "tiny_user_model:TinyCTR"
 

@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from ctrcal.config_load import load_config
 from ctrcal.data.schema import CRITEO, resolve_schema
 from ctrcal.models.build import create_model
+from ctrcal.validate import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = json.loads((Path(__file__).with_name("state_dict_keys.json")).read_text())

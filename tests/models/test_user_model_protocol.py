@@ -10,10 +10,10 @@ import torch
 
 import ctrcal
 from ctrcal.cli import main
-from ctrcal.config_load import load_config
-from ctrcal.errors import ConfigError
+from ctrcal.core.errors import ConfigError
 from ctrcal.layers.mc_layernorm import MCLayerNorm
 from ctrcal.train.trainer import evaluate_run, load_run, train
+from ctrcal.validate import load_config
 
 TINY = [
     "model.name=tiny_user_model:TinyCTR",

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from ctrcal.eval import metrics as M
-from ctrcal.eval.shifts import PAPER_INTENSITIES, GaussianShift
+from ctrcal import metrics as M
+from ctrcal.shifts.builtin import PAPER_INTENSITIES, GaussianShift
 
 STD = [1.0, 0.5, 2.0, 0.0, 3.0]
 

@@ -8,13 +8,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from ctrcal.core.errors import ConfigError, DataError
 from ctrcal.data.features import NUM_RESERVED
 from ctrcal.data.loader import Batch
-from ctrcal.errors import ConfigError, DataError
-from ctrcal.eval.shifts import (
-    CategoricalCorruption,
-    GaussianNumericShift,
-    TemporalShift,
+from ctrcal.shifts.builtin import CategoricalCorruption, GaussianNumericShift, TemporalShift
+from ctrcal.shifts.registry import (
     available_shifts,
     check_shift_spec,
     create_shift,

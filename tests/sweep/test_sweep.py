@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from ctrcal.cli import main
-from ctrcal.config_load import load_config
-from ctrcal.errors import ConfigError, CtrcalError, DataError
-from ctrcal.train.processes import run_in_processes, threads_per_worker
-from ctrcal.train.sweep import visible_gpus, worker_slots
+from ctrcal.core.errors import ConfigError, CtrcalError, DataError
+from ctrcal.sweep.processes import run_in_processes, threads_per_worker
+from ctrcal.sweep.sweep import visible_gpus, worker_slots
+from ctrcal.validate import load_config
 
 TINY = """
 data:
@@ -152,8 +152,8 @@ def test_failures_name_the_run_and_stop_new_runs(tmp_path):
 @pytest.fixture(scope="module")
 def sweeps(tmp_path_factory):
     """The same tiny report trained sequentially and by 2 worker processes (1 thread each)."""
-    from ctrcal.data.prepare import prepare
-    from ctrcal.eval.report import run_shift_report
+    from ctrcal.api import prepare
+    from ctrcal.reports.shift.report import run_shift_report
 
     root = tmp_path_factory.mktemp("sweep")
     (root / "tiny.yaml").write_text(TINY)
@@ -192,8 +192,8 @@ def test_parallel_report_equals_sequential(sweeps):
 
 
 def test_parallel_rerun_reuses_and_retrains(sweeps, tmp_path, monkeypatch):
-    from ctrcal.eval.report import plan_variants, train_variants
-    from ctrcal.train import processes
+    from ctrcal.reports.shift.report import plan_variants, train_variants
+    from ctrcal.sweep import processes
 
     # pin the thread count a worker gets without train.num_threads to the one the runs were
     # trained with (2 cores over 2 workers: 1), whatever this machine has
@@ -222,7 +222,7 @@ def test_parallel_rerun_reuses_and_retrains(sweeps, tmp_path, monkeypatch):
 
 
 def test_interrupted_run_resumes_whatever_the_report_section(sweeps, tmp_path):
-    from ctrcal.eval.report import ensure_run, plan_variants, variant_train_config
+    from ctrcal.reports.shift.report import ensure_run, plan_variants, variant_train_config
 
     root, data, _, _ = sweeps
     run = tmp_path / "seed0"
@@ -235,7 +235,7 @@ def test_interrupted_run_resumes_whatever_the_report_section(sweeps, tmp_path):
 
 
 def test_worker_failure_is_one_error_naming_the_run(sweeps, tmp_path):
-    from ctrcal.eval.report import run_shift_report
+    from ctrcal.reports.shift.report import run_shift_report
 
     root, data, _, _ = sweeps
     cfg_path = tmp_path / "bad.yaml"

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ctrcal.batch import Batch
+from ctrcal.core.batch import Batch
 from ctrcal.models.masknet import MaskNet
 from ctrcal.train import cpu_matmul as cm
 from ctrcal.train.cpu_matmul import cpu_matmul, keeps_float32, onednn_fp32_is_exact

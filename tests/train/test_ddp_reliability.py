@@ -45,8 +45,8 @@ def _rank(rank: int, port: int, data: str, run_dir: str, probe: str, resume: boo
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE="2", OMP_NUM_THREADS="1",
                       **{RECORD_DIR: probe})  # fmt: skip
-    from ctrcal.config_load import load_config
     from ctrcal.train.trainer import train
+    from ctrcal.validate import load_config
 
     train(load_config(None, ARGS), data, run_dir, resume=resume)
 

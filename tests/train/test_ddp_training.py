@@ -7,8 +7,8 @@ import json
 import pytest
 
 from ctrcal.cli import main
-from ctrcal.config_load import load_config
 from ctrcal.train.trainer import train
+from ctrcal.validate import load_config
 
 TINY = [
     "model.embedding_dim=4",

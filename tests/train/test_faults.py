@@ -20,7 +20,7 @@ from interrupt import assert_same_training, child_env, kill_9, tiny_config, wait
 
 import ctrcal.train.trainer as trainer
 from ctrcal.cli import main
-from ctrcal.errors import OutputError
+from ctrcal.core.errors import OutputError
 from ctrcal.train.checkpoint import load_checkpoint
 from ctrcal.train.results import epoch_tradeoff, read_result
 from ctrcal.train.trainer import train
@@ -176,7 +176,7 @@ def test_the_lock_of_a_killed_train_is_free(prepared_dir, tmp_path):
 def no_click_valid(criteo_frame, tmp_path_factory) -> Path:
     """Prepared data whose valid split has no click (train and test have both classes)."""
     from ctrcal.config import Config
-    from ctrcal.data.prepare import prepare
+    from ctrcal.api import prepare
     from ctrcal.data.synthetic import write_criteo
 
     frame, _ = criteo_frame

@@ -7,15 +7,15 @@ import torch
 from interrupt import interrupt_training_at_step
 
 import ctrcal.train.trainer as trainer
-from ctrcal.batch import Batch
 from ctrcal.cli import main
 from ctrcal.config import TrainShiftConfig
-from ctrcal.config_load import load_config
+from ctrcal.core.batch import Batch
+from ctrcal.core.errors import ConfigError
 from ctrcal.data.feature_map import FeatureMap
-from ctrcal.errors import ConfigError
 from ctrcal.train import step
 from ctrcal.train.noise import TrainShift
 from ctrcal.train.trainer import train
+from ctrcal.validate import load_config
 
 TINY = [
     "model.embedding_dim=4",
@@ -120,7 +120,7 @@ def test_validate_checks_the_noise_keys_of_report_variants(tmp_path, capsys, var
 
 
 def test_noise_keys_load_strictly_and_reach_the_variants_training_config():
-    from ctrcal.eval.plan import plan_variants, variant_train_config
+    from ctrcal.reports.shift.plan import plan_variants, variant_train_config
 
     cfg = load_config(None, [
         "train.weight_noise=1e-4",
@@ -360,7 +360,7 @@ def test_original_space_shift_on_data_without_original_stats_fails_before_the_ru
     import json
     import shutil
 
-    from ctrcal.errors import DataError
+    from ctrcal.core.errors import DataError
 
     data = tmp_path / "data"
     shutil.copytree(prepared_dir, data)

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ctrcal.core.errors import CtrcalError
 from ctrcal.data.loader import Batch, ParquetCTRData
-from ctrcal.errors import CtrcalError
 from ctrcal.layers.mc_layernorm import MCLayerNorm, mc_mode, mc_predict
 from ctrcal.models.masknet import MaskNet
 from ctrcal.train.checkpoint import (
@@ -150,7 +150,7 @@ def test_mc_std_shrinks_as_the_subset_grows(trained, valid):
 
 
 def test_report_predictions_agree_with_explicit_passes(trained, valid):
-    from ctrcal.eval.predictive import predict_split
+    from ctrcal.reports.shift.predictive import predict_split
 
     whole = valid.all()
     whole = Batch(whole.categorical[:200], whole.numeric[:200], whole.label[:200])

@@ -10,7 +10,7 @@ import torch
 from interrupt import assert_same_training, ctrcal_argv, kill_9_when, run, start, tiny_config
 
 import ctrcal.train.trainer as trainer
-from ctrcal.errors import CtrcalError, DataError
+from ctrcal.core.errors import CtrcalError, DataError
 from ctrcal.train.checkpoint import load_checkpoint
 from ctrcal.train.trainer import train
 
@@ -86,7 +86,7 @@ def test_a_checkpoint_replaced_by_a_malicious_pickle_is_refused_unexecuted(tmp_p
 
 def _unlabelled_test_dir(criteo_files, tmp_path) -> Path:
     from ctrcal.config import Config
-    from ctrcal.data.prepare import prepare
+    from ctrcal.api import prepare
 
     cfg = Config()
     cfg.features.min_count = 1
@@ -114,7 +114,7 @@ def test_unlabelled_test_split_is_skipped_by_train_and_refused_by_evaluate(
 def test_shift_report_on_an_unlabelled_test_split_refuses_before_training(
     criteo_files, tmp_path
 ):
-    from ctrcal.eval.report import run_shift_report
+    from ctrcal.reports.shift.report import run_shift_report
 
     data = _unlabelled_test_dir(criteo_files, tmp_path)
     cfg = tiny_config("train.epochs=1", "report.seeds=1")

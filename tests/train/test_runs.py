@@ -1,4 +1,4 @@
-"""ctrcal.runs: one answer to "is this the same run, on the same data?" for every caller."""
+"""ctrcal.train.runs: one answer to "is this the same run, on the same data?" for every caller."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 from ctrcal.cli import main
 from ctrcal.config import Config, config_to_dict
-from ctrcal.config_load import load_config
-from ctrcal.errors import ConfigError, DataError
-from ctrcal.runs import (
+from ctrcal.core.errors import ConfigError, DataError
+from ctrcal.train.evaluate import evaluate_run
+from ctrcal.train.runs import (
     RUNTIME_KEYS,
     check_resumable,
     data_identity,
@@ -21,8 +21,8 @@ from ctrcal.runs import (
     run_state,
     signature_diff,
 )
-from ctrcal.train.evaluate import evaluate_run
 from ctrcal.train.trainer import train
+from ctrcal.validate import load_config
 
 TINY = [
     "model.embedding_dim=4",
@@ -101,7 +101,7 @@ def test_a_changed_epoch_count_is_another_run(started_run, prepared_dir, tmp_pat
 
 
 def test_resume_on_other_data_is_refused(started_run, prepared_dir, tmp_path):
-    from ctrcal.data.prepare import prepare
+    from ctrcal.api import prepare
 
     other_cfg = Config()
     other_cfg.data.synthetic.rows = 20_000

@@ -17,12 +17,12 @@ from torch import nn
 
 import ctrcal.train.trainer as trainer
 from ctrcal.cli import main
-from ctrcal.config_load import load_config
+from ctrcal.core.errors import ConfigError, CtrcalError
 from ctrcal.data.loader import ParquetCTRData
-from ctrcal.errors import ConfigError, CtrcalError
 from ctrcal.layers.mc_layernorm import MCLayerNorm
 from ctrcal.train import evaluate, finetune, splits, step
 from ctrcal.train.trainer import load_run, predict_logits, train
+from ctrcal.validate import load_config
 
 TINY = [
     "model.embedding_dim=4",
@@ -79,7 +79,7 @@ def test_load_run_restores_the_best_model(ln_run, prepared_dir):
     model, cfg, fm = load_run(run)
     assert not model.training and cfg.train.seed == 0
     assert fm.vocab_sizes == ParquetCTRData(prepared_dir, "test").feature_map.vocab_sizes
-    from ctrcal.eval.metrics import auc
+    from ctrcal.metrics import auc
 
     test = ParquetCTRData(prepared_dir, "test")
     logits = predict_logits(model, test, 4096, "cpu")

@@ -10,13 +10,14 @@ import pytest
 
 from ctrcal.cli import main
 from ctrcal.config import Config
+from ctrcal.core.errors import DataError
 from ctrcal.data import features as features_mod
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.data.feature_map import FEATURE_MAP_FILE
 from ctrcal.data.features import FeatureMap
-from ctrcal.data.prepare import is_prepared, prepare
+from ctrcal.api import prepare
+from ctrcal.data.prepare.prepare import is_prepared
 from ctrcal.data.synthetic import generate
-from ctrcal.errors import DataError
 
 
 @pytest.fixture()
@@ -195,7 +196,7 @@ def test_non_numeric_value_skipped_in_prepare(raw, tmp_path):
 
 
 def test_synthetic_from_config_reused_until_changed(tmp_path):
-    from ctrcal.data.prepare import prepare
+    from ctrcal.api import prepare
 
     cfg = _cfg(min_count=2)
     cfg.data.synthetic.rows = 2_000
@@ -212,7 +213,7 @@ def test_synthetic_from_config_reused_until_changed(tmp_path):
 
 def test_synthetic_preparations_are_byte_identical(tmp_path):
     """Generated data is written to a temporary file: its path must not reach the outputs."""
-    from ctrcal.data.prepare import prepare
+    from ctrcal.api import prepare
 
     cfg = _cfg(min_count=2)
     cfg.data.synthetic.rows = 1_500

@@ -8,10 +8,11 @@ import pytest
 
 from ctrcal.cli import main
 from ctrcal.config import Config
+from ctrcal.core.errors import DataError
 from ctrcal.data.features import MISSING_ID, OOV_ID, FeatureMap, FeaturePipeline
-from ctrcal.data.prepare import prepare, split_role
+from ctrcal.api import prepare
+from ctrcal.data.prepare.prepare import split_role
 from ctrcal.data.synthetic import generate_frame, write_criteo
-from ctrcal.errors import DataError
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from interrupt import child_env, kill_9, snapshot
 
-from ctrcal.data.prepare import is_prepared
+from ctrcal.data.prepare.prepare import is_prepared
 from ctrcal.data.synthetic import generate_frame, write_criteo
 
 CHILD = r"""
 import sys
 from pathlib import Path
 from ctrcal.config import Config
-from ctrcal.data.prepare import prepare
+from ctrcal.api import prepare
 cfg = Config()
 cfg.features.min_count = 2
 Path(sys.argv[3]).write_text("started")

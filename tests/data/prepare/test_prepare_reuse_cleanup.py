@@ -6,9 +6,9 @@ import json
 import subprocess
 import sys
 
-from ctrcal.config_load import load_config
-from ctrcal.data.prepare import prepare
-from ctrcal.data.publish import OWNER_FILE, owned_temp_dir
+from ctrcal.api import prepare
+from ctrcal.data.prepare.publish import OWNER_FILE, owned_temp_dir
+from ctrcal.validate import load_config
 
 
 def test_reuse_removes_a_dead_runs_temporaries_and_keeps_a_live_ones(tmp_path):

@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ctrcal import metrics as M
 from ctrcal.cli import main
-from ctrcal.errors import DataError
-from ctrcal.eval import metrics as M
-from ctrcal.eval.smooth_ece import smooth_ece
-from ctrcal.predictions_file import Predictions, read_predictions
+from ctrcal.core.errors import DataError
+from ctrcal.metrics import smooth_ece
+from ctrcal.reports.calibration.predictions_file import Predictions, read_predictions
 
 HAND = """prob,label,site,hour
 0.10,0,a,1
@@ -104,10 +104,10 @@ def exported(prepared_dir, tmp_path_factory):
     """Test-split predictions of a tiny trained ctrcal run, written as a parquet file."""
     import torch
 
-    from ctrcal.config_load import load_config
     from ctrcal.data.loader import ParquetCTRData
     from ctrcal.train.predict import predict_probs
     from ctrcal.train.trainer import load_run, train
+    from ctrcal.validate import load_config
 
     root = tmp_path_factory.mktemp("exported")
     cfg = load_config(None, ["model.embedding_dim=4", "model.hidden_units=[16]",

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from ctrcal.cli import main
-from ctrcal.config_load import load_config
-from ctrcal.eval.plan import check_report, plan_shifts
+from ctrcal.reports.shift.plan import check_report, plan_shifts
+from ctrcal.validate import load_config
 
-CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.yaml"))
 
 BASE = """
 model: {dropout: 0.0}

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ctrcal.data.loader import Batch
-from ctrcal.eval.predictive import predict_split
+from ctrcal.reports.shift.predictive import predict_split
 
 NOISE = 2.0  # logit noise of a pass: large, so a mean of logits would be far off
 

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ctrcal import metrics as M
 from ctrcal.calibration.base import create_calibrator
-from ctrcal.eval import metrics as M
-from ctrcal.eval.figures import best_variant, plot_field_rce
-from ctrcal.eval.report_calibration import SplitFields, evaluation_metrics
+from ctrcal.reports.shift.calibrate import SplitFields, evaluation_metrics
+from ctrcal.reports.shift.figures import best_variant, plot_field_rce
 
 REPORT = SimpleNamespace(field_metrics=True, ece_bins=15, field_min_count=20)
 

@@ -116,7 +116,7 @@ def test_validate_checks_the_report_field_keys(tmp_path, capsys):
 
 def test_the_old_calibration_keys_translate_to_one_spec():
     from ctrcal.config import VariantConfig
-    from ctrcal.eval.calibration_keys import calibration_spec
+    from ctrcal.reports.shift.calibration_keys import calibration_spec
 
     spec = calibration_spec
     assert spec(VariantConfig("v")) is None

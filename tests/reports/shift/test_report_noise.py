@@ -104,9 +104,9 @@ def test_the_documented_example_is_a_valid_config(tmp_path):
     import re
     from pathlib import Path
 
-    from ctrcal.config_load import load_config
+    from ctrcal.validate import load_config
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     page = (root / "docs/shift-report.md").read_text()
     section = page.split("### Noise-injection training", 1)[1]
     example = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)

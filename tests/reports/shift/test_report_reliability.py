@@ -8,7 +8,7 @@ import re
 
 from interrupt import assert_same_training, ctrcal_argv, kill_9_when, run, snapshot, start
 
-from ctrcal.runs import data_identity
+from ctrcal.train.runs import data_identity
 
 CONFIG = """
 data: {synthetic: {rows: 2000, seed: 3}}

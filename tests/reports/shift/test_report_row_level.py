@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("ctrcal.train.trainer")
 
 from ctrcal.cli import main  # noqa: E402
-from ctrcal.config_load import load_config  # noqa: E402
-from ctrcal.errors import ConfigError  # noqa: E402
+from ctrcal.core.errors import ConfigError  # noqa: E402
+from ctrcal.validate import load_config  # noqa: E402
 
 TINY = """
 data:

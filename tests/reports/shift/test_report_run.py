@@ -119,9 +119,9 @@ def test_ensemble_averages_its_members_and_mc_variants_sample(tiny_report):
     import numpy as np
     import torch
 
+    from ctrcal import metrics as M
     from ctrcal.data.loader import ParquetCTRData
-    from ctrcal.eval import metrics as M
-    from ctrcal.eval.predictive import dropout_modules
+    from ctrcal.reports.shift.predictive import dropout_modules
     from ctrcal.train.trainer import load_run, predict_logits
 
     _, out = tiny_report
@@ -206,7 +206,7 @@ def test_shift_moves_predictions_of_a_trained_masknet(tiny_report):
     import torch
 
     from ctrcal.data.loader import ParquetCTRData
-    from ctrcal.eval.shifts import GaussianShift
+    from ctrcal.shifts.builtin import GaussianShift
     from ctrcal.train.trainer import load_run, predict_logits
 
     _, out = tiny_report
@@ -273,7 +273,7 @@ def test_original_space_noise_on_prepared_data(tiny_report):
 
     from ctrcal.data.features import FeatureMap
     from ctrcal.data.loader import Batch, ParquetCTRData
-    from ctrcal.eval.shifts import create_shift
+    from ctrcal.shifts.registry import create_shift
 
     _, out = tiny_report
     fm = FeatureMap.load(out / "data")

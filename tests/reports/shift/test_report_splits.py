@@ -8,16 +8,16 @@ import polars as pl
 import pytest
 import torch
 
+from ctrcal import metrics as M
 from ctrcal.calibration.isotonic import IsotonicCalibration
 from ctrcal.calibration.scaling import PlattScaling, TemperatureScaling
 from ctrcal.config import Config
-from ctrcal.config_load import load_config
 from ctrcal.data.features import FeatureMap
 from ctrcal.data.loader import ParquetCTRData
-from ctrcal.data.prepare import prepare
+from ctrcal.api import prepare
 from ctrcal.data.synthetic import generate_frame, write_criteo
-from ctrcal.eval import metrics as M
 from ctrcal.train.predict import predict_logits
+from ctrcal.validate import load_config
 
 INTENSITY = 0.5
 TEST_SCALE = 1000  # half of the test rows have their numerics multiplied by this
@@ -70,8 +70,8 @@ def splits(tmp_path_factory):
 def report(splits, tmp_path_factory):
     """The report run on those splits, recording every calibrator fit and every shift made."""
     from ctrcal.calibration import base as calibration_registry
-    from ctrcal.eval import shifts as shift_registry
-    from ctrcal.eval.report import run_shift_report
+    from ctrcal.reports.shift.report import run_shift_report
+    from ctrcal.shifts import registry as shift_registry
 
     _, data = splits
     root = tmp_path_factory.mktemp("report_splits_out")
@@ -147,7 +147,7 @@ def test_calibrators_are_fitted_on_clean_validation_only(splits, report):
 
 def test_the_gaussian_shift_uses_train_split_stds(splits, report):
     from ctrcal.data.loader import Batch
-    from ctrcal.eval.shifts import create_shift
+    from ctrcal.shifts.registry import create_shift
 
     frames, data = splits
     _, _, made = report

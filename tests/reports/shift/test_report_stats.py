@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 
 from ctrcal.config import NormSpec, VariantConfig
-from ctrcal.config_load import load_config
-from ctrcal.errors import ConfigError
-from ctrcal.eval import render as W
-from ctrcal.eval import report as R
-from ctrcal.eval import stats as S
-from ctrcal.eval import verdict as V
+from ctrcal.core.errors import ConfigError
+from ctrcal.reports.shift import render as W
+from ctrcal.reports.shift import report as R
+from ctrcal.reports.shift import stats as S
+from ctrcal.reports.shift import verdict as V
+from ctrcal.validate import load_config
 
 INTENSITIES = [0.0, 0.0625, 0.125, 0.25, 0.5]
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from ctrcal.calibration.base import Calibrator, register_calibrator
-from ctrcal.eval.metrics import ece
-from ctrcal.eval.windows import calibration_over_time, decay_sentence, windows
+from ctrcal.metrics import ece
+from ctrcal.reports.shift.windows import calibration_over_time, decay_sentence, windows
 
 
 class _Platt(Calibrator):
