@@ -127,8 +127,8 @@ def _child(code: str, *args: str) -> dict:
 
 
 def _prepare(rows: int, workdir: Path) -> Path:
-    from ctrcal.config import Config
     from ctrcal.api import prepare
+    from ctrcal.config import Config
 
     cfg = Config()
     cfg.data.synthetic.rows = rows

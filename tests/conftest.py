@@ -56,8 +56,8 @@ def criteo_files(criteo_frame, tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def prepared_dir(tmp_path_factory) -> Path:
     """A prepared synthetic dataset (~20k rows, seed 0, min_count 5), made once per session."""
-    from ctrcal.config import Config
     from ctrcal.api import prepare
+    from ctrcal.config import Config
 
     cfg = Config()
     cfg.data.synthetic.rows = PREPARED_ROWS

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from ctrcal.api import prepare
 from ctrcal.core.errors import DataError
 from ctrcal.data.parse import read_criteo
-from ctrcal.api import prepare
 
 GOOD = ["0", "1", "-1", "260.0", *["3"] * 10, *["05db9164"] * 26]
 

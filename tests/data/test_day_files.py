@@ -7,11 +7,11 @@ import numpy as np
 import polars as pl
 import pytest
 
+from ctrcal.api import prepare
 from ctrcal.config import Config
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS
 from ctrcal.data.features import NUM_RESERVED, OOV_ID, FeatureMap, FeaturePipeline, hash_bucket
 from ctrcal.data.parse import read_criteo
-from ctrcal.api import prepare
 from ctrcal.data.synthetic import generate_frame, write_criteo
 
 DAYS, ROWS_PER_DAY, CAP, BUCKETS = 24, 150, 20, 7

@@ -15,13 +15,13 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
+from ctrcal.api import prepare
 from ctrcal.config import Config
 from ctrcal.core.errors import DataError
 from ctrcal.data.coder import ColumnCoder, gather
-from ctrcal.api import prepare
-from ctrcal.data.prepare.prepare import clean_stale_temporaries
 from ctrcal.data.prepare import publish as publish_mod
 from ctrcal.data.prepare import write as write_mod
+from ctrcal.data.prepare.prepare import clean_stale_temporaries
 from ctrcal.data.synthetic import generate, prob_path, write_criteo
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,12 +10,12 @@ import polars as pl
 import pytest
 from interrupt import ctrcal_argv, kill_9, run, start
 
+from ctrcal.api import prepare
 from ctrcal.core.errors import DataError
 from ctrcal.data.chunks import BOM, iter_text_chunks
 from ctrcal.data.criteo import detect_format
 from ctrcal.data.loader import ParquetCTRData
 from ctrcal.data.parse import read_criteo
-from ctrcal.api import prepare
 
 
 @pytest.mark.parametrize("layout", ["x4", "dac"])

@@ -10,10 +10,10 @@ import numpy as np
 import polars as pl
 import pytest
 
+from ctrcal.api import prepare
 from ctrcal.config import Config
 from ctrcal.core.errors import DataError
 from ctrcal.data.feature_map import FeatureMap
-from ctrcal.api import prepare
 from ctrcal.data.schema import AVAZU, AVAZU_CATEGORICAL, prepared_feature_kinds, resolve_schema
 
 ROWS = 3_000

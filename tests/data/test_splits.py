@@ -6,11 +6,11 @@ import numpy as np
 import polars as pl
 import pytest
 
+from ctrcal.api import prepare
 from ctrcal.config import Config
 from ctrcal.core.errors import ConfigError, DataError
 from ctrcal.data.features import FeatureMap, FeaturePipeline
 from ctrcal.data.parse import read_criteo
-from ctrcal.api import prepare
 from ctrcal.data.splits import SplitPlan, count_records
 from ctrcal.data.synthetic import generate_frame, write_criteo
 from ctrcal.validate import load_config

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ctrcal.api import prepare
 from ctrcal.core.errors import DataError
 from ctrcal.data import criteo, parse, tsv_reader
-from ctrcal.api import prepare
 from ctrcal.data.synthetic import generate_frame, write_criteo
 
 pytestmark = pytest.mark.skipif(not tsv_reader.available(), reason="no C compiler here")

@@ -175,8 +175,8 @@ def test_the_lock_of_a_killed_train_is_free(prepared_dir, tmp_path):
 @pytest.fixture(scope="module")
 def no_click_valid(criteo_frame, tmp_path_factory) -> Path:
     """Prepared data whose valid split has no click (train and test have both classes)."""
-    from ctrcal.config import Config
     from ctrcal.api import prepare
+    from ctrcal.config import Config
     from ctrcal.data.synthetic import write_criteo
 
     frame, _ = criteo_frame

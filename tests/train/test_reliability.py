@@ -85,8 +85,8 @@ def test_a_checkpoint_replaced_by_a_malicious_pickle_is_refused_unexecuted(tmp_p
 
 
 def _unlabelled_test_dir(criteo_files, tmp_path) -> Path:
-    from ctrcal.config import Config
     from ctrcal.api import prepare
+    from ctrcal.config import Config
 
     cfg = Config()
     cfg.features.min_count = 1

@@ -8,6 +8,7 @@ import os
 import polars as pl
 import pytest
 
+from ctrcal.api import prepare
 from ctrcal.cli import main
 from ctrcal.config import Config
 from ctrcal.core.errors import DataError
@@ -15,7 +16,6 @@ from ctrcal.data import features as features_mod
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.data.feature_map import FEATURE_MAP_FILE
 from ctrcal.data.features import FeatureMap
-from ctrcal.api import prepare
 from ctrcal.data.prepare.prepare import is_prepared
 from ctrcal.data.synthetic import generate
 

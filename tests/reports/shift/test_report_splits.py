@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from ctrcal import metrics as M
+from ctrcal.api import prepare
 from ctrcal.calibration.isotonic import IsotonicCalibration
 from ctrcal.calibration.scaling import PlattScaling, TemperatureScaling
 from ctrcal.config import Config
 from ctrcal.data.features import FeatureMap
 from ctrcal.data.loader import ParquetCTRData
-from ctrcal.api import prepare
 from ctrcal.data.synthetic import generate_frame, write_criteo
 from ctrcal.train.predict import predict_logits
 from ctrcal.validate import load_config
