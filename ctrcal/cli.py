@@ -13,8 +13,9 @@ Subcommands::
     ctrcal validate CONFIG [--data DIR] [k=v ...]
                                                check a config (and its data) without running
     ctrcal calibration-report FILE --prob COL --label COL [--segments COLS] [--time COL
-                        [--windows N]] [--compare COL2] [--std COL] [--out DIR]
-                                               calibration report of any predictions file
+                        [--windows N]] [--compare COL2 [--gate SPEC [--gate-segments]]]
+                        [--std COL] [--out DIR]  calibration report of any predictions file
+                                               (--no-labels: label-free estimates alone)
 
 User errors print one line on stderr and exit non-zero (2 for configs and usage);
 ``--debug`` shows the traceback instead.
@@ -207,20 +208,64 @@ def cmd_shift_report(args: argparse.Namespace) -> int:
 
 
 def cmd_calibration_report(args: argparse.Namespace) -> int:
+    """Exit 0, or with ``--gate`` 0 on pass and 1 on fail; bad input exits 2 (a pipeline must
+    not read a malformed file as a failed gate)."""
+    from ctrcal.core.errors import ConfigError, DataError
     from ctrcal.reports.calibration.predictions_file import read_predictions
-    from ctrcal.reports.calibration.report import calibration_report
+    from ctrcal.reports.calibration.report import calibration_report, label_free_report
 
     segments = [s.strip() for part in args.segments for s in part.split(",") if s.strip()]
-    preds = read_predictions(
-        args.file, args.prob, args.label, segments=segments, time=args.time,
-        compare=args.compare, std=args.std,
-    )  # fmt: skip
+    pairs = [tuple(p.split(":")) for part in args.segment_pairs for p in part.split(",") if p]
+    for pair in pairs:
+        if len(pair) != 2 or not all(pair):
+            raise ConfigError(f"--segment-pairs: expected COL:COL, got {':'.join(pair)!r}")
+    if args.no_labels:
+        given = {
+            "--label": args.label,
+            "--compare": args.compare,
+            "--time": args.time,
+            "--std": args.std,
+            "--gate": args.gate,
+            "--segments": segments,
+        }
+        bad = [k for k, v in given.items() if v]
+        if bad:
+            raise ConfigError(f"--no-labels: {bad[0]} needs clicks; leave it out")
+    elif args.label is None:
+        raise ConfigError("--label COL is required (or --no-labels for label-free estimates)")
     out = args.out if args.out is not None else args.file.with_name(args.file.name + ".calibration")
-    paths = calibration_report(
-        preds, out, windows=args.windows, calibrator=args.calibrator, bootstrap=args.bootstrap,
-        seed=args.seed,
-    )  # fmt: skip
+    try:
+        preds = read_predictions(
+            args.file,
+            args.prob,
+            args.label,
+            segments=segments,
+            time=args.time,
+            compare=args.compare,
+            std=args.std,
+        )
+        if args.no_labels:
+            paths = label_free_report(preds, out)
+        else:
+            paths = calibration_report(
+                preds,
+                out,
+                windows=args.windows,
+                calibrator=args.calibrator,
+                bootstrap=args.bootstrap,
+                seed=args.seed,
+                min_count=args.min_count,
+                segment_pairs=pairs,
+                gate=args.gate,
+                gate_segments=args.gate_segments,
+            )
+    except DataError as exc:
+        exc.exit_code = 2
+        raise
     print(f"wrote {paths.markdown} ({preds.rows:,} rows), metrics.json and figures in {out}")
+    if paths.gate is not None:
+        print("\n".join(paths.gate.lines()))
+        return 0 if paths.gate.passed else 1
     return 0
 
 
@@ -361,9 +406,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("file", type=Path, help="predictions file: .parquet, .csv or .tsv (.gz)")
     p.add_argument("--prob", required=True, metavar="COL", help="predicted click probability")
-    p.add_argument("--label", required=True, metavar="COL", help="click label, 0/1")
-    p.add_argument("--segments", action="append", default=[], metavar="COLS",
-                   help="segment columns, comma-separated (Field-RCE, MCE)")  # fmt: skip
+    p.add_argument("--label", default=None, metavar="COL", help="click label, 0/1")
+    p.add_argument(
+        "--no-labels",
+        action="store_true",
+        help="no label column: the label-free estimates alone (monitoring)",
+    )
+    p.add_argument(
+        "--segments",
+        action="append",
+        default=[],
+        metavar="COLS",
+        help="segment columns, comma-separated (Field-RCE, MCE, worst segments)",
+    )
+    p.add_argument(
+        "--segment-pairs",
+        action="append",
+        default=[],
+        metavar="A:B",
+        help="pairs of segment columns whose value combinations are segments too",
+    )
+    p.add_argument(
+        "--min-count",
+        type=int,
+        default=100,
+        metavar="N",
+        help="rows a segment needs to be listed or gated (100)",
+    )
+    p.add_argument(
+        "--gate",
+        default=None,
+        metavar="SPEC",
+        help="deploy gate of --compare against --prob, e.g. 'ece:+0.002,auc:-0.001': "
+        "exit 0 pass, 1 fail, 2 bad input",
+    )
+    p.add_argument(
+        "--gate-segments", action="store_true", help="decide the gate's rules per segment value too"
+    )
     p.add_argument("--time", default=None, metavar="COL",
                    help="time column: calibration over consecutive time windows")  # fmt: skip
     p.add_argument("--windows", type=int, default=10, metavar="N", help="time windows (10)")

@@ -12,6 +12,7 @@ and is defined once, in a private submodule; this package is its one public name
 from __future__ import annotations
 
 from ctrcal.metrics._bootstrap import BootstrapCI, PairedCI, bootstrap_ci, paired_bootstrap
+from ctrcal.metrics._brier import BRIER_DEFINITIONS, BrierDecomposition, brier_decomposition
 from ctrcal.metrics._ecce import (
     ECCETest,
     Multicalibration,
@@ -27,6 +28,13 @@ from ctrcal.metrics._field import (
     field_calibration,
     field_ece,
     field_rce,
+)
+from ctrcal.metrics._label_free import (
+    LABEL_FREE_DEFINITIONS,
+    LABEL_FREE_METRICS,
+    expected_auc,
+    label_free_errors,
+    label_free_estimates,
 )
 from ctrcal.metrics._metrics import (
     CALIBRATION_DEFINITIONS,
@@ -45,12 +53,24 @@ from ctrcal.metrics._metrics import (
 )
 from ctrcal.metrics._recalibration import Recalibration, calibration_slope_intercept
 from ctrcal.metrics._risk_coverage import RiskCoverage, risk_coverage
+from ctrcal.metrics._segments import (
+    MAX_SEGMENT_VALUES,
+    Segment,
+    SegmentScan,
+    holm,
+    worst_segments,
+)
 from ctrcal.metrics._smooth_ece import SmoothECE, smooth_ece, smooth_ece_at
 
 __all__ = [
+    "BRIER_DEFINITIONS",
     "CALIBRATION_DEFINITIONS",
     "DEFINITIONS",
+    "LABEL_FREE_DEFINITIONS",
+    "LABEL_FREE_METRICS",
+    "MAX_SEGMENT_VALUES",
     "BootstrapCI",
+    "BrierDecomposition",
     "ECCETest",
     "FieldCalibration",
     "Multicalibration",
@@ -58,10 +78,13 @@ __all__ = [
     "Recalibration",
     "ReliabilityCurve",
     "RiskCoverage",
+    "Segment",
+    "SegmentScan",
     "SmoothECE",
     "auc",
     "bootstrap_ci",
     "brier",
+    "brier_decomposition",
     "bucketize",
     "calibration_free_ne",
     "calibration_slope_intercept",
@@ -72,9 +95,13 @@ __all__ = [
     "ecce_pvalue_from_sigmas",
     "ecce_std",
     "ecce_test",
+    "expected_auc",
     "field_calibration",
     "field_ece",
     "field_rce",
+    "holm",
+    "label_free_errors",
+    "label_free_estimates",
     "logloss",
     "multicalibration_error",
     "normalized_entropy",
@@ -84,4 +111,5 @@ __all__ = [
     "risk_coverage",
     "smooth_ece",
     "smooth_ece_at",
+    "worst_segments",
 ]

@@ -37,22 +37,25 @@ class Predictions:
     Attributes:
         source: where they came from (for messages).
         prob: [n] float64 probabilities of the model (column ``names["prob"]``).
-        label: [n] float64 labels, 0/1.
+        label: [n] float64 labels, 0/1 (None: read without labels, for label-free estimates).
         compare: [n] a second model's probabilities, or None.
         std: [n] predictive standard deviations, or None.
         time: [n] int64 or float64 times, or None.
         segments: segment name -> [n] int32 codes.
+        segment_values: segment name -> the value of each code, as text (a bucket of a
+            floating-point column is its range).
         names: role (``prob``, ``label``, ``compare``, ``std``, ``time``) -> column name.
     """
 
     source: str
     prob: np.ndarray
-    label: np.ndarray
+    label: np.ndarray | None
     compare: np.ndarray | None = None
     std: np.ndarray | None = None
     time: np.ndarray | None = None
     segments: dict[str, np.ndarray] = field(default_factory=dict)
     names: dict[str, str] = field(default_factory=dict)
+    segment_values: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -63,7 +66,7 @@ class Predictions:
         cls,
         columns: Mapping[str, Any],
         prob: str,
-        label: str,
+        label: str | None,
         *,
         segments: Sequence[str] = (),
         time: str | None = None,
@@ -101,13 +104,23 @@ class Predictions:
             return f"{source}: column {c!r}, row {i + 1}{line}"
 
         p = _probabilities(arrays[prob], prob, where)
-        y = _labels(arrays[label], label, where)
+        y = _labels(arrays[label], label, where) if label is not None else None
         other = _probabilities(arrays[compare], compare, where) if compare else None
         sd = _std(arrays[std], std, where) if std else None
         t = _times(arrays[time], time, where) if time else None
-        codes = {c: _codes(arrays[c]) for c in segments}
+        coded = {c: _codes(arrays[c], c, source) for c in segments}
         names = {k: v for k, v in roles.items() if v is not None}
-        return cls(source, p, y, other, sd, t, codes, names)
+        return cls(
+            source,
+            p,
+            y,
+            other,
+            sd,
+            t,
+            {c: v[0] for c, v in coded.items()},
+            names,
+            {c: v[1] for c, v in coded.items()},
+        )
 
 
 def _numbers(a: np.ndarray, c: str, where) -> np.ndarray:
@@ -185,15 +198,26 @@ def _times(a: np.ndarray, c: str, where) -> np.ndarray:
     return parsed.to_numpy().astype("datetime64[ns]").astype(np.int64)
 
 
-def _codes(a: np.ndarray) -> np.ndarray:
+def _codes(a: np.ndarray, c: str, source: str) -> tuple[np.ndarray, list[str]]:
+    """Codes of a segment column and the value of each code; DataError above the cap."""
     import pandas as pd
 
-    from ctrcal.metrics import bucketize
+    from ctrcal.metrics import MAX_SEGMENT_VALUES, bucketize
 
     if a.dtype.kind == "f" and np.unique(a[np.isfinite(a)]).size > 2 * NUMERIC_BUCKETS:
-        return bucketize(a, NUMERIC_BUCKETS).astype(np.int32)
-    codes, _ = pd.factorize(pd.Series(a), use_na_sentinel=False)
-    return codes.astype(np.int32)
+        codes = bucketize(a, NUMERIC_BUCKETS).astype(np.int32)
+        values = []
+        for k in range(int(codes.max()) + 1):
+            sel = a[(codes == k) & np.isfinite(a)]
+            values.append(f"[{sel.min():.4g}, {sel.max():.4g}]" if sel.size else "missing")
+        return codes, values
+    codes, uniques = pd.factorize(pd.Series(a), use_na_sentinel=False)
+    if len(uniques) > MAX_SEGMENT_VALUES:
+        raise DataError(
+            f"{source}: segment column {c!r} has {len(uniques):,} distinct values, more than "
+            f"the {MAX_SEGMENT_VALUES:,} a segment may have (an identifier, not a segment)"
+        )
+    return codes.astype(np.int32), [str(v) for v in uniques]
 
 
 def _csv_separator(path: Path) -> str:
@@ -204,7 +228,7 @@ def _csv_separator(path: Path) -> str:
 def read_predictions(
     path: str | Path,
     prob: str,
-    label: str,
+    label: str | None,
     *,
     segments: Sequence[str] = (),
     time: str | None = None,

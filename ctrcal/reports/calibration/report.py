@@ -16,7 +16,13 @@ directory:
   resampled rows) and the interval and p-value of the difference;
 * with ``std``: risk–coverage (AUC and logloss on the 50/80/100 % most confident rows);
 * with ``time``: calibration over consecutive time windows (:mod:`ctrcal.reports.shift.windows`),
-  ``windows.csv``, ``windows.png`` and the decay sentence.
+  ``windows.csv``, ``windows.png`` and the decay sentence;
+* with segments: the worst segments, ranked and tested (``ctrcal.metrics.worst_segments``),
+  and ``segments.png``;
+* with ``gate``: the deploy gate's rules and verdict (:mod:`ctrcal.reports.calibration.gate`);
+* always: Murphy's Brier decomposition and the label-free estimates beside the measured values
+  (``ctrcal.metrics.brier_decomposition``, ``label_free_errors``); without labels
+  (:func:`label_free_report`) the estimates alone.
 
 It reads top to bottom and calls components; the metrics, bootstrap and windows own their
 rules.
@@ -25,7 +31,7 @@ rules.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,22 +40,40 @@ import numpy as np
 
 from ctrcal import metrics as M
 from ctrcal.core.utils import write_json_atomic, write_text_atomic
+from ctrcal.metrics import (
+    BRIER_DEFINITIONS,
+    LABEL_FREE_METRICS,
+    bootstrap_ci,
+    brier_decomposition,
+    calibration_slope_intercept,
+    label_free_errors,
+    label_free_estimates,
+    paired_bootstrap,
+    smooth_ece,
+)
 from ctrcal.metrics import DEFINITIONS as RECAL_DEFINITIONS
 from ctrcal.metrics import DEFINITIONS as SMOOTH_DEFINITIONS
-from ctrcal.metrics import bootstrap_ci, calibration_slope_intercept, paired_bootstrap, smooth_ece
 from ctrcal.reports.calibration.predictions_file import Predictions
 
-__all__ = ["CalibrationReportPaths", "calibration_report", "model_metrics"]
+__all__ = ["CalibrationReportPaths", "calibration_report", "label_free_report", "model_metrics"]
 
 TABLE = [
-    "auc", "logloss", "brier", "ne", "ne_calfree", "ece", "ece_mass", "smooth_ece", "pcoc",
+    "auc", "logloss", "brier", "brier_reliability", "brier_resolution", "brier_uncertainty",
+    "brier_remainder", "ne", "ne_calfree", "ece", "ece_mass", "smooth_ece", "pcoc",
     "cal_slope", "cal_intercept", "cal_intercept_large", "ecce", "ecce_sigmas", "ecce_pvalue",
     "field_rce_mean", "field_rce_max", "field_ece_mean", "field_ece_max", "mce", "mce_sigmas",
     "mce_pvalue",
 ]  # fmt: skip
-DEFINITIONS = {**M.DEFINITIONS, **M.CALIBRATION_DEFINITIONS, **SMOOTH_DEFINITIONS,
-               **RECAL_DEFINITIONS}  # fmt: skip
+DEFINITIONS = {
+    **M.DEFINITIONS,
+    **M.CALIBRATION_DEFINITIONS,
+    **SMOOTH_DEFINITIONS,
+    **RECAL_DEFINITIONS,
+    **BRIER_DEFINITIONS,
+}
 FLOOR = "perfectly calibrated (simulated)"
+SEGMENTS_LISTED = 20  # segments listed at least (all flagged ones when more)
+GATE_LEVEL = 0.95  # the paired bootstrap's interval whose ends the gate reads
 
 
 @dataclass(frozen=True)
@@ -59,9 +83,11 @@ class CalibrationReportPaths:
     out_dir: Path
     markdown: Path
     metrics: Path
-    reliability: Path
+    reliability: Path | None
     windows_csv: Path | None = None
     windows_png: Path | None = None
+    segments_png: Path | None = None
+    gate: Any = None  # the GateDecision when a gate was asked for
 
 
 def _usable(segments: Mapping[str, np.ndarray], rows: np.ndarray | None) -> dict[str, np.ndarray]:
@@ -89,6 +115,7 @@ def model_metrics(
     s = smooth_ece(probs, labels)
     out.update(smooth_ece=float(s), smooth_ece_sigma=s.sigma)
     out.update(calibration_slope_intercept(probs, labels).as_dict())
+    out.update(brier_decomposition(probs, labels, n_bins).as_dict())
     return out
 
 
@@ -118,6 +145,9 @@ def calibration_report(
     seed: int = 0,
     n_bins: int = 15,
     min_count: int = 100,
+    segment_pairs: Sequence[tuple[str, str]] = (),
+    gate: str | None = None,
+    gate_segments: bool = False,
 ) -> CalibrationReportPaths:
     """Write the calibration report of a predictions file into ``out_dir`` (module docstring).
 
@@ -130,12 +160,23 @@ def calibration_report(
         bootstrap: row-bootstrap replicates (intervals, paired comparison, windows).
         seed: seed of the bootstrap and of the floor's simulated labels.
         n_bins: ECE bins.
-        min_count: Field-RCE/ECE pool segment values with fewer rows.
+        min_count: Field-RCE/ECE pool segment values with fewer rows; the worst-segment list
+            and the per-segment gate skip them.
+        segment_pairs: pairs of segment columns whose value combinations are segments too.
+        gate: a deploy-gate SPEC (:mod:`ctrcal.reports.calibration.gate`); needs ``preds.compare``.
+        gate_segments: decide the gate's rules per segment value as well.
     """
     from ctrcal.calibration.base import create_calibrator
     from ctrcal.core.errors import ConfigError
+    from ctrcal.metrics import worst_segments
+    from ctrcal.reports.calibration.gate import GateDecision, decide, parse_gate
+    from ctrcal.reports.calibration.gate import gate_segments as gate_per_segment
+    from ctrcal.reports.calibration.segment_figure import plot_segments
     from ctrcal.reports.shift.figures import plot_reliability
 
+    if preds.label is None:
+        raise ConfigError("the calibration report needs labels; without them: label_free_report")
+    rules = _check_gate(preds, gate, gate_segments, segment_pairs, parse_gate)
     if not isinstance(bootstrap, int) or bootstrap < 2:
         raise ConfigError(f"bootstrap: expected at least 2 replicates, got {bootstrap!r}")
     if preds.time is not None:
@@ -154,8 +195,17 @@ def calibration_report(
         "source": preds.source, "rows": preds.rows, "columns": names,
         "segments": list(segs), "clicks": float(y.sum()), "seed": seed, "replicates": bootstrap,
         "model": model, "bootstrap": {k: c.as_dict() for k, c in ci.items()},
-        "floor": floor,
+        "floor": floor, "label_free": label_free_errors(p, y, model),
     }  # fmt: skip
+    paths: dict[str, Path] = {}
+    if segs:
+        scan = worst_segments(
+            p, y, segs, pairs=segment_pairs, value_names=preds.segment_values, min_count=min_count
+        )
+        result["worst_segments"] = scan.as_dict(top=max(SEGMENTS_LISTED, scan.flagged_count))
+        paths["segments"] = plot_segments(
+            scan, out / "segments.png", title=f"Segments: {Path(preds.source).name}"
+        )
     curves: dict[str, dict[str, Any]] = {names["prob"]: _curves(p, y, n_bins)}
     if preds.compare is not None:
         pb = preds.compare
@@ -163,32 +213,121 @@ def calibration_report(
         def fn(probs: np.ndarray, labels: np.ndarray, rows: np.ndarray | None):
             return model_metrics(probs, labels, segs, rows, **opts)
 
-        paired = paired_bootstrap(fn, p, pb, y, n_boot=bootstrap, seed=seed)
+        paired = paired_bootstrap(fn, p, pb, y, n_boot=bootstrap, seed=seed, level=GATE_LEVEL)
         result["compare"] = {
             k: {"a": c.a.as_dict(), "b": c.b.as_dict(), "diff": c.diff.as_dict(),
                 "pvalue": c.pvalue} for k, c in paired.items()
         }  # fmt: skip
+        if rules is not None:
+            decision = decide(gate, rules, paired, GATE_LEVEL)
+            skipped = 0
+            if gate_segments:
+                more, skipped = gate_per_segment(
+                    rules,
+                    p,
+                    pb,
+                    y,
+                    segs,
+                    preds.segment_values,
+                    min_count=min_count,
+                    n_boot=bootstrap,
+                    seed=seed,
+                    n_bins=n_bins,
+                )
+                decision = GateDecision(gate, GATE_LEVEL, decision.results + more)
+            result["gate"] = {**decision.as_dict(), "segments_skipped": skipped}
         curves[names["compare"]] = _curves(pb, y, n_bins)
     curves[FLOOR] = _curves(p, _floor_labels(p, seed), n_bins)
     if preds.std is not None:
         from ctrcal.metrics import risk_coverage
 
         result["risk_coverage"] = risk_coverage(p, y, preds.std).as_dict()
-    paths = {
-        "reliability": plot_reliability(
-            curves, out / "reliability.png", ["uniform", "quantile"],
-            title=f"Reliability: {Path(preds.source).name}",
-            panel_titles=[f"{n_bins} equal-width bins", f"{n_bins} equal-mass bins"],
-        )
-    }  # fmt: skip
+    paths["reliability"] = plot_reliability(
+        curves,
+        out / "reliability.png",
+        ["uniform", "quantile"],
+        title=f"Reliability: {Path(preds.source).name}",
+        panel_titles=[f"{n_bins} equal-width bins", f"{n_bins} equal-mass bins"],
+    )
     if preds.time is not None:
         paths.update(_windows(preds, out, result, windows, calibrator, bootstrap, seed, min_count))
     write_json_atomic(out / "metrics.json", _jsonable(result))
     write_text_atomic(out / "report.md", render_markdown(result))
     return CalibrationReportPaths(
-        out, out / "report.md", out / "metrics.json", paths["reliability"],
-        paths.get("windows_csv"), paths.get("windows_png"),
-    )  # fmt: skip
+        out,
+        out / "report.md",
+        out / "metrics.json",
+        paths["reliability"],
+        paths.get("windows_csv"),
+        paths.get("windows_png"),
+        paths.get("segments"),
+        decision if rules is not None else None,
+    )
+
+
+def gate_metrics(segments: bool) -> list[str]:
+    """The metrics a gate rule may name (the field-level ones only with segment columns)."""
+    return [k for k in TABLE if segments or not k.startswith(("field_", "mce"))]
+
+
+def _check_gate(
+    preds: Predictions, gate: str | None, per_segment: bool, pairs: Sequence[tuple[str, str]], parse
+) -> list | None:
+    """The gate's rules (None without a gate), and the options that need one, checked before
+    any work."""
+    from ctrcal.core.errors import ConfigError
+
+    for pair in pairs:
+        for c in pair:
+            if c not in preds.segments:
+                raise ConfigError(f"--segment-pairs: {c!r} is not one of the --segments columns")
+    if per_segment and gate is None:
+        raise ConfigError("--gate-segments: needs --gate SPEC")
+    if per_segment and not preds.segments:
+        raise ConfigError("--gate-segments: needs --segments COLS")
+    if gate is None:
+        return None
+    if preds.compare is None:
+        raise ConfigError("--gate: needs --compare COL (the candidate's probabilities)")
+    return parse(gate, gate_metrics(bool(preds.segments)))
+
+
+def label_free_report(preds: Predictions, out_dir: str | Path) -> CalibrationReportPaths:
+    """``--no-labels``: the label-free estimates alone, for monitoring (no clicks needed).
+
+    Writes ``report.md`` and ``metrics.json`` into ``out_dir``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    est = label_free_estimates(preds.prob)
+    result = {
+        "source": preds.source,
+        "rows": preds.rows,
+        "columns": preds.names,
+        "label_free": {f"{k}_est": v for k, v in est.items()},
+    }
+    lines = [
+        f"# Label-free estimates: {Path(preds.source).name}",
+        "",
+        f"{preds.rows:,} rows; probability column `{preds.names['prob']}`; no labels.",
+        "",
+        *_label_free_intro(),
+        "",
+        *_table(["metric", "estimate"], [[k, _fmt(est[k])] for k in LABEL_FREE_METRICS]),
+        "",
+    ]
+    write_json_atomic(out / "metrics.json", _jsonable(result))
+    write_text_atomic(out / "report.md", "\n".join(lines) + "\n")
+    return CalibrationReportPaths(out, out / "report.md", out / "metrics.json", None)
+
+
+def _label_free_intro() -> list[str]:
+    return [
+        "**Label-free estimates**: the values the model expects of itself if its "
+        "probabilities are calibrated (AUC as NannyML's CBPE estimates it; logloss as the mean "
+        "entropy of the predictions; click rate as their mean). They are only as good as the "
+        "calibration: the error column is what a monitor without labels would get wrong here."
+    ]
 
 
 def _curves(p: np.ndarray, y: np.ndarray, n_bins: int) -> dict[str, dict[str, list[float]]]:
@@ -315,6 +454,101 @@ def render_markdown(r: dict[str, Any]) -> str:
         lines += _table(["window", "rows", "ECE uncalibrated", "ECE stale", "ECE fresh",
                          "stale − fresh", "detectable"], rows)  # fmt: skip
         lines += ["", "Per-window PCOC, NE and Field-RCE as well: `windows.csv`.", ""]
+    lines += _brier_lines(r["model"]) + _label_free_lines(r["label_free"])
+    if "worst_segments" in r:
+        lines += _segment_lines(r["worst_segments"])
+    if "gate" in r:
+        lines += _gate_lines(r["gate"], cols)
     lines += ["## Reliability", "", "![reliability](reliability.png)", "", "## Definitions", ""]
     lines += [f"- **{k}**: {DEFINITIONS[k]}" for k in TABLE if k in DEFINITIONS]
     return "\n".join(lines) + "\n"
+
+
+def _brier_lines(m: dict[str, Any]) -> list[str]:
+    keys = ("brier_reliability", "brier_resolution", "brier_uncertainty", "brier_remainder")
+    if not all(k in m for k in keys):
+        return []
+    rel, res, unc, rem = (m[k] for k in keys)
+    return [
+        "## Brier decomposition",
+        "",
+        f"Murphy (1973) on the ECE bins: Brier {_fmt(m['brier'])} = reliability {_fmt(rel)} − "
+        f"resolution {_fmt(res)} + uncertainty {_fmt(unc)} + remainder {_fmt(rem)} (the "
+        "remainder is what the bins leave out: the within-bin variance of p minus twice its "
+        "within-bin covariance with the clicks).",
+        "",
+    ]
+
+
+def _label_free_lines(lf: dict[str, float]) -> list[str]:
+    rows = [
+        [m, _fmt(lf[f"{m}_est"]), _fmt(lf[f"{m}_measured"]), _fmt(lf[f"{m}_est_err"])]
+        for m in LABEL_FREE_METRICS
+    ]
+    return [
+        "## Label-free estimates",
+        "",
+        *_label_free_intro(),
+        "",
+        *_table(["metric", "estimate", "measured", "error (estimate − measured)"], rows),
+        "",
+    ]
+
+
+def _segment_lines(ws: dict[str, Any]) -> list[str]:
+    lines = [
+        "## Worst segments",
+        "",
+        f"{ws['tested']:,} segments tested, {ws['skipped']:,} with fewer than "
+        f"{ws['min_count']:,} rows skipped; {ws['flagged']:,} flagged at a family-wise "
+        f"α = {ws['alpha']:g} (p-values adjusted by Holm's method over every segment tested). "
+        "Ranked by σ = (observed − predicted clicks) / sqrt(Σp(1−p)); ratio = observed / "
+        f"predicted with its exact Poisson {100 * ws['level']:g} % interval; *detectable*: the "
+        "smallest relative error this segment would reveal (50 % power).",
+        "",
+    ]
+    rows = [
+        [
+            s["name"],
+            f"{s['rows']:,}",
+            f"{s['observed']:.0f}",
+            f"{s['predicted']:.1f}",
+            f"{s['ratio']:.3f} [{s['low']:.3f}, {s['high']:.3f}]",
+            f"{s['sigma']:+.1f}",
+            f"{s['pvalue_adjusted']:.2g}",
+            f"{s['detectable']:.3f}",
+        ]
+        for s in ws["segments"]
+    ]
+    lines += _table(
+        ["segment", "rows", "observed", "predicted", "ratio [CI]", "σ", "p (Holm)", "detectable"],
+        rows,
+    )
+    return lines + ["", "![segments](segments.png)", ""]
+
+
+def _gate_lines(g: dict[str, Any], cols: dict[str, str]) -> list[str]:
+    lines = [
+        f"## Deploy gate: {g['verdict'].upper()}",
+        "",
+        f"Candidate `{cols['compare']}` against baseline `{cols['prob']}`, rules `{g['spec']}`, "
+        f"each decided on the bound of the paired bootstrap's {100 * g['level']:g} % interval "
+        "of candidate − baseline (a `+` rule on its upper end, a `-` rule on its lower end)."
+        + (
+            f" {g['segments_skipped']:,} segment values below the minimum count not gated."
+            if g["segments_skipped"]
+            else ""
+        ),
+        "",
+    ]
+    rows = [
+        [
+            r["rule"],
+            r["scope"],
+            _fmt(r["diff"]),
+            _fmt(r["bound"]),
+            "pass" if r["pass"] else "**fail**",
+        ]
+        for r in g["rules"]
+    ]
+    return lines + _table(["rule", "rows", "difference", "bound", "result"], rows) + [""]

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ctrcal import metrics as M
+from ctrcal.reports.shift.shift_tables import shift_report_extras
 
 __all__ = ["SplitFields", "evaluation_metrics", "load_split_fields", "oracle_calibration"]
 
@@ -95,15 +96,16 @@ def evaluation_metrics(
     """Every metric of one evaluation on ``rows`` (all when None), per the report settings.
 
     Without ``fields`` (or with ``report.field_metrics`` off) only the global and bin-free
-    metrics; with them also Field-RCE/ECE (summary and per field) and the multicalibration
-    error.
+    metrics, the Brier decomposition and the label-free estimates; with them also
+    Field-RCE/ECE (summary and per field), the multicalibration error and the worst-segment
+    counts (:func:`~ctrcal.reports.shift.shift_tables.shift_report_extras`).
     """
     p = probs if rows is None else probs[rows]
     y = labels if rows is None else labels[rows]
     use = fields.usable(rows) if (fields is not None and report.field_metrics) else None
     if use is not None and not use.names:
         use = None
-    return M.calibration_summary(
+    out = M.calibration_summary(
         p,
         y,
         None if use is None else use.codes,
@@ -111,6 +113,8 @@ def evaluation_metrics(
         n_bins=report.ece_bins,
         min_count=report.field_min_count,
     )
+    out.update(shift_report_extras(p, y, out, use, report.ece_bins, report.field_min_count))
+    return out
 
 
 def oracle_calibration(

@@ -36,6 +36,7 @@ from ctrcal.reports.shift.jobs import DataJob
 from ctrcal.reports.shift.plan import ShiftPlan, VariantPlan
 from ctrcal.reports.shift.predictive import Prediction, predict_split
 from ctrcal.reports.shift.row_level import RowLevel, risk_coverage_values, window_report
+from ctrcal.reports.shift.shift_tables import record_segments
 from ctrcal.reports.shift.stats import CLEAN
 
 __all__ = [
@@ -308,6 +309,10 @@ class EvalGrid:
                 label, s = self.natural.label, 1.0
             self.record(plan.name, label, k, noise_seed, s, values)
             strongest = sp is not None and s == max(sp.intensities)
+            if k == 0 and noise_seed == 0 and (sp is None or strongest):
+                store = self.row_level.segments.setdefault(plan.name, {})
+                point = label if sp is None else f"{label} @ {s:g}"
+                record_segments(store, point, probs, labels, sel, self.test.fields, r)
             if noise_seed == 0 and (sp is None or strongest):
                 self.accumulate(plan.name, (label, s), probs[sel], labels[sel])
             bar.update(1)

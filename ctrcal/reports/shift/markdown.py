@@ -45,6 +45,9 @@ SECTIONS = [
     ("ECE (15 equal-mass bins)", "ece_mass"),
     ("Logloss", "logloss"),
     ("Brier score", "brier"),
+    # Murphy's decomposition on the ECE bins (ctrcal.metrics.brier_decomposition)
+    ("Brier reliability (calibration term, lower is better)", "brier_reliability"),
+    ("Brier resolution (higher is better)", "brier_resolution"),
     ("PCOC (Σp / Σy)", "pcoc"),
     ("Normalized entropy", "ne"),
     # field-level and bin-free calibration (ctrcal.reports.shift.calibrate)
@@ -275,7 +278,13 @@ def render_markdown(
             lines += [f"- [{path.name}]({path.name}): {_caption(key)}"]
         lines += [""]
     lines += ["## Metric definitions", ""]
-    definitions = {**M.DEFINITIONS, **M.CALIBRATION_DEFINITIONS, **EXTRA_DEFINITIONS}
+    definitions = {
+        **M.DEFINITIONS,
+        **M.CALIBRATION_DEFINITIONS,
+        **EXTRA_DEFINITIONS,
+        **M.BRIER_DEFINITIONS,
+        **M.LABEL_FREE_DEFINITIONS,
+    }
     lines += [f"- **{k}**: {v}" for k, v in definitions.items()]
     lines += [
         "- per field: `results.csv` holds `field_rce:<field>` and `field_ece:<field>` of every "
@@ -357,5 +366,3 @@ def _caption(key: str) -> str:
         "vs fresh vs uncalibrated",
     }.get(kind, kind)
     return f"{text} — {shift}" if shift else text
-
-

@@ -241,6 +241,7 @@ def write_report(
     """
     from ctrcal.reports.shift.figures import write_figures
     from ctrcal.reports.shift.row_level_render import row_level_figures, row_level_lines
+    from ctrcal.reports.shift.shift_tables import label_free_lines, segment_lines
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -261,6 +262,8 @@ def write_report(
         if row_level is not None:
             paths.figures.update(row_level_figures(row_level, out_dir))
     extra = row_level_lines(row_level, paths.figures)
+    extra += label_free_lines(summary.table, summary.variants, shifts)
+    extra += segment_lines(row_level.segments if row_level is not None else {})
     write_text_atomic(
         paths.report_md, render_markdown(summary, meta, paths.figures, shifts, extra=extra)
     )

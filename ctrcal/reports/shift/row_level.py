@@ -123,11 +123,14 @@ class RowLevel:
             of training seed 0.
         n_boot: bootstrap replicates.
         windows: one :class:`WindowReport` per calibrated variant.
+        segments: variant -> point -> the worst segments of training seed 0
+            (:func:`~ctrcal.reports.shift.shift_tables.record_segments`).
     """
 
     bootstrap: dict[str, dict[str, Any]] = field(default_factory=dict)
     n_boot: int = 0
     windows: list[WindowReport] = field(default_factory=list)
+    segments: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The ``summary.json`` entry ``row_level``."""
@@ -153,6 +156,7 @@ class RowLevel:
                 }
                 for w in self.windows
             ],
+            "segments": self.segments,
         }
 
 

@@ -73,7 +73,7 @@ def test_bad_input_is_one_line_naming_the_column_and_the_row(tmp_path, capsys, e
     path = _hand(tmp_path, HAND.replace(*edit))
     args = ["calibration-report", str(path), "--prob", "prob", "--label", "label",
             "--out", str(tmp_path / "rep")]  # fmt: skip
-    assert main(args) == 1
+    assert main(args) == 2  # bad input: 2, so that a pipeline never reads it as a failed gate
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and message in err and str(path) in err
     assert not (tmp_path / "rep").exists()
@@ -175,5 +175,5 @@ def test_bad_options_answer_before_any_work(tmp_path, capsys):
     assert main([*base, "--bootstrap", "1"]) == 2
     assert not (tmp_path / "rep").exists()
     # more windows than the file has time steps: named by the time column
-    assert main([*base, "--time", "hour", "--windows", "4", "--calibrator", "label_shift"]) == 1
+    assert main([*base, "--time", "hour", "--windows", "4", "--calibrator", "label_shift"]) == 2
     assert "column 'hour': time: 4 distinct times cannot make 5 windows" in capsys.readouterr().err

@@ -51,8 +51,20 @@ def test_report_has_field_metrics_calibrators_figure_and_oracle(tmp_path):
     fields = res[res["metric"].str.startswith("field_rce:")]
     top = fields.groupby(["variant", "intensity"])["value"].max()
     pd.testing.assert_series_equal(top.sort_index(), worst.sort_index(), check_names=False)
+    # Brier terms sum to the Brier score; label-free errors are estimate − measured
+    wide = res.pivot_table(index=["variant", "intensity"], columns="metric", values="value")
+    terms = wide["brier_reliability"] - wide["brier_resolution"] + wide["brier_uncertainty"]
+    pd.testing.assert_series_equal(
+        terms + wide["brier_remainder"], wide["brier"], check_names=False, rtol=1e-9
+    )
+    pd.testing.assert_series_equal(
+        wide["auc_est"] - wide["auc"], wide["auc_est_err"], check_names=False, rtol=1e-9
+    )
+    assert (wide["segments_flagged"] >= 0).all() and (wide["segment_sigma_max"] >= 0).all()
     text = (out / "report.md").read_text()
     assert "### Field-RCE, mean over fields" in text and "### Multicalibration error" in text
+    assert "## Label-free estimates under shift" in text and "| isotonic | 50 % |" in text
+    assert "### Brier reliability" in text and "## Worst segments" in text
     assert "calibration floor" in text  # the oracle's Field-RCE / ECCE on synthetic data
     assert (out / "fig_gaussian_numeric_field_rce.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "fig_gaussian_numeric_field_calibration.png").exists()
@@ -60,6 +72,9 @@ def test_report_has_field_metrics_calibrators_figure_and_oracle(tmp_path):
     described = " ".join(summary["variant_descriptions"])
     assert "isotonic regression on clean validation" in described
     assert "field-aware platt calibration on C1 (shrinkage 50)" in described
+    listed = summary["row_level"]["segments"]["layernorm"]
+    assert set(listed) == {"clean", "gaussian_numeric @ 0.5"}
+    assert listed["clean"]["adjustment"] == "holm" and listed["clean"]["tested"] > 0
     oracle = summary["oracle_calibration"]
     assert 0 <= oracle["field_rce_mean"] <= oracle["field_rce_max"]
 
