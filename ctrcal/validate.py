@@ -399,6 +399,8 @@ def check_train(cfg: Config, problems: Problems) -> None:
     problems.number("train.weight_decay", t.weight_decay, low=0.0)
     problems.number("train.emb_l2", t.emb_l2, low=0.0)
     problems.number("train.grad_clip", t.grad_clip, low=0.0)
+    if t.max_embedding_gib is not None:
+        problems.number("train.max_embedding_gib", t.max_embedding_gib, low=0.0, low_open=True)
     if not _DEVICE.match(t.device.strip()):
         problems.add("train.device", f"expected auto, cpu, cuda or cuda:N, got {t.device!r}")
     if t.finetune_from is not None and not t.finetune_from.strip():
@@ -512,28 +514,20 @@ def load_config(
 
 def validate_data(cfg: Config, data_dir: Path, source: str) -> None:
     """What ``ctrcal validate --data`` adds: every shift the config evaluates or trains under
-    can apply to that prepared data (its feature kinds, original-space statistics).
+    can apply to that prepared data (its feature kinds, original-space statistics), and the
+    model's embedding tables fit ``train.max_embedding_gib``.
 
     Raises:
         DataError: naming the config's file and key, the shift and the data.
+        ConfigError: tables above the limit, naming the key and the size.
     """
     from ctrcal.data.feature_map import FeatureMap
-    from ctrcal.reports.shift.jobs import check_data_for_shifts, check_shifts_apply
+    from ctrcal.reports.shift.jobs import check_data_for_shifts
     from ctrcal.reports.shift.plan import plan_shifts
+    from ctrcal.shifts.data_check import check_training_data
+    from ctrcal.train.table_limit import check_table_size
 
     feature_map = FeatureMap.load(data_dir)
     check_data_for_shifts(plan_shifts(cfg, source), feature_map, data_dir, source)
-    check_shifts_apply(training_shifts(cfg), feature_map, data_dir, source)
-
-
-def training_shifts(cfg: Config) -> list[tuple[str, Any]]:
-    """``(config key, ShiftKind)`` of every shift a config trains under (``train.train_shift``
-    and each report variant's)."""
-    from ctrcal.shifts.registry import get_shift
-
-    found = [("train.train_shift", cfg.train.train_shift)]
-    found += [
-        (f"report.variants[{i}].train_shift", v.train_shift)
-        for i, v in enumerate(cfg.report.variants)
-    ]
-    return [(key, get_shift(spec.name)) for key, spec in found if spec is not None]
+    check_training_data(cfg, feature_map, data_dir, source)
+    check_table_size(cfg, feature_map, source)

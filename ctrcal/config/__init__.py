@@ -259,7 +259,9 @@ class TrainConfig:
     Noise injection as a regulariser (:mod:`ctrcal.train.noise`): ``train_shift`` applies a
     registered shift to every training batch; ``weight_noise`` = η adds N(0, η) (variance η,
     std √η) to the dense weights for each step's forward and backward pass, restored before
-    the optimizer step.
+    the optimizer step. ``max_embedding_gib`` caps the embedding tables' size (GiB of float32
+    weights, see :mod:`ctrcal.data.table_size`; None: a quarter of the machine's memory): a
+    larger table is refused before anything is allocated.
     """
 
     seed: int = 0
@@ -285,6 +287,7 @@ class TrainConfig:
     progress: bool = True
     train_shift: TrainShiftConfig | None = None
     weight_noise: float = 0.0
+    max_embedding_gib: float | None = None
 
 
 @dataclass

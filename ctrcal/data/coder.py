@@ -7,9 +7,9 @@ only the distinct values and their counts (:meth:`ColumnCoder.state`: exactly wh
 the rows gives, whatever the chunking), and encoding a chunk is one gather per column through
 a table of per-value answers indexed by code (:func:`gather`).
 
-Values are 64-bit: a categorical's value (uint32, widened), or a numeric's float64 bits
-(``-0.0`` made ``0.0`` first, so that equal numbers have equal bits). Built with the system
-C compiler; where none is found the pipeline cannot run and says so.
+Values are 64-bit: a categorical's key (a Criteo hash widened, or a string's 64-bit hash), or
+a numeric's float64 bits (``-0.0`` made ``0.0`` first, so that equal numbers have equal bits).
+Built with the system C compiler; where none is found the pipeline cannot run and says so.
 """
 
 from __future__ import annotations

@@ -423,7 +423,8 @@ class FeaturePipeline:
             )
             for n in self.categorical_fields
         ]
-        vocab = pl.concat(frames) if frames else pl.DataFrame()
+        # a field of 64-bit keys widens the others' uint32 values (equal numbers, one column)
+        vocab = pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame()
         with atomic_path(directory / VOCAB_FILE) as tmp:
             vocab.write_parquet(tmp)
         body = {**self.to_dict(), **(extra or {})}

@@ -115,8 +115,8 @@ class FitStats:
 
     def add_counts(self, name: str, counts: pl.DataFrame, nulls: int) -> None:
         """Add one field's counts computed elsewhere (``value``, ``count`` over non-null
-        values, the field's dtype: uint32 categorical, float64 numeric) and its null count;
-        the rows they came from are added once with :meth:`add_rows`."""
+        values, the field's dtype: uint32 or uint64 categorical, float64 numeric) and its null
+        count; the rows they came from are added once with :meth:`add_rows`."""
         self.nulls[name] += int(nulls)
         if counts.height:
             self._tables[name].add(counts)

@@ -15,7 +15,7 @@ import polars as pl
 from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.core.errors import DataError
 
-__all__ = ["ParsedChunk", "not_utf8"]
+__all__ = ["ParsedChunk", "TextLayout", "file_not_utf8", "not_utf8"]
 
 
 @dataclass
@@ -67,8 +67,20 @@ def _with_nulls(s: pl.Series, valid: np.ndarray) -> pl.Series:
     return s.scatter(missing, None) if len(missing) else s
 
 
+@dataclass(frozen=True)
+class TextLayout:
+    """What :func:`not_utf8` needs to know of a text file (a Criteo or schema format has the
+    same attributes): its field separator, its columns in order, its lines before the data."""
+
+    separator: str
+    columns: tuple[str, ...]
+    header_lines: int
+
+
 def not_utf8(chunk: bytes, path: Path, fmt: Any, offset: int) -> DataError | None:
-    """A DataError naming the first line of ``chunk`` that is not UTF-8 text, if one is not."""
+    """A DataError naming the first line of ``chunk`` that is not UTF-8 text, if one is not,
+    and the column it is in (``fmt``: a :class:`TextLayout`; ``offset``: records before the
+    chunk)."""
     try:
         chunk.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -76,6 +88,37 @@ def not_utf8(chunk: bytes, path: Path, fmt: Any, offset: int) -> DataError | Non
         start = chunk.rfind(b"\n", 0, exc.start) + 1
         return DataError(
             f"{path}: line {line}: not UTF-8 text (byte 0x{chunk[exc.start]:02x} at "
-            f"character {exc.start - start + 1}); save the file as UTF-8"
+            f"character {exc.start - start + 1}{_column(chunk[start : exc.start], fmt)}); "
+            "save the file as UTF-8"
         )
     return None
+
+
+def file_not_utf8(path: Path, fmt: Any) -> DataError | None:
+    """:func:`not_utf8` over a whole (possibly gzipped) file: where a reader that takes the
+    file at once failed, the line and column it failed on."""
+    from ctrcal.data.chunks import iter_text_chunks
+
+    offset = 0
+    for view in iter_text_chunks(path, 1 << 24):
+        chunk = bytes(view)
+        error = not_utf8(chunk, path, TextLayout(fmt.separator, tuple(fmt.columns), 0), offset)
+        if error is not None:
+            return error
+        offset += chunk.count(b"\n")
+    return None
+
+
+def _column(prefix: bytes, fmt: Any) -> str:
+    """``, column 'name'`` of the field a line's ``prefix`` ends in (separators inside double
+    quotes do not count), or '' when the layout does not say."""
+    columns, sep = getattr(fmt, "columns", None), getattr(fmt, "separator", None)
+    if not columns or not sep:
+        return ""
+    field, quoted = 0, False
+    for ch in prefix.decode("utf-8", errors="replace"):
+        if ch == '"':
+            quoted = not quoted
+        elif ch == sep and not quoted:
+            field += 1
+    return f", column {columns[field]!r}" if field < len(columns) else f", field {field + 1}"

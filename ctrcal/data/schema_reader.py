@@ -25,7 +25,7 @@ import polars as pl
 
 from ctrcal.core.errors import DataError
 from ctrcal.data.chunks import BOM, is_gzip, iter_text_chunks
-from ctrcal.data.parsed import ParsedChunk, not_utf8
+from ctrcal.data.parsed import ParsedChunk, file_not_utf8, not_utf8
 from ctrcal.data.schema import DatasetSchema
 
 _ROW = "__row"
@@ -83,9 +83,12 @@ def detect(path: str | Path, schema: DatasetSchema) -> SchemaFormat:
         import pyarrow.parquet as pq
 
         try:
-            columns = tuple(pq.read_schema(path).names)
+            meta = pq.read_metadata(path)
+            columns = tuple(meta.schema.to_arrow_schema().names)
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
             raise DataError(f"{path}: unreadable parquet: {exc}") from None
+        if meta.num_rows == 0:
+            raise DataError(f"{path}: empty file (a parquet file of 0 rows)")
         where = f"{path}"
     elif schema.header:
         columns = tuple(c.strip().strip('"') for c in _first_line(path).split(schema.delimiter))
@@ -286,6 +289,11 @@ def time_counts(path: Path, fmt: SchemaFormat) -> pl.DataFrame:
                               columns=[fmt.columns.index(name)], new_columns=[name],
                               infer_schema=False, truncate_ragged_lines=True)[name]  # fmt: skip
     except (pl.exceptions.PolarsError, OSError) as exc:
+        # the whole file is read at once here: a byte that is not UTF-8 may be in any column
+        # and line, and is named by them
+        where = None if fmt.parquet else file_not_utf8(path, fmt)
+        if where is not None:
+            raise where from None
         raise DataError(f"{path}: cannot read the time column {name!r}: "
                         f"{str(exc).splitlines()[0]}") from None  # fmt: skip
     if col.dtype == pl.Utf8:

@@ -11,14 +11,14 @@ Three ways, decided once per preparation by :func:`plan_splits` into a :class:`S
   the first rows and valid / test the last ones: rows are numbered across the inputs in the
   order given and cut at ``floor(f_train·N)`` and ``floor((f_train + f_valid)·N)`` (N records,
   malformed ones included, so skipping them does not move the cuts). When the inputs are
-  Criteo 1TB ``day_N`` files (at least three), whole days are assigned instead, in day order:
-  a day goes to the split its middle byte falls in (``split: [22, 1, 1]`` on 24 days gives
-  days 0-21 / 22 / 23).
+  Criteo 1TB ``day_N`` files (at least three, or any number with whole-number proportions),
+  whole days are assigned instead, in day order and without a gap (:mod:`ctrcal.data.days`):
+  whole numbers count days (``split: [22, 1, 1]`` on 24 days gives days 0-21 / 22 / 23),
+  fractions give a day to the split its middle byte falls in.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,11 +28,11 @@ import polars as pl
 
 from ctrcal.core.errors import DataError
 from ctrcal.data.chunks import is_gzip, iter_text_chunks
+from ctrcal.data.days import check_days, day_number, days_by_count, whole_numbers
 
 SPLITS: tuple[str, ...] = ("train", "valid", "test")
 SPLIT_COL = "_split"
 SPLIT_ORDERS: tuple[str, ...] = ("random", "time")
-_DAY_FILE = re.compile(r"day_(\d+)(\.gz|\.txt|\.tsv)?$")
 
 
 def check_fractions(fractions: Sequence[float]) -> list[float]:
@@ -47,12 +47,6 @@ def check_fractions(fractions: Sequence[float]) -> list[float]:
         )
     total = sum(fr)
     return [f / total for f in fr]
-
-
-def day_number(path: Path) -> int | None:
-    """N of a Criteo 1TB ``day_N`` file (``day_N``, ``day_N.gz``), else None."""
-    m = _DAY_FILE.fullmatch(path.name)
-    return int(m.group(1)) if m else None
 
 
 @dataclass
@@ -150,7 +144,11 @@ def plan_splits(
     fr = check_fractions(fractions)
     if order == "random":
         return SplitPlan("random", fractions=fr, seed=int(seed))
-    if n >= 3 and all(day_number(p) is not None for p in paths):
+    by_count = whole_numbers(fractions)
+    if (n >= 3 or by_count) and all(day_number(p) is not None for p in paths):
+        check_days(paths)
+        if by_count:
+            return SplitPlan("time_files", fractions=fr, file_split=days_by_count(paths, fractions))
         sizes = [text_bytes(p) for p in paths]
         total, done, split = sum(sizes), 0, []
         for size in sizes:
@@ -159,6 +157,10 @@ def plan_splits(
             done += size
         for k, name in enumerate(SPLITS):
             if fr[k] > 0 and k not in split:
+                # a truncated gzip's trailer gives no size: name that file, not the split
+                for p in paths:
+                    if is_gzip(p):
+                        count_records(p)
                 raise DataError(
                     f"data.split_order: time assigns whole day files; data.split "
                     f"{list(fractions)} leaves the {name} split without a day out of {n} "

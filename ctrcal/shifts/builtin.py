@@ -220,10 +220,12 @@ def original_space_codec(feature_map: Any, source: str = "feature map"):
     make = getattr(feature_map, "numeric_codec", None)
     codec = make() if callable(make) else None
     if codec is None or not getattr(codec, "has_original_stats", False):
+        # space: model is a way out only where there are numerics to perturb
+        model = "" if getattr(feature_map, "num_numeric", None) == 0 else ", or set space: model"
         raise DataError(
             f"{source}: the prepared data has no original-space numeric statistics, which "
             "gaussian_numeric with space: original needs (prepare the data again with this "
-            "version of ctrcal, or set space: model)"
+            f"version of ctrcal{model})"
         )
     return codec.to_original, codec.to_model, list(codec.original_std)
 

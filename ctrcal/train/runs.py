@@ -88,6 +88,7 @@ RUNTIME_KEYS: tuple[str, ...] = (
     "train.compile",
     "train.eval_batch_size",
     "train.cpu_matmul",
+    "train.max_embedding_gib",  # a limit checked before training, never what is learnt
     "report.",  # the report's protocol (seeds, intensities, workers) never changes a run
 )
 

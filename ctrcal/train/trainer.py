@@ -246,11 +246,16 @@ def _train_in_context(
     dctx: dist_util.DistContext,
 ) -> TrainResult:
     from ctrcal.data.feature_map import FeatureMap
+    from ctrcal.shifts.data_check import check_training_data
     from ctrcal.train.finetune import finetune_model
+    from ctrcal.train.table_limit import check_table_size
 
     tcfg = cfg.train
     world, main = dctx.world_size, dctx.is_main
     feature_map = FeatureMap.load(data_dir)
+    # what validate --data refuses is refused here too, before anything is built
+    check_training_data(cfg, feature_map, data_dir, "train", report=False)
+    check_table_size(cfg, feature_map, "train")
     mode = resolve_data_mode(tcfg.data_mode, device, feature_map)
     if dctx.is_distributed and mode == "stream":
         raise ConfigError(

@@ -267,14 +267,13 @@ def _fit(pipe: FeaturePipeline, coders: list[ColumnCoder], train_rows: int) -> l
     answers by code (entry 0: missing): float32 model values, int32 ids."""
     import polars as pl
 
-
     nums, cats = pipe.numeric_fields, pipe.categorical_fields
     stats = FitStats(cats, nums)
     stats.add_rows(train_rows)
     states = [c.state() for c in coders]
     values = []
     for j, (distinct, counts, missing) in enumerate(states):
-        v = distinct.view(np.float64) if j < len(nums) else distinct.astype(np.uint32)
+        v = distinct.view(np.float64) if j < len(nums) else _category_keys(distinct)
         values.append(v)
         seen = counts > 0
         frame = pl.DataFrame({"value": v[seen], "count": counts[seen].astype(np.uint64)})
@@ -291,6 +290,16 @@ def _fit(pipe: FeaturePipeline, coders: list[ColumnCoder], train_rows: int) -> l
         table[1:] = answers
         tables.append(table)
     return tables
+
+
+def _category_keys(distinct: np.ndarray) -> np.ndarray:
+    """[D] uint64 keys of a categorical field -> the vocabulary's values: uint32 when every key
+    fits (Criteo's hashes, hex spellings: the dtype their typed frames hold, so those
+    vocabularies and identities do not change), else all 64 bits (hashed strings), so that
+    two values never share a key by losing its high half."""
+    if distinct.size and int(distinct.max()) > 0xFFFFFFFF:
+        return distinct
+    return distinct.astype(np.uint32)
 
 
 def _encode_rows(

@@ -50,12 +50,14 @@ import polars as pl
 from ctrcal.core.errors import DataError
 from ctrcal.data import criteo, schema_reader
 from ctrcal.data.criteo import LABEL
+from ctrcal.data.days import describe_days
 from ctrcal.data.features import (
     FEATURE_MAP_FILE,
     SCHEMA_VERSION,
     FeaturePipeline,
     resolve_numeric_transform,
 )
+from ctrcal.data.inputs import expand_inputs
 from ctrcal.data.parse import CHUNK_BYTES
 from ctrcal.data.prepare.encode import Clock, Source, encode_sources
 from ctrcal.data.prepare.publish import (
@@ -89,7 +91,10 @@ _SPLIT_WORDS = {"train": 0, "training": 0, "tr": 0, "valid": 1, "validation": 1,
 
 def _resolve_sources(
     inputs: Sequence[str | Path] | Mapping[str, Sequence[str | Path]],
+    where: str = "",
 ) -> list[Source]:
+    """The sources of ``inputs`` (globs expanded, each file once); ``where`` prefixes the key
+    that names a pattern matching nothing (``data.`` for a config's data section)."""
     if isinstance(inputs, Mapping):
         unknown = set(inputs) - set(SPLITS)
         if unknown:
@@ -99,9 +104,18 @@ def _resolve_sources(
             raise DataError(
                 f"explicit splits need train, valid and test files; missing: {', '.join(missing)}"
             )
-        sources = [Source(Path(p), SPLITS.index(s)) for s in SPLITS for p in _as_list(inputs[s])]
+        sources = [Source(p, SPLITS.index(s)) for s in SPLITS
+                   for p in expand_inputs(_as_list(inputs[s]), f"{where}{s}")]  # fmt: skip
+        held: dict[str, str] = {}
+        for src in sources:
+            other = held.setdefault(os.path.realpath(src.path), SPLITS[src.split])
+            if other != SPLITS[src.split]:
+                raise DataError(
+                    f"{src.path}: given as both {where}{other} and {where}{SPLITS[src.split]}; "
+                    "a file belongs to one split"
+                )
     else:
-        sources = [Source(Path(p), None) for p in _as_list(inputs)]
+        sources = [Source(p, None) for p in expand_inputs(_as_list(inputs), f"{where}inputs")]
     if not sources:
         raise DataError("no input files given")
     for s in sources:
@@ -238,8 +252,11 @@ def prepare(
             inputs = list(data.inputs)
         else:
             return _prepare_synthetic(cfg, Path(out_dir), force=force)
+        where = "data."
+    else:
+        where = ""
     return _prepare_files(inputs, Path(out_dir), cfg, on_bad_row, resplit=resplit, force=force,
-                          chunk_bytes=chunk_bytes)  # fmt: skip
+                          chunk_bytes=chunk_bytes, where=where)  # fmt: skip
 
 
 def _prepare_files(
@@ -253,13 +270,14 @@ def _prepare_files(
     identity: Any = None,
     synthetic_info: Mapping[str, Any] | None = None,
     chunk_bytes: int | None = None,
+    where: str = "",
 ) -> PrepareResult:
     start = time.perf_counter()
     chunk_bytes = _size_setting(chunk_bytes, "CTRCAL_PREPARE_CHUNK_BYTES", CHUNK_BYTES, 1)
     on_bad_row = on_bad_row or cfg.data.on_bad_row
     if on_bad_row not in ("error", "skip"):
         raise DataError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
-    sources = _resolve_sources(inputs)
+    sources = _resolve_sources(inputs, where)
     random_split = sources[0].split is None
     if random_split:
         if not resplit and identity is None:
@@ -418,6 +436,8 @@ def _prepare_into(
         "hashed": [n for n in pipe.categorical_fields if pipe.hashed_[n]],
         "max_vocab": pipe.max_vocab,
     }
+    if plan.mode == "time_files":
+        summary["days"] = describe_days([s.path for s in sources], plan.file_split, SPLITS)
     if oracle:
         summary["oracle"] = oracle
     return PrepareResult(

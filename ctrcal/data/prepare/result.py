@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ctrcal.data.table_size import embedding_bytes, embedding_rows
+
 
 @dataclass
 class PrepareResult:
@@ -61,6 +63,8 @@ class PrepareResult:
                 f"min_count {fm['min_count']}), {fm['num_numeric']} numeric "
                 f"({fm['numeric_transform']})"
             )
+        if fm.get("days"):
+            lines.append("  whole days: " + ", ".join(f"{k} {v}" for k, v in fm["days"].items()))
         if fm.get("tables"):
             lines.extend(_describe_tables(fm, embedding_dim))
         if self.bad_rows:
@@ -81,10 +85,10 @@ def _describe_tables(fm: Mapping[str, Any], dim: int | None) -> list[str]:
     if fm.get("hashed"):
         lines.append(f"  capped at max_vocab {fm['max_vocab']:,} (+ hashed ids): "
                      + ", ".join(fm["hashed"]))  # fmt: skip
-    total = sum(tables.values())
+    total = embedding_rows(tables.values())
     if dim:
         lines.append(f"  embedding memory at dim {dim}: {total:,} rows x {dim} x 4 B = "
-                     f"{total * dim * 4 / 2**20:,.1f} MiB")  # fmt: skip
+                     f"{embedding_bytes(total, dim) / 2**20:,.1f} MiB")  # fmt: skip
     return lines
 
 

@@ -14,7 +14,9 @@ bucketised into equal-mass buckets, as the report bucketises numeric fields.
 
 from __future__ import annotations
 
+import gzip
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,7 +192,19 @@ def _times(a: np.ndarray, c: str, where) -> np.ndarray:
         if bad.any():
             raise DataError(f"{where(c, _first(bad))}: missing or non-finite time")
         return t
-    parsed = pd.to_datetime(pd.Series(a), errors="coerce")
+    # text: numbers if most values are numbers (a text value among them is the bad row), else
+    # dates (pandas' note that it parses each date on its own is no news to the user)
+    numbers = pd.to_numeric(pd.Series(a), errors="coerce")
+    if 2 * int(numbers.notna().sum()) >= len(a):
+        t = numbers.to_numpy(dtype=np.float64)
+        bad = ~np.isfinite(t)
+        if bad.any():
+            i = _first(bad)
+            raise DataError(f"{where(c, i)}: {_show(a[i])} is neither a number nor a date")
+        return t
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        parsed = pd.to_datetime(pd.Series(a), errors="coerce")
     bad = parsed.isna().to_numpy()
     if bad.any():
         i = _first(bad)
@@ -223,6 +237,19 @@ def _codes(a: np.ndarray, c: str, source: str) -> tuple[np.ndarray, list[str]]:
 def _csv_separator(path: Path) -> str:
     name = path.name.lower().removesuffix(".gz")
     return "\t" if name.endswith((".tsv", ".txt")) else ","
+
+
+def _not_utf8(path: Path) -> DataError:
+    """The line and column of a CSV's first byte that is not UTF-8 text."""
+    from ctrcal.data.parsed import TextLayout, file_not_utf8
+
+    sep = _csv_separator(path)
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    with opener(path, "rb") as fh:
+        header = fh.readline().decode("utf-8", errors="replace").rstrip("\r\n")
+    columns = tuple(c.strip().strip('"') for c in header.split(sep))
+    error = file_not_utf8(path, TextLayout(sep, columns, 1))
+    return error or DataError(f"{path}: not UTF-8 text; save the file as UTF-8")
 
 
 def read_predictions(
@@ -269,7 +296,9 @@ def read_predictions(
                     f"{path}: line {m.group(2)} has {m.group(3)} fields, the header {m.group(1)}"
                 ) from None
             raise DataError(f"{path}: not a readable CSV file ({exc})") from None
-        except (UnicodeDecodeError, pd.errors.EmptyDataError) as exc:
+        except UnicodeDecodeError:
+            raise _not_utf8(path) from None
+        except pd.errors.EmptyDataError as exc:
             raise DataError(f"{path}: not a readable CSV file ({exc})") from None
         columns = {str(c): df[c].to_numpy() for c in df.columns}
         line_offset = 2

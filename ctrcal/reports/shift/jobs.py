@@ -19,12 +19,12 @@ from typing import Any
 from ctrcal.config import Config
 from ctrcal.core.errors import DataError
 from ctrcal.reports.shift.plan import ShiftPlan, VariantPlan, variant_train_config
+from ctrcal.shifts.data_check import check_original_space, check_shifts_apply
 from ctrcal.sweep.sweep import TrainJob
 
 __all__ = [
     "DataJob",
     "check_data_for_shifts",
-    "check_shifts_apply",
     "data_jobs",
     "run_seeds",
     "train_jobs_for",
@@ -112,37 +112,8 @@ def check_data_for_shifts(
     shifts: list[ShiftPlan], feature_map: Any, data_dir: Path, source: str
 ) -> None:
     """What the prepared data must hold for the shifts (checked before any training)."""
-    from ctrcal.shifts.builtin import original_space_codec
-
     check_shifts_apply([(sp.key, sp.kind) for sp in shifts], feature_map, data_dir, source)
     for sp in shifts:
         if sp.options.get("space") == "original":
-            try:
-                original_space_codec(feature_map, str(data_dir / "feature_map.json"))
-            except DataError as exc:
-                where = f"{sp.key}.space" if sp.key.startswith("report.shifts") else sp.key
-                raise DataError(f"{exc} [{source}: {where}]") from None
-
-
-def check_shifts_apply(
-    shifts: list[tuple[str, Any]], feature_map: Any, data_dir: Path, source: str
-) -> None:
-    """Refuse a shift whose feature kind the data lacks (Gaussian noise without numerics).
-
-    Args:
-        shifts: ``(config key, ShiftKind)`` pairs.
-        feature_map: the prepared data's feature map.
-        data_dir: where it lives, for the message.
-        source: the config's file name, for the message.
-
-    Raises:
-        DataError: naming the key, the shift and the data.
-    """
-    have = {"numeric": feature_map.num_numeric, "categorical": feature_map.num_categorical}
-    for key, kind in shifts:
-        if kind.acts_on is not None and have.get(kind.acts_on, 0) == 0:
-            raise DataError(
-                f"{source}: {key}: the shift {kind.name} perturbs {kind.acts_on} features, and "
-                f"the data in {data_dir} has none; drop it or choose a shift of the "
-                f"{'categorical' if kind.acts_on == 'numeric' else 'numeric'} features"
-            )
+            where = f"{sp.key}.space" if sp.key.startswith("report.shifts") else sp.key
+            check_original_space(where, feature_map, data_dir, source)
