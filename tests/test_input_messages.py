@@ -49,7 +49,7 @@ def _report(tmp_path, path, capsys, *extra: str) -> str:
             "--out", str(tmp_path / "rep")]  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a library warning would fail here, not print
-        assert main(args) == 1
+        assert main(args) == 2  # bad input, not a failed gate
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "Traceback" not in err and str(path) in err, err
     assert not (tmp_path / "rep").exists()
