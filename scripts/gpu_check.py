@@ -21,7 +21,9 @@ Checks (tiny generated data; each prints PASS or FAIL with a reason):
 Benchmarks (median of several timed rounds, CUDA-synchronised): MC-LN / LN forward+backward
 layer ratios, serial MaskNet training rows/s (data on the device; fp32 and bf16; LN and
 MC-LN; eager and compiled, MC-LN compiled both ways) and the MC-LN / LN step ratios,
-evaluation rows/s (one-shot LN, one-shot MC-LN, 10 MC samples).
+evaluation rows/s (one-shot LN, one-shot MC-LN, 1 MC sample) and the report's MC variants
+(10 MC-LayerNorm or MC-Dropout passes as one forward of passes x rows, through the one
+prediction loop).
 
 ``--quick`` (a few minutes) runs the Triton kernel checks (no torch-path or model checks, no
 command-line runs) and the layer and training-step benchmarks (no evaluation benchmark);
@@ -33,6 +35,7 @@ Without a CUDA GPU it says so and exits 0. Exit status 1 when any check fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import statistics
@@ -314,6 +317,51 @@ def check_mc_predict() -> str:
     return f"mean std {std.mean().item():.2e}"
 
 
+@check("MC passes sharing the deterministic prefix equal full passes on the GPU")
+def check_mc_replay() -> str:
+    from ctrcal.config import NormSpec
+    from ctrcal.core.batch import Batch
+    from ctrcal.layers.mc_layernorm import mc_mode
+    from ctrcal.layers.mc_layernorm.predict import sample_probabilities
+    from ctrcal.models.masknet import MaskNet
+    from ctrcal.train.predict import mc_dropout
+
+    vocab = [1000] * 26
+    cat, num, _ = _batch(2048, vocab)
+    worst = 0.0
+    for emb, net, dropout_on in (
+        ("mclayernorm", "mclayernorm", False),
+        ("none", "mclayernorm", False),
+        ("layernorm", "layernorm", True),
+    ):
+        torch.manual_seed(0)
+        model = (
+            MaskNet(
+                vocab,
+                13,
+                embedding_dim=16,
+                hidden_units=[64, 64],
+                dropout=0.2,
+                net_norm=NormSpec(net),
+                emb_norm=NormSpec(emb),
+            )
+            .cuda()
+            .eval()
+        )
+        probs = []
+        for fn in (model, lambda b, m=model: m(b)):  # the hook, then full passes
+            with torch.no_grad(), mc_mode(model), contextlib.ExitStack() as stack:
+                if dropout_on:
+                    stack.enter_context(mc_dropout(model))
+                torch.manual_seed(1)
+                probs.append(sample_probabilities(fn, [Batch(cat, num, None)], 10))
+        require(bool((probs[0].std(0) > 0).all()), f"{emb}/{net}: the passes did not sample")
+        # the same draws; a matrix product may round differently at another number of rows
+        worst = max(worst, float((probs[0] - probs[1]).abs().max()))
+    require(worst < 1e-4, f"shared-prefix passes differ from full passes by {worst:.2e}")
+    return f"largest difference {worst:.1e}"
+
+
 def _batch(rows: int, vocab: list[int], seed: int = 0):
     g = torch.Generator(device="cuda")
     g.manual_seed(seed)
@@ -526,14 +574,14 @@ def _bench_layer(label: str, shape: tuple[int, ...], dtype: torch.dtype) -> None
     )
 
 
-def _masknet(norm: str, emb_norm: str = "none"):
+def _masknet(norm: str, emb_norm: str = "none", dropout: float = 0.0):
     from ctrcal.config import NormSpec
     from ctrcal.models.masknet import MaskNet
 
     torch.manual_seed(0)
     return MaskNet(
         [40_000] * 26, 13, embedding_dim=16, hidden_units=[400, 400, 400], reduction_ratio=0.2,
-        net_norm=NormSpec(norm), emb_norm=NormSpec(emb_norm),
+        net_norm=NormSpec(norm), emb_norm=NormSpec(emb_norm), dropout=dropout,
     ).cuda()  # fmt: skip
 
 
@@ -609,6 +657,27 @@ def bench_eval(batch: int) -> None:
         print(f"  {label:<20} {batch / seconds:>14,.0f} rows/s")
     ratio = results["MC-LN one-shot"] / results["LN one-shot"]
     print(f"  one-shot MC-LN / LN evaluation time: {ratio:.3f}")
+    # the report's MC variants through the one prediction loop: 10 passes of the batch as one
+    # forward of passes x rows, the deterministic prefix computed once
+    from ctrcal.train.predict import predict_split
+
+    for label, norm, emb_norm, dropout_on in [
+        ("MC-LN blocks, 10 passes", "mclayernorm", "none", False),
+        ("MC-LN blocks+fields, 10", "mclayernorm", "mclayernorm", False),
+        ("MC-Dropout, 10 passes", "layernorm", "none", True),
+    ]:
+        model = _masknet(norm, emb_norm, dropout=0.2 if dropout_on else 0.0).eval()
+
+        def passes(model=model, dropout_on=dropout_on) -> None:
+            predict_split(
+                [model], inputs, batch_size=batch, mc_samples=10, mc_dropout_on=dropout_on
+            )
+
+        seconds = _time_cuda(passes, 5)
+        print(
+            f"  {label:<24} {batch / seconds:>14,.0f} rows/s  "
+            f"{seconds / results['LN one-shot']:.2f}x LN one-shot"
+        )
 
 
 def benchmarks(
@@ -684,11 +753,11 @@ def main(argv: list[str] | None = None) -> int:
             check_grouped_statistics_torch, check_row_formula, check_row_formula_bf16,
             check_grouped_formula, check_wide, check_field_norm, check_compile,
             check_compile_decomposed, check_bf16,
-            check_mc_predict,
+            check_mc_predict, check_mc_replay,
         ]  # fmt: skip
         if args.quick:
             slow = {check_row_statistics_torch, check_grouped_statistics_torch, check_bf16,
-                    check_mc_predict}  # fmt: skip
+                    check_mc_predict, check_mc_replay}  # fmt: skip
             checks = [fn for fn in checks if fn not in slow]
         for fn in checks:
             fn()

@@ -303,6 +303,12 @@ class MaskBlock(nn.Module):
                                               mask_hidden)  # fmt: skip
 
 
+def fused_route(blocks: Sequence[nn.Module]) -> bool:
+    """Whether :func:`serial_logits` runs the blocks' tails fused with what reads them: every
+    block a plain :class:`MaskBlock` with a fusable tail."""
+    return all(type(b) is MaskBlock and b.fusable_tail() for b in blocks)
+
+
 def serial_logits(
     blocks: Sequence[MaskBlock],
     head: nn.Module,
@@ -327,7 +333,7 @@ def serial_logits(
         v_in: ``[B, hidden_dim of the first block]``.
         hidden: per block its mask's first-layer activations, or None (computed here).
     """
-    if not all(type(b) is MaskBlock and b.fusable_tail() for b in blocks):
+    if not fused_route(blocks):
         h = v_in
         for blk, m in zip(blocks[:-1], hidden[:-1], strict=True):
             h = blk(v_emb, h, mask_hidden=m)
@@ -376,21 +382,80 @@ def layer_norm_relu_dropout_masked(
                                     layer.bias, norm.eps, p)  # fmt: skip
 
 
+def mask_products(layer: nn.Module, a: torch.Tensor) -> torch.Tensor | None:
+    """``a @ layer.weight^T`` [B, hidden_dim] where :func:`masked_input` (and the fused node
+    of :func:`layer_norm_relu_dropout_masked`) compute the mask ``layer(a)`` as that product
+    plus the bias in a C pass (for a masked input of ``a``'s dtype and device, as in a
+    MaskNet); None where they run ``layer(a)`` itself.
+
+    Monte-Carlo passes compute a mask once per batch and reuse it for every pass
+    (:mod:`ctrcal.models.replay`): from this product the reused mask is bit for bit the one
+    each pass would have computed.
+    """
+    fusable = (
+        is_stock(layer, nn.Linear)
+        and layer.bias is not None
+        and a.dim() == 2
+        and fusable_on_cpu(a, layer.weight, kernels=cpu_kernels)
+    )
+    return a @ layer.weight.t() if fusable else None
+
+
+def layer_norm_relu_dropout_masked_rows(
+    x: torch.Tensor,
+    norm: nn.Module,
+    p: float,
+    training: bool,
+    layer: nn.Module,
+    t: torch.Tensor,
+) -> torch.Tensor | None:
+    """:func:`layer_norm_relu_dropout_masked` without autograd from the mask's product
+    ``t = a @ layer.weight^T`` [rows, N] (:func:`mask_products`, repeated for the rows of
+    ``x``), or None where that function would not run its fused node."""
+    fusable = (
+        layer_norm_fusable(x, norm, p, training)
+        and is_stock(layer, nn.Linear)
+        and layer.bias is not None
+        and t.shape == x.shape
+        and fusable_on_cpu(t, layer.weight, kernels=cpu_kernels)
+    )
+    if not fusable:
+        return None
+    x, t = x.contiguous(), t.contiguous()
+    return _norm_masked_forward(x, norm.weight, norm.bias, t, layer.bias, norm.eps, p)[0]
+
+
+def _norm_masked_forward(x, weight, bias, t, mask_bias, eps, p):
+    """The C forward of :class:`_NormMaskedInputFn` from the mask's product ``t``:
+    ``(z, mean, rstd, key, threshold, scale)``."""
+    lib = cpu_kernels()
+    rows, n = x.shape
+    scale = 1.0 / (1.0 - p)
+    key, threshold = _draw_key(), _keep_threshold(p)
+    z = torch.empty_like(x)
+    mean = torch.empty(rows, dtype=x.dtype)
+    rstd = torch.empty(rows, dtype=x.dtype)
+    pointers = (x, weight, bias, t, mask_bias, z, mean, rstd)
+    Chunks(rows, _MIN_ROWS).run(
+        lib,
+        "ln_relu_dropout_mask_fwd_f32",
+        *(a.data_ptr() for a in pointers),
+        n,
+        eps,
+        key,
+        threshold,
+        scale,
+    )
+    return z, mean, rstd, key, threshold, scale
+
+
 class _NormMaskedInputFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, a, mask_weight, mask_bias, eps, p):  # type: ignore[override]
-        lib = cpu_kernels()
-        rows, n = x.shape
-        scale = 1.0 / (1.0 - p)
-        key, threshold = _draw_key(), _keep_threshold(p)
         t = a @ mask_weight.t()  # the mask's bias joins in the kernel
-        z = torch.empty_like(x)
-        mean = torch.empty(rows, dtype=x.dtype)
-        rstd = torch.empty(rows, dtype=x.dtype)
-        Chunks(rows, _MIN_ROWS).run(
-            lib, "ln_relu_dropout_mask_fwd_f32", x.data_ptr(), weight.data_ptr(),
-            bias.data_ptr(), t.data_ptr(), mask_bias.data_ptr(), z.data_ptr(), mean.data_ptr(),
-            rstd.data_ptr(), n, eps, key, threshold, scale)  # fmt: skip
+        z, mean, rstd, key, threshold, scale = _norm_masked_forward(
+            x, weight, bias, t, mask_bias, eps, p
+        )
         ctx.key, ctx.threshold, ctx.scale = key, threshold, scale
         ctx.save_for_backward(x, weight, bias, a, mask_weight, mask_bias, t, mean, rstd)
         return z

@@ -19,7 +19,7 @@ small-normal embeddings.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -32,6 +32,7 @@ from ctrcal.layers.cross import CrossNet
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.mlp import MLP
 from ctrcal.models.common import check_embedding_args
+from ctrcal.models.replay import dcnv2_replay
 
 __all__ = ["DCNv2", "STRUCTURES"]
 
@@ -139,7 +140,10 @@ class DCNv2(nn.Module):
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits ``[B]`` for ``batch.categorical`` ``[B, Fc]`` int64 ids and ``batch.numeric``
         ``[B, Fn]``."""
-        emb = self.embedding(batch.categorical, batch.numeric)
+        return self.from_embedding(self.embedding(batch.categorical, batch.numeric))
+
+    def from_embedding(self, emb: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B]`` from the feature embedding ``[B, F, D]`` (the forward after it)."""
         x0 = emb.flatten(1) if self.emb_norm is None else self.emb_norm(emb).flatten(1)
         h = self.cross(x0)
         if self.stacked_dnn is not None:
@@ -148,3 +152,9 @@ class DCNv2(nn.Module):
             h = torch.cat([h, self.parallel_dnn(x0)], dim=1)
         return self.head(h).squeeze(-1)
 
+    def mc_replay(self, batch: Batch) -> Callable[[int], torch.Tensor] | None:
+        """Monte-Carlo passes that compute the deterministic prefix once
+        (:func:`ctrcal.models.replay.dcnv2_replay`); None for a subclass with its own forward."""
+        if type(self).forward is not DCNv2.forward:
+            return None
+        return dcnv2_replay(self, batch)

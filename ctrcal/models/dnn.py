@@ -13,7 +13,7 @@ zero biases, small-normal embeddings.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -25,6 +25,7 @@ from ctrcal.core.typed import require_int
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.mlp import MLP
 from ctrcal.models.common import check_embedding_args
+from ctrcal.models.replay import dnn_replay
 
 __all__ = ["DNN"]
 
@@ -96,3 +97,9 @@ class DNN(nn.Module):
         x = emb.flatten(1) if self.emb_norm is None else self.emb_norm(emb).flatten(1)
         return self.mlp(x).squeeze(-1)
 
+    def mc_replay(self, batch: Batch) -> Callable[[int], torch.Tensor] | None:
+        """Monte-Carlo passes that compute the deterministic prefix once
+        (:func:`ctrcal.models.replay.dnn_replay`); None for a subclass with its own forward."""
+        if type(self).forward is not DNN.forward:
+            return None
+        return dnn_replay(self, batch)

@@ -21,7 +21,7 @@ The model knows no optimizer, no file and no device; ``forward`` returns logits 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -34,6 +34,7 @@ from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.logit_head import sequential_logit
 from ctrcal.layers.mask_block import MaskBlock, mask_hidden_layers, serial_logits
 from ctrcal.models.common import check_embedding_args
+from ctrcal.models.replay import masknet_replay
 
 VARIANTS = ("serial", "parallel")
 
@@ -166,3 +167,10 @@ class MaskNet(nn.Module):
         )
         # the tower's ReLU + Dropout pairs fused, its last layer a matrix-vector product
         return sequential_logit(self.head, h)
+
+    def mc_replay(self, batch: Batch) -> Callable[[int], torch.Tensor] | None:
+        """Monte-Carlo passes that compute the deterministic prefix once
+        (:func:`ctrcal.models.replay.masknet_replay`); None for a subclass with its own forward."""
+        if type(self).forward is not MaskNet.forward:
+            return None
+        return masknet_replay(self, batch)

@@ -70,7 +70,7 @@ from ctrcal.train.evaluate import (
     valid_metrics,
 )
 from ctrcal.train.noise import TrainShift
-from ctrcal.train.predict import predict_logits, predict_probs, predict_with_labels
+from ctrcal.train.predict import predict_logits, predict_probs, predict_split
 from ctrcal.train.results import (
     TrainResult,
     load_run,
@@ -341,7 +341,8 @@ def _train_in_context(
             ctx, train_data, tcfg, epoch, device, tcfg.batch_size // world, dctx, shift
         )
         speeds.append(rows_per_s)
-        logits, labels = predict_with_labels(model, valid_data, tcfg.eval_batch_size, device)
+        pred = predict_split([model], valid_data, batch_size=tcfg.eval_batch_size, device=device)
+        logits, labels = torch.from_numpy(pred.logits).float(), torch.from_numpy(pred.labels)
         logits = dist_util.gather_rows(logits.to(device), dctx).cpu()
         labels = dist_util.gather_rows(labels.to(device), dctx).cpu()
         scores = valid_metrics(logits, labels)

@@ -6,8 +6,7 @@ forward passes with the MC layers sampling (probabilities are averaged, not logi
 ``model(batch)`` with a :class:`~ctrcal.core.batch.Batch`, or any module called with batch-first
 tensors -- with the rows repeated along dim 0 so one forward pass yields many samples; it is
 the loop of :func:`mc_predict` and of the shift report's predictions
-(:func:`ctrcal.reports.shift.predictive.predict_split`, which adds MC-Dropout and ensembles
-around it).
+(:func:`ctrcal.train.predict.predict_split`, which adds MC-Dropout and ensembles around it).
 Which layers sample is the caller's choice (:func:`~ctrcal.layers.mc_layernorm.module.mc_mode`).
 """
 
@@ -20,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ctrcal.core.batch import Batch
+from ctrcal.layers.fusion import unhooked
 from ctrcal.layers.mc_layernorm.module import mc_mode
 
 __all__ = ["mc_predict", "sample_probabilities"]
@@ -42,7 +42,10 @@ def sample_probabilities(
 
     Each forward pass takes the rows of a chunk repeated ``s`` times (``s`` samples per pass):
     a chunk has at most ``max_rows`` rows, and a pass at most ``max_rows`` rows in all (at
-    least one sample of one row). A pass of one sample takes the rows as they are.
+    least one sample of one row). A pass of one sample takes the rows as they are. A model
+    with an ``mc_replay`` hook (the built-in ones, :mod:`ctrcal.models.replay`) computes the
+    part of its forward before its first stochastic layer once per chunk and replays only
+    the rest: the same logits as its full passes, for a fraction of their cost.
 
     Args:
         model: returns logits ``[B]`` or ``[B, 1]`` for batch-first inputs.
@@ -61,28 +64,44 @@ def sample_probabilities(
     batch = len(inputs[0])
     limit = n_samples * batch if max_rows is None else int(max_rows)
     step = max(1, min(batch, limit))
+    replays = _replays(model, inputs, n_samples)
     chunks: list[Tensor] = []
     for start in range(0, batch, step):
         chunk = [_rows_of(x, lambda t, a=start: t[a : a + step]) for x in inputs]
         rows = len(chunk[0])
         per_pass = max(1, limit // max(rows, 1))
+        replay = replays(chunk[0]) if replays is not None else None
         parts = []
         done = 0
         while done < n_samples:
             s = min(per_pass, n_samples - done)
-            tile = lambda t, s=s: t.repeat(s, *([1] * (t.dim() - 1)))  # noqa: E731
-            rep = chunk if s == 1 else [_rows_of(x, tile) for x in chunk]
-            logits = model(*rep)
+            if replay is not None:
+                logits = replay(s)
+            else:
+                tile = lambda t, s=s: t.repeat(s, *([1] * (t.dim() - 1)))  # noqa: E731
+                logits = model(*(chunk if s == 1 else [_rows_of(x, tile) for x in chunk]))
             if logits.numel() != s * rows:
-                raise ValueError(
-                    f"MC passes expect logits [B] or [B, 1], got {list(logits.shape)}"
-                )
+                raise ValueError(f"MC passes expect logits [B] or [B, 1], got {list(logits.shape)}")
             parts.append(torch.sigmoid(logits.float().reshape(s, rows)))
             done += s
         chunks.append(torch.cat(parts, dim=0))
     if not chunks:
         return torch.zeros((n_samples, 0), dtype=torch.float32)
     return torch.cat(chunks, dim=1)
+
+
+def _replays(
+    model: Callable[..., Tensor], inputs: Sequence[Input], n_samples: int
+) -> Callable[[Batch], Callable[[int], Tensor] | None] | None:
+    """The model's ``mc_replay`` where the passes may share its deterministic prefix: several
+    passes of a model called with one Batch that defines the hook (see
+    :mod:`ctrcal.models.replay`) and has no hook of its own that must see it called."""
+    replay = getattr(model, "mc_replay", None)
+    if replay is None or n_samples < 2 or len(inputs) != 1 or not isinstance(inputs[0], Batch):
+        return None
+    if isinstance(model, nn.Module) and not unhooked(model):
+        return None
+    return replay
 
 
 @torch.no_grad()

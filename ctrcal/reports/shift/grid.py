@@ -34,10 +34,10 @@ from ctrcal.metrics import bootstrap_ci
 from ctrcal.reports.shift.calibrate import SplitFields, evaluation_metrics, load_split_fields
 from ctrcal.reports.shift.jobs import DataJob
 from ctrcal.reports.shift.plan import ShiftPlan, VariantPlan
-from ctrcal.reports.shift.predictive import Prediction, predict_split
 from ctrcal.reports.shift.row_level import RowLevel, risk_coverage_values, window_report
 from ctrcal.reports.shift.shift_tables import record_segments
 from ctrcal.reports.shift.stats import CLEAN
+from ctrcal.train.predict import Prediction, predict_split
 
 __all__ = [
     "EvalGrid",
@@ -389,9 +389,7 @@ def row_level_windows(
         valid = (grid.kept[(plan.name, "valid")], grid.valid.labels, grid.valid.segments())
         t0 = time.perf_counter()
         grid.row_level.windows.append(
-            window_report(
-                plan.name, plan.calibration, test, valid, grid.cfg.report, oracle=oracle
-            )
+            window_report(plan.name, plan.calibration, test, valid, grid.cfg.report, oracle=oracle)
         )
         grid.seconds[plan.name] = grid.seconds.get(plan.name, 0.0) + time.perf_counter() - t0
 
@@ -399,7 +397,7 @@ def row_level_windows(
 def _check_stochastic(plan: VariantPlan, models: list, source: str) -> None:
     """MC passes need something that samples: MC-LayerNorm layers or (MC-Dropout) dropout."""
     from ctrcal.layers.mc_layernorm import has_mc_layers
-    from ctrcal.reports.shift.predictive import dropout_modules
+    from ctrcal.train.predict import dropout_modules
 
     if not plan.mc_samples:
         return

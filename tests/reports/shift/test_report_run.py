@@ -121,7 +121,7 @@ def test_ensemble_averages_its_members_and_mc_variants_sample(tiny_report):
 
     from ctrcal import metrics as M
     from ctrcal.data.loader import ParquetCTRData
-    from ctrcal.reports.shift.predictive import dropout_modules
+    from ctrcal.train.predict import dropout_modules
     from ctrcal.train.trainer import load_run, predict_logits
 
     _, out = tiny_report
