@@ -57,16 +57,55 @@ def _imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
     return found
 
 
-def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
-    """Module -> the package modules it imports."""
+def import_graph(root: Path = PACKAGE, external: bool = False) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (``external``: and the top-level names of the
+    other packages it imports, ``torch`` for ``torch.nn``)."""
     files = {_module_name(p, root): p for p in root.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         tree = ast.parse(path.read_text(), str(path))
-        edges = {m for m in _imports(tree, name, path.name == "__init__.py") if m in files}
+        found = _imports(tree, name, path.name == "__init__.py")
+        edges = {m for m in found if m in files}
+        if external:
+            edges |= {m.split(".")[0] for m in found
+                      if m and not m.startswith(f"{root.name}.") and m != root.name}  # fmt: skip
         edges.discard(name)
         graph[name] = edges
     return graph
+
+
+def reached(graph: dict[str, set[str]], starts: set[str]) -> dict[str, str]:
+    """Every name reachable from ``starts`` -> the module that first imports it on the way."""
+    seen = {s: s for s in starts}
+    todo = sorted(starts)
+    while todo:
+        v = todo.pop()
+        for w in sorted(graph.get(v, ())):
+            if w not in seen:
+                seen[w] = v
+                todo.append(w)
+    return seen
+
+
+def command_imports(command: str, root: Path = PACKAGE, skip: tuple[str, ...] = ()) -> set[str]:
+    """What the CLI's handler ``cmd_<command>`` imports in its body and in the CLI's helpers it
+    calls (but ``skip``), and the CLI's own top."""
+    tree = ast.parse((root / "cli.py").read_text())
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    top = ast.Module(body=[n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))],
+                     type_ignores=[])  # fmt: skip
+    found = _imports(top, "ctrcal.cli", False)
+    todo, done = [f"cmd_{command}"], set()
+    while todo:
+        fn = functions[todo.pop()]
+        done.add(fn.name)
+        found |= _imports(fn, "ctrcal.cli", False)
+        for call in ast.walk(fn):
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
+                name = call.func.id
+                if name in functions and name not in done and name not in skip:
+                    todo.append(name)
+    return found
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -184,3 +223,78 @@ def test_the_finder_sees_a_circle_through_a_function_level_import(tmp_path):
     assert find_cycles(import_graph(pkg)) == [["ctrcal.a", "ctrcal.b"]]
     (sub / "x.py").write_text("from ctrcal.sub import f\n")  # back into its package: a circle
     assert ["ctrcal.sub", "ctrcal.sub.x"] in find_cycles(import_graph(pkg))
+
+
+# ---------------------------------------------------------------------------------------------
+# What the data commands import. Preparing, generating, checking a data-only config and
+# reporting on a predictions file need neither torch nor pandas, whose imports cost more than
+# preparing a small file. Read from the source: every import, in any function, of every module
+# the command's handler can reach counts (names imported by a string, a registry's built-ins,
+# are not seen here; the subprocess smoke test below runs the command for real).
+
+HEAVY = ("torch", "pandas")
+DATA_COMMANDS = ("prepare", "synth", "calibration_report", "validate")
+# Paths to a heavy package that their owners are removing: (command, module that imports it,
+# package). None may be added; each must go when its import does (the test fails both ways).
+PENDING: set[tuple[str, str, str]] = {
+    # config loading runs every check (the model built on the meta device, the report plan)
+    ("prepare", "ctrcal.eval.windows", "pandas"),
+    ("validate", "ctrcal.eval.windows", "pandas"),
+    ("validate", "ctrcal.checks", "torch"),
+    # the numeric codec's tensor methods (shifts in model space) import torch when called
+    ("prepare", "ctrcal.data.numeric", "torch"),
+    # CSV predictions are read with pandas (its error messages name the line)
+    ("calibration_report", "ctrcal.predictions_file", "pandas"),
+}
+
+
+def _starts(command: str, graph: dict[str, set[str]]) -> set[str]:
+    # `validate --data` checks the config against prepared data: not a data-only run
+    skip = ("_check_config_against_data",) if command == "validate" else ()
+    return {m for m in command_imports(command, skip=skip) if m in graph}
+
+
+def heavy_paths(command: str) -> set[tuple[str, str, str]]:
+    graph = import_graph(external=True)
+    starts = _starts(command, graph)
+    seen = reached(graph, starts)
+    return {(command, seen[h], h) for h in HEAVY if h in seen}
+
+
+def _chain(graph: dict[str, set[str]], starts: set[str], target: str) -> str:
+    seen = reached(graph, starts)
+    path = [target]
+    while seen[path[-1]] != path[-1]:
+        path.append(seen[path[-1]])
+    return " -> ".join(reversed(path))
+
+
+def test_data_commands_import_neither_torch_nor_pandas():
+    graph = import_graph(external=True)
+    found = set()
+    for command in DATA_COMMANDS:
+        starts = _starts(command, graph)
+        seen = reached(graph, starts)
+        for heavy in HEAVY:
+            if heavy in seen and (command, seen[heavy], heavy) not in PENDING:
+                found.add(f"{command}: {_chain(graph, starts, heavy)}")
+    stale = {p for p in PENDING if p not in {hp for c in DATA_COMMANDS for hp in heavy_paths(c)}}
+    assert not found and not stale, "; ".join(sorted(found)) + f" stale PENDING: {stale}"
+    # --help runs the CLI module's own imports only
+    top = {m for m in command_imports("synth") if not m.startswith("ctrcal.data")}
+    assert not {"torch", "pandas", "numpy", "polars"} & set(reached(graph, top & set(graph)))
+
+
+def test_the_reader_sees_imports_in_functions_and_not_under_type_checking(tmp_path):
+    pkg = tmp_path / "ctrcal"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("import numpy\ndef f():\n    from ctrcal import b\n")
+    (pkg / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    import pandas\ndef g():\n    import torch.nn as nn\n"
+    )
+    graph = import_graph(pkg, external=True)
+    assert graph["ctrcal.a"] == {"numpy", "ctrcal", "ctrcal.b"} and "pandas" not in graph["ctrcal.b"]
+    seen = reached(graph, {"ctrcal.a"})
+    assert seen["torch"] == "ctrcal.b" and "pandas" not in seen
