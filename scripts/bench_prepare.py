@@ -75,12 +75,19 @@ def _run(argv: list[str], root: Path) -> tuple[float, float]:
     """Wall seconds and peak RSS (GiB) of one whole process ``python argv`` run in ``root``."""
     env = {**os.environ, "PYTHONPATH": str(root)}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", WRAP, *argv], cwd=root, env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", WRAP, *argv],
+        cwd=root,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     secs = time.perf_counter() - start
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} in {root} exited {proc.returncode}:\n"
-                         f"{proc.stderr[-3000:]}")  # fmt: skip
+        raise SystemExit(
+            f"{' '.join(argv)} in {root} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+        )
     kib = [int(ln.split()[1]) for ln in proc.stderr.splitlines() if ln.startswith("PEAK_RSS")]
     return secs, kib[-1] / (1 << 20)
 
@@ -139,13 +146,19 @@ def main() -> int:
     p.add_argument("--sizes", default="500000,1000000,5000000,12000000,45000000")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/ctrcal-bench-prepare"))
     p.add_argument("--repeat", type=int, default=3, help="rounds below 5M rows (medians)")
-    p.add_argument("--base", type=Path, default=None,
-                   help="another checkout whose `ctrcal prepare` runs alongside")  # fmt: skip
+    p.add_argument(
+        "--base",
+        type=Path,
+        default=None,
+        help="another checkout whose `ctrcal prepare` runs alongside",
+    )
     args = p.parse_args()
     sizes = sorted(int(float(s)) for s in args.sizes.split(","))
     files = _inputs(args.workdir, sizes)
-    print(f"CPU: {cpu_model_name()}, {os.cpu_count()} cores; load average "
-          f"{os.getloadavg()[0]:.1f}; whole processes, medians of the rounds")  # fmt: skip
+    print(
+        f"CPU: {cpu_model_name()}, {os.cpu_count()} cores; load average "
+        f"{os.getloadavg()[0]:.1f}; whole processes, medians of the rounds"
+    )
     runners = {"parse": None, "base": args.base, "now": ROOT}
     if args.base is None:
         del runners["base"]
@@ -170,8 +183,9 @@ def main() -> int:
                     continue
                 out = args.workdir / f"prepared_{name}_{n}"
                 shutil.rmtree(out, ignore_errors=True)
-                got[name].append(_run(["-m", "ctrcal", "prepare", str(path), "--out", str(out)],
-                                      root))  # fmt: skip
+                got[name].append(
+                    _run(["-m", "ctrcal", "prepare", str(path), "--out", str(out)], root)
+                )
                 shutil.rmtree(out, ignore_errors=True)
         row = {"rows": n, "text_gb": text / 1e9}
         for name, runs in got.items():
@@ -179,8 +193,11 @@ def main() -> int:
                 row[f"{name}_s"] = statistics.median(s for s, _ in runs)
                 row[f"{name}_rss_gib"] = max(r for _, r in runs)
         line = f"{n:>11,} {text / 1e9:>5.2f} | "
-        line += (f"{row['parse_s']:>7.2f} {row['parse_rss_gib']:>5.2f}" if "parse_s" in row
-                 else f"{'(no room)':>13}")  # fmt: skip
+        line += (
+            f"{row['parse_s']:>7.2f} {row['parse_rss_gib']:>5.2f}"
+            if "parse_s" in row
+            else f"{'(no room)':>13}"
+        )
         if args.base is not None:
             line += f" | {row['base_s']:>7.2f} {row['base_rss_gib']:>5.2f}"
         line += f" | {row['now_s']:>7.2f} {row['now_rss_gib']:>5.2f} | "

@@ -314,11 +314,13 @@ def test_coder_keeps_codes_and_train_counts_across_chunks(distinct):
 def test_preparing_generated_data_imports_no_model_or_dataframe_stack(tmp_path):
     # the smoke test of tests/test_import_graph.py's static check, which cannot see imports
     # made by name: torch's import costs seconds, more than preparing a small file
-    code = ("import sys\nfrom ctrcal.config import Config\n"
-            "from ctrcal.data.prepare import prepare\n"
-            "cfg = Config(); cfg.data.synthetic.rows = 2_000\n"
-            f"assert 'oracle' in prepare(None, {str(tmp_path / 'p')!r}, cfg).summary\n"
-            "print(sorted({'torch', 'pandas', 'sklearn'} & set(sys.modules)))")  # fmt: skip
+    code = (
+        "import sys\nfrom ctrcal.config import Config\n"
+        "from ctrcal.data.prepare import prepare\n"
+        "cfg = Config(); cfg.data.synthetic.rows = 2_000\n"
+        f"assert 'oracle' in prepare(None, {str(tmp_path / 'p')!r}, cfg).summary\n"
+        "print(sorted({'torch', 'pandas', 'sklearn'} & set(sys.modules)))"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr

@@ -201,8 +201,9 @@ def encode_sources(
         for i, s in enumerate(sources):
             probs = ProbReader(s.prob) if tally.with_prob else None
             records = 0
-            chunks = parse.iter_chunks(s.path, s.fmt, on_bad_row, chunk_bytes, workers,
-                                       ring=stages.AHEAD + 2)  # fmt: skip
+            chunks = parse.iter_chunks(
+                s.path, s.fmt, on_bad_row, chunk_bytes, workers, ring=stages.AHEAD + 2
+            )
             for chunk in stages.ahead(chunks) if workers > 1 else chunks:
                 split = plan.codes(np.full(len(chunk), i, dtype=np.int64), chunk.rows, chunk.time)
                 prob = None

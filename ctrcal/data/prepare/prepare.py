@@ -261,8 +261,17 @@ def prepare(
         where = "data."
     else:
         where = ""
-    return _prepare_files(inputs, Path(out_dir), cfg, on_bad_row, resplit=resplit, force=force,
-                          chunk_bytes=chunk_bytes, where=where, threads=threads)  # fmt: skip
+    return _prepare_files(
+        inputs,
+        Path(out_dir),
+        cfg,
+        on_bad_row,
+        resplit=resplit,
+        force=force,
+        chunk_bytes=chunk_bytes,
+        where=where,
+        threads=threads,
+    )
 
 
 def _prepare_files(
@@ -286,8 +295,8 @@ def _prepare_files(
         raise DataError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
     sources = _resolve_sources(inputs, where)
     total = sum(s.path.stat().st_size for s in sources)
-    chunk_bytes = _size_setting(chunk_bytes, "CTRCAL_PREPARE_CHUNK_BYTES",
-                                chunk_bytes_for(total, threads), 1)  # fmt: skip
+    auto = chunk_bytes_for(total, threads)
+    chunk_bytes = _size_setting(chunk_bytes, "CTRCAL_PREPARE_CHUNK_BYTES", auto, 1)
     random_split = sources[0].split is None
     if random_split:
         if not resplit and identity is None:
@@ -309,8 +318,9 @@ def _prepare_files(
         clean_stale_temporaries(out_dir)
         tmp = owned_temp_dir(out_dir)
         try:
-            result = _prepare_into(tmp, sources, cfg, on_bad_row, key, synthetic_info or {},
-                                   chunk_bytes, threads)  # fmt: skip
+            result = _prepare_into(
+                tmp, sources, cfg, on_bad_row, key, synthetic_info or {}, chunk_bytes, threads
+            )
             shutil.rmtree(tmp / "_work", ignore_errors=True)
             (tmp / OWNER_FILE).unlink(missing_ok=True)
             publish(tmp, out_dir, key)
