@@ -152,6 +152,7 @@ def main() -> int:
         default=None,
         help="another checkout whose `ctrcal prepare` runs alongside",
     )
+    p.add_argument("--now-first", action="store_true", help="run this checkout before the base")
     args = p.parse_args()
     sizes = sorted(int(float(s)) for s in args.sizes.split(","))
     files = _inputs(args.workdir, sizes)
@@ -162,6 +163,8 @@ def main() -> int:
     runners = {"parse": None, "base": args.base, "now": ROOT}
     if args.base is None:
         del runners["base"]
+    elif args.now_first:
+        runners = {"parse": None, "now": ROOT, "base": args.base}
     head = f"{'rows':>11} {'GB':>5} | {'parse s':>7} {'GiB':>5}"
     if args.base is not None:
         head += f" | {'base s':>7} {'GiB':>5}"
