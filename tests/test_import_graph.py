@@ -30,7 +30,7 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+def _imports(tree: ast.AST, module: str, is_package: bool, functions: bool = True) -> set[str]:
     """Every module ``module`` imports (absolute names), at any depth of the file."""
     found: set[str] = set()
     package = module if is_package else module.rpartition(".")[0]
@@ -50,6 +50,8 @@ def _imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
             found.add(base)
             # `from pkg import sub` imports the submodule sub where there is one
             found.update(f"{base}.{alias.name}" for alias in node.names)
+        if not functions and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -57,14 +59,17 @@ def _imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
     return found
 
 
-def import_graph(root: Path = PACKAGE, external: bool = False) -> dict[str, set[str]]:
+def import_graph(
+    root: Path = PACKAGE, external: bool = False, top_only: frozenset[str] = frozenset()
+) -> dict[str, set[str]]:
     """Module -> the package modules it imports (``external``: and the top-level names of the
-    other packages it imports, ``torch`` for ``torch.nn``)."""
+    other packages it imports, ``torch`` for ``torch.nn``; ``top_only``: modules whose imports
+    inside functions are left out)."""
     files = {_module_name(p, root): p for p in root.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         tree = ast.parse(path.read_text(), str(path))
-        found = _imports(tree, name, path.name == "__init__.py")
+        found = _imports(tree, name, path.name == "__init__.py", name not in top_only)
         edges = {m for m in found if m in files}
         if external:
             own = (root.name, f"{root.name}.")
@@ -229,50 +234,38 @@ def test_the_finder_sees_a_circle_through_a_function_level_import(tmp_path):
 # What the data commands import. Preparing, generating, checking a data-only config and
 # reporting on a predictions file need neither torch nor pandas, whose imports cost more than
 # preparing a small file. Read from the source: every import, in any function, of every module
-# the command's handler can reach counts (names imported by a string, a registry's built-ins,
-# are not seen here; the subprocess smoke test below runs the command for real).
+# the command's handler can reach counts, but inside the rule book's functions (each check
+# imports what it checks, and which checks run depends on the config). Names imported by a
+# string (a registry's built-ins) are not seen here; the subprocess smoke test in
+# tests/data/test_pipeline.py runs `prepare` for real.
 
 HEAVY = ("torch", "pandas")
 DATA_COMMANDS = ("prepare", "synth", "calibration_report", "validate")
-# Paths to a heavy package that their owners are removing: (command, module that imports it,
-# package). None may be added; each must go when its import does (the test fails both ways).
-# loading a config runs every check (the model built on the meta device); the summary of
-# `prepare` prints the model's default embedding dimension (models.registry)
-_CONFIG_CHECKS = (
-    "ctrcal.batch",
-    "ctrcal.checks",
-    "ctrcal.layers.context",
-    "ctrcal.layers.fusion",
-    "ctrcal.layers.registry",
-    "ctrcal.models.build",
-    "ctrcal.models.registry",
-)
+RULE_BOOK = frozenset({"ctrcal.validate"})
+# Paths to a heavy package still open: (command, module that imports it, package). None may
+# be added; each must go when its import does (the test fails both ways).
 PENDING: set[tuple[str, str, str]] = {
-    *{(c, m, "torch") for c in ("prepare", "validate") for m in _CONFIG_CHECKS},
-    # the report plan's checks read time windows with pandas
-    ("prepare", "ctrcal.eval.windows", "pandas"),
-    ("validate", "ctrcal.eval.windows", "pandas"),
-    # the numeric codec's tensor methods (shifts in model space) import torch when called
+    # prepared data's feature map carries the numeric codec, whose tensor methods (shifts in
+    # model space) import torch when called, never while preparing
     ("prepare", "ctrcal.data.numeric", "torch"),
-    ("validate", "ctrcal.data.numeric", "torch"),
     # the calibration report's tables, figures and CSV reader are pandas frames
-    ("calibration_report", "ctrcal.eval.figures", "pandas"),
-    ("calibration_report", "ctrcal.eval.stats", "pandas"),
-    ("calibration_report", "ctrcal.eval.windows", "pandas"),
-    ("calibration_report", "ctrcal.predictions_file", "pandas"),
+    ("calibration_report", "ctrcal.reports.calibration.predictions_file", "pandas"),
+    ("calibration_report", "ctrcal.reports.shift.figures", "pandas"),
+    ("calibration_report", "ctrcal.reports.shift.stats", "pandas"),
+    ("calibration_report", "ctrcal.reports.shift.windows", "pandas"),
 }
 
 
 def _starts(command: str, graph: dict[str, set[str]]) -> set[str]:
     # `validate --data` checks the config against prepared data: not a data-only run
-    skip = ("_check_config_against_data",) if command == "validate" else ()
+    skip = ("validate_data",) if command == "validate" else ()
     return {m for m in command_imports(command, skip=skip) if m in graph}
 
 
 def heavy_paths(command: str) -> dict[tuple[str, str, str], str]:
     """(command, module, package) for every module the command reaches that imports a heavy
     package itself -> the chain of imports that leads there."""
-    graph = import_graph(external=True)
+    graph = import_graph(external=True, top_only=RULE_BOOK)
     starts = _starts(command, graph)
     seen = reached(graph, starts)
     out = {}
@@ -300,7 +293,7 @@ def test_data_commands_import_neither_torch_nor_pandas():
     assert not new, "heavy imports: " + "; ".join(new)
     assert not gone, f"no longer imported, remove from PENDING: {gone}"
     # --help runs the CLI module's own imports only
-    graph = import_graph(external=True)
+    graph = import_graph(external=True, top_only=RULE_BOOK)
     top = {m for m in command_imports("synth") if not m.startswith("ctrcal.data")}
     assert not {"torch", "pandas", "numpy", "polars"} & set(reached(graph, top & set(graph)))
 

@@ -316,9 +316,10 @@ def test_preparing_generated_data_imports_no_model_or_dataframe_stack(tmp_path):
     # made by name: torch's import costs seconds, more than preparing a small file
     code = (
         "import sys\nfrom ctrcal.config import Config\n"
-        "from ctrcal.data.prepare import prepare\n"
+        "from ctrcal.data.prepare.prepare import prepare\n"
         "cfg = Config(); cfg.data.synthetic.rows = 2_000\n"
-        f"assert 'oracle' in prepare(None, {str(tmp_path / 'p')!r}, cfg).summary\n"
+        f"res = prepare(None, {str(tmp_path / 'p')!r}, cfg.data, cfg.features)\n"
+        "assert 'oracle' in res.summary\n"
         "print(sorted({'torch', 'pandas', 'sklearn'} & set(sys.modules)))"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}

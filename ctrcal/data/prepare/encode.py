@@ -190,7 +190,7 @@ def encode_sources(
 ) -> Tally:
     """Parse, code, fit and encode ``sources`` into ``tmp/{train,valid,test}`` (see the module
     docstring) on ``threads`` threads (default :func:`ctrcal.data.parse.threads`; more than
-    one also parses a chunk while the one before it is coded: :mod:`ctrcal.data.stages`);
+    one also parses a chunk while the one before it is coded: :mod:`ctrcal.data.prepare.stages`);
     returns what was read."""
     workers = threads or parse.threads()
     nums, cats = pipe.numeric_fields, pipe.categorical_fields

@@ -6,8 +6,8 @@ runs the parser one chunk ahead of the coder in a thread of its own, through a b
 so memory stays a few chunks whatever the file's size. Both stages spend their time in C
 (the reader, the coders, numpy), which releases the GIL, so two threads use two cores. The
 fit needs every chunk's values, so encoding starts after the last chunk is coded; encoding a
-chunk then overlaps the writing of the parts before it (:class:`~ctrcal.data.write.PartWriter`
-writes parts side by side).
+chunk then overlaps the writing of the parts before it
+(:class:`~ctrcal.data.prepare.write.PartWriter` writes parts side by side).
 
 :func:`chunk_bytes_for` picks the chunk size from the input's size and the threads: a small
 file is cut into enough chunks to overlap the stages, a big one into chunks of
