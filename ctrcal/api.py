@@ -48,6 +48,7 @@ def prepare(
     resplit: bool = False,
     force: bool = False,
     chunk_bytes: int | None = None,
+    threads: int | None = None,
 ) -> PrepareResult:
     """Prepare raw data by ``cfg``'s ``data`` and ``features`` sections (defaults if None).
 
@@ -57,8 +58,17 @@ def prepare(
     from ctrcal.data.prepare.prepare import prepare as prepare_sections
 
     cfg = cfg if cfg is not None else Config()
-    return prepare_sections(inputs, out_dir, cfg.data, cfg.features, on_bad_row,
-                            resplit=resplit, force=force, chunk_bytes=chunk_bytes)  # fmt: skip
+    return prepare_sections(
+        inputs,
+        out_dir,
+        cfg.data,
+        cfg.features,
+        on_bad_row,
+        resplit=resplit,
+        force=force,
+        chunk_bytes=chunk_bytes,
+        threads=threads,
+    )
 
 
 def train(

@@ -122,16 +122,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _embedding_dim(cfg: Any) -> int | None:
-    """The model's embedding dimension, as configured or by default; None for a model without
-    one (resolving a model imports torch: done only to print the prepared data's memory)."""
+    """The model's embedding dimension as configured; None when the config leaves it to the
+    model's default, which is known only by importing the model, and torch with it (seconds,
+    more than preparing a small file): the summary then gives the memory per unit of
+    dimension."""
     dim = cfg.model.get("embedding_dim")
-    if dim is None:
-        try:
-            from ctrcal.models.registry import model_defaults
-
-            dim = model_defaults(cfg.model.name).get("embedding_dim")
-        except Exception:  # noqa: BLE001 - a model that cannot be resolved has no dimension
-            return None
     return dim if isinstance(dim, int) and not isinstance(dim, bool) else None
 
 

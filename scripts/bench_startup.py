@@ -1,27 +1,27 @@
-"""Start-up cost of the ``ctrcal`` commands that should answer at once.
+"""Start-up cost of the ``ctrcal`` commands: the data commands, ``--help``, ``validate``.
 
-Goal: ``ctrcal --help``, ``ctrcal validate CONFIG`` and ``ctrcal evaluate``'s start-up (the
-imports before any data is read) each under 1 s.
+Goal: the data commands -- ``ctrcal prepare``, ``ctrcal calibration-report``, ``ctrcal synth``
+and ``ctrcal validate`` of a data-only config -- import neither torch nor pandas, so that on a
+small input they cost little more than the interpreter. Each runs on a small input made here
+(a 2,000-row dac file, a 2,000-row predictions CSV), so the work itself is a small part.
 
 For each command this prints the wall time of the whole process (``python -m ctrcal ...``,
 interpreter start-up included; the minimum of ``--repeats`` runs, the least disturbed by other
-processes), the time ``python -X importtime`` attributes to imports (also the minimum of
-``--repeats`` runs), and the heavy packages the command imported (torch, polars, pandas, ...).
-A bare ``python -c pass`` is the floor.
+processes), its ratio to a bare ``python -c pass`` (the floor), the time ``python -X
+importtime`` attributes to imports (also the minimum of ``--repeats`` runs), and the heavy
+packages the command imported (torch, polars, pandas, ...).
 
-``evaluate`` runs on a tiny run trained here first (a few thousand synthetic rows, one epoch:
-a few seconds); its import time is what every evaluation pays before it reads data, and the
-list shows whether it loaded anything the evaluation does not use. ``import torch`` alone is
-printed beside it: the floor of any command that runs a model.
+``--evaluate`` adds ``ctrcal evaluate`` on a tiny run trained here first (a few thousand
+synthetic rows, one epoch: a few seconds) and ``import torch`` alone, the floor of any command
+that runs a model; ``--configs`` validates those configs too (models included).
 
 The CPU model (``lscpu``, with family and model numbers) and the load average are printed
 with the figures.
 
 Usage::
 
-    python scripts/bench_startup.py                 # --help, validate every shipped config,
-                                                    # evaluate on a tiny run
-    python scripts/bench_startup.py --repeats 5 --configs configs/demo.yaml
+    nice python scripts/bench_startup.py                 # the data commands and --help
+    python scripts/bench_startup.py --repeats 5 --evaluate --configs configs/demo.yaml
 """
 
 from __future__ import annotations
@@ -37,8 +37,18 @@ from pathlib import Path
 from ctrcal.core.utils import cpu_model_name
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("torch", "triton", "numpy", "pyarrow", "polars", "pandas", "sklearn", "scipy",
-         "matplotlib", "yaml")  # fmt: skip
+HEAVY = (
+    "torch",
+    "triton",
+    "numpy",
+    "pyarrow",
+    "polars",
+    "pandas",
+    "sklearn",
+    "scipy",
+    "matplotlib",
+    "yaml",
+)
 
 TINY_CONFIG = """\
 data: {synthetic: {rows: 3000, seed: 0}}
@@ -59,8 +69,9 @@ def wall_time(argv: list[str], repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        res = subprocess.run([sys.executable, *argv], env=_env(), cwd=ROOT,
-                             capture_output=True, text=True)  # fmt: skip
+        res = subprocess.run(
+            [sys.executable, *argv], env=_env(), cwd=ROOT, capture_output=True, text=True
+        )
         best = min(best, time.perf_counter() - start)
         if res.returncode != 0:
             raise SystemExit(f"{' '.join(argv)} exited {res.returncode}:\n{res.stderr}")
@@ -72,8 +83,13 @@ def import_profile(argv: list[str], repeats: int) -> tuple[float, list[str]]:
     the heavy packages imported."""
     best, loaded = float("inf"), set()
     for _ in range(repeats):
-        res = subprocess.run([sys.executable, "-X", "importtime", *argv], env=_env(), cwd=ROOT,
-                             capture_output=True, text=True)  # fmt: skip
+        res = subprocess.run(
+            [sys.executable, "-X", "importtime", *argv],
+            env=_env(),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         if res.returncode != 0:
             raise SystemExit(f"{' '.join(argv)} exited {res.returncode}:\n{res.stderr}")
         total_us = 0
@@ -100,46 +116,127 @@ def tiny_run(workdir: Path) -> Path:
     run_dir = workdir / "run"
     res = subprocess.run(
         [sys.executable, "-m", "ctrcal", "train", str(config), "--out", str(run_dir)],
-        env=_env(), cwd=ROOT, capture_output=True, text=True,
-    )  # fmt: skip
+        env=_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if res.returncode != 0:
         raise SystemExit(f"training the tiny run failed:\n{res.stderr}")
     return run_dir
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawTextHelpFormatter)  # fmt: skip
-    ap.add_argument("--repeats", type=int, default=3, help="runs per command (the minimum counts)")
-    ap.add_argument("--configs", nargs="*", type=Path, default=None,
-                    help="configs to validate (default: every configs/*.yaml)")  # fmt: skip
-    ap.add_argument("--no-evaluate", action="store_true", help="skip evaluate (no training)")
-    args = ap.parse_args()
-    configs = args.configs
-    if configs is None:
-        configs = [c.relative_to(ROOT) for c in sorted((ROOT / "configs").glob("*.yaml"))]
+DATA_ONLY_CONFIG = """\
+data: {synthetic: {rows: 2000, seed: 0}}
+features: {min_count: 2}
+"""
 
-    print(f"CPU: {cpu_model_name()}; {os.cpu_count()} CPUs; "
-          f"load average {os.getloadavg()[0]:.2f} (before)")  # fmt: skip
-    print(f"python {sys.version.split()[0]}; wall = min of {args.repeats} runs of the whole "
-          f"process; imports = what -X importtime attributes to them (min of {args.repeats})")
-    commands = [("python -c pass", ["-c", "pass"]), ("ctrcal --help", ["-m", "ctrcal", "--help"])]
-    for config in configs:
-        commands.append((f"ctrcal validate {config}", ["-m", "ctrcal", "validate", str(config)]))
+
+def data_inputs(workdir: Path) -> dict[str, Path]:
+    """A small dac file, a predictions CSV and a data-only config in ``workdir``."""
+    import numpy as np
+
+    from ctrcal.data.synthetic import generate
+
+    dac = workdir / "small.txt"
+    generate(dac, 2_000, seed=0)
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0.01, 0.6, 2_000)
+    y = (rng.uniform(size=p.size) < p).astype(int)
+    preds = workdir / "preds.csv"
+    preds.write_text(
+        "p,y,seg\n"
+        + "".join(f"{a:.6f},{b},{i % 5}\n" for i, (a, b) in enumerate(zip(p, y, strict=True)))
+    )
+    config = workdir / "data_only.yaml"
+    config.write_text(DATA_ONLY_CONFIG)
+    return {"dac": dac, "preds": preds, "config": config}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3, help="runs per command (the minimum counts)")
+    ap.add_argument(
+        "--configs",
+        nargs="*",
+        type=Path,
+        default=[],
+        help="configs to validate as well (models included)",
+    )
+    ap.add_argument("--evaluate", action="store_true", help="add evaluate on a tiny run")
+    args = ap.parse_args()
+
+    print(
+        f"CPU: {cpu_model_name()}; {os.cpu_count()} CPUs; "
+        f"load average {os.getloadavg()[0]:.2f} (before)"
+    )
+    print(
+        f"python {sys.version.split()[0]}; wall = min of {args.repeats} runs of the whole "
+        f"process; imports = what -X importtime attributes to them (min of {args.repeats})"
+    )
     with tempfile.TemporaryDirectory(prefix="ctrcal-bench-startup-") as tmp:
-        if not args.no_evaluate:
-            run_dir = tiny_run(Path(tmp))
+        work = Path(tmp)
+        inputs = data_inputs(work)
+        commands = [
+            ("python -c pass", ["-c", "pass"]),
+            ("ctrcal --help", ["-m", "ctrcal", "--help"]),
+            (
+                "ctrcal prepare (2k rows)",
+                ["-m", "ctrcal", "prepare", str(inputs["dac"]), "--out", str(work / "prepared")],
+            ),
+            (
+                "ctrcal calibration-report (2k rows)",
+                [
+                    "-m",
+                    "ctrcal",
+                    "calibration-report",
+                    str(inputs["preds"]),
+                    "--prob",
+                    "p",
+                    "--label",
+                    "y",
+                    "--segments",
+                    "seg",
+                    "--bootstrap",
+                    "20",
+                    "--out",
+                    str(work / "report"),
+                ],
+            ),
+            (
+                "ctrcal synth (2k rows)",
+                ["-m", "ctrcal", "synth", str(work / "synth.txt"), "--rows", "2000"],
+            ),
+            (
+                "ctrcal validate (data-only config)",
+                ["-m", "ctrcal", "validate", str(inputs["config"])],
+            ),
+        ]
+        for config in args.configs:
+            commands.append(
+                (f"ctrcal validate {config}", ["-m", "ctrcal", "validate", str(config)])
+            )
+        if args.evaluate:
+            run_dir = tiny_run(work)
             argv = ["-m", "ctrcal", "evaluate", str(run_dir), "--split", "valid"]
             # the floor of any command that runs a model
             commands.append(("python -c 'import torch'", ["-c", "import torch"]))
             commands.append(("ctrcal evaluate (tiny run)", argv))
         width = max(len(name) for name, _ in commands)
-        print(f"{'command':<{width}}  {'wall s':>7}  {'imports s':>9}  heavy packages imported")
+        print(
+            f"{'command':<{width}}  {'wall s':>7}  {'x pass':>6}  {'imports s':>9}  "
+            "heavy packages imported"
+        )
+        floor = None
         for name, argv in commands:
             wall = wall_time(argv, args.repeats)
+            floor = floor or wall
             imports, heavy = import_profile(argv, args.repeats)
-            print(f"{name:<{width}}  {wall:7.3f}  {imports:9.3f}  {', '.join(heavy) or '-'}",
-                  flush=True)  # fmt: skip
+            print(
+                f"{name:<{width}}  {wall:7.3f}  {wall / floor:6.1f}  {imports:9.3f}  "
+                f"{', '.join(heavy) or '-'}",
+                flush=True,
+            )
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -30,7 +30,7 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+def _imports(tree: ast.AST, module: str, is_package: bool, functions: bool = True) -> set[str]:
     """Every module ``module`` imports (absolute names), at any depth of the file."""
     found: set[str] = set()
     package = module if is_package else module.rpartition(".")[0]
@@ -50,6 +50,8 @@ def _imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
             found.add(base)
             # `from pkg import sub` imports the submodule sub where there is one
             found.update(f"{base}.{alias.name}" for alias in node.names)
+        if not functions and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -57,16 +59,58 @@ def _imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
     return found
 
 
-def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
-    """Module -> the package modules it imports."""
+def import_graph(
+    root: Path = PACKAGE, external: bool = False, top_only: frozenset[str] = frozenset()
+) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (``external``: and the top-level names of the
+    other packages it imports, ``torch`` for ``torch.nn``; ``top_only``: modules whose imports
+    inside functions are left out)."""
     files = {_module_name(p, root): p for p in root.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         tree = ast.parse(path.read_text(), str(path))
-        edges = {m for m in _imports(tree, name, path.name == "__init__.py") if m in files}
+        found = _imports(tree, name, path.name == "__init__.py", name not in top_only)
+        edges = {m for m in found if m in files}
+        if external:
+            own = (root.name, f"{root.name}.")
+            edges |= {m.split(".")[0] for m in found if m and not m.startswith(own)}
         edges.discard(name)
         graph[name] = edges
     return graph
+
+
+def reached(graph: dict[str, set[str]], starts: set[str]) -> dict[str, str]:
+    """Every name reachable from ``starts`` -> the module that first imports it on the way."""
+    seen = {s: s for s in starts}
+    todo = sorted(starts)
+    while todo:
+        v = todo.pop()
+        for w in sorted(graph.get(v, ())):
+            if w not in seen:
+                seen[w] = v
+                todo.append(w)
+    return seen
+
+
+def command_imports(command: str, root: Path = PACKAGE, skip: tuple[str, ...] = ()) -> set[str]:
+    """What the CLI's handler ``cmd_<command>`` imports in its body and in the CLI's helpers it
+    calls (but ``skip``), and the CLI's own top."""
+    tree = ast.parse((root / "cli.py").read_text())
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    top = ast.Module(body=imports, type_ignores=[])
+    found = _imports(top, "ctrcal.cli", False)
+    todo, done = [f"cmd_{command}"], set()
+    while todo:
+        fn = functions[todo.pop()]
+        done.add(fn.name)
+        found |= _imports(fn, "ctrcal.cli", False)
+        for call in ast.walk(fn):
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
+                name = call.func.id
+                if name in functions and name not in done and name not in skip:
+                    todo.append(name)
+    return found
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -184,3 +228,87 @@ def test_the_finder_sees_a_circle_through_a_function_level_import(tmp_path):
     assert find_cycles(import_graph(pkg)) == [["ctrcal.a", "ctrcal.b"]]
     (sub / "x.py").write_text("from ctrcal.sub import f\n")  # back into its package: a circle
     assert ["ctrcal.sub", "ctrcal.sub.x"] in find_cycles(import_graph(pkg))
+
+
+# ---------------------------------------------------------------------------------------------
+# What the data commands import. Preparing, generating, checking a data-only config and
+# reporting on a predictions file need neither torch nor pandas, whose imports cost more than
+# preparing a small file. Read from the source: every import, in any function, of every module
+# the command's handler can reach counts, but inside the rule book's functions (each check
+# imports what it checks, and which checks run depends on the config). Names imported by a
+# string (a registry's built-ins) are not seen here; the subprocess smoke test in
+# tests/data/test_pipeline.py runs `prepare` for real.
+
+HEAVY = ("torch", "pandas")
+DATA_COMMANDS = ("prepare", "synth", "calibration_report", "validate")
+RULE_BOOK = frozenset({"ctrcal.validate"})
+# Paths to a heavy package still open: (command, module that imports it, package). None may
+# be added; each must go when its import does (the test fails both ways).
+PENDING: set[tuple[str, str, str]] = {
+    # prepared data's feature map carries the numeric codec, whose tensor methods (shifts in
+    # model space) import torch when called, never while preparing
+    ("prepare", "ctrcal.data.numeric", "torch"),
+    # the calibration report's tables, figures and CSV reader are pandas frames
+    ("calibration_report", "ctrcal.reports.calibration.predictions_file", "pandas"),
+    ("calibration_report", "ctrcal.reports.shift.figures", "pandas"),
+    ("calibration_report", "ctrcal.reports.shift.stats", "pandas"),
+    ("calibration_report", "ctrcal.reports.shift.windows", "pandas"),
+}
+
+
+def _starts(command: str, graph: dict[str, set[str]]) -> set[str]:
+    # `validate --data` checks the config against prepared data: not a data-only run
+    skip = ("validate_data",) if command == "validate" else ()
+    return {m for m in command_imports(command, skip=skip) if m in graph}
+
+
+def heavy_paths(command: str) -> dict[tuple[str, str, str], str]:
+    """(command, module, package) for every module the command reaches that imports a heavy
+    package itself -> the chain of imports that leads there."""
+    graph = import_graph(external=True, top_only=RULE_BOOK)
+    starts = _starts(command, graph)
+    seen = reached(graph, starts)
+    out = {}
+    for module in seen:
+        for heavy in HEAVY:
+            if heavy in graph.get(module, ()):
+                out[(command, module, heavy)] = _chain(graph, starts, module) + f" -> {heavy}"
+    return out
+
+
+def _chain(graph: dict[str, set[str]], starts: set[str], target: str) -> str:
+    seen = reached(graph, starts)
+    path = [target]
+    while seen[path[-1]] != path[-1]:
+        path.append(seen[path[-1]])
+    return " -> ".join(reversed(path))
+
+
+def test_data_commands_import_neither_torch_nor_pandas():
+    found = {}
+    for command in DATA_COMMANDS:
+        found.update(heavy_paths(command))
+    new = sorted(chain for path, chain in found.items() if path not in PENDING)
+    gone = sorted(PENDING - set(found))
+    assert not new, "heavy imports: " + "; ".join(new)
+    assert not gone, f"no longer imported, remove from PENDING: {gone}"
+    # --help runs the CLI module's own imports only
+    graph = import_graph(external=True, top_only=RULE_BOOK)
+    top = {m for m in command_imports("synth") if not m.startswith("ctrcal.data")}
+    assert not {"torch", "pandas", "numpy", "polars"} & set(reached(graph, top & set(graph)))
+
+
+def test_the_reader_sees_imports_in_functions_and_not_under_type_checking(tmp_path):
+    pkg = tmp_path / "ctrcal"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("import numpy\ndef f():\n    from ctrcal import b\n")
+    (pkg / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    import pandas\ndef g():\n    import torch.nn as nn\n"
+    )
+    graph = import_graph(pkg, external=True)
+    assert graph["ctrcal.a"] == {"numpy", "ctrcal", "ctrcal.b"}
+    assert "pandas" not in graph["ctrcal.b"]
+    seen = reached(graph, {"ctrcal.a"})
+    assert seen["torch"] == "ctrcal.b" and "pandas" not in seen

@@ -172,16 +172,6 @@ def test_model_domain_checks_apply_whatever_the_spelling_of_the_name(tmp_path, c
     assert "model.hidden_units[1]: expected an integer >= 1, got 0" in capsys.readouterr().err
 
 
-def test_help_imports_nothing_heavy():
-    code = (
-        "import sys\nfrom ctrcal.cli import main\n"
-        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-        "heavy = {'torch', 'numpy', 'pandas', 'polars'} & set(sys.modules)\n"
-        "assert not heavy, heavy\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True)
-
-
 def test_a_plugged_in_check_runs_and_names_its_key():
     def batch_multiple_of_64(cfg, problems: Problems) -> None:
         if cfg.train.batch_size % 64:

@@ -16,7 +16,6 @@ import fcntl
 import json
 import math
 import os
-import random
 import re
 import socket
 import sys
@@ -292,25 +291,6 @@ def _lock_holder(path: Path) -> str:
         return f"pid {int(owner['pid'])} on {owner['host']}, since {since}"
     except (OSError, ValueError, KeyError, TypeError):
         return "a process that has not recorded itself yet"
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch (all devices)."""
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed % (2**32))  # noqa: NPY002 - legacy global RNG some code still uses
-    torch.manual_seed(seed)
-
-
-def resolve_device(spec: str = "auto"):
-    """``auto`` -> CUDA when available, else CPU; anything else is passed to ``torch.device``."""
-    import torch
-
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(spec)
 
 
 def peak_rss_mib() -> float:

@@ -139,7 +139,7 @@ class ParquetCTRData:
         self._cat_cols = list(self.feature_map.categorical_fields)
         self._num_cols = list(self.feature_map.numeric_fields)
         if mode == "device":
-            from ctrcal.core.utils import resolve_device
+            from ctrcal.core.devices import resolve_device
 
             self.device = torch.device(device) if device is not None else resolve_device("auto")
         else:

@@ -44,10 +44,12 @@ def iter_chunks(
     on_bad_row: str,
     chunk_bytes: int = CHUNK_BYTES,
     workers: int | None = None,
+    ring: int = 1,
 ) -> Iterator[ParsedChunk]:
     """Parse a file chunk by chunk (see the module docstring). ``fmt`` is a Criteo file's
     :class:`~ctrcal.data.criteo.CriteoFormat`, or a schema'd file's
     :class:`~ctrcal.data.schema_reader.SchemaFormat` (read by :mod:`ctrcal.data.schema_reader`).
+    The C reader's arrays are reused: a chunk is valid until ``ring`` more are asked for.
 
     Raises:
         DataError: unreadable file, corrupt gzip, text that is not UTF-8 (naming the line),
@@ -60,10 +62,11 @@ def iter_chunks(
         return
     workers = workers or threads()
     native = tsv_reader.takes_layout(fmt) and tsv_reader.available()
-    buffers = tsv_reader.Buffers()
+    buffers = [tsv_reader.Buffers() for _ in range(max(1, ring))]
     offset = 0
-    for chunk in iter_text_chunks(path, chunk_bytes, fmt.header_lines):
-        parsed = _native(chunk, fmt, offset, workers, buffers) if native else None
+    for k, chunk in enumerate(iter_text_chunks(path, chunk_bytes, fmt.header_lines)):
+        reused = buffers[k % len(buffers)]
+        parsed = _native(chunk, fmt, offset, workers, reused) if native else None
         if parsed is None:
             parsed = _polars(chunk, path, fmt, offset, on_bad_row)
         offset += parsed.records

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Literal
 
 import numpy as np
@@ -325,10 +326,23 @@ def _curve(
 
 
 def _uniform_edges(n_bins: int, dtype: np.dtype) -> np.ndarray:
-    import torch
+    """[n_bins + 1] float64: ``torch.linspace(0, 1, n_bins + 1)`` in ``dtype`` (float64, else
+    float32), the edges torchmetrics bins by, computed without importing torch.
 
-    tdtype = torch.float64 if dtype == np.float64 else torch.float32
-    return torch.linspace(0.0, 1.0, n_bins + 1, dtype=tdtype).double().numpy()
+    torch's CPU kernel takes ``step = 1 / n_bins`` rounded to the dtype, then edge ``k`` is
+    ``step * k`` for the lower half and ``1 - step * (n_bins - k)`` for the upper half, each
+    rounded once from its exact value (a fused multiply-add): the same here, from exact
+    arithmetic (float64 holds the float32 case exactly; fractions the float64 case).
+    """
+    half = (n_bins + 1) // 2
+    if dtype == np.float64:
+        step = Fraction(1.0 / n_bins)  # IEEE division: 1 / n_bins correctly rounded
+        edges = [step * k if k < half else 1 - step * (n_bins - k) for k in range(n_bins + 1)]
+        return np.array([float(e) for e in edges])  # float(Fraction) rounds correctly
+    step = float(np.float32(1.0) / np.float32(n_bins))
+    k = np.arange(n_bins + 1, dtype=np.float64)
+    exact = np.where(k < half, step * k, 1.0 - step * (n_bins - k))  # exact: 24 + 31 bits
+    return exact.astype(np.float32).astype(np.float64)
 
 
 def ece(

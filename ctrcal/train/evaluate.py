@@ -98,7 +98,7 @@ def evaluate_run(
         DataError: the data is encoded with another feature map than the run's, has moved,
             or the split has no labels (checked before the model is loaded).
     """
-    from ctrcal.core.utils import resolve_device
+    from ctrcal.core.devices import resolve_device
     from ctrcal.data.feature_map import FeatureMap
     from ctrcal.layers.mc_layernorm import has_mc_layers
     from ctrcal.train.results import load_run

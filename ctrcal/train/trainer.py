@@ -40,14 +40,9 @@ import torch
 from torch import nn
 
 from ctrcal.config import Config
+from ctrcal.core.devices import resolve_device, seed_everything
 from ctrcal.core.errors import ConfigError, CtrcalError, DataError
-from ctrcal.core.utils import (
-    directory_lock,
-    make_dirs,
-    remove_stale_temporaries,
-    resolve_device,
-    seed_everything,
-)
+from ctrcal.core.utils import directory_lock, make_dirs, remove_stale_temporaries
 from ctrcal.data.loader import Batch
 from ctrcal.layers.embedding import FeatureEmbedding
 from ctrcal.models.build import create_model

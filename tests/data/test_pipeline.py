@@ -19,9 +19,11 @@ from ctrcal.api import prepare
 from ctrcal.config import Config
 from ctrcal.core.errors import DataError
 from ctrcal.data.coder import ColumnCoder, gather
+from ctrcal.data.parse import CHUNK_BYTES
 from ctrcal.data.prepare import publish as publish_mod
 from ctrcal.data.prepare import write as write_mod
 from ctrcal.data.prepare.prepare import clean_stale_temporaries
+from ctrcal.data.prepare.stages import MIN_CHUNK_BYTES, ahead, chunk_bytes_for
 from ctrcal.data.synthetic import generate, prob_path, write_criteo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,31 +58,35 @@ def generated(tmp_path_factory):
 
 
 CHUNK_SIZES = (1 << 12, 1 << 16, 1 << 30)  # hundreds of chunks, tens, one per file
+# threads at the middle size: one (no stage runs ahead), two, and more threads than cores
+THREADS = (1, 2, 5)
 
 
 def _same_bytes_for_every_chunk_size(inputs, tmp_path, cfg, **kw):
     outs = []
-    for size in CHUNK_SIZES:
-        res = prepare(inputs, tmp_path / f"c{size}", cfg, chunk_bytes=size, **kw)
-        outs.append((res, _files(tmp_path / f"c{size}")))
+    runs = [(size, 2) for size in CHUNK_SIZES] + [(CHUNK_SIZES[1], t) for t in THREADS if t != 2]
+    for size, threads in runs:
+        out = tmp_path / f"c{size}_t{threads}"
+        res = prepare(inputs, out, cfg, chunk_bytes=size, threads=threads, **kw)
+        outs.append((res, _files(out)))
     (first, want), *rest = outs
     for res, got in rest:
         assert got == want  # byte for byte: feature map, vocabulary, every part
         assert res.rows == first.rows and res.bad_rows == first.bad_rows
-    assert outs[0][0].summary["chunks"] > 50 * outs[-1][0].summary["chunks"]
+    assert outs[0][0].summary["chunks"] > 50 * outs[len(CHUNK_SIZES) - 1][0].summary["chunks"]
     return first
 
 
 @pytest.mark.parametrize("order", ["random", "time"])
-def test_chunk_size_never_changes_the_output_bytes(generated, tmp_path, order):
+def test_chunk_size_and_threads_never_change_the_output_bytes(generated, tmp_path, order):
     cfg = _cfg(min_count=3, buckets=6)
     cfg.data.split_order = order
     res = _same_bytes_for_every_chunk_size(generated[:2], tmp_path, cfg)
     assert "oracle" in res.summary  # true probabilities followed the rows through the chunks
-    assert not list((tmp_path / f"c{CHUNK_SIZES[0]}").glob("_*"))  # no work files published
+    assert not list((tmp_path / f"c{CHUNK_SIZES[0]}_t2").glob("_*"))  # no work files published
 
 
-def test_chunk_size_never_changes_mixed_layouts_and_skipped_rows(criteo_files, tmp_path):
+def test_chunk_size_and_threads_never_change_mixed_layouts_and_skipped_rows(criteo_files, tmp_path):
     # header CSV, gzip streamed, an unlabelled test file; malformed rows parsed by polars
     # in chunks between chunks of the C reader
     lines = criteo_files["dac"].read_text().splitlines()
@@ -131,6 +137,41 @@ def test_environment_sets_the_chunk_size_and_row_groups_are_uniform(generated, t
     monkeypatch.setenv("CTRCAL_PREPARE_CHUNK_BYTES", "lots")
     with pytest.raises(DataError, match="CTRCAL_PREPARE_CHUNK_BYTES"):
         prepare(generated, tmp_path / "q", _cfg())
+    monkeypatch.delenv("CTRCAL_PREPARE_CHUNK_BYTES")
+    monkeypatch.setenv("CTRCAL_PREPARE_THREADS", "0")
+    with pytest.raises(DataError, match="threads must be >= 1, got 0"):
+        prepare(generated, tmp_path / "q", _cfg())
+
+
+def test_the_chunk_size_follows_the_input_size_and_the_threads():
+    mib = 1 << 20
+    assert chunk_bytes_for(1_000, 2) == MIN_CHUNK_BYTES  # a small file: one chunk
+    assert chunk_bytes_for(120 * mib, 2) == 15 * mib  # 4 chunks a thread
+    assert chunk_bytes_for(120 * mib, 1) == 30 * mib
+    assert chunk_bytes_for(11 << 30, 2) == CHUNK_BYTES  # memory stays a few chunks
+
+
+def test_a_stage_run_ahead_hands_on_its_error_and_stops_with_its_consumer():
+    made = []
+
+    def items(fail_at=None):
+        for k in range(100):
+            if k == fail_at:
+                raise DataError(f"item {k} is bad")
+            made.append(k)
+            yield k
+
+    assert list(ahead(items(), depth=2)) == list(range(100))
+    got = []
+    with pytest.raises(DataError, match="item 7 is bad"):
+        for k in ahead(items(fail_at=7)):
+            got.append(k)
+    assert got == list(range(7))  # every item before the bad one, in order
+    made.clear()
+    stream = ahead(items(), depth=1)
+    assert next(stream) == 0
+    stream.close()  # the consumer stops: the producer stops too (one queued, one in hand)
+    assert len(made) <= 3 and made == list(range(len(made)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,13 +311,18 @@ def test_coder_keeps_codes_and_train_counts_across_chunks(distinct):
     np.testing.assert_array_equal(gather(table, codes), table[codes])
 
 
-def test_preparing_never_imports_torch(criteo_files, tmp_path):
-    # torch's import costs seconds, more than preparing a small file; the embedding memory
-    # line of the CLI resolves the model's default dimension only when it is printed
-    code = ("import sys; from ctrcal.api import prepare; "
-            f"prepare([{str(criteo_files['dac'])!r}], {str(tmp_path / 'p')!r}); "
-            "print('torch' in sys.modules)")  # fmt: skip
+def test_preparing_generated_data_imports_no_model_or_dataframe_stack(tmp_path):
+    # the smoke test of tests/test_import_graph.py's static check, which cannot see imports
+    # made by name: torch's import costs seconds, more than preparing a small file
+    code = (
+        "import sys\nfrom ctrcal.config import Config\n"
+        "from ctrcal.data.prepare.prepare import prepare\n"
+        "cfg = Config(); cfg.data.synthetic.rows = 2_000\n"
+        f"res = prepare(None, {str(tmp_path / 'p')!r}, cfg.data, cfg.features)\n"
+        "assert 'oracle' in res.summary\n"
+        "print(sorted({'torch', 'pandas', 'sklearn'} & set(sys.modules)))"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         check=True).stdout  # fmt: skip
-    assert out.strip() == "False"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -191,3 +191,14 @@ def test_top_level_export():
     import ctrcal
 
     assert ctrcal.metrics.auc([0.1, 0.9], [0, 1]) == 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_uniform_bin_edges_are_torch_linspace_bit_for_bit(dtype):
+    # computed without torch, so that reports on a predictions file never import it
+    from ctrcal.metrics._metrics import _uniform_edges
+
+    np_dtype = np.dtype(np.float32 if dtype == torch.float32 else np.float64)
+    for n in [*range(1, 400), 1_000, 4_097]:
+        want = torch.linspace(0.0, 1.0, n + 1, dtype=dtype).double().numpy()
+        np.testing.assert_array_equal(_uniform_edges(n, np_dtype), want, err_msg=str(n))

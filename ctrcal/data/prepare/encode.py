@@ -37,6 +37,7 @@ from ctrcal.data import parse
 from ctrcal.data.coder import ColumnCoder, gather, numeric_bits
 from ctrcal.data.features import MISSING_ID, FeaturePipeline
 from ctrcal.data.fit_stats import FitStats
+from ctrcal.data.prepare import stages
 from ctrcal.data.prepare.write import PROB_COL, PartWriter, encoded_schema
 from ctrcal.data.splits import SPLITS, SplitPlan
 
@@ -124,7 +125,10 @@ class ProbReader:
         joined = pa.concat_arrays(self._held) if self._held else pa.array([], pa.float64())
         out, rest = joined.slice(0, n), joined.slice(n)
         self._held, self._held_rows = ([rest] if len(rest) else []), len(rest)
-        return out.to_numpy(zero_copy_only=False).astype(np.float32)
+        if out.null_count:
+            out = out.fill_null(float("nan"))
+        # DLPack, not pyarrow's to_numpy: that one imports pandas (seconds, for nothing)
+        return np.from_dlpack(out).astype(np.float32)
 
 
 @dataclass
@@ -182,10 +186,13 @@ def encode_sources(
     pipe: FeaturePipeline,
     clock: Clock,
     chunk_bytes: int = parse.CHUNK_BYTES,
+    threads: int | None = None,
 ) -> Tally:
     """Parse, code, fit and encode ``sources`` into ``tmp/{train,valid,test}`` (see the module
-    docstring); returns what was read."""
-    workers = parse.threads()
+    docstring) on ``threads`` threads (default :func:`ctrcal.data.parse.threads`; more than
+    one also parses a chunk while the one before it is coded: :mod:`ctrcal.data.prepare.stages`);
+    returns what was read."""
+    workers = threads or parse.threads()
     nums, cats = pipe.numeric_fields, pipe.categorical_fields
     coders = [ColumnCoder() for _ in (*nums, *cats)]
     store = _CodeStore(tmp / "_work")
@@ -194,7 +201,10 @@ def encode_sources(
         for i, s in enumerate(sources):
             probs = ProbReader(s.prob) if tally.with_prob else None
             records = 0
-            for chunk in parse.iter_chunks(s.path, s.fmt, on_bad_row, chunk_bytes, workers):
+            chunks = parse.iter_chunks(
+                s.path, s.fmt, on_bad_row, chunk_bytes, workers, ring=stages.AHEAD + 2
+            )
+            for chunk in stages.ahead(chunks) if workers > 1 else chunks:
                 split = plan.codes(np.full(len(chunk), i, dtype=np.int64), chunk.rows, chunk.time)
                 prob = None
                 if tally.with_prob:
@@ -315,19 +325,20 @@ def _encode_rows(
         out = gather(tables[j], codes)
         if out.dtype == np.float32:
             return _nullable(out, codes != 0)
-        return pa.array(out)
+        return _nullable(out, None)
 
     label = coded.label[lo:hi].copy()
     columns = [_nullable(label, ~np.isnan(label))]
     columns += list(pool.map(column, range(len(tables))))
     if PROB_COL in schema.names:
-        columns.append(pa.array(coded.prob[lo:hi].copy()))
+        columns.append(_nullable(coded.prob[lo:hi].copy(), None))
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def _nullable(values: np.ndarray, valid: np.ndarray) -> pa.Array:
-    """``values`` as an Arrow array, null where ``valid`` is false (no copy of the values)."""
-    nulls = len(valid) - int(np.count_nonzero(valid))
+def _nullable(values: np.ndarray, valid: np.ndarray | None) -> pa.Array:
+    """``values`` as an Arrow array, null where ``valid`` is false (no copy of the values).
+    Built from buffers: ``pa.array`` of a NumPy array imports pandas (seconds, for nothing)."""
+    nulls = 0 if valid is None else len(valid) - int(np.count_nonzero(valid))
     bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
     dtype = pa.from_numpy_dtype(values.dtype)
     return pa.Array.from_buffers(dtype, len(values), [bitmap, pa.py_buffer(values)], nulls)

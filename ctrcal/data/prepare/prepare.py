@@ -58,7 +58,7 @@ from ctrcal.data.features import (
     resolve_numeric_transform,
 )
 from ctrcal.data.inputs import expand_inputs
-from ctrcal.data.parse import CHUNK_BYTES
+from ctrcal.data.parse import threads as parse_threads
 from ctrcal.data.prepare.encode import Clock, Source, encode_sources
 from ctrcal.data.prepare.publish import (
     OWNER_FILE,
@@ -70,6 +70,7 @@ from ctrcal.data.prepare.publish import (
     publish_lock,
 )
 from ctrcal.data.prepare.result import PrepareResult
+from ctrcal.data.prepare.stages import chunk_bytes_for
 from ctrcal.data.prepare.write import PROB_COL
 from ctrcal.data.schema import DatasetSchema, resolve_schema
 from ctrcal.data.splits import (
@@ -216,6 +217,7 @@ def prepare(
     resplit: bool = False,
     force: bool = False,
     chunk_bytes: int | None = None,
+    threads: int | None = None,
 ) -> PrepareResult:
     """Prepare raw Criteo data into ``out_dir``, or reuse it when inputs and config are unchanged.
 
@@ -231,7 +233,11 @@ def prepare(
         resplit: allow pooling and re-splitting files whose names say they are splits.
         force: prepare even if an up-to-date ``out_dir`` exists.
         chunk_bytes: text bytes per chunk (default: ``CTRCAL_PREPARE_CHUNK_BYTES``, else
-            :data:`ctrcal.data.parse.CHUNK_BYTES`); the output does not depend on it.
+            chosen from the inputs' size and the threads by
+            :func:`ctrcal.data.prepare.stages.chunk_bytes_for`); the output does not depend on it.
+        threads: threads that parse, code, encode and write (default:
+            ``CTRCAL_PREPARE_THREADS``, else :func:`ctrcal.data.parse.threads`, at most the
+            cores); the output does not depend on it.
 
     Returns:
         :class:`PrepareResult` (``.out_dir``, rows per split, ``.describe()`` for people).
@@ -255,8 +261,17 @@ def prepare(
         where = "data."
     else:
         where = ""
-    return _prepare_files(inputs, Path(out_dir), cfg, on_bad_row, resplit=resplit, force=force,
-                          chunk_bytes=chunk_bytes, where=where)  # fmt: skip
+    return _prepare_files(
+        inputs,
+        Path(out_dir),
+        cfg,
+        on_bad_row,
+        resplit=resplit,
+        force=force,
+        chunk_bytes=chunk_bytes,
+        where=where,
+        threads=threads,
+    )
 
 
 def _prepare_files(
@@ -271,13 +286,17 @@ def _prepare_files(
     synthetic_info: Mapping[str, Any] | None = None,
     chunk_bytes: int | None = None,
     where: str = "",
+    threads: int | None = None,
 ) -> PrepareResult:
     start = time.perf_counter()
-    chunk_bytes = _size_setting(chunk_bytes, "CTRCAL_PREPARE_CHUNK_BYTES", CHUNK_BYTES, 1)
+    threads = _size_setting(threads, "CTRCAL_PREPARE_THREADS", parse_threads(), 1)
     on_bad_row = on_bad_row or cfg.data.on_bad_row
     if on_bad_row not in ("error", "skip"):
         raise DataError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
     sources = _resolve_sources(inputs, where)
+    total = sum(s.path.stat().st_size for s in sources)
+    auto = chunk_bytes_for(total, threads)
+    chunk_bytes = _size_setting(chunk_bytes, "CTRCAL_PREPARE_CHUNK_BYTES", auto, 1)
     random_split = sources[0].split is None
     if random_split:
         if not resplit and identity is None:
@@ -299,8 +318,9 @@ def _prepare_files(
         clean_stale_temporaries(out_dir)
         tmp = owned_temp_dir(out_dir)
         try:
-            result = _prepare_into(tmp, sources, cfg, on_bad_row, key, synthetic_info or {},
-                                   chunk_bytes)  # fmt: skip
+            result = _prepare_into(
+                tmp, sources, cfg, on_bad_row, key, synthetic_info or {}, chunk_bytes, threads
+            )
             shutil.rmtree(tmp / "_work", ignore_errors=True)
             (tmp / OWNER_FILE).unlink(missing_ok=True)
             publish(tmp, out_dir, key)
@@ -341,6 +361,7 @@ def _prepare_into(
     key: str,
     synthetic_info: Mapping[str, Any],
     chunk_bytes: int,
+    threads: int,
 ) -> PrepareResult:
     from ctrcal.data.synthetic import prob_path
 
@@ -391,7 +412,7 @@ def _prepare_into(
             cfg.data.split_seed, cfg.data.split_order, [s.fmt.header_lines for s in sources],
         )  # fmt: skip
     clock("detect")
-    tally = encode_sources(tmp, sources, on_bad_row, plan, pipe, clock, chunk_bytes)
+    tally = encode_sources(tmp, sources, on_bad_row, plan, pipe, clock, chunk_bytes, threads)
     rows = {name: tally.rows[k] for k, name in enumerate(SPLITS)}
     rates = {name: tally.rate(k) for k, name in enumerate(SPLITS)}
     bad = tally.bad

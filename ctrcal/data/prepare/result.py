@@ -89,6 +89,11 @@ def _describe_tables(fm: Mapping[str, Any], dim: int | None) -> list[str]:
     if dim:
         lines.append(f"  embedding memory at dim {dim}: {total:,} rows x {dim} x 4 B = "
                      f"{embedding_bytes(total, dim) / 2**20:,.1f} MiB")  # fmt: skip
+    else:
+        lines.append(
+            f"  embedding memory: {total:,} rows x 4 B = "
+            f"{embedding_bytes(total, 1) / 2**20:,.2f} MiB per unit of embedding dimension"
+        )
     return lines
 
 

@@ -250,7 +250,7 @@ class EvalGrid:
     def fit_calibrator(self, models: list, plan: VariantPlan, k: int) -> Any:
         """The variant's calibrator fitted on the clean validation split (None: uncalibrated)."""
         from ctrcal.calibration.base import create_calibrator, logit
-        from ctrcal.core.utils import seed_everything
+        from ctrcal.core.devices import seed_everything
 
         if plan.calibration is None:
             return None
@@ -266,7 +266,7 @@ class EvalGrid:
     def evaluate(self, models: list, plan: VariantPlan, k: int, calibrator: Any, bar) -> None:
         """The clean point and every (shift, noise seed, intensity) of one variant and seed."""
         from ctrcal.calibration.base import logit
-        from ctrcal.core.utils import seed_everything
+        from ctrcal.core.devices import seed_everything
 
         r = self.cfg.report
         labels = self.test.labels

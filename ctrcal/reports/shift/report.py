@@ -148,7 +148,8 @@ def run_shift_report(
     """
     from tqdm.auto import tqdm
 
-    from ctrcal.core.utils import remove_stale_temporaries, resolve_device
+    from ctrcal.core.devices import resolve_device
+    from ctrcal.core.utils import remove_stale_temporaries
     from ctrcal.data.features import FeatureMap
     from ctrcal.train.runs import prepared_data_dir
     from ctrcal.train.splits import require_labelled
