@@ -9,7 +9,7 @@ Subcommands::
     ctrcal predict RUN_DIR (--split NAME | --data DIR | RAW_FILE ...) --out FILE.parquet
                         [--mc-samples N [--seed S]]
                                                a run's click probabilities, streamed to parquet
-    ctrcal export RUN_DIR --format onnx|torchscript --out FILE [--calibration DIR]
+    ctrcal export RUN_DIR --format onnx|torchscript --out FILE [--calibrator NAME]
                                                the model for serving + its raw-row encoding
     ctrcal shift-report CONFIG [--data DIR] [--out DIR] [--seeds N] [--workers N]
                         [--devices cuda:0,cuda:1|auto] [k=v ...]
@@ -210,7 +210,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     check_format(args.format)
     from ctrcal.serving.export import export_run
 
-    res = export_run(args.run_dir, args.out, args.format, calibration=args.calibration)
+    res = export_run(
+        args.run_dir, args.out, args.format, calibrator=args.calibrator, data_dir=args.data
+    )
     print(res.describe())
     return 0
 
@@ -465,12 +467,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="model file; the raw-row encoding is written beside it",
     )
     p.add_argument(
-        "--calibration",
-        type=Path,
+        "--calibrator",
         default=None,
-        metavar="DIR",
-        help="a calibration-report directory whose fitted calibrator is folded "
-        "into the exported model",
+        metavar="NAME",
+        help="temperature, platt or isotonic: fitted on the run's clean validation split "
+        "and folded into the exported model",
+    )
+    p.add_argument(
+        "--data", type=Path, default=None, help="the run's prepared data, if it has moved"
     )
 
     p = add(
