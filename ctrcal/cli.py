@@ -67,6 +67,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
         from ctrcal.validate import validate_data
 
         validate_data(cfg, args.data, str(args.config))
+    from ctrcal.serving.export import EXPORT_EXTRA, missing_export_packages
+
+    missing = missing_export_packages()
+    if missing:  # not the config's concern: a note, so a later `ctrcal export` is no surprise
+        print(
+            f"note: `ctrcal export --format onnx` needs {', '.join(missing)}: "
+            f"pip install 'ctrcal[{EXPORT_EXTRA}]'",
+            file=sys.stderr,
+        )
     print(
         f"{args.config}: OK (model {cfg.model.describe()}, "
         f"net_norm {getattr(cfg.model.get('net_norm'), 'name', 'as built')}, "
