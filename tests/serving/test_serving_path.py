@@ -172,3 +172,13 @@ def test_export_bad_input_is_one_line(raw_run, tmp_path, monkeypatch, capsys):
     assert err == (
         "ctrcal export: error: ONNX export needs onnxscript: pip install 'ctrcal[export]'"
     )
+
+
+def test_validate_names_the_missing_export_extra(monkeypatch, capsys):
+    from pathlib import Path
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+    monkeypatch.setattr(export_mod, "missing_export_packages", lambda: ["onnx", "onnxscript"])
+    assert main(["validate", str(config)]) == 0
+    err = capsys.readouterr().err
+    assert "needs onnx, onnxscript: pip install 'ctrcal[export]'" in err
