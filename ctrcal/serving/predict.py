@@ -116,15 +116,14 @@ def predict_run(
         model.to(dev)
         batch_size = batch_size or cfg.train.eval_batch_size
         if raw_files:
-            batches = _raw_batches(cfg, data_dir, raw_files, on_bad_row, batch_size)
+            formats = _raw_formats(cfg, raw_files)
+            batches = _raw_batches(data_dir, formats, on_bad_row, batch_size)
             time_name = _time_column(feature_map)
+            labelled = any(fmt.labelled for _, fmt in formats)
         else:
             batches = _split_batches(data_dir, split, batch_size)
             time_name = None
-        labelled = (
-            bool(raw_files)
-            or (feature_map.splits.get(split) or {}).get("positive_rate") is not None
-        )
+            labelled = (feature_map.splits.get(split) or {}).get("positive_rate") is not None
         schema = _schema(mc_samples > 0, labelled, time_name)
         torch.manual_seed(seed)
         total = 0
@@ -188,23 +187,35 @@ def _time_column(feature_map: Any) -> str | None:
     return ((feature_map.extra or {}).get("schema") or {}).get("time")
 
 
+def _raw_formats(cfg: Any, raw_files: Sequence[str | Path]) -> list[tuple[Path, Any]]:
+    """Each raw file with its detected layout, as ``prepare`` detects it (the run's
+    ``data.schema``, else a Criteo layout)."""
+    from ctrcal.data import criteo, schema_reader
+    from ctrcal.data.prepare import data_schema
+
+    schema = data_schema(cfg)
+    return [
+        (
+            path,
+            criteo.detect_format(path, cfg.data.layout)
+            if schema is None
+            else schema_reader.detect(path, schema),
+        )
+        for path in map(Path, raw_files)
+    ]
+
+
 def _raw_batches(
-    cfg: Any, data_dir: Path, raw_files: Sequence[str | Path], on_bad_row: str, batch_size: int
+    data_dir: Path, formats: list[tuple[Path, Any]], on_bad_row: str, batch_size: int
 ) -> Iterator[tuple[Batch, np.ndarray | None]]:
     """Raw files parsed chunk by chunk as ``prepare`` parses them, each chunk encoded with
     the run's fitted pipeline and cut into batches."""
-    from ctrcal.data import criteo, parse, schema_reader
+    from ctrcal.data import parse
     from ctrcal.data.features import FeaturePipeline
-    from ctrcal.data.prepare import data_schema
     from ctrcal.serving.encoding import encode_columns
 
     pipe = FeaturePipeline.load(data_dir)
-    schema = data_schema(cfg)
-    for path in map(Path, raw_files):
-        if schema is None:
-            fmt = criteo.detect_format(path, cfg.data.layout)
-        else:
-            fmt = schema_reader.detect(path, schema)
+    for path, fmt in formats:
         for chunk in parse.iter_chunks(path, fmt, on_bad_row):
             cat, num = encode_columns(
                 pipe, chunk.numeric, chunk.numeric_valid, chunk.categorical, chunk.categorical_valid

@@ -116,3 +116,15 @@ def _read_only_folder(path):
 def _writable(path):
     subprocess.run(["chattr", "-i", str(path)], capture_output=True)
     os.chmod(path, 0o755)
+
+
+def test_an_unlabelled_raw_file_gets_no_label_column(raw_run, tmp_path):
+    from ctrcal.data.synthetic import generate_frame, write_criteo
+
+    frame, _ = generate_frame(200, seed=3)
+    raw = write_criteo(frame, tmp_path / "test.txt", "dac_test")
+    out = tmp_path / "p.parquet"
+    res = predict_run(raw_run["run"], out, raw_files=[raw])
+    df = _read(out)
+    assert res.columns == ["prob"] == list(df.columns) and len(df) == 200
+    assert df["prob"].between(0, 1).all()
