@@ -290,10 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     logging = bench_logging(args) if args.logging_rows > 0 else {}
     if logging:
         med = logging["median"]
-        print(f"training rows/s, median of {args.logging_rounds} alternating one-epoch runs "
-              f"({args.logging_rows:,} rows, batch {args.logging_batch}): no loggers "
-              f"{med['none']:,.0f}, tensorboard + mlflow {med['tensorboard+mlflow']:,.0f}; "
-              f"ratio {logging['ratio']:.3f}")  # fmt: skip
+        print(
+            f"training rows/s, median of {args.logging_rounds} alternating one-epoch runs "
+            f"({args.logging_rows:,} rows, batch {args.logging_batch}): no loggers "
+            f"{med['none']:,.0f}, tensorboard + mlflow {med['tensorboard+mlflow']:,.0f}; "
+            f"ratio {logging['ratio']:.3f}"
+        )
     if args.json:
         args.json.write_text(json.dumps({"cpu": cpu_model_name(), "throughput": res,
                                          "ratios": ratios, "auc": auc, "logging": logging,
