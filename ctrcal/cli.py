@@ -190,7 +190,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from ctrcal.runs import require_run_dir, run_data
+    from ctrcal.train.runs import require_run_dir, run_data
 
     # a mistyped run or a moved data directory answers before torch is imported
     require_run_dir(args.run_dir)
@@ -212,8 +212,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ctrcal.runs import require_run_dir
     from ctrcal.serving.export import check_format
+    from ctrcal.train.runs import require_run_dir
 
     require_run_dir(args.run_dir)
     check_format(args.format)

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from ctrcal.core.errors import DataError
 from ctrcal.data.feature_map import FEATURE_MAP_FILE
-from ctrcal.errors import DataError
 
 __all__ = ["RawRowEncoder", "encode_columns"]
 

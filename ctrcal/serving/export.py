@@ -35,8 +35,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ctrcal.batch import Batch
-from ctrcal.errors import ConfigError, CtrcalError, NotAvailableError
+from ctrcal.core.batch import Batch
+from ctrcal.core.errors import ConfigError, CtrcalError, NotAvailableError
 
 __all__ = [
     "EXPORT_EXTRA",
@@ -198,7 +198,7 @@ def export_model(
         CtrcalError: torch cannot export the model (the operator named when the exporter
             names one).
     """
-    from ctrcal.utils import atomic_path
+    from ctrcal.core.utils import atomic_path
 
     check_format(fmt)
     served.eval()
@@ -278,11 +278,11 @@ def export_run(
         CtrcalError: no run or checkpoint, an unknown format, ``ctrcal[export]`` missing for
             ONNX, an operator torch cannot export, or an output that cannot be written.
     """
+    from ctrcal.core.utils import atomic_path, json_dumps, write_text_atomic
     from ctrcal.data.feature_map import FEATURE_MAP_FILE
     from ctrcal.data.features import VOCAB_FILE
-    from ctrcal.runs import check_same_features, require_run_dir, run_data
     from ctrcal.train.results import load_run
-    from ctrcal.utils import atomic_path, json_dumps, write_text_atomic
+    from ctrcal.train.runs import check_same_features, require_run_dir, run_data
 
     run_dir = require_run_dir(run_dir)
     check_format(fmt)

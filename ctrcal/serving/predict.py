@@ -33,8 +33,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from ctrcal.batch import Batch
-from ctrcal.errors import ConfigError, DataError
+from ctrcal.core.batch import Batch
+from ctrcal.core.errors import ConfigError, DataError
 
 __all__ = ["PredictResult", "predict_run"]
 
@@ -84,11 +84,11 @@ def predict_run(
         CtrcalError: no such run or no checkpoint, data of another feature map, a model
             without MC layers with ``mc_samples``, an unreadable input or an unwritable output.
     """
+    from ctrcal.core.utils import atomic_path, resolve_device
     from ctrcal.data.feature_map import FeatureMap
     from ctrcal.layers.mc_layernorm import has_mc_layers
-    from ctrcal.runs import check_same_features, require_run_dir, run_data
     from ctrcal.train.results import load_run
-    from ctrcal.utils import atomic_path, resolve_device
+    from ctrcal.train.runs import check_same_features, require_run_dir, run_data
 
     run_dir = require_run_dir(run_dir)
     if raw_files and split is not None:
@@ -191,7 +191,7 @@ def _raw_formats(cfg: Any, raw_files: Sequence[str | Path]) -> list[tuple[Path, 
     """Each raw file with its detected layout, as ``prepare`` detects it (the run's
     ``data.schema``, else a Criteo layout)."""
     from ctrcal.data import criteo, schema_reader
-    from ctrcal.data.prepare import data_schema
+    from ctrcal.data.prepare.prepare import data_schema
 
     schema = data_schema(cfg)
     return [

@@ -154,7 +154,7 @@ class RunLoggers:
         experiment: str = "ctrcal",
         name: str | None = None,
     ) -> None:
-        from ctrcal.errors import NotAvailableError
+        from ctrcal.core.errors import NotAvailableError
 
         missing = missing_logger_extras(names)
         if missing:
@@ -222,7 +222,7 @@ def report_tracking(
     if "mlflow" not in tcfg.loggers:
         yield lambda path: None
         return
-    from ctrcal.errors import NotAvailableError
+    from ctrcal.core.errors import NotAvailableError
 
     missing = missing_logger_extras(["mlflow"])
     if missing:

@@ -14,11 +14,11 @@ RAW_ROWS = {"train": 6000, "valid": 1500, "test": 1500}
 def raw_run(tmp_path_factory) -> dict[str, Path]:
     """``{"run": RUN, "data": PREPARED, "train"/"valid"/"test": raw dac files}``: a one-epoch
     serial MaskNet with MC-LayerNorm."""
+    from ctrcal.api import prepare
     from ctrcal.config import Config
-    from ctrcal.config_load import load_config
-    from ctrcal.data.prepare import prepare
     from ctrcal.data.synthetic import generate_frame, write_criteo
     from ctrcal.train.trainer import train
+    from ctrcal.validate import load_config
 
     root = tmp_path_factory.mktemp("raw_run")
     frame, _ = generate_frame(sum(RAW_ROWS.values()), seed=1)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from ctrcal.batch import Batch
+from ctrcal.core.batch import Batch
 from ctrcal.data.feature_map import FeatureMap
 from ctrcal.data.loader import ParquetCTRData
 from ctrcal.layers.registry import available_norms
@@ -37,7 +37,7 @@ PARITY = {
 
 
 def _model(prepared_dir, overrides):
-    from ctrcal.config_load import load_config
+    from ctrcal.validate import load_config
 
     cfg = load_config(None, ["model.embedding_dim=4", *overrides])
     torch.manual_seed(0)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ctrcal.cli import main
-from ctrcal.eval.metrics import compute_all
+from ctrcal.metrics import compute_all
 from ctrcal.serving.predict import predict_run
 from ctrcal.train.evaluate import evaluate_run
 

@@ -124,9 +124,9 @@ class Zeta(Linear):
 
 
 def _user_model(prepared_dir, tmp_path, monkeypatch, name):
-    from ctrcal.config_load import load_config
     from ctrcal.data.feature_map import FeatureMap
     from ctrcal.models.build import create_model
+    from ctrcal.validate import load_config
 
     (tmp_path / "user_models.py").write_text(USER_MODELS)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -9,7 +9,7 @@ import math
 import pytest
 from interrupt import tiny_config
 
-from ctrcal.runs import BEST
+from ctrcal.train.runs import BEST
 from ctrcal.train.trainer import train
 
 
@@ -72,7 +72,7 @@ def test_mlflow_holds_the_numbers_params_and_checkpoint(logged_run):
 
 
 def test_validate_names_a_missing_extra(monkeypatch):
-    from ctrcal.errors import ConfigError
+    from ctrcal.core.errors import ConfigError
     from ctrcal.train import loggers
 
     monkeypatch.setattr(loggers.importlib.util, "find_spec", lambda name: None)
