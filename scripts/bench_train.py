@@ -189,8 +189,18 @@ def bench_auc(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def bench_logging(args: argparse.Namespace) -> dict[str, Any]:
-    """Training rows/s without and with both loggers, measured alternately (see above)."""
-    from ctrcal.data.prepare import prepare
+    """Training rows/s without and with both loggers, measured alternately, and the seconds
+    spent inside the loggers' step calls against the epoch's training seconds (see above)."""
+    from ctrcal.api import prepare
+    from ctrcal.train import loggers as loggers_module
+
+    spent = [0.0]
+    step = loggers_module.RunLoggers.step
+
+    def timed_step(self, *a: Any) -> None:
+        t0 = time.perf_counter()
+        step(self, *a)
+        spent[0] += time.perf_counter() - t0
 
     base = [
         f"data.synthetic.rows={args.logging_rows}",
@@ -203,15 +213,29 @@ def bench_logging(args: argparse.Namespace) -> dict[str, Any]:
     ]
     speeds: dict[str, list[float]] = {"none": [], "tensorboard+mlflow": []}
     loggers = {"none": "[]", "tensorboard+mlflow": "[tensorboard, mlflow]"}
-    with tempfile.TemporaryDirectory(prefix="bench-logging-") as td:
-        data = prepare(None, Path(td) / "data", load_config(None, base)).out_dir
-        for r in range(args.logging_rounds):
-            for name, spec in loggers.items():
-                cfg = load_config(None, [*base, f"train.loggers={spec}"])
-                res = trainer.train(cfg, data, Path(td) / f"run-{name}-{r}")
-                speeds[name].append(res.train_rows_per_s)
+    in_loggers, training = 0.0, 0.0
+    loggers_module.RunLoggers.step = timed_step  # type: ignore[method-assign]
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-logging-") as td:
+            data = prepare(None, Path(td) / "data", load_config(None, base)).out_dir
+            for r in range(args.logging_rounds):
+                for name, spec in loggers.items():
+                    cfg = load_config(None, [*base, f"train.loggers={spec}"])
+                    spent[0] = 0.0
+                    res = trainer.train(cfg, data, Path(td) / f"run-{name}-{r}")
+                    speeds[name].append(res.train_rows_per_s)
+                    if name != "none":
+                        in_loggers += spent[0]
+                        training += sum(h["seconds"] for h in res.history)
+    finally:
+        loggers_module.RunLoggers.step = step  # type: ignore[method-assign]
     med = {k: statistics.median(v) for k, v in speeds.items()}
-    return {"rows_per_s": speeds, "median": med, "ratio": med["tensorboard+mlflow"] / med["none"]}
+    return {
+        "rows_per_s": speeds,
+        "median": med,
+        "ratio": med["tensorboard+mlflow"] / med["none"],
+        "share_in_step_logging": in_loggers / max(training, 1e-9),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
             f"({args.logging_rows:,} rows, batch {args.logging_batch}): no loggers "
             f"{med['none']:,.0f}, tensorboard + mlflow {med['tensorboard+mlflow']:,.0f}; "
             f"ratio {logging['ratio']:.3f}"
+        )
+        print(
+            "seconds inside the loggers' step calls / training seconds: "
+            f"{100 * logging['share_in_step_logging']:.2f} %"
         )
     if args.json:
         args.json.write_text(json.dumps({"cpu": cpu_model_name(), "throughput": res,
