@@ -84,7 +84,8 @@ def predict_run(
         CtrcalError: no such run or no checkpoint, data of another feature map, a model
             without MC layers with ``mc_samples``, an unreadable input or an unwritable output.
     """
-    from ctrcal.core.utils import atomic_path, resolve_device
+    from ctrcal.core.devices import resolve_device
+    from ctrcal.core.utils import atomic_path
     from ctrcal.data.feature_map import FeatureMap
     from ctrcal.layers.mc_layernorm import has_mc_layers
     from ctrcal.train.results import load_run
