@@ -67,7 +67,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         from ctrcal.validate import validate_data
 
         validate_data(cfg, args.data, str(args.config))
-    from ctrcal.serving.export import EXPORT_EXTRA, missing_export_packages
+    from ctrcal.serving.formats import EXPORT_EXTRA, missing_export_packages
 
     missing = missing_export_packages()
     if missing:  # not the config's concern: a note, so a later `ctrcal export` is no surprise
@@ -212,7 +212,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ctrcal.serving.export import check_format
+    from ctrcal.serving.formats import check_format
     from ctrcal.train.runs import require_run_dir
 
     require_run_dir(args.run_dir)

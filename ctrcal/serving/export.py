@@ -36,51 +36,20 @@ import torch
 from torch import Tensor, nn
 
 from ctrcal.core.batch import Batch
-from ctrcal.core.errors import ConfigError, CtrcalError, NotAvailableError
+from ctrcal.core.errors import ConfigError, CtrcalError
+from ctrcal.serving.formats import check_format
 
 __all__ = [
-    "EXPORT_EXTRA",
-    "FORMATS",
     "CalibrationHead",
     "ExportResult",
     "ServedModel",
-    "check_format",
     "export_model",
     "export_run",
-    "missing_export_packages",
 ]
 
-FORMATS = ("onnx", "torchscript")
-EXPORT_EXTRA = "export"
-EXPORT_PACKAGES = ("onnx", "onnxruntime", "onnxscript")
 EXPORT_CALIBRATORS = ("temperature", "platt", "isotonic")
 ENCODING_SUFFIX = ".encoding"
 SERVING_FILE = "serving.json"
-
-
-def check_format(fmt: str) -> str:
-    """``fmt`` if it is a known format; for ONNX, the export packages must be installed.
-
-    Raises:
-        ConfigError: an unknown format (the valid ones named).
-        NotAvailableError: ONNX without ``ctrcal[export]``.
-    """
-    if fmt not in FORMATS:
-        raise ConfigError(f"--format: unknown export format {fmt!r} (valid: {', '.join(FORMATS)})")
-    if fmt == "onnx":
-        missing = missing_export_packages()
-        if missing:
-            raise NotAvailableError(
-                f"ONNX export needs {', '.join(missing)}: pip install 'ctrcal[{EXPORT_EXTRA}]'"
-            )
-    return fmt
-
-
-def missing_export_packages() -> list[str]:
-    """The packages of ``ctrcal[export]`` that are not installed (none: ONNX export works)."""
-    import importlib.util
-
-    return [p for p in EXPORT_PACKAGES if importlib.util.find_spec(p) is None]
 
 
 class CalibrationHead(nn.Module):

@@ -16,6 +16,7 @@ import torch
 from ctrcal.cli import main
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.serving import export as export_mod
+from ctrcal.serving import formats as formats_mod
 from ctrcal.serving.encoding import RawRowEncoder
 
 DAC_COLUMNS = [LABEL, *NUMERIC_COLUMNS, *CATEGORICAL_COLUMNS]
@@ -166,7 +167,7 @@ def test_export_bad_input_is_one_line(raw_run, tmp_path, monkeypatch, capsys):
     assert main(["export", str(empty), "--format", "onnx", "--out", str(tmp_path / "m")]) != 0
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no trained weights" in err
-    monkeypatch.setattr(export_mod, "missing_export_packages", lambda: ["onnxscript"])
+    monkeypatch.setattr(formats_mod, "missing_export_packages", lambda: ["onnxscript"])
     assert main(["export", run, "--format", "onnx", "--out", str(tmp_path / "m.onnx")]) != 0
     err = capsys.readouterr().err.strip()
     assert err == (
@@ -178,7 +179,7 @@ def test_validate_names_the_missing_export_extra(monkeypatch, capsys):
     from pathlib import Path
 
     config = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
-    monkeypatch.setattr(export_mod, "missing_export_packages", lambda: ["onnx", "onnxscript"])
+    monkeypatch.setattr(formats_mod, "missing_export_packages", lambda: ["onnx", "onnxscript"])
     assert main(["validate", str(config)]) == 0
     err = capsys.readouterr().err
     assert "needs onnx, onnxscript: pip install 'ctrcal[export]'" in err
