@@ -6,6 +6,11 @@ Subcommands::
     ctrcal prepare INPUT... --out DIR          raw Criteo -> feature_map.json + parquet splits
     ctrcal train CONFIG [--data DIR] [--out RUN_DIR] [--resume] [k=v ...]
     ctrcal evaluate RUN_DIR [--split test] [--data DIR] [--mc-samples N [--seed S]]
+    ctrcal predict RUN_DIR (--split NAME | --data DIR | RAW_FILE ...) --out FILE.parquet
+                        [--mc-samples N [--seed S]]
+                                               a run's click probabilities, streamed to parquet
+    ctrcal export RUN_DIR --format onnx|torchscript --out FILE [--calibrator NAME]
+                                               the model for serving + its raw-row encoding
     ctrcal shift-report CONFIG [--data DIR] [--out DIR] [--seeds N] [--workers N]
                         [--devices cuda:0,cuda:1|auto] [k=v ...]
                                                prepare (unless --data) + train every variant
@@ -62,6 +67,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
         from ctrcal.validate import validate_data
 
         validate_data(cfg, args.data, str(args.config))
+    from ctrcal.serving.formats import EXPORT_EXTRA, missing_export_packages
+
+    missing = missing_export_packages()
+    if missing:  # not the config's concern: a note, so a later `ctrcal export` is no surprise
+        print(
+            f"note: `ctrcal export --format onnx` needs {', '.join(missing)}: "
+            f"pip install 'ctrcal[{EXPORT_EXTRA}]'",
+            file=sys.stderr,
+        )
     print(
         f"{args.config}: OK (model {cfg.model.describe()}, "
         f"net_norm {getattr(cfg.model.get('net_norm'), 'name', 'as built')}, "
@@ -172,6 +186,43 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             f"  {k} {v:.4f}" for k, v in metrics.items() if k not in ("auc", "logloss", "ece")
         )
     )
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from ctrcal.train.runs import require_run_dir, run_data
+
+    # a mistyped run or a moved data directory answers before torch is imported
+    require_run_dir(args.run_dir)
+    run_data(args.run_dir, args.data)
+    from ctrcal.serving.predict import predict_run
+
+    res = predict_run(
+        args.run_dir,
+        args.out,
+        split=args.split,
+        data_dir=args.data,
+        raw_files=args.raw,
+        mc_samples=args.mc_samples,
+        seed=args.seed,
+        on_bad_row=args.on_bad_row,
+    )
+    print(res.describe())
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ctrcal.serving.formats import check_format
+    from ctrcal.train.runs import require_run_dir
+
+    require_run_dir(args.run_dir)
+    check_format(args.format)
+    from ctrcal.serving.export import export_run
+
+    res = export_run(
+        args.run_dir, args.out, args.format, calibrator=args.calibrator, data_dir=args.data
+    )
+    print(res.describe())
     return 0
 
 
@@ -333,8 +384,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", type=Path, help="output file (dac train.txt layout)")
     p.add_argument("--rows", type=int, default=1_000_000, help="number of rows")
     p.add_argument("--seed", type=int, default=0, help="random seed")
-    p.add_argument("--drift", type=float, default=0.0,
-                   help="distributions and click model drift with the row index (0 = none)")
+    p.add_argument(
+        "--drift",
+        type=float,
+        default=0.0,
+        help="distributions and click model drift with the row index (0 = none)",
+    )
 
     p = add("prepare", cmd_prepare, "raw Criteo file(s) -> feature_map.json + parquet splits")
     p.add_argument("inputs", nargs="*", type=Path,
@@ -346,8 +401,11 @@ def build_parser() -> argparse.ArgumentParser:
     for split in ("train", "valid", "test"):
         p.add_argument(f"--{split}", nargs="+", type=Path, default=[],
                        help=f"file(s) of the {split} split, kept as given")  # fmt: skip
-    p.add_argument("--resplit", action="store_true",
-                   help="pool files named as splits (train.csv valid.csv ...) and split again")
+    p.add_argument(
+        "--resplit",
+        action="store_true",
+        help="pool files named as splits (train.csv valid.csv ...) and split again",
+    )
 
     p = add("train", cmd_train, "train a model from a config")
     _add_config(p)
@@ -373,6 +431,60 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", type=Path, default=None,
                    help="prepared data directory (default: the run's own); it must be "
                         "encoded with the run's feature map")  # fmt: skip
+
+    p = add("predict", cmd_predict, "write a run's click probabilities to a parquet file")
+    p.add_argument("run_dir", type=Path, help="run directory written by 'ctrcal train'")
+    p.add_argument(
+        "raw",
+        nargs="*",
+        type=Path,
+        metavar="RAW_FILE",
+        help="raw files to score, encoded with the run's feature map (default: "
+        "a split of the prepared data)",
+    )
+    p.add_argument(
+        "--split",
+        choices=["train", "valid", "test"],
+        default=None,
+        help="split of the prepared data to score (default: test)",
+    )
+    p.add_argument(
+        "--data", type=Path, default=None, help="prepared data directory (default: the run's own)"
+    )
+    p.add_argument("--out", type=Path, required=True, help="output parquet file")
+    p.add_argument(
+        "--mc-samples",
+        type=_non_negative_int,
+        default=0,
+        help="MC-integration passes: write their mean and std (0: off)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the MC passes (default 0)")
+    p.add_argument(
+        "--on-bad-row",
+        choices=["error", "skip"],
+        default="error",
+        help="a malformed row of a raw file: stop (error) or drop it (skip)",
+    )
+
+    p = add("export", cmd_export, "export a run's model for serving (ONNX or TorchScript)")
+    p.add_argument("run_dir", type=Path, help="run directory written by 'ctrcal train'")
+    p.add_argument("--format", required=True, metavar="FORMAT", help="onnx or torchscript")
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="model file; the raw-row encoding is written beside it",
+    )
+    p.add_argument(
+        "--calibrator",
+        default=None,
+        metavar="NAME",
+        help="temperature, platt or isotonic: fitted on the run's clean validation split "
+        "and folded into the exported model",
+    )
+    p.add_argument(
+        "--data", type=Path, default=None, help="the run's prepared data, if it has moved"
+    )
 
     p = add(
         "shift-report",

@@ -262,8 +262,7 @@ def _meta_feature_map(cfg: Config) -> Any:
         categorical_fields=list(categorical),
         numeric_fields=list(numeric),
         bucket_boundaries=(
-            [[float(b) for b in range(buckets - 1)] for _ in numeric]
-            if buckets >= 2 else None
+            [[float(b) for b in range(buckets - 1)] for _ in numeric] if buckets >= 2 else None
         ),  # fmt: skip
     )
 
@@ -405,6 +404,11 @@ def check_train(cfg: Config, problems: Problems) -> None:
         problems.add("train.device", f"expected auto, cpu, cuda or cuda:N, got {t.device!r}")
     if t.finetune_from is not None and not t.finetune_from.strip():
         problems.add("train.finetune_from", "expected a run directory, got an empty string")
+    problems.integer("train.log_every", t.log_every, low=1)
+    from ctrcal.train.loggers import missing_logger_extras
+
+    for missing in missing_logger_extras(t.loggers):
+        problems.add("train.loggers", missing)
     from ctrcal.train.noise_options import check_train_shift, check_weight_noise
 
     with problems.at("train"):

@@ -35,6 +35,11 @@ barely changes (multiply by the cores' parallel efficiency for a machine-wide es
 synth`` generator, prepared in a temporary directory) in fp32 and in bf16 autocast with the
 same seeds (``--auc-seeds``) and reports both test AUCs, mean and spread over the seeds: the
 accuracy cost of bf16 on the CPU next to the seed-to-seed noise.
+
+``--logging-rows N`` measures what run tracking costs: one-epoch training runs on N synthetic
+rows (batch ``--logging-batch``), alternately without loggers and with ``train.loggers:
+[tensorboard, mlflow]`` at the default ``train.log_every``, ``--logging-rounds`` times each;
+the median training rows/s of each and their ratio are printed.
 """
 
 from __future__ import annotations
@@ -183,6 +188,56 @@ def bench_auc(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def bench_logging(args: argparse.Namespace) -> dict[str, Any]:
+    """Training rows/s without and with both loggers, measured alternately, and the seconds
+    spent inside the loggers' step calls against the epoch's training seconds (see above)."""
+    from ctrcal.api import prepare
+    from ctrcal.train import loggers as loggers_module
+
+    spent = [0.0]
+    step = loggers_module.RunLoggers.step
+
+    def timed_step(self, *a: Any) -> None:
+        t0 = time.perf_counter()
+        step(self, *a)
+        spent[0] += time.perf_counter() - t0
+
+    base = [
+        f"data.synthetic.rows={args.logging_rows}",
+        "data.synthetic.seed=0",
+        "features.min_count=5",
+        f"train.batch_size={args.logging_batch}",
+        "train.epochs=1",
+        "train.progress=false",
+        f"train.cpu_matmul={args.cpu_matmul}",
+    ]
+    speeds: dict[str, list[float]] = {"none": [], "tensorboard+mlflow": []}
+    loggers = {"none": "[]", "tensorboard+mlflow": "[tensorboard, mlflow]"}
+    in_loggers, training = 0.0, 0.0
+    loggers_module.RunLoggers.step = timed_step  # type: ignore[method-assign]
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-logging-") as td:
+            data = prepare(None, Path(td) / "data", load_config(None, base)).out_dir
+            for r in range(args.logging_rounds):
+                for name, spec in loggers.items():
+                    cfg = load_config(None, [*base, f"train.loggers={spec}"])
+                    spent[0] = 0.0
+                    res = trainer.train(cfg, data, Path(td) / f"run-{name}-{r}")
+                    speeds[name].append(res.train_rows_per_s)
+                    if name != "none":
+                        in_loggers += spent[0]
+                        training += sum(h["seconds"] for h in res.history)
+    finally:
+        loggers_module.RunLoggers.step = step  # type: ignore[method-assign]
+    med = {k: statistics.median(v) for k, v in speeds.items()}
+    return {
+        "rows_per_s": speeds,
+        "median": med,
+        "ratio": med["tensorboard+mlflow"] / med["none"],
+        "share_in_step_logging": in_loggers / max(training, 1e-9),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[4096, 10000])
@@ -202,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="wall time, or this process's CPU time (robust to other load)")
     ap.add_argument("--auc-rows", type=int, default=0, help="also measure bf16's AUC cost")
     ap.add_argument("--auc-seeds", type=int, default=3, help="training seeds per precision")
+    ap.add_argument("--logging-rows", type=int, default=0, help="also measure run tracking's cost")
+    ap.add_argument("--logging-batch", type=int, default=1024)
+    ap.add_argument("--logging-rounds", type=int, default=5)
     ap.add_argument("--json", type=Path, default=None, help="write the numbers here")
     args = ap.parse_args(argv)
 
@@ -253,9 +311,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{p}: test AUC {statistics.mean(a):.4f} (sd {sd:.4f} over {len(a)} seeds), "
                   f"logloss {statistics.mean(ll):.4f}; 1 epoch on {args.auc_rows:,} synthetic "
                   "rows")  # fmt: skip
+    logging = bench_logging(args) if args.logging_rows > 0 else {}
+    if logging:
+        med = logging["median"]
+        print(
+            f"training rows/s, median of {args.logging_rounds} alternating one-epoch runs "
+            f"({args.logging_rows:,} rows, batch {args.logging_batch}): no loggers "
+            f"{med['none']:,.0f}, tensorboard + mlflow {med['tensorboard+mlflow']:,.0f}; "
+            f"ratio {logging['ratio']:.3f}"
+        )
+        print(
+            "seconds inside the loggers' step calls / training seconds: "
+            f"{100 * logging['share_in_step_logging']:.2f} %"
+        )
     if args.json:
         args.json.write_text(json.dumps({"cpu": cpu_model_name(), "throughput": res,
-                                         "ratios": ratios, "auc": auc,
+                                         "ratios": ratios, "auc": auc, "logging": logging,
                                          "clock": args.clock, "threads": torch.get_num_threads(),
                                          "load": _load()}, indent=2))  # fmt: skip
     return 0

@@ -261,7 +261,10 @@ class TrainConfig:
     std √η) to the dense weights for each step's forward and backward pass, restored before
     the optimizer step. ``max_embedding_gib`` caps the embedding tables' size (GiB of float32
     weights, see :mod:`ctrcal.data.table_size`; None: a quarter of the machine's memory): a
-    larger table is refused before anything is allocated.
+    larger table is refused before anything is allocated. Run tracking
+    (:mod:`ctrcal.train.loggers`): ``loggers`` names ``tensorboard`` and/or ``mlflow``; step
+    metrics every ``log_every`` steps; MLflow logs to ``tracking_uri`` (else
+    ``MLFLOW_TRACKING_URI``, else ``RUN/mlruns``) in ``experiment``.
     """
 
     seed: int = 0
@@ -288,6 +291,10 @@ class TrainConfig:
     train_shift: TrainShiftConfig | None = None
     weight_noise: float = 0.0
     max_embedding_gib: float | None = None
+    loggers: list[Literal["tensorboard", "mlflow"]] = field(default_factory=list)
+    log_every: int = 50
+    tracking_uri: str | None = None
+    experiment: str = "ctrcal"
 
 
 @dataclass

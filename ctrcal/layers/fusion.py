@@ -63,7 +63,9 @@ def fusable_on_cpu(
       (``autocast_free``): under autocast they would run in lower precision;
     * the kernel is loaded: ``kernels()`` is true (the small kernels' library is None where
       it cannot be built and while ``torch.compile`` traces, since a ctypes call would split
-      the graph).
+      the graph);
+    * no exporter records the call (``torch.jit.trace``, ``torch.export`` and the ONNX
+      exporter): an exported graph holds torch's own ops, which every runtime knows.
 
     Args:
         *tensors: the tensors the kernel reads (inputs and parameters).
@@ -86,5 +88,7 @@ def fusable_on_cpu(
         if t.device.type != "cpu" or t.dtype != dtype:
             return False
     if not autocast_free and torch.is_autocast_enabled("cpu"):
+        return False
+    if torch.jit.is_tracing() or torch.compiler.is_exporting():
         return False
     return kernels is None or bool(kernels())

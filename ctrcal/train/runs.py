@@ -89,6 +89,10 @@ RUNTIME_KEYS: tuple[str, ...] = (
     "train.eval_batch_size",
     "train.cpu_matmul",
     "train.max_embedding_gib",  # a limit checked before training, never what is learnt
+    "train.loggers",  # run tracking: where the numbers are also sent
+    "train.log_every",
+    "train.tracking_uri",
+    "train.experiment",
     "report.",  # the report's protocol (seeds, intensities, workers) never changes a run
 )
 
@@ -352,9 +356,7 @@ def run_data_dir(run_dir: str | Path, missing_ok: bool = False) -> Path | None:
         raise CtrcalError(f"{path}: missing; pass the data directory explicitly") from None
 
 
-def prepared_data_dir(
-    cfg: Config, out_dir: str | Path, data_dir: str | Path | None = None
-) -> Path:
+def prepared_data_dir(cfg: Config, out_dir: str | Path, data_dir: str | Path | None = None) -> Path:
     """The prepared directory a command works on; prepares it when needed.
 
     ``data_dir`` (``--data``) if given; else ``data.prepared_dir`` as it is when it holds

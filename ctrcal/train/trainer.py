@@ -73,7 +73,7 @@ from ctrcal.train.results import (
     write_history,
     write_result,
 )
-from ctrcal.train.runs import LAST, check_resumable, run_progress, write_run_files
+from ctrcal.train.runs import BEST, LAST, check_resumable, run_progress, write_run_files
 from ctrcal.train.splits import check_ids, is_labelled, open_split, resolve_data_mode
 from ctrcal.train.step import StepContext, amp_dtype, make_optimizer, make_step_context, train_step
 
@@ -163,12 +163,23 @@ def _train_locked(cfg: Config, data_dir: Path, run_dir: Path, resume: bool) -> T
 
 
 def _train(cfg: Config, data_dir: Path, run_dir: Path, resume: bool) -> TrainResult:
+    from ctrcal.config import config_to_dict
+    from ctrcal.train.loggers import open_loggers
+
     device = resolve_device(cfg.train.device)
     dctx = dist_util.init_distributed(device)  # a single-process context without torchrun
+    loggers = None
+    finished = False
     try:
         device = dist_util.process_device(dctx, device)
-        return _train_in_context(cfg, data_dir, run_dir, resume, device, dctx)
+        loggers = open_loggers(cfg.train, run_dir, config_to_dict(cfg), dctx.is_main)
+        result = _train_in_context(cfg, data_dir, run_dir, resume, device, dctx, loggers)
+        finished = True
+        return result
     finally:
+        if loggers is not None:
+            status = "FINISHED" if finished else "FAILED"
+            loggers.finish(run_dir / BEST if finished else None, status)
         dist_util.shutdown(dctx)
 
 
@@ -239,6 +250,7 @@ def _train_in_context(
     resume: bool,
     device: torch.device,
     dctx: dist_util.DistContext,
+    loggers: Any = None,
 ) -> TrainResult:
     from ctrcal.data.feature_map import FeatureMap
     from ctrcal.shifts.data_check import check_training_data
@@ -333,7 +345,7 @@ def _train_in_context(
             # must redraw the same ones: a per-(epoch, rank) seed gives both
             torch.manual_seed(epoch_seed(tcfg.seed, epoch) * 1_000_003 + dctx.rank)
         train_loss, rows_per_s, seconds = _train_epoch(
-            ctx, train_data, tcfg, epoch, device, tcfg.batch_size // world, dctx, shift
+            ctx, train_data, tcfg, epoch, device, tcfg.batch_size // world, dctx, shift, loggers
         )
         speeds.append(rows_per_s)
         pred = predict_split([model], valid_data, batch_size=tcfg.eval_batch_size, device=device)
@@ -355,6 +367,8 @@ def _train_in_context(
             for group in optimizer.param_groups:
                 group["lr"] = max(group["lr"] * tcfg.lr_factor, tcfg.min_lr)
         sched.stopped = sched.bad_epochs >= tcfg.patience
+        if loggers:
+            loggers.epoch(epoch + 1, train_loss, scores)
         history.append(
             {
                 "epoch": epoch + 1,
@@ -422,11 +436,14 @@ def _train_epoch(
     batch_size: int | None = None,
     dctx: dist_util.DistContext | None = None,
     shift: TrainShift | None = None,
+    loggers: Any = None,
 ) -> tuple[float, float, float]:
     """One pass over the training split; returns (mean loss, rows/s, seconds).
 
     ``shift`` (``train.train_shift``) perturbs every batch, from a stream seeded at the start
-    of the epoch by torch's global generator (see :mod:`ctrcal.train.noise`).
+    of the epoch by torch's global generator (see :mod:`ctrcal.train.noise`). ``loggers``
+    (:class:`~ctrcal.train.loggers.RunLoggers`) get the running loss, the LR and rows/s every
+    ``train.log_every`` steps: the only host syncs they add.
 
     Under DDP, ``batch_size`` is this rank's share of the global batch, and the loss and
     rows/s are totals over all ranks (one all-reduce per epoch).
@@ -450,6 +467,8 @@ def _train_epoch(
     acc_dtype = torch.float64 if device.type in ("cpu", "cuda") else torch.float32
     loss_sum = torch.zeros((), dtype=acc_dtype, device=device)
     rows = steps = 0
+    # a global step count for the loggers: every epoch has the same number of batches
+    first_step = epoch * -(-len(data) // batch_size)
     if shift is not None:
         shift.start_epoch()
     start = time.perf_counter()
@@ -466,6 +485,14 @@ def _train_epoch(
             bar.update(n)
             if tcfg.progress and steps % PROGRESS_EVERY == 0:
                 bar.set_postfix(loss=f"{float(loss_sum) / rows:.4f}", refresh=False)
+            if loggers and steps % tcfg.log_every == 0:
+                elapsed = max(time.perf_counter() - start, 1e-9)
+                loggers.step(
+                    first_step + steps,
+                    float(loss_sum) / rows,
+                    ctx.optimizer.param_groups[0]["lr"],
+                    rows / elapsed,
+                )
         if dctx.is_distributed:
             totals = torch.stack([loss_sum, torch.tensor(float(rows), dtype=acc_dtype,
                                                          device=device)])  # fmt: skip

@@ -130,6 +130,47 @@ def run_shift_report(
 ) -> ReportPaths:
     """Train what is missing, evaluate the grid and write the report.
 
+    With ``train.loggers`` naming ``mlflow``, the report is one MLflow run whose children are
+    its training runs (one per variant and seed) and whose artifacts are the report's tables
+    and figures (:func:`ctrcal.train.loggers.report_tracking`). The arguments are those of
+    :func:`shift_report`.
+    """
+    from ctrcal.train.loggers import report_tracking
+
+    out_dir = Path(out_dir)
+    with report_tracking(cfg.train, out_dir, config_to_dict(cfg), out_dir.name) as artifact:
+        paths = shift_report(
+            cfg,
+            out_dir,
+            data_dir,
+            seeds=seeds,
+            workers=workers,
+            devices=devices,
+            progress=progress,
+            log=log,
+            source=source,
+        )
+        for path in (paths.report_md, paths.results_csv, paths.summary_json):
+            artifact(path)
+        for figure in paths.figures.values():
+            artifact(figure)
+    return paths
+
+
+def shift_report(
+    cfg: Config,
+    out_dir: str | Path,
+    data_dir: str | Path | None = None,
+    *,
+    seeds: int | None = None,
+    workers: int | None = None,
+    devices: str | list[str] | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = _log,
+    source: str = "config",
+) -> ReportPaths:
+    """Train what is missing, evaluate the grid and write the report (without tracking).
+
     Args:
         cfg: the whole config (``report`` section drives the protocol).
         out_dir: report directory; runs go to ``out_dir/runs/<variant>/seed<k>``.
@@ -200,8 +241,7 @@ def run_shift_report(
     bs = cfg.train.eval_batch_size
     fields = r.field_metrics or bool(r.windows) or any(p.needed_fields() for p in plans)
     grids = [
-        EvalGrid.open(job, shift_plans, device, bs, fields=fields, valid=calibrated)
-        for job in jobs
+        EvalGrid.open(job, shift_plans, device, bs, fields=fields, valid=calibrated) for job in jobs
     ]
     total = len(plans) * r.seeds * sum(len(g.points()) for g in grids)
     bar = tqdm(total=total, desc="shift report", unit="eval", disable=not progress, file=sys.stderr)

@@ -1,0 +1,311 @@
+"""``ctrcal export``: a run's model as an ONNX or TorchScript file a server can load, and
+what the server needs to encode raw rows.
+
+The exported graph (:class:`ServedModel`) takes the prepared encoding::
+
+    categorical  int64   [B, Fc]   ids, as ``vocab.parquet`` numbers them
+    numeric      float32 [B, Fn]   model-space values (NaN = missing)
+    ->  probability float32 [B]    click probability (calibrated when a calibrator is folded in)
+
+with a dynamic batch dimension. The model is traced in eval mode: MC-LayerNorm exports in
+its one-shot (deterministic) form, which is LayerNorm with the learned affine. MC integration
+is a serving-time choice (see docs/serving.md). The fused C kernels of ``ctrcal.layers`` are
+never traced: they step aside while a tracer runs and the pure-torch path is recorded.
+
+Beside ``FILE`` the export writes ``FILE.encoding/``: ``feature_map.json`` and
+``vocab.parquet`` of the run's data (the vocabulary and the numeric transform) and
+``serving.json`` (the inputs, their fields in order, the calibrator and its parameters: an
+isotonic table is there as its two arrays too).
+:class:`~ctrcal.serving.encoding.RawRowEncoder` reads that folder, without torch.
+
+A calibrator fitted on the run's clean validation predictions (``calibrator``: the
+``calibration-report`` / shift-report recipe) is folded into the graph: temperature and Platt
+as one or two scalars on the logit, isotonic as its table of steps, interpolated in the graph.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ctrcal.core.batch import Batch
+from ctrcal.core.errors import ConfigError, CtrcalError
+from ctrcal.serving.formats import check_format
+
+__all__ = [
+    "CalibrationHead",
+    "ExportResult",
+    "ServedModel",
+    "export_model",
+    "export_run",
+]
+
+EXPORT_CALIBRATORS = ("temperature", "platt", "isotonic")
+ENCODING_SUFFIX = ".encoding"
+SERVING_FILE = "serving.json"
+
+
+class CalibrationHead(nn.Module):
+    """A fitted calibrator as graph ops: logits [B] -> click probabilities [B].
+
+    ``temperature``: ``sigmoid(z / T)``; ``platt``: ``sigmoid(a z + b)``; ``isotonic``: the
+    step table ``(x_k, y_k)`` interpolated linearly and clipped at its ends, computed with
+    comparisons and gathers (ONNX has no ``searchsorted``).
+    """
+
+    def __init__(self, calibrator: Any) -> None:
+        super().__init__()
+        name = type(calibrator).__name__
+        self.kind = {
+            "TemperatureScaling": "temperature",
+            "PlattScaling": "platt",
+            "IsotonicCalibration": "isotonic",
+        }.get(name)
+        if self.kind is None:
+            raise ConfigError(
+                f"calibrator {name} cannot be folded into an exported model (valid: "
+                f"{', '.join(EXPORT_CALIBRATORS)}); a field-aware or MCGrad calibrator needs "
+                "its own serving code"
+            )
+        if self.kind == "temperature":
+            scale, shift = 1.0 / calibrator.temperature_, 0.0
+        elif self.kind == "platt":
+            scale, shift = float(calibrator.coef_), float(calibrator.intercept_)
+        else:
+            scale, shift = 1.0, 0.0
+            xs = np.asarray(calibrator.x_thresholds_, dtype=np.float64)
+            ys = np.asarray(calibrator.y_thresholds_, dtype=np.float64)
+            # float64: step ends a float32 apart would make a slope float32 cannot hold
+            self.register_buffer("xs", torch.tensor(xs, dtype=torch.float64))
+            self.register_buffer("ys", torch.tensor(ys, dtype=torch.float64))
+        self.scale, self.shift = float(scale), float(shift)
+
+    def params(self) -> dict[str, Any]:
+        """The calibrator's parameters as ``serving.json`` records them."""
+        if self.kind == "isotonic":
+            return {"x_thresholds": self.xs.tolist(), "y_thresholds": self.ys.tolist()}
+        return {"scale": self.scale, "shift": self.shift}
+
+    def forward(self, logits: Tensor) -> Tensor:
+        if self.kind != "isotonic":
+            return torch.sigmoid(logits * self.scale + self.shift)
+        xs, ys = self.xs, self.ys
+        if xs.numel() == 1:
+            return ys.float().expand_as(logits).clone()
+        z = torch.clamp(logits.double(), xs[0], xs[-1])
+        # numpy.interp's segment: the last step end at or below z starts it
+        hi = (z.unsqueeze(1) >= xs.unsqueeze(0)).sum(dim=1).clamp(1, xs.numel() - 1)
+        lo = hi - 1
+        x0, x1, y0, y1 = xs[lo], xs[hi], ys[lo], ys[hi]
+        span = x1 - x0
+        t = torch.where(span > 0, (z - x0) / torch.where(span > 0, span, 1.0), 0.0)
+        return (y0 + t * (y1 - y0)).float()
+
+
+class ServedModel(nn.Module):
+    """The exported graph: ``(categorical [B, Fc] int64, numeric [B, Fn] float32)`` ->
+    click probabilities [B] float32.
+
+    Args:
+        model: a ctrcal model (``model(batch) -> logits [B]``), in eval mode.
+        head: a :class:`CalibrationHead`, or None for ``sigmoid``.
+    """
+
+    def __init__(self, model: nn.Module, head: CalibrationHead | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.head = head
+
+    def forward(self, categorical: Tensor, numeric: Tensor) -> Tensor:
+        logits = self.model(Batch(categorical, numeric, None)).reshape(-1).float()
+        if self.head is None:
+            return torch.sigmoid(logits)
+        return self.head(logits)
+
+
+@dataclass
+class ExportResult:
+    """What :func:`export_run` wrote."""
+
+    path: Path
+    encoding: Path
+    fmt: str
+    calibrator: str | None
+
+    def describe(self) -> str:
+        cal = f" with {self.calibrator} calibration folded in" if self.calibrator else ""
+        return (
+            f"wrote {self.path} ({self.fmt}{cal}); raw-row encoding (feature map, "
+            f"vocabulary, numeric transform) in {self.encoding}"
+        )
+
+
+def _operator(exc: BaseException) -> str | None:
+    """The operator an exporter's error is about (``aten::histc``), if it names one."""
+    text = " ".join(str(e) for e in (exc, exc.__cause__, exc.__context__) if e is not None)
+    m = re.search(r"\b(aten|prims|prim)(?:::|\.)([A-Za-z_0-9]+)", text)
+    return f"{m.group(1)}::{m.group(2)}" if m else None
+
+
+def export_model(
+    served: ServedModel,
+    out: str | Path,
+    fmt: str,
+    example: tuple[Tensor, Tensor],
+    what: str = "model",
+) -> None:
+    """Trace ``served`` on ``example`` inputs and write it to ``out`` atomically.
+
+    Raises:
+        CtrcalError: torch cannot export the model (the operator named when the exporter
+            names one).
+    """
+    from ctrcal.core.utils import atomic_path
+
+    check_format(fmt)
+    served.eval()
+    with atomic_path(out) as tmp:
+        try:
+            if fmt == "torchscript":
+                with torch.no_grad():
+                    traced = torch.jit.trace(served, example, check_trace=False)
+                traced.save(str(tmp))
+            else:
+                _onnx(served, example, tmp)
+        except CtrcalError:
+            raise
+        except Exception as exc:  # any exporter failure: one line naming the operator
+            op = _operator(exc)
+            where = f"operator {op}" if op else str(exc).strip().splitlines()[0][:200]
+            raise CtrcalError(
+                f"{what}: torch cannot export it to {fmt} ({where}); export a model built of "
+                "exportable operators, or serve it with torch"
+            ) from exc
+
+
+def _onnx(served: ServedModel, example: tuple[Tensor, Tensor], path: Path) -> None:
+    import warnings
+
+    batch = torch.export.Dim("batch", min=1)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            served,
+            example,
+            dynamo=True,
+            input_names=["categorical", "numeric"],
+            output_names=["probability"],
+            verbose=False,
+            dynamic_shapes={"categorical": {0: batch}, "numeric": {0: batch}},
+        )
+    if program is None:
+        raise CtrcalError("the ONNX exporter returned no program")
+    program.save(str(path))
+
+
+def fit_export_calibrator(model: nn.Module, name: str, data_dir: Path, batch_size: int) -> Any:
+    """``name`` fitted on the run's clean validation logits (what the reports fit on)."""
+    from ctrcal.calibration.base import create_calibrator
+    from ctrcal.train.predict import predict_with_labels
+    from ctrcal.train.splits import open_split
+
+    if name not in EXPORT_CALIBRATORS:
+        raise ConfigError(
+            f"--calibrator: {name!r} cannot be folded into an exported model "
+            f"(valid: {', '.join(EXPORT_CALIBRATORS)})"
+        )
+    valid = open_split(data_dir, "valid", "stream", torch.device("cpu"))
+    logits, labels = predict_with_labels(model, valid, batch_size)
+    return create_calibrator(name).fit(logits.double().numpy(), labels.double().numpy())
+
+
+def export_run(
+    run_dir: str | Path,
+    out: str | Path,
+    fmt: str,
+    calibrator: str | None = None,
+    data_dir: str | Path | None = None,
+) -> ExportResult:
+    """Export ``run_dir``'s best model to ``out`` and its raw-row encoding beside it.
+
+    Args:
+        run_dir: a run directory with a best checkpoint.
+        out: the model file (``.onnx`` or ``.pt``).
+        fmt: ``onnx`` or ``torchscript``.
+        calibrator: ``temperature``, ``platt`` or ``isotonic``: fitted on the run's clean
+            validation split and folded into the graph (None: the model's sigmoid).
+        data_dir: the run's prepared directory, when it has moved (its vocabulary is copied).
+
+    Raises:
+        CtrcalError: no run or checkpoint, an unknown format, ``ctrcal[export]`` missing for
+            ONNX, an operator torch cannot export, or an output that cannot be written.
+    """
+    from ctrcal.core.utils import atomic_path, json_dumps, write_text_atomic
+    from ctrcal.data.feature_map import FEATURE_MAP_FILE
+    from ctrcal.data.features import VOCAB_FILE
+    from ctrcal.train.results import load_run
+    from ctrcal.train.runs import check_same_features, require_run_dir, run_data
+
+    run_dir = require_run_dir(run_dir)
+    check_format(fmt)
+    data_dir = run_data(run_dir, data_dir)
+    check_same_features(run_dir, data_dir, "export")
+    out = Path(out)
+    with torch.random.fork_rng():
+        model, cfg, fmap = load_run(run_dir)
+    head = None
+    if calibrator is not None:
+        fitted = fit_export_calibrator(model, calibrator, data_dir, cfg.train.eval_batch_size)
+        head = CalibrationHead(fitted)
+    served = ServedModel(model, head).eval()
+    example = example_inputs(fmap.vocab_sizes, fmap.num_numeric, rows=2)
+    export_model(served, out, fmt, example, what=f"{run_dir} ({cfg.model.describe()})")
+    encoding = out.with_name(out.name + ENCODING_SUFFIX)
+    manifest = {
+        "model": out.name,
+        "format": fmt,
+        "run": str(run_dir.resolve()),
+        "inputs": {
+            "categorical": {
+                "dtype": "int64",
+                "shape": ["batch", fmap.num_categorical],
+                "fields": list(fmap.categorical_fields),
+            },
+            "numeric": {
+                "dtype": "float32",
+                "shape": ["batch", fmap.num_numeric],
+                "fields": list(fmap.numeric_fields),
+                "missing": "NaN",
+            },
+        },
+        "output": {"name": "probability", "dtype": "float32", "shape": ["batch"]},
+        "mc_layernorm": "one-shot (deterministic): LayerNorm with the learned affine",
+        "calibrator": None if head is None else {"name": head.kind, **head.params()},
+    }
+    with atomic_path(encoding) as tmp:
+        tmp.mkdir()
+        shutil.copyfile(data_dir / FEATURE_MAP_FILE, tmp / FEATURE_MAP_FILE)
+        shutil.copyfile(data_dir / VOCAB_FILE, tmp / VOCAB_FILE)
+        write_text_atomic(tmp / SERVING_FILE, json_dumps(manifest, indent=2) + "\n")
+    return ExportResult(out, encoding, fmt, calibrator)
+
+
+def example_inputs(vocab_sizes: list[int], num_numeric: int, rows: int) -> tuple[Tensor, Tensor]:
+    """Valid inputs of ``rows`` rows (ids in range, one missing numeric) to trace with."""
+    gen = torch.Generator().manual_seed(0)
+    cat = (
+        torch.stack([torch.randint(0, v, (rows,), generator=gen) for v in vocab_sizes], 1)
+        if vocab_sizes
+        else torch.zeros(rows, 0, dtype=torch.int64)
+    )
+    num = torch.randn(rows, num_numeric, generator=gen)
+    if num_numeric:
+        num[0, 0] = float("nan")
+    return cat.long(), num.float()

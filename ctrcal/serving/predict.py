@@ -1,0 +1,229 @@
+"""``ctrcal predict``: a run's click probabilities for a split, a prepared directory or raw
+files, streamed into one parquet file.
+
+The output has a row per input row, in input order::
+
+    prob        float64  click probability (with mc_samples: the mean of the passes)
+    prob_std    float64  with mc_samples only: the std of the passes
+    label       float64  the click, where the input has labels (null for an unlabelled row)
+    <time>      int64    the schema's time column, for raw files of a schema that has one
+
+so it goes straight into ``ctrcal calibration-report FILE --prob prob --label label``.
+
+Memory stays flat: prepared splits are read in ``stream`` mode, raw files chunk by chunk by
+the parser of ``prepare`` (:func:`ctrcal.data.parse.iter_chunks`) and encoded with the run's
+feature map (:func:`ctrcal.serving.encoding.encode_columns`); every batch of probabilities is
+appended to the output as it comes. The file is written to a temporary sibling and renamed
+at the end, so a failed or interrupted run leaves no half-written output.
+
+The probabilities are those of :func:`ctrcal.train.evaluate.evaluate_run` on the same split,
+batch size and seed (the same loop, the same MC draws): ``calibration-report`` on the output
+gives ``evaluate``'s numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from ctrcal.core.batch import Batch
+from ctrcal.core.errors import ConfigError, DataError
+
+__all__ = ["PredictResult", "predict_run"]
+
+PROB, STD, LABEL = "prob", "prob_std", "label"
+
+
+@dataclass
+class PredictResult:
+    """What :func:`predict_run` wrote."""
+
+    path: Path
+    rows: int
+    columns: list[str]
+
+    def describe(self) -> str:
+        return f"wrote {self.rows:,} rows ({', '.join(self.columns)}) to {self.path}"
+
+
+def predict_run(
+    run_dir: str | Path,
+    out: str | Path,
+    split: str | None = None,
+    data_dir: str | Path | None = None,
+    raw_files: Sequence[str | Path] = (),
+    mc_samples: int = 0,
+    seed: int = 0,
+    batch_size: int | None = None,
+    device: str = "auto",
+    on_bad_row: str = "error",
+) -> PredictResult:
+    """Score ``run_dir``'s best model and write the probabilities to ``out`` (parquet).
+
+    Args:
+        run_dir: a run directory with a best checkpoint.
+        out: the output parquet file (replaced atomically).
+        split: a split of the prepared directory (default ``test`` unless ``raw_files``).
+        data_dir: the prepared directory (default: the run's own); its feature identity must
+            be the run's.
+        raw_files: raw files to encode with the run's feature map instead of a split.
+        mc_samples: > 0 writes the mean and std of that many MC-LayerNorm passes.
+        seed: seeds the MC passes (as ``evaluate --seed``).
+        batch_size: rows per forward pass (default: the run's ``train.eval_batch_size``).
+        device: ``auto``, ``cpu``, ``cuda``, ...
+        on_bad_row: for raw files, ``error`` or ``skip`` a malformed row.
+
+    Raises:
+        CtrcalError: no such run or no checkpoint, data of another feature map, a model
+            without MC layers with ``mc_samples``, an unreadable input or an unwritable output.
+    """
+    from ctrcal.core.devices import resolve_device
+    from ctrcal.core.utils import atomic_path
+    from ctrcal.data.feature_map import FeatureMap
+    from ctrcal.layers.mc_layernorm import has_mc_layers
+    from ctrcal.train.results import load_run
+    from ctrcal.train.runs import check_same_features, require_run_dir, run_data
+
+    run_dir = require_run_dir(run_dir)
+    if raw_files and split is not None:
+        raise ConfigError("give either raw files or --split, not both")
+    split = split or "test"
+    data_dir = run_data(run_dir, data_dir)
+    check_same_features(run_dir, data_dir, "predict")
+    feature_map = FeatureMap.load(data_dir)
+    if not raw_files:
+        rows = int(((feature_map.splits or {}).get(split) or {}).get("rows", 0) or 0)
+        if rows == 0:
+            raise DataError(f"{data_dir}: the {split} split is empty or missing")
+    else:
+        for path in raw_files:
+            if not Path(path).is_file():
+                raise DataError(f"{path}: no such file")
+    dev = resolve_device(device)
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        model, cfg, _ = load_run(run_dir)
+        if mc_samples > 0 and not has_mc_layers(model):
+            raise ConfigError(
+                f"{run_dir}: its model has no MC-LayerNorm layer, so MC passes would all be "
+                "equal; drop --mc-samples"
+            )
+        model.to(dev)
+        batch_size = batch_size or cfg.train.eval_batch_size
+        if raw_files:
+            formats = _raw_formats(cfg, raw_files)
+            batches = _raw_batches(data_dir, formats, on_bad_row, batch_size)
+            time_name = _time_column(feature_map)
+            labelled = any(fmt.labelled for _, fmt in formats)
+        else:
+            batches = _split_batches(data_dir, split, batch_size)
+            time_name = None
+            labelled = (feature_map.splits.get(split) or {}).get("positive_rate") is not None
+        schema = _schema(mc_samples > 0, labelled, time_name)
+        torch.manual_seed(seed)
+        total = 0
+        with atomic_path(out) as tmp, pq.ParquetWriter(tmp, schema) as writer:
+            for batch, time in batches:
+                mean, std = _score(model, batch, batch_size, dev, mc_samples)
+                columns = [mean]
+                if mc_samples > 0:
+                    columns.append(std)
+                if labelled:
+                    columns.append(batch.label.double().numpy())
+                if time_name is not None:
+                    columns.append(time)
+                writer.write_table(
+                    pa.Table.from_arrays(
+                        [pa.array(c, from_pandas=True) for c in columns], schema=schema
+                    )
+                )
+                total += len(batch)
+    return PredictResult(Path(out), total, schema.names)
+
+
+def _schema(mc: bool, labelled: bool, time_name: str | None) -> pa.Schema:
+    fields = [pa.field(PROB, pa.float64())]
+    if mc:
+        fields.append(pa.field(STD, pa.float64()))
+    if labelled:
+        fields.append(pa.field(LABEL, pa.float64()))
+    if time_name is not None:
+        fields.append(pa.field(time_name, pa.int64()))
+    return pa.schema(fields)
+
+
+def _score(
+    model: Any, batch: Batch, batch_size: int, device: torch.device, mc_samples: int
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(probabilities [B], MC std [B] or None) of one batch, through the prediction loop."""
+    if mc_samples > 0:
+        from ctrcal.layers.mc_layernorm import mc_predict
+
+        with torch.no_grad():
+            mean, std = mc_predict(
+                model, batch.inputs().to(device), n_samples=mc_samples, max_rows=batch_size
+            )
+        return mean.double().cpu().numpy(), std.double().cpu().numpy()
+    from ctrcal.train.predict import predict_probs
+
+    probs, _ = predict_probs(model, batch, batch_size, device)
+    return probs.double().numpy(), None
+
+
+def _split_batches(data_dir: Path, split: str, batch_size: int) -> Iterator[tuple[Batch, None]]:
+    from ctrcal.train.splits import open_split
+
+    data = open_split(data_dir, split, "stream", torch.device("cpu"))
+    for batch in data.batches(batch_size, shuffle=False):
+        yield batch, None
+
+
+def _time_column(feature_map: Any) -> str | None:
+    return ((feature_map.extra or {}).get("schema") or {}).get("time")
+
+
+def _raw_formats(cfg: Any, raw_files: Sequence[str | Path]) -> list[tuple[Path, Any]]:
+    """Each raw file with its detected layout, as ``prepare`` detects it (the run's
+    ``data.schema``, else a Criteo layout)."""
+    from ctrcal.data import criteo, schema_reader
+    from ctrcal.data.prepare.prepare import data_schema
+
+    schema = data_schema(cfg)
+    return [
+        (
+            path,
+            criteo.detect_format(path, cfg.data.layout)
+            if schema is None
+            else schema_reader.detect(path, schema),
+        )
+        for path in map(Path, raw_files)
+    ]
+
+
+def _raw_batches(
+    data_dir: Path, formats: list[tuple[Path, Any]], on_bad_row: str, batch_size: int
+) -> Iterator[tuple[Batch, np.ndarray | None]]:
+    """Raw files parsed chunk by chunk as ``prepare`` parses them, each chunk encoded with
+    the run's fitted pipeline and cut into batches."""
+    from ctrcal.data import parse
+    from ctrcal.data.features import FeaturePipeline
+    from ctrcal.serving.encoding import encode_columns
+
+    pipe = FeaturePipeline.load(data_dir)
+    for path, fmt in formats:
+        for chunk in parse.iter_chunks(path, fmt, on_bad_row):
+            cat, num = encode_columns(
+                pipe, chunk.numeric, chunk.numeric_valid, chunk.categorical, chunk.categorical_valid
+            )
+            label = torch.from_numpy(chunk.label.astype(np.float32))
+            cat_t, num_t = torch.from_numpy(cat), torch.from_numpy(num)
+            for lo in range(0, len(chunk), batch_size):
+                hi = min(lo + batch_size, len(chunk))
+                time = None if chunk.time is None else chunk.time[lo:hi].astype(np.int64)
+                yield Batch(cat_t[lo:hi], num_t[lo:hi], label[lo:hi]), time
