@@ -72,3 +72,20 @@ def criteo_samples() -> Path:
     if not SAMPLES.is_dir():
         pytest.skip(f"real Criteo samples not found at {SAMPLES}")
     return SAMPLES.resolve()
+
+
+@pytest.fixture(scope="session")
+def shift_report(tmp_path_factory):
+    """The tiny shift report of ``tests/shift_report.py``, run once per session through the
+    CLI -> ``(config_path, out_dir)``. Read-only: a test that reruns or edits it works on a copy.
+    """
+    from shift_report import CONFIG
+
+    from ctrcal.cli import main
+
+    root = tmp_path_factory.mktemp("shift_report")
+    cfg = root / "tiny.yaml"
+    cfg.write_text(CONFIG)
+    out = root / "out"
+    assert main(["run", str(cfg), "--out", str(out)]) == 0
+    return cfg, out
