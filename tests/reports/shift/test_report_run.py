@@ -51,7 +51,13 @@ def test_results_grid_is_complete(shift_report):
     _, out = shift_report
     df = pd.read_csv(out / "results.csv")
     assert list(df.columns) == [
-        "variant", "shift", "seed", "noise_seed", "intensity", "metric", "value"
+        "variant",
+        "shift",
+        "seed",
+        "noise_seed",
+        "intensity",
+        "metric",
+        "value",
     ]
     auc = df[df.metric == "auc"]
     assert len(auc) == len(VARIANTS) * SEEDS * POINTS
