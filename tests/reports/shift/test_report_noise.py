@@ -9,8 +9,9 @@ import yaml
 
 pytest.importorskip("ctrcal.train.trainer")
 
-from ctrcal.cli import main  # noqa: E402
 from shift_report import CONFIG, without_temporal  # noqa: E402
+
+from ctrcal.cli import main  # noqa: E402
 
 # the session report's data, model and shifts, with the noise variants beside its baseline
 HEAD = without_temporal(CONFIG).split("  variants:\n")[0].replace(
