@@ -99,6 +99,7 @@ report:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", [".last.pt.", ".results.csv."], ids=["training", "report"])
 def test_a_full_disk_during_the_report_is_one_line_and_the_rerun_finishes(
     target, prepared_dir, tmp_path, monkeypatch, capsys
@@ -135,6 +136,7 @@ def test_a_full_disk_during_the_report_is_one_line_and_the_rerun_finishes(
     assert (tmp_path / "out" / "results.csv").is_file()
 
 
+@pytest.mark.slow
 def test_evaluate_with_mc_samples_is_reproducible(prepared_dir, tmp_path, capsys):
     import torch
 

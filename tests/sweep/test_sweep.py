@@ -107,6 +107,7 @@ def _task_body(task: _Task, device: str, threads: int) -> str:
     return f"{task.name} done on {device} with {threads} thread(s), pid {os.getpid()}"
 
 
+@pytest.mark.slow
 def test_tasks_run_in_two_worker_processes(tmp_path):
     tasks = [_Task(f"t{i}", tmp_path / f"t{i}.log") for i in range(4)]
     lines: list[str] = []
@@ -120,6 +121,7 @@ def test_tasks_run_in_two_worker_processes(tmp_path):
     assert sum("started on cpu" in line for line in lines) == 4
 
 
+@pytest.mark.slow
 def test_failures_name_the_run_and_stop_new_runs(tmp_path):
     tasks = [_Task(n, tmp_path / f"{n}.log") for n in ("bad-data", "slow", "never")]
     with pytest.raises(DataError) as err:  # the failure's own class
