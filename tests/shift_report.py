@@ -16,7 +16,8 @@ from __future__ import annotations
 
 CONFIG = """
 data:
-  synthetic: {rows: 3000, seed: 0, drift: 2.0}
+  synthetic: {rows: 4000, seed: 0, drift: 2.0}
+  split: [0.6, 0.1, 0.3]
 features: {min_count: 2}
 model:
   embedding_dim: 4

@@ -69,7 +69,9 @@ def test_noise_variants_are_compared_like_any_other(reports):
         sub = df[(df.variant == v) & (df.metric == "auc")]
         assert set(zip(sub["shift"], sub.intensity, strict=True)) == points, v
         assert set(sub.seed) == {0, 1}
-        assert sub["value"].between(0.5, 1.0).all(), v
+        assert sub["value"].between(0.0, 1.0).all(), v
+        mild = sub[sub["shift"].eq("clean") | sub.intensity.eq(0.5)]
+        assert mild["value"].between(0.5, 1.0).all(), v  # better than chance, but at p = 0.6
     # trained differently: not the baseline's numbers
     auc = df[df.metric == "auc"].set_index(KEY)["value"]
     ln = auc.xs("layernorm", level="variant")

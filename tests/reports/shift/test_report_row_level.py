@@ -48,7 +48,7 @@ report:
 # seed, layernorm and its Platt variant, 3 windows
 WINDOWS = (
     without_temporal(CONFIG)
-    .replace("drift: 2.0}\n", "drift: 2.0}\n  split_order: time\n")
+    .replace("split: [0.6, 0.1, 0.3]\n", "split: [0.6, 0.1, 0.3]\n  split_order: time\n")
     .replace("  seeds: 2\n", "  seeds: 1\n  windows: 3\n  figures: true\n")
     .split("  shifts:\n")[0]
     + """  shifts:

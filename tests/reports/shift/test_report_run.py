@@ -15,6 +15,17 @@ from shift_report import CONFIG, POINTS, SEEDS, TRAINED, VARIANTS, without_tempo
 
 from ctrcal.cli import main  # noqa: E402
 
+# a knob of the report itself, run again on the session's runs: three of its variants and
+# its Gaussian shift (the other variants and shifts would be evaluated again for nothing)
+RERUN = without_temporal().split("  shifts:\n")[0] + (
+    "  shifts:\n"
+    "    - {name: gaussian_numeric, intensities: [0.125, 0.5]}\n"
+    "  variants:\n"
+    "    - {name: layernorm, net_norm: layernorm}\n"
+    "    - {name: mclayernorm, net_norm: {name: mclayernorm, fraction: 0.8}}\n"
+    "    - {name: mclayernorm_mc, mc_samples: 3, from_variant: mclayernorm}\n"
+)
+
 
 def _tables(text: str) -> list[list[list[str]]]:
     tables, cur = [], []
@@ -136,12 +147,17 @@ def test_report_tables_parse_and_verdict_present(shift_report):
 
 
 def test_rerun_reuses_runs_and_is_deterministic(shift_report, tmp_path, capsys):
-    cfg, shared = shift_report
+    _, shared = shift_report
+    cfg = tmp_path / "rerun.yaml"
+    cfg.write_text(RERUN)
     out = tmp_path / "out"
-    shutil.copytree(shared, out)  # the session's report stays as it was made
+    shutil.copytree(shared / "runs", out / "runs")  # the session's report stays as it was made
+    args = ["shift-report", str(cfg), "--out", str(out), "--data", str(shared / "data")]
+    assert main(args) == 0
+    capsys.readouterr()
     before = (out / "results.csv").read_text()
     stamp = (out / "runs" / "layernorm" / "seed0" / "result.json").stat().st_mtime_ns
-    assert main(["shift-report", str(cfg), "--out", str(out), "--data", str(out / "data")]) == 0
+    assert main(args) == 0
     printed = capsys.readouterr().out
     assert "report.md" in printed and "_auc_ece.png" in printed and "total time" in printed
     assert (out / "runs" / "layernorm" / "seed0" / "result.json").stat().st_mtime_ns == stamp
@@ -151,7 +167,7 @@ def test_rerun_reuses_runs_and_is_deterministic(shift_report, tmp_path, capsys):
 def test_mix_fraction_scores_the_shifted_rows(shift_report, tmp_path, capsys):
     cfg, out = shift_report
     mix_cfg = tmp_path / "mix.yaml"
-    mix = without_temporal().replace("  seeds: 2\n", "  seeds: 2\n  mix_fraction: 0.5\n")
+    mix = RERUN.replace("  seeds: 2\n", "  seeds: 2\n  mix_fraction: 0.5\n")
     mix_cfg.write_text(mix)
     out2 = tmp_path / "mix"
     shutil.copytree(out / "runs", out2 / "runs")
