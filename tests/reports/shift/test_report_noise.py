@@ -9,14 +9,29 @@ import yaml
 
 pytest.importorskip("ctrcal.train.trainer")
 
-from shift_report import CONFIG, without_temporal  # noqa: E402
-
 from ctrcal.cli import main  # noqa: E402
 
-# the session report's data, model and shifts, with the noise variants beside its baseline
-HEAD = without_temporal(CONFIG).split("  variants:\n")[0].replace(
-    "  bootstrap: 20\n", "  figures: false\n"
-) + ("  variants:\n    - {name: layernorm, net_norm: layernorm}\n")
+HEAD = """
+data:
+  synthetic: {rows: 3000, seed: 0}
+features: {min_count: 2}
+model:
+  embedding_dim: 4
+  hidden_units: [16]
+train:
+  epochs: 1
+  batch_size: 256
+  eval_batch_size: 1024
+  progress: false
+  num_threads: 1
+report:
+  seeds: 2
+  figures: false
+  shifts:
+    - {name: gaussian_numeric, intensities: [0.5]}
+  variants:
+    - {name: layernorm, net_norm: layernorm}
+"""
 NOISE = """\
     - name: input_noise
       net_norm: layernorm
@@ -30,15 +45,15 @@ KEY = ["variant", "shift", "seed", "noise_seed", "intensity", "metric"]
 
 
 @pytest.fixture(scope="module")
-def reports(shift_report, tmp_path_factory):
-    """The noise variants' report, and the session's report (the same baseline runs, other
-    variants beside them)."""
+def reports(tmp_path_factory):
     root = tmp_path_factory.mktemp("noise_report")
-    cfg = root / "with_noise.yaml"
-    cfg.write_text(HEAD + NOISE)
-    out = root / "with_noise"
-    assert main(["run", str(cfg), "--out", str(out)]) == 0
-    return {"with_noise": out, "plain": shift_report[1]}
+    outs = {}
+    for name, text in (("with_noise", HEAD + NOISE), ("plain", HEAD)):
+        cfg = root / f"{name}.yaml"
+        cfg.write_text(text)
+        outs[name] = root / name
+        assert main(["run", str(cfg), "--out", str(outs[name])]) == 0
+    return outs
 
 
 def test_noise_variants_train_with_their_noise(reports):
@@ -58,20 +73,12 @@ def test_noise_variants_train_with_their_noise(reports):
 def test_noise_variants_are_compared_like_any_other(reports):
     out = reports["with_noise"]
     df = pd.read_csv(out / "results.csv")
-    points = {
-        ("clean", 0.0),
-        ("gaussian_numeric", 0.125),
-        ("gaussian_numeric", 0.5),
-        ("categorical_corruption", 0.2),
-        ("categorical_corruption", 0.6),
-    }
+    points = {("clean", 0.0), ("gaussian_numeric", 0.5)}
     for v in ("input_noise", "corrupted", "weight_noise"):
         sub = df[(df.variant == v) & (df.metric == "auc")]
         assert set(zip(sub["shift"], sub.intensity, strict=True)) == points, v
         assert set(sub.seed) == {0, 1}
-        assert sub["value"].between(0.0, 1.0).all(), v
-        mild = sub[sub["shift"].eq("clean") | sub.intensity.eq(0.5)]
-        assert mild["value"].between(0.5, 1.0).all(), v  # better than chance, but at p = 0.6
+        assert sub["value"].between(0.5, 1.0).all(), v
     # trained differently: not the baseline's numbers
     auc = df[df.metric == "auc"].set_index(KEY)["value"]
     ln = auc.xs("layernorm", level="variant")
@@ -90,8 +97,6 @@ def test_adding_noise_variants_leaves_the_other_variants_numbers_unchanged(repor
     plain = pd.read_csv(reports["plain"] / "results.csv")
     a = with_noise[with_noise.variant == "layernorm"].set_index(KEY)["value"].sort_index()
     b = plain[plain.variant == "layernorm"].set_index(KEY)["value"].sort_index()
-    assert a.index.isin(b.index).all()
-    b = b.loc[a.index]  # the points both reports evaluate
     pd.testing.assert_series_equal(a, b, check_exact=True)
 
 
