@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_OUT ?= outputs/demo
 
-.PHONY: demo test env lint clean
+.PHONY: demo test test-fast env lint clean
 
 env:
 	@bash scripts/bootstrap_env.sh
@@ -15,6 +15,13 @@ test: env
 	$(VENV)/bin/ruff check ctrcal tests scripts
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
+
+# the edit loop: the same lint, every test but those marked slow (end-to-end runs, kills,
+# subprocesses); `make test` (the CI) runs them all
+test-fast: env
+	$(VENV)/bin/ruff check ctrcal tests scripts
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -m "not slow"
 
 lint: env
 	$(VENV)/bin/ruff check ctrcal tests scripts

@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny generated Criteo files in every layout and a prepared directory.
+"""Shared fixtures: tiny generated Criteo files in every layout, a prepared directory and
+the session's tiny shift report.
 
 * ``criteo_frame``: 1,000 synthetic rows (dac columns as strings/ints) and their true probs.
 * ``criteo_files``: that frame written once per layout (``dac``, ``dac_gz``, ``dac_test``,
@@ -6,6 +7,9 @@
 * ``prepared_dir``: a ~20k-row synthetic dataset prepared once per session -> its directory
   (``feature_map.json``, ``train/``, ``valid/``, ``test/``). Treat it as read-only.
 * ``criteo_samples``: the shared directory of real Criteo sample rows (skips if absent).
+* ``shift_report``: the tiny shift report of ``tests/shift_report.py`` (every variant kind),
+  run once per session -> ``(config_path, out_dir)``. Treat it as read-only. Its tests are
+  marked ``slow``.
 """
 
 from __future__ import annotations
@@ -72,3 +76,28 @@ def criteo_samples() -> Path:
     if not SAMPLES.is_dir():
         pytest.skip(f"real Criteo samples not found at {SAMPLES}")
     return SAMPLES.resolve()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test of the session's shift report ``slow`` (the first one trains it), so
+    that ``make test-fast`` (``-m "not slow"``) never waits for it."""
+    for item in items:
+        if "shift_report" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def shift_report(tmp_path_factory):
+    """The tiny shift report of ``tests/shift_report.py``, run once per session through the
+    CLI -> ``(config_path, out_dir)``. Read-only: a test that reruns or edits it works on a copy.
+    """
+    from shift_report import CONFIG
+
+    from ctrcal.cli import main
+
+    root = tmp_path_factory.mktemp("shift_report")
+    cfg = root / "tiny.yaml"
+    cfg.write_text(CONFIG)
+    out = root / "out"
+    assert main(["run", str(cfg), "--out", str(out)]) == 0
+    return cfg, out

@@ -32,12 +32,6 @@ def test_subcommand_help(name, capsys):
     assert "usage: ctrcal " + {"run": "shift-report"}.get(name, name) in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
-def test_validate_shipped(path, capsys):
-    assert main(["validate", str(path)]) == 0
-    assert "OK" in capsys.readouterr().out
-
-
 def test_validate_typo_exit_2_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("train:\n  batch_sise: 10\n")
@@ -105,6 +99,7 @@ report:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", [".last.pt.", ".results.csv."], ids=["training", "report"])
 def test_a_full_disk_during_the_report_is_one_line_and_the_rerun_finishes(
     target, prepared_dir, tmp_path, monkeypatch, capsys
@@ -141,6 +136,7 @@ def test_a_full_disk_during_the_report_is_one_line_and_the_rerun_finishes(
     assert (tmp_path / "out" / "results.csv").is_file()
 
 
+@pytest.mark.slow
 def test_evaluate_with_mc_samples_is_reproducible(prepared_dir, tmp_path, capsys):
     import torch
 

@@ -1,4 +1,5 @@
-"""Isotonic and field-aware calibration: fitted state, fixes what they should, fall-backs."""
+"""Isotonic and field-aware calibration: fitted state, fixes what they should, fall-backs; every
+registered calibrator on segments."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 from sklearn.isotonic import IsotonicRegression
 
 from ctrcal import metrics as M
-from ctrcal.calibration.base import logit
+from ctrcal.calibration.base import create_calibrator, logit
 from ctrcal.calibration.field_aware import FieldAwareCalibration
 from ctrcal.calibration.isotonic import IsotonicCalibration
 from ctrcal.calibration.scaling import PlattScaling
@@ -162,3 +163,36 @@ def test_field_aware_bad_input():
         FieldAwareCalibration().fit(z, y, v.astype(float))
     with pytest.raises(RuntimeError, match="not fitted"):
         FieldAwareCalibration().predict_proba(z, v)
+
+
+def _segment_rows(n=6000, seed=0):
+    """Logits, labels and three segment columns; value 2 of C1 shifts the true logit."""
+    rng = np.random.default_rng(seed)
+    segments = {
+        "C1": rng.integers(0, 5, n).astype(np.int32),
+        "C2": rng.integers(0, 30, n).astype(np.int32),
+        "I1": np.zeros(n, dtype=np.int32),
+    }
+    z = rng.normal(-1.5, 1.0, n)
+    y = (rng.random(n) < 1 / (1 + np.exp(-(z + 0.6 * (segments["C1"] == 2))))).astype(float)
+    return z, y, segments
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["temperature", "platt", "isotonic", {"name": "field_aware", "field": "C1", "shrinkage": 50}],
+)
+def test_every_registered_calibrator_fits_on_segments_and_applies(spec):
+    z, y, segments = _segment_rows()
+    cal = create_calibrator(spec).fit(z, y, segments)
+    p = cal.predict_proba(z, segments)
+    assert p.shape == z.shape and np.all((p >= 0) & (p <= 1))
+    assert M.logloss(p, y) <= M.logloss(1 / (1 + np.exp(-z)), y) + 1e-9
+    if isinstance(spec, dict):  # the per-value offset of C1 == 2 is what it fixes
+        assert cal.needed_fields() == ("C1",)
+        base = create_calibrator("platt").fit(z, y).predict_proba(z)
+        assert M.field_rce(p, y, segments["C1"]) < M.field_rce(base, y, segments["C1"])
+        with pytest.raises(ValueError, match="needs the codes of field 'C1'"):
+            cal.predict_proba(z, {"C2": segments["C2"]})
+    else:
+        assert cal.needed_fields() == ()

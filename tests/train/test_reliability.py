@@ -56,6 +56,7 @@ def _write_config(tmp_path: Path, prepared_dir: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_kill_9_at_several_moments_then_resume_equals_uninterrupted(prepared_dir, tmp_path):
     cfg = _write_config(tmp_path, prepared_dir)
     full = tmp_path / "full"

@@ -48,6 +48,7 @@ def raw(tmp_path_factory):
     return write_criteo(frame, tmp_path_factory.mktemp("kill") / "train.txt")
 
 
+@pytest.mark.slow
 def test_kill_9_at_any_moment_then_again_gives_the_uninterrupted_output(raw, tmp_path):
     flag = tmp_path / "flag"
     reference = tmp_path / "reference"
@@ -73,6 +74,7 @@ def test_kill_9_at_any_moment_then_again_gives_the_uninterrupted_output(raw, tmp
     assert _leftovers(out) == []
 
 
+@pytest.mark.slow
 def test_two_prepares_at_once_end_cleanly_with_one_valid_output(raw, tmp_path):
     reference = tmp_path / "reference"
     _run(raw, reference, tmp_path / "f0")

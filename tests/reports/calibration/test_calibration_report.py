@@ -100,22 +100,19 @@ def test_segment_columns_become_codes_and_float_columns_buckets():
 
 
 @pytest.fixture(scope="module")
-def exported(prepared_dir, tmp_path_factory):
-    """Test-split predictions of a tiny trained ctrcal run, written as a parquet file."""
+def exported(shift_report, tmp_path_factory):
+    """Test-split predictions of a tiny trained ctrcal run (the session report's layernorm,
+    seed 0), written as a parquet file."""
     import torch
 
     from ctrcal.data.loader import ParquetCTRData
     from ctrcal.train.predict import predict_probs
-    from ctrcal.train.trainer import load_run, train
-    from ctrcal.validate import load_config
+    from ctrcal.train.trainer import load_run
 
+    _, report = shift_report
     root = tmp_path_factory.mktemp("exported")
-    cfg = load_config(None, ["model.embedding_dim=4", "model.hidden_units=[16]",
-                             "train.epochs=1", "train.batch_size=2048", "train.progress=false",
-                             "train.num_threads=1"])  # fmt: skip
-    train(cfg, prepared_dir, root / "run")
-    model, _, fm = load_run(root / "run")
-    test = ParquetCTRData(prepared_dir, "test")
+    model, _, fm = load_run(report / "runs" / "layernorm" / "seed0")
+    test = ParquetCTRData(report / "data", "test")
     probs, labels = predict_probs(model, test, 8192)
     batch = test.all()
     torch.manual_seed(0)

@@ -20,9 +20,9 @@ report:
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
-def test_every_shipped_config_validates(path, capsys):
-    assert main(["validate", str(path)]) == 0, capsys.readouterr().err
-    plans, shifts = check_report(load_config(path), str(path))
+def test_every_shipped_config_plans_its_report(path):
+    # read without the checks: tests/test_validate.py validates every shipped config
+    plans, shifts = check_report(load_config(path, check_names=False), str(path))
     assert plans and shifts
 
 

@@ -1,4 +1,4 @@
-"""The report's calibration helpers: field handling, the calibrators on segments, the figure."""
+"""The report's calibration helpers: field handling and the Field-RCE figure."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pandas as pd
 import pytest
 
 from ctrcal import metrics as M
-from ctrcal.calibration.base import create_calibrator
 from ctrcal.reports.shift.calibrate import SplitFields, evaluation_metrics
 from ctrcal.reports.shift.figures import best_variant, plot_field_rce
 
@@ -40,27 +39,6 @@ def test_constant_fields_are_left_out_of_the_field_metrics():
         p, y, fields, SimpleNamespace(**{**vars(REPORT), "field_metrics": False})
     )
     assert "field_rce_mean" not in off and "ecce" in off
-
-
-@pytest.mark.parametrize(
-    "spec",
-    ["temperature", "platt", "isotonic", {"name": "field_aware", "field": "C1", "shrinkage": 50}],
-)
-def test_every_registered_calibrator_fits_on_segments_and_applies(spec):
-    z, y, fields = _rows()
-    segments = {name: fields.column(name) for name in fields.names}
-    cal = create_calibrator(spec).fit(z, y, segments)
-    p = cal.predict_proba(z, segments)
-    assert p.shape == z.shape and np.all((p >= 0) & (p <= 1))
-    assert M.logloss(p, y) <= M.logloss(1 / (1 + np.exp(-z)), y) + 1e-9
-    if isinstance(spec, dict):  # the per-value offset of C1 == 2 is what it fixes
-        assert cal.needed_fields() == ("C1",)
-        base = create_calibrator("platt").fit(z, y).predict_proba(z)
-        assert M.field_rce(p, y, fields.column("C1")) < M.field_rce(base, y, fields.column("C1"))
-        with pytest.raises(ValueError, match="needs the codes of field 'C1'"):
-            cal.predict_proba(z, {"C2": fields.column("C2")})
-    else:
-        assert cal.needed_fields() == ()
 
 
 def test_best_variant_and_field_rce_figure(tmp_path):

@@ -1,4 +1,5 @@
-"""The shift report with field-level metrics and isotonic / field-aware calibration variants."""
+"""The shift report with field-level metrics and isotonic / field-aware calibration variants
+(the session's ``shift_report``), and the config keys that ask for them."""
 
 from __future__ import annotations
 
@@ -11,45 +12,24 @@ pytest.importorskip("ctrcal.train.trainer")
 
 from ctrcal.cli import main  # noqa: E402
 
-CFG = """
-data:
-  synthetic: {rows: 3000, seed: 1}
-features: {min_count: 2}
-model: {embedding_dim: 4, hidden_units: [16]}
-train: {epochs: 1, batch_size: 256, eval_batch_size: 1024, progress: false}
-report:
-  seeds: 1
-  field_min_count: 20
-  field_numeric_buckets: 4
-  shifts:
-    - {name: gaussian_numeric, intensities: [0.5]}
-  variants:
-    - {name: layernorm, net_norm: layernorm}
-    - {name: isotonic, isotonic_calibration: true, from_variant: layernorm}
-    - name: per_c1
-      field_calibration: C1
-      field_calibration_method: platt
-      field_calibration_shrinkage: 50
-      from_variant: layernorm
-"""
+KEY = ["variant", "shift", "seed", "noise_seed", "intensity"]
 
 
-def test_report_has_field_metrics_calibrators_figure_and_oracle(tmp_path):
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(CFG)
-    out = tmp_path / "out"
-    assert main(["run", str(cfg), "--out", str(out)]) == 0
+def test_report_has_field_metrics_calibrators_figure_and_oracle(shift_report):
+    _, out = shift_report
     res = pd.read_csv(out / "results.csv")
     metrics = set(res["metric"])
     for key in ("ecce", "ecce_sigmas", "ecce_pvalue", "field_rce_mean", "field_rce_max", "mce"):
         assert key in metrics, key
     # per-field values of categoricals and bucketised numerics, for every variant and point
+    points = set(map(tuple, res[res["metric"] == "auc"][KEY].to_numpy()))
     per_field = res[res["metric"] == "field_rce:C1"]
-    assert len(per_field) == 3 * 2  # variants x (clean, 0.5)
+    assert set(map(tuple, per_field[KEY].to_numpy())) == points
+    assert len(per_field) == len(points)
     assert "field_rce:I1" in metrics
-    worst = res[res["metric"] == "field_rce_max"].set_index(["variant", "intensity"])["value"]
+    worst = res[res["metric"] == "field_rce_max"].set_index(KEY)["value"]
     fields = res[res["metric"].str.startswith("field_rce:")]
-    top = fields.groupby(["variant", "intensity"])["value"].max()
+    top = fields.groupby(KEY)["value"].max()
     pd.testing.assert_series_equal(top.sort_index(), worst.sort_index(), check_names=False)
     # Brier terms sum to the Brier score; label-free errors are estimate − measured
     wide = res.pivot_table(index=["variant", "intensity"], columns="metric", values="value")
@@ -73,7 +53,8 @@ def test_report_has_field_metrics_calibrators_figure_and_oracle(tmp_path):
     assert "isotonic regression on clean validation" in described
     assert "field-aware platt calibration on C1 (shrinkage 50)" in described
     listed = summary["row_level"]["segments"]["layernorm"]
-    assert set(listed) == {"clean", "gaussian_numeric @ 0.5"}
+    # clean and each shift's strongest point
+    assert set(listed) == {"clean", "gaussian_numeric @ 0.5", "categorical_corruption @ 0.6"}
     assert listed["clean"]["adjustment"] == "holm" and listed["clean"]["tested"] > 0
     oracle = summary["oracle_calibration"]
     assert 0 <= oracle["field_rce_mean"] <= oracle["field_rce_max"]

@@ -56,6 +56,7 @@ def reports(tmp_path_factory):
     return outs
 
 
+@pytest.mark.slow
 def test_noise_variants_train_with_their_noise(reports):
     runs = reports["with_noise"] / "runs"
     for k in range(2):
@@ -70,6 +71,7 @@ def test_noise_variants_train_with_their_noise(reports):
         assert {t["seed"] for t in train.values()} == {k}
 
 
+@pytest.mark.slow
 def test_noise_variants_are_compared_like_any_other(reports):
     out = reports["with_noise"]
     df = pd.read_csv(out / "results.csv")
@@ -92,6 +94,7 @@ def test_noise_variants_are_compared_like_any_other(reports):
     assert comparisons  # a row of the comparison with the baseline
 
 
+@pytest.mark.slow
 def test_adding_noise_variants_leaves_the_other_variants_numbers_unchanged(reports):
     with_noise = pd.read_csv(reports["with_noise"] / "results.csv")
     plain = pd.read_csv(reports["plain"] / "results.csv")

@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 from interrupt import assert_same_training, ctrcal_argv, kill_9_when, run, snapshot, start
 
 from ctrcal.train.runs import data_identity
+
+pytestmark = pytest.mark.slow  # child processes killed and run again
 
 CONFIG = """
 data: {synthetic: {rows: 2000, seed: 3}}

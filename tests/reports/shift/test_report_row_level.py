@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 
 import pandas as pd
 import pytest
 
 pytest.importorskip("ctrcal.train.trainer")
 
+from shift_report import CONFIG, VARIANTS, without_temporal  # noqa: E402
+
 from ctrcal.cli import main  # noqa: E402
 from ctrcal.core.errors import ConfigError  # noqa: E402
 from ctrcal.validate import load_config  # noqa: E402
 
+# the config keys under test: a time-ordered split, 3 windows, 20 bootstrap replicates
 TINY = """
 data:
   synthetic: {rows: 4000, seed: 0, drift: 2.0}
@@ -40,19 +44,40 @@ report:
     - {name: platt, calibration: platt, from_variant: layernorm}
     - {name: mc_dropout, mc_samples: 3, mc_dropout: true, from_variant: layernorm}
 """
+# the session's report on its time-ordered copy (the temporal shift's data and runs): one
+# seed, layernorm and its Platt variant, 3 windows
+WINDOWS = (
+    without_temporal(CONFIG)
+    .replace("split: [0.6, 0.1, 0.3]\n", "split: [0.6, 0.1, 0.3]\n  split_order: time\n")
+    .replace("  seeds: 2\n", "  seeds: 1\n  windows: 3\n  figures: true\n")
+    .split("  shifts:\n")[0]
+    + """  shifts:
+    - {name: gaussian_numeric, intensities: [0.5]}
+  variants:
+    - {name: layernorm, net_norm: layernorm}
+    - {name: platt, calibration: platt, from_variant: layernorm}
+"""
+)
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def windows_report(shift_report, tmp_path_factory):
+    """``WINDOWS`` on the session report's time-ordered data, reusing its temporal runs."""
+    _, shared = shift_report
     tmp = tmp_path_factory.mktemp("row_level")
     cfg = tmp / "t.yaml"
-    cfg.write_text(TINY)
+    cfg.write_text(WINDOWS)
     out = tmp / "out"
-    assert main(["run", str(cfg), "--out", str(out)]) == 0
-    return out
+    shutil.copytree(shared / "runs_temporal", out / "runs")
+    data = shared / "data_temporal"
+    assert main(["shift-report", str(cfg), "--out", str(out), "--data", str(data)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["training"]["runs"] == {"reused": 1}  # trained nothing
+    return out, data
 
 
-def test_windows_give_the_decay_figure_and_sentence(report):
+def test_windows_give_the_decay_figure_and_sentence(windows_report):
+    report, data = windows_report
     text = (report / "report.md").read_text()
     assert "## Calibration over time" in text
     assert (report / "fig_windows_platt.png").stat().st_size > 0
@@ -65,7 +90,8 @@ def test_windows_give_the_decay_figure_and_sentence(report):
     # synthetic data: the true probabilities' ECE per window, the floor of its rows
     assert len(w["oracle_ece"]) == 3 and all(0 <= e < 0.2 for e in w["oracle_ece"])
     assert "ECE true probabilities" in text
-    assert sum(r["rows"] for r in w["windows"]) == 1200  # the whole test period, 30 % of rows
+    test_rows = json.loads((data / "feature_map.json").read_text())["splits"]["test"]["rows"]
+    assert sum(r["rows"] for r in w["windows"]) == test_rows  # the whole test period
     metrics = pd.DataFrame(w["metrics"])
     assert set(metrics["calibration"]) == {"uncalibrated", "stale", "fresh"}
     assert {"ece", "pcoc", "ne", "field_rce_mean"} <= set(metrics["metric"])
@@ -76,12 +102,13 @@ def test_windows_give_the_decay_figure_and_sentence(report):
     assert later.set_index("calibration")["value"].nunique() == 3
 
 
-def test_bootstrap_intervals_in_the_report(report):
+def test_bootstrap_intervals_in_the_report(shift_report):
+    _, report = shift_report
     text = (report / "report.md").read_text()
     assert "## Row-level confidence intervals" in text
     boot = json.loads((report / "summary.json").read_text())["row_level"]["bootstrap"]
     assert boot["replicates"] == 20
-    assert set(boot["clean_seed0"]) == {"layernorm", "platt", "mc_dropout"}
+    assert set(boot["clean_seed0"]) == set(VARIANTS)
     df = pd.read_csv(report / "results.csv")
     clean = df[(df["shift"] == "clean") & (df["seed"] == 0)]
     for variant, cis in boot["clean_seed0"].items():
@@ -92,16 +119,18 @@ def test_bootstrap_intervals_in_the_report(report):
             assert ci["low"] <= ci["estimate"] <= ci["high"] and ci["high"] > ci["low"]
 
 
-def test_risk_coverage_for_variants_with_a_std_only(report):
+def test_risk_coverage_for_variants_with_a_std_only(shift_report):
+    _, report = shift_report
     df = pd.read_csv(report / "results.csv")
     rc = df[df.metric.str.contains("@")]
-    assert set(rc.variant) == {"mc_dropout"}
+    assert set(rc.variant) == {"mclayernorm_mc", "ensemble", "mc_dropout", "mcln_fields_mc"}
     assert set(rc.metric) == {f"{m}@{c}%" for m in ("auc", "logloss") for c in (50, 80, 100)}
-    assert set(rc["shift"]) == {"clean", "gaussian_numeric"}
-    full = rc[rc.metric == "auc@100%"].set_index(["shift", "intensity"])["value"]
-    auc = df[(df.variant == "mc_dropout") & (df.metric == "auc")]
-    assert full.to_numpy() == pytest.approx(auc.set_index(["shift", "intensity"])["value"]
-                                            .loc[full.index].to_numpy())  # fmt: skip
+    assert set(rc["shift"]) == set(df["shift"])  # every point
+    key = ["variant", "shift", "seed", "noise_seed", "intensity"]
+    full = rc[rc.metric == "auc@100%"].set_index(key)["value"]
+    auc = df[df.metric == "auc"].set_index(key)["value"]
+    assert len(full) == len(auc[auc.index.get_level_values("variant").isin(set(rc.variant))])
+    assert full.to_numpy() == pytest.approx(auc.loc[full.index].to_numpy())
     assert "### Risk–coverage" in (report / "report.md").read_text()
 
 

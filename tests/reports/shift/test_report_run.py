@@ -1,4 +1,5 @@
-"""The whole protocol on a tiny run: prepare -> train LN / MC-LN x 2 seeds -> shift report."""
+"""The whole protocol on the session's tiny report (``shift_report`` in conftest.py): prepare
+-> train LN / MC-LN / MC-LN on fields x 2 seeds -> shift report."""
 
 from __future__ import annotations
 
@@ -10,50 +11,20 @@ import pytest
 
 pytest.importorskip("ctrcal.train.trainer")
 
+from shift_report import CONFIG, POINTS, SEEDS, TRAINED, VARIANTS, without_temporal  # noqa: E402
+
 from ctrcal.cli import main  # noqa: E402
 
-TINY = """
-data:
-  synthetic: {rows: 3000, seed: 0}
-features: {min_count: 2}
-model:
-  embedding_dim: 4
-  hidden_units: [16]
-  dropout: 0.1
-train:
-  epochs: 1
-  batch_size: 256
-  eval_batch_size: 1024
-  progress: false
-report:
-  seeds: 2
-  shifts:
-    - {name: gaussian_numeric, intensities: [0.125, 0.5]}
-    - {name: categorical_corruption, intensities: [0.2, 0.6]}
-  variants:
-    - {name: layernorm, net_norm: layernorm}
-    - {name: mclayernorm, net_norm: {name: mclayernorm, fraction: 0.8}}
-    - {name: mclayernorm_mc, mc_samples: 3, from_variant: mclayernorm}
-    - {name: mclayernorm_ts, temperature_scaling: true, from_variant: mclayernorm}
-    - {name: ensemble, ensemble: 2, from_variant: layernorm}
-    - {name: mc_dropout, mc_samples: 3, mc_dropout: true, from_variant: layernorm}
-    - name: mcln_fields
-      net_norm: layernorm
-      emb_norm: {name: mclayernorm, fraction: 0.8}
-    - {name: mcln_fields_mc, mc_samples: 3, from_variant: mcln_fields}
-"""
-VARIANTS = 8
-POINTS = 1 + 2 + 2  # clean + gaussian x 2 + categorical x 2
-
-
-@pytest.fixture(scope="module")
-def tiny_report(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny_report")
-    cfg = root / "tiny.yaml"
-    cfg.write_text(TINY)
-    out = root / "out"
-    assert main(["run", str(cfg), "--out", str(out)]) == 0
-    return cfg, out
+# a knob of the report itself, run again on the session's runs: three of its variants and
+# its Gaussian shift (the other variants and shifts would be evaluated again for nothing)
+RERUN = without_temporal().split("  shifts:\n")[0] + (
+    "  shifts:\n"
+    "    - {name: gaussian_numeric, intensities: [0.125, 0.5]}\n"
+    "  variants:\n"
+    "    - {name: layernorm, net_norm: layernorm}\n"
+    "    - {name: mclayernorm, net_norm: {name: mclayernorm, fraction: 0.8}}\n"
+    "    - {name: mclayernorm_mc, mc_samples: 3, from_variant: mclayernorm}\n"
+)
 
 
 def _tables(text: str) -> list[list[list[str]]]:
@@ -67,8 +38,8 @@ def _tables(text: str) -> list[list[list[str]]]:
     return tables + ([cur] if cur else [])
 
 
-def test_files_exist_and_figure_is_png(tiny_report, capsys):
-    _, out = tiny_report
+def test_files_exist_and_figure_is_png(shift_report, capsys):
+    _, out = shift_report
     for name in ("report.md", "results.csv", "summary.json", "fig_gaussian_numeric_auc_ece.png"):
         assert (out / name).stat().st_size > 0, name
     for png in out.glob("fig_*.png"):
@@ -77,8 +48,8 @@ def test_files_exist_and_figure_is_png(tiny_report, capsys):
         for kind in ("auc_ece", "calibration", "uncertainty"):
             assert (out / f"fig_{shift}_{kind}.png").exists()
     assert (out / "fig_reliability.png").exists()
-    for variant in ("layernorm", "mclayernorm", "mcln_fields"):
-        for k in (0, 1):
+    for variant in TRAINED:
+        for k in range(SEEDS):
             assert (out / "runs" / variant / f"seed{k}" / "result.json").exists()
     # the ensemble's extra members: seeds 2 (replicate 0) and 3 (replicate 1) of layernorm
     assert (out / "runs" / "layernorm" / "seed3" / "result.json").exists()
@@ -87,15 +58,21 @@ def test_files_exist_and_figure_is_png(tiny_report, capsys):
     assert not (out / "runs" / "mclayernorm_mc").exists()  # reuses mclayernorm's runs
 
 
-def test_results_grid_is_complete(tiny_report):
-    _, out = tiny_report
+def test_results_grid_is_complete(shift_report):
+    _, out = shift_report
     df = pd.read_csv(out / "results.csv")
     assert list(df.columns) == [
-        "variant", "shift", "seed", "noise_seed", "intensity", "metric", "value"
+        "variant",
+        "shift",
+        "seed",
+        "noise_seed",
+        "intensity",
+        "metric",
+        "value",
     ]
     auc = df[df.metric == "auc"]
-    assert len(auc) == VARIANTS * 2 * POINTS
-    assert set(auc["shift"]) == {"clean", "gaussian_numeric", "categorical_corruption"}
+    assert len(auc) == len(VARIANTS) * SEEDS * POINTS
+    assert set(auc["shift"]) == {"clean", "gaussian_numeric", "categorical_corruption", "temporal"}
     assert auc["value"].between(0, 1).all()
     for variant in ("mclayernorm_mc", "ensemble", "mc_dropout", "mcln_fields_mc"):
         sub = df[df.variant == variant]
@@ -115,7 +92,7 @@ def test_results_grid_is_complete(tiny_report):
     pd.testing.assert_series_equal(ts, one, check_names=False, atol=1e-9)
 
 
-def test_ensemble_averages_its_members_and_mc_variants_sample(tiny_report):
+def test_ensemble_averages_its_members_and_mc_variants_sample(shift_report):
     import numpy as np
     import torch
 
@@ -124,7 +101,7 @@ def test_ensemble_averages_its_members_and_mc_variants_sample(tiny_report):
     from ctrcal.train.predict import dropout_modules
     from ctrcal.train.trainer import load_run, predict_logits
 
-    _, out = tiny_report
+    _, out = shift_report
     data = ParquetCTRData(out / "data", "test")
     runs = out / "runs" / "layernorm"
     probs = [
@@ -143,8 +120,8 @@ def test_ensemble_averages_its_members_and_mc_variants_sample(tiny_report):
     assert dropout_modules(load_run(runs / "seed0")[0])
 
 
-def test_report_tables_parse_and_verdict_present(tiny_report):
-    _, out = tiny_report
+def test_report_tables_parse_and_verdict_present(shift_report):
+    _, out = shift_report
     text = (out / "report.md").read_text()
     assert "## Verdict" in text and "Holm" in text and "## Shift: categorical_corruption" in text
     assert "Space: **original**" in text
@@ -152,7 +129,7 @@ def test_report_tables_parse_and_verdict_present(tiny_report):
     assert tables[0][0][0] == "space"  # the stds of the gaussian shift in both spaces
     # the verdict: the primary family as one table, then one sentence
     assert tables[1][0] == ["variant", "metric", "point", "Δ ± SE", "p", "p_Holm", "detectable"]
-    assert len(tables[1]) == 2 + (VARIANTS - 1) * 2 * POINTS
+    assert len(tables[1]) == 2 + (len(VARIANTS) - 1) * 2 * POINTS
     verdict = text.split("## Verdict")[1].split("\n## ")[0].strip().splitlines()
     after = verdict[max(i for i, line in enumerate(verdict) if line.startswith("|")) + 1 :]
     sentence = next(line for line in after if line.strip())
@@ -164,26 +141,34 @@ def test_report_tables_parse_and_verdict_present(tiny_report):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["verdict"] == sentence
     assert summary["n_seeds"] == 2 and summary["baseline"] == "layernorm"
-    # the primary family: 7 variants x {AUC, ECE} x 5 points
+    # the primary family: every variant but the baseline x {AUC, ECE} x every point
     primary = [r for r in summary["paired"] if r["primary"]]
-    assert len(primary) == (VARIANTS - 1) * 2 * POINTS
+    assert len(primary) == (len(VARIANTS) - 1) * 2 * POINTS
 
 
-def test_rerun_reuses_runs_and_is_deterministic(tiny_report, capsys):
-    cfg, out = tiny_report
+def test_rerun_reuses_runs_and_is_deterministic(shift_report, tmp_path, capsys):
+    _, shared = shift_report
+    cfg = tmp_path / "rerun.yaml"
+    cfg.write_text(RERUN)
+    out = tmp_path / "out"
+    shutil.copytree(shared / "runs", out / "runs")  # the session's report stays as it was made
+    args = ["shift-report", str(cfg), "--out", str(out), "--data", str(shared / "data")]
+    assert main(args) == 0
+    capsys.readouterr()
     before = (out / "results.csv").read_text()
     stamp = (out / "runs" / "layernorm" / "seed0" / "result.json").stat().st_mtime_ns
-    assert main(["shift-report", str(cfg), "--out", str(out), "--data", str(out / "data")]) == 0
+    assert main(args) == 0
     printed = capsys.readouterr().out
     assert "report.md" in printed and "_auc_ece.png" in printed and "total time" in printed
     assert (out / "runs" / "layernorm" / "seed0" / "result.json").stat().st_mtime_ns == stamp
     assert (out / "results.csv").read_text() == before
 
 
-def test_mix_fraction_scores_the_shifted_rows(tiny_report, tmp_path, capsys):
-    cfg, out = tiny_report
+def test_mix_fraction_scores_the_shifted_rows(shift_report, tmp_path, capsys):
+    cfg, out = shift_report
     mix_cfg = tmp_path / "mix.yaml"
-    mix_cfg.write_text(TINY.replace("  seeds: 2\n", "  seeds: 2\n  mix_fraction: 0.5\n"))
+    mix = RERUN.replace("  seeds: 2\n", "  seeds: 2\n  mix_fraction: 0.5\n")
+    mix_cfg.write_text(mix)
     out2 = tmp_path / "mix"
     shutil.copytree(out / "runs", out2 / "runs")
     stamp = (out2 / "runs" / "mclayernorm" / "seed1" / "result.json").stat().st_mtime_ns
@@ -202,14 +187,14 @@ def test_mix_fraction_scores_the_shifted_rows(tiny_report, tmp_path, capsys):
     assert "only 50 % of the rows" in (out2 / "report.md").read_text()
 
 
-def test_shift_moves_predictions_of_a_trained_masknet(tiny_report):
+def test_shift_moves_predictions_of_a_trained_masknet(shift_report):
     import torch
 
     from ctrcal.data.loader import ParquetCTRData
     from ctrcal.shifts.builtin import GaussianShift
     from ctrcal.train.trainer import load_run, predict_logits
 
-    _, out = tiny_report
+    _, out = shift_report
     model, _, fm = load_run(out / "runs" / "layernorm" / "seed0")
     data = ParquetCTRData(out / "data", "test")
     clean = predict_logits(model, data, 1024, "cpu")
@@ -223,7 +208,7 @@ def test_shift_moves_predictions_of_a_trained_masknet(tiny_report):
 
 def test_missing_data_dir_is_one_line_error(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(TINY)
+    cfg.write_text(CONFIG)
     code = main(
         ["shift-report", str(cfg), "--out", str(tmp_path / "o"), "--data", str(tmp_path / "nope")]
     )
@@ -234,7 +219,7 @@ def test_missing_data_dir_is_one_line_error(tmp_path, capsys):
 
 def test_bad_report_config_names_the_key(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(TINY + "  baseline: nope\n")
+    cfg.write_text(CONFIG + "  baseline: nope\n")
     assert main(["shift-report", str(cfg), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "report.baseline" in err and "nope" in err
@@ -249,15 +234,15 @@ def _strip_original_stats(obj):
 
 
 def test_original_space_on_data_without_raw_statistics_fails_before_training(
-    tiny_report, tmp_path, capsys
+    shift_report, tmp_path, capsys
 ):
-    _, out = tiny_report
+    _, out = shift_report
     data = tmp_path / "data"
     shutil.copytree(out / "data", data)
     fm = data / "feature_map.json"
     fm.write_text(json.dumps(_strip_original_stats(json.loads(fm.read_text()))))
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(TINY)
+    cfg.write_text(CONFIG)
     args = ["shift-report", str(cfg), "--out", str(tmp_path / "o"), "--data", str(data)]
     assert main(args) == 1  # a data error
     err = capsys.readouterr().err.strip()
@@ -267,7 +252,7 @@ def test_original_space_on_data_without_raw_statistics_fails_before_training(
     assert not (tmp_path / "o" / "runs").exists()  # nothing trained
 
 
-def test_original_space_noise_on_prepared_data(tiny_report):
+def test_original_space_noise_on_prepared_data(shift_report):
     """On a real feature map: the realised noise in original space is s·σ_j, s = 0 round-trips."""
     import torch
 
@@ -275,7 +260,7 @@ def test_original_space_noise_on_prepared_data(tiny_report):
     from ctrcal.data.loader import Batch, ParquetCTRData
     from ctrcal.shifts.registry import create_shift
 
-    _, out = tiny_report
+    _, out = shift_report
     fm = FeatureMap.load(out / "data")
     parts = list(ParquetCTRData(out / "data", "train").batches(100_000, shuffle=False))
     batch = Batch(*(torch.cat([getattr(b, k) for b in parts]) for k in Batch.__annotations__))

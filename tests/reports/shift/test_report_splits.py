@@ -19,6 +19,8 @@ from ctrcal.data.synthetic import generate_frame, write_criteo
 from ctrcal.train.predict import predict_logits
 from ctrcal.validate import load_config
 
+pytestmark = pytest.mark.slow  # a shift report on its own splits
+
 INTENSITY = 0.5
 TEST_SCALE = 1000  # half of the test rows have their numerics multiplied by this
 CONFIG = f"""
