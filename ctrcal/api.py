@@ -83,7 +83,7 @@ def train(
     from ctrcal.train.trainer import train as train_run
 
     # a Config built in Python skipped load_config's checks; the report section is not the run's
-    validate_config(cfg, "train", skip=("report",))
+    validate_config(cfg, skip=("report",))
     return train_run(cfg, data_dir, run_dir, resume)
 
 
@@ -189,17 +189,16 @@ def shift_report(
     from ctrcal.train.runs import with_model_defaults
 
     if isinstance(config_or_path, Config):
-        cfg, source = copy.deepcopy(config_or_path), "config"
+        cfg = copy.deepcopy(config_or_path)
     elif isinstance(config_or_path, dict):
-        cfg, source = with_model_defaults(config_from_dict(config_or_path)), "config"
-        validate_config(cfg, source)
+        cfg = with_model_defaults(config_from_dict(config_or_path, "config"))
+        validate_config(cfg)
     else:
-        source = str(config_or_path)
         cfg = load_config(config_or_path, overrides)
     if model is not None or model_kwargs:
         cfg.model = _model_config(model if model is not None else cfg.model, model_kwargs)
-        validate_config(cfg, source)  # binds the model's arguments, fills its defaults
-    plan_variants(cfg, source)
+        validate_config(cfg)  # binds the model's arguments, fills its defaults
+    plan_variants(cfg)
     out = Path(out_dir) if out_dir is not None else Path(cfg.out_dir)
     paths = run_shift_report(
         cfg,
@@ -209,7 +208,6 @@ def shift_report(
         workers=workers,
         devices=devices,
         progress=cfg.train.progress if progress is None else progress,
-        source=source,
     )
     data = json.loads(Path(paths.summary_json).read_text())
     return ShiftReportSummary(

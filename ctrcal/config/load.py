@@ -37,14 +37,12 @@ def read_config(path: str | Path | None = None, overrides: list[str] | None = No
     raw = load_yaml(path) if path is not None else {}
     raw = apply_overrides(raw, overrides or [])
     source = str(path) if path is not None else "<defaults>"
-    cfg = build_config(raw, source)
-    cfg._key_sources = key_sources(raw)  # type: ignore[attr-defined]
-    return cfg
+    return build_config(raw, source).set_provenance(source, key_sources(raw))
 
 
 def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     """A plain mapping (e.g. a saved snapshot) as a :class:`Config` (types and keys checked)."""
-    return build_config(data, source)
+    return build_config(data, source).set_provenance(source)
 
 
 def build_config(raw: dict[str, Any], source: str) -> Config:
