@@ -155,14 +155,12 @@ class ModelConfig:
     def __init__(self, name: str = DEFAULT_MODEL, **kwargs: Any) -> None:
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "kwargs", {k: _model_arg(k, v) for k, v in kwargs.items()})
-        object.__setattr__(self, "sources", {})
 
     name: str
     kwargs: dict[str, Any]
-    sources: dict[str, str]  # key -> the file (or override) it came from, for messages
 
     def __getattr__(self, key: str) -> Any:
-        if key.startswith("__") or key in ("name", "kwargs", "sources"):
+        if key.startswith("__") or key in ("name", "kwargs"):
             raise AttributeError(key)
         if key in self.kwargs:
             return self.kwargs[key]
@@ -192,7 +190,6 @@ class ModelConfig:
     def __deepcopy__(self, memo: dict[int, Any]) -> ModelConfig:
         out = ModelConfig(self.name)
         object.__setattr__(out, "kwargs", copy.deepcopy(self.kwargs, memo))
-        object.__setattr__(out, "sources", dict(self.sources))
         return out
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -207,10 +204,9 @@ class ModelConfig:
         return out
 
     def with_arguments(self, kwargs: dict[str, Any]) -> ModelConfig:
-        """The same model and sources with exactly these arguments (taken as they are)."""
+        """The same model with exactly these arguments (taken as they are)."""
         out = ModelConfig(self.name)
         object.__setattr__(out, "kwargs", dict(kwargs))
-        object.__setattr__(out, "sources", dict(self.sources))
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -96,9 +96,7 @@ def _build_model(value: Any, key: str, source: str) -> ModelConfig:
             raise fail(sources.get(k, source), f"{key}.{k}", "not a valid argument name")
         src = sources.get(k, source)
         kwargs[k] = _build_norm(v, f"{key}.{k}", src) if k.endswith("_norm") else strip_sources(v)
-    out = ModelConfig(name).with_arguments(kwargs)
-    object.__setattr__(out, "sources", {k: sources.get(k, source) for k in [*kwargs, "name"]})
-    return out
+    return ModelConfig(name).with_arguments(kwargs)
 
 
 def _build_dataclass(tp: Any, value: Any, key: str, source: str) -> Any:
