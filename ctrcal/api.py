@@ -185,20 +185,21 @@ def shift_report(
     Raises:
         ConfigError: a bad config or model, before anything trains.
     """
-    from ctrcal.reports.shift.report import plan_variants, run_shift_report
+    from ctrcal.reports.shift.report import run_shift_report
     from ctrcal.train.runs import with_model_defaults
 
+    checked = not isinstance(config_or_path, (Config, dict))
     if isinstance(config_or_path, Config):
         cfg = copy.deepcopy(config_or_path)
     elif isinstance(config_or_path, dict):
         cfg = with_model_defaults(config_from_dict(config_or_path, "config"))
-        validate_config(cfg)
     else:
-        cfg = load_config(config_or_path, overrides)
+        cfg = load_config(config_or_path, overrides)  # every check
     if model is not None or model_kwargs:
         cfg.model = _model_config(model if model is not None else cfg.model, model_kwargs)
-        validate_config(cfg)  # binds the model's arguments, fills its defaults
-    plan_variants(cfg)
+        checked = False
+    if not checked:
+        validate_config(cfg)  # binds the model's arguments, fills its defaults, plans
     out = Path(out_dir) if out_dir is not None else Path(cfg.out_dir)
     paths = run_shift_report(
         cfg,
