@@ -61,9 +61,7 @@ def check_original_space(key: str, feature_map: Any, data_dir: Path, cfg: Any) -
         raise DataError(f"{exc} [{cfg.where(key)}]") from None
 
 
-def check_training_data(
-    cfg: Any, feature_map: Any, data_dir: Path, report: bool = True
-) -> None:
+def check_training_data(cfg: Any, feature_map: Any, data_dir: Path, report: bool = True) -> None:
     """The training shifts of ``cfg`` (see :func:`training_shifts`) against the data: each
     needs a feature of its kind, and an original-space one the original-space statistics.
 
