@@ -165,7 +165,6 @@ def shift_report(
     devices: str | list[str] | None = None,
     progress: bool = True,
     log: Callable[[str], None] = _log,
-    source: str = "config",
 ) -> ReportPaths:
     """Train what is missing, evaluate the grid and write the report (without tracking).
 
