@@ -83,7 +83,7 @@ def train(
     from ctrcal.train.trainer import train as train_run
 
     # a Config built in Python skipped load_config's checks; the report section is not the run's
-    validate_config(cfg, "train", skip=("report",))
+    validate_config(cfg, skip=("report",))
     return train_run(cfg, data_dir, run_dir, resume)
 
 
@@ -185,21 +185,21 @@ def shift_report(
     Raises:
         ConfigError: a bad config or model, before anything trains.
     """
-    from ctrcal.reports.shift.report import plan_variants, run_shift_report
+    from ctrcal.reports.shift.report import run_shift_report
     from ctrcal.train.runs import with_model_defaults
 
+    checked = not isinstance(config_or_path, (Config, dict))
     if isinstance(config_or_path, Config):
-        cfg, source = copy.deepcopy(config_or_path), "config"
+        cfg = copy.deepcopy(config_or_path)
     elif isinstance(config_or_path, dict):
-        cfg, source = with_model_defaults(config_from_dict(config_or_path)), "config"
-        validate_config(cfg, source)
+        cfg = with_model_defaults(config_from_dict(config_or_path, "config"))
     else:
-        source = str(config_or_path)
-        cfg = load_config(config_or_path, overrides)
+        cfg = load_config(config_or_path, overrides)  # every check
     if model is not None or model_kwargs:
         cfg.model = _model_config(model if model is not None else cfg.model, model_kwargs)
-        validate_config(cfg, source)  # binds the model's arguments, fills its defaults
-    plan_variants(cfg, source)
+        checked = False
+    if not checked:
+        validate_config(cfg)  # binds the model's arguments, fills its defaults, plans
     out = Path(out_dir) if out_dir is not None else Path(cfg.out_dir)
     paths = run_shift_report(
         cfg,
@@ -209,7 +209,6 @@ def shift_report(
         workers=workers,
         devices=devices,
         progress=cfg.train.progress if progress is None else progress,
-        source=source,
     )
     data = json.loads(Path(paths.summary_json).read_text())
     return ShiftReportSummary(

@@ -66,7 +66,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.data is not None:
         from ctrcal.validate import validate_data
 
-        validate_data(cfg, args.data, str(args.config))
+        validate_data(cfg, args.data)
     from ctrcal.serving.formats import EXPORT_EXTRA, missing_export_packages
 
     missing = missing_export_packages()
@@ -108,8 +108,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     # preparing needs the data and features sections: only their checks run (no model, no
     # report plan, no torch)
     cfg = read_config(args.config)
-    source = str(args.config) if args.config is not None else "<defaults>"
-    validate_config(cfg, source, skip=("model", "train", "report"))
+    validate_config(cfg, skip=("model", "train", "report"))
     explicit = {"train": args.train, "valid": args.valid, "test": args.test}
     named = cfg.data.inputs or cfg.data.train or cfg.data.valid or cfg.data.test
     inputs: list[Path] | dict[str, list[Path]] | None = None
@@ -247,7 +246,6 @@ def cmd_shift_report(args: argparse.Namespace) -> int:
         workers=args.workers,
         devices=args.devices,
         progress=cfg.train.progress,
-        source=str(args.config),
     )
     print(finish_message(paths, time.perf_counter() - start))
     return 0

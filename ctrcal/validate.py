@@ -8,14 +8,31 @@ the dotted key. ``ctrcal validate`` prints them one per line; ``ctrcal validate 
 adds :func:`validate_data`. This module sits above every other layer, so it may ask any of
 them; nothing below imports it (:func:`ctrcal.api.train` checks a config before training it).
 
+Each rule is stated once, beside what it bounds, and this module only asks it:
+
+* value bounds are tables of :mod:`ctrcal.core.constraints` (scikit-learn's
+  ``_parameter_constraints``): :class:`~ctrcal.config.TrainConfig`,
+  :class:`~ctrcal.config.SyntheticConfig` and :class:`~ctrcal.config.ReportConfig` carry
+  their own; the ``features`` section is bounded by the pipeline it configures
+  (:class:`ctrcal.data.features.FeaturePipeline`);
+* the split fractions and which files a ``data`` section may name are
+  :mod:`ctrcal.data.splits`' (:func:`~ctrcal.data.splits.check_fractions`,
+  :func:`~ctrcal.data.splits.check_split_sources`), which preparing the data asks too;
+  ``on_bad_row`` is :func:`ctrcal.data.parse.check_on_bad_row`;
+* the model's arguments are its constructor's: the model is built on the ``meta`` device with
+  a real :class:`~ctrcal.data.feature_map.FeatureMap` of the data's schema (tiny
+  vocabularies), so it sees what it sees in training;
+* the rules between report keys are the report plan's (:mod:`ctrcal.reports.shift.plan`),
+  the workers' are the sweep's (:func:`ctrcal.sweep.sweep.check_workers`), the noise options'
+  are :mod:`ctrcal.train.noise_options`'.
+
+Messages name the file (or override) that set each key: the :class:`~ctrcal.config.Config`
+records it (:meth:`~ctrcal.config.Config.source_of`, :meth:`~ctrcal.config.Config.where`).
+
 Checks are pluggable, like norms, shifts and models: a check is a function
 ``check(cfg, problems)``; it reports with ``problems.add(key, message)`` or runs a raising
 check under ``with problems.at(key):``. The built-in checks, one per section, are defined
-below; a user adds one with :func:`register_check`. Checks read no data and touch no device;
-the model check builds the model on the ``meta`` device, so its constructor (and each norm's)
-is the one statement of which arguments and widths are valid; the report check calls the
-function that plans the report, and the workers' rule is the sweep's
-(:func:`ctrcal.sweep.sweep.check_workers`).
+below; a user adds one with :func:`register_check`. Checks read no data and touch no device.
 
 Example::
 
@@ -31,15 +48,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ctrcal.core.constraints import Constraint, parameter_problems
 from ctrcal.core.errors import ConfigError, ConfigProblems
-from ctrcal.core.typed import require_int, require_number
 
 if TYPE_CHECKING:
     from ctrcal.config import Config
@@ -69,26 +85,16 @@ class Problem:
 
 
 class Problems:
-    """What the checks found, with the file each key came from."""
+    """What the checks found, each naming the file that set its key
+    (:meth:`~ctrcal.config.Config.source_of`)."""
 
-    def __init__(self, cfg: Config, source: str) -> None:
+    def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self.source = source
-        self._sources: dict[str, str] = getattr(cfg, "_key_sources", None) or {}
         self.items: list[Problem] = []
-
-    def source_of(self, key: str) -> str:
-        """The file (or override) that set ``key``, else the config's own source."""
-        parts = key.replace("[", ".[").split(".")
-        for n in range(len(parts), 0, -1):
-            found = self._sources.get(".".join(parts[:n]).replace(".[", "["))
-            if found:
-                return found
-        return self.source
 
     def add(self, key: str, message: str) -> None:
         """Record that ``key`` is wrong: ``message`` says what was expected and what came."""
-        self.items.append(Problem(self.source_of(key), key, message))
+        self.items.append(Problem(self.cfg.source_of(key), key, message))
 
     @contextlib.contextmanager
     def at(self, key: str) -> Iterator[None]:
@@ -97,73 +103,37 @@ class Problems:
             yield
         except ValueError as exc:
             message = str(exc)
-            if message.startswith(f"{self.source}: "):  # checks shared with run time name it
-                message = message[len(self.source) + 2 :]
+            # checks shared with run time name the file that set the key (Config.where)
+            for source in sorted(self.cfg.sources(), key=len, reverse=True):
+                if message.startswith(f"{source}: "):
+                    message = message[len(source) + 2 :]
+                    break
             named = _KEYED.match(message)
             if named and named.group(1).startswith(key):  # the check named a deeper key
                 key, message = named.group(1), named.group(2)
             self.add(key, message)
 
-    # -- common shapes of a check (the domains are ctrcal.core.typed's, as the models' are) ----
-
-    def integer(self, key: str, value: Any, *, low: int) -> None:
-        """``value`` must be an integer ``>= low``."""
-        try:
-            require_int(key, value, low=low)
-        except ConfigError as exc:
-            self.add(key, str(exc)[len(key) + 2 :])
-
-    def number(self, key: str, value: Any, **domain: Any) -> None:
-        """``value`` must be a finite number in the domain (see
-        :func:`ctrcal.core.typed.require_number`)."""
-        try:
-            require_number(key, value, **domain)
-        except ConfigError as exc:
-            self.add(key, str(exc)[len(key) + 2 :])
-
-
-# what torch.device accepts: a type and an optional index
-_DEVICE = re.compile(r"^(auto|cpu|cuda|mps|xpu|meta|hpu|npu|privateuseone)(:\d+)?$")
-# the fractions of data.split sum to 1 within this (0.7 + 0.2 + 0.1 is 0.9999999999999999)
-_SPLIT_TOLERANCE = 1e-6
+    def bounded(self, prefix: str, obj: Any, constraints: Mapping[str, Constraint]) -> None:
+        """Every parameter of ``obj`` (the config section at ``prefix``) outside the bound its
+        ``_parameter_constraints`` table states."""
+        for key, message in parameter_problems(obj, constraints, prefix):
+            self.add(key, message)
 
 
 def check_data(cfg: Config, problems: Problems) -> None:
-    d = cfg.data
-    problems.number("data.synthetic.drift", d.synthetic.drift, low=0.0)
-    fr = d.split
-    if len(fr) != 3 or any(not (f >= 0) for f in fr) or not fr[0] > 0:
-        problems.add(
-            "data.split",
-            f"expected three fractions >= 0 with train > 0 (train, valid, test), got {fr}",
-        )
-    elif not all(float(f).is_integer() for f in fr) and not math.isclose(
-        sum(fr), 1.0, rel_tol=0.0, abs_tol=_SPLIT_TOLERANCE
-    ):  # whole numbers are proportions (22 days : 1 : 1); fractions must add up
-        problems.add(
-            "data.split",
-            f"the fractions (train, valid, test) must sum to 1, got {fr} (sum {sum(fr):g}); "
-            "or give whole-number proportions such as [8, 1, 1]",
-        )
-    explicit = bool(d.train or d.valid or d.test)
-    if d.split_order == "time" and explicit:
-        problems.add(
-            "data.split_order",
-            "'time' splits data.inputs (or synthetic data); data.train/valid/test are explicit "
-            "splits and are kept as given",
-        )
-    if explicit and d.inputs:
-        problems.add(
-            "data.inputs",
-            "give either inputs (split by data.split) or train/valid/test files, not both",
-        )
-    if explicit and not d.train:
-        problems.add("data.train", "train files are needed when valid or test files are given")
-    problems.integer("data.synthetic.rows", d.synthetic.rows, low=1)
-    if d.schema is not None:
-        from ctrcal.core.errors import DataError
-        from ctrcal.data.schema import resolve_schema
+    """The ``data`` section, by the rules of :mod:`ctrcal.data.splits` (split fractions, which
+    files) and :mod:`ctrcal.data.schema`, and the bounds beside :class:`SyntheticConfig`."""
+    from ctrcal.core.errors import DataError
+    from ctrcal.data.schema import resolve_schema
+    from ctrcal.data.splits import check_fractions, check_split_sources
 
+    d = cfg.data
+    problems.bounded("data.synthetic", d.synthetic, d.synthetic._parameter_constraints)
+    with problems.at("data.split"):
+        check_fractions(d.split)
+    for key, message in check_split_sources(d):
+        problems.add(key, message)
+    if d.schema is not None:
         try:
             resolve_schema(d.schema)
         except DataError as exc:
@@ -171,14 +141,11 @@ def check_data(cfg: Config, problems: Problems) -> None:
 
 
 def check_features(cfg: Config, problems: Problems) -> None:
-    f = cfg.features
-    problems.integer("features.min_count", f.min_count, low=1)
-    problems.integer("features.max_vocab", f.max_vocab, low=0)
-    problems.integer("features.hash_buckets", f.hash_buckets, low=1)
-    if f.numeric_buckets < 0 or f.numeric_buckets == 1:
-        problems.add(
-            "features.numeric_buckets", f"expected 0 (off) or >= 2, got {f.numeric_buckets}"
-        )
+    """The ``features`` section, by the bounds of the pipeline it configures
+    (:attr:`ctrcal.data.features.FeaturePipeline._parameter_constraints`)."""
+    from ctrcal.data.features import FeaturePipeline
+
+    problems.bounded("features", cfg.features, FeaturePipeline._parameter_constraints)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,7 +161,7 @@ def check_model(cfg: Config, problems: Problems) -> None:
 
     before = len(problems.items)
     with problems.at("model"):
-        cfg.model = _bind_model(cfg, problems.source)
+        cfg.model = _bind_model(cfg)
     if len(problems.items) > before:
         return  # unknown model or arguments: nothing below is meaningful
     m = cfg.model
@@ -227,14 +194,14 @@ def check_model(cfg: Config, problems: Problems) -> None:
         _builds(m.name, {**m.kwargs, **norms}, feature_map, problems, key, only=list(norms))
 
 
-def _bind_model(cfg: Config, source: str) -> Any:
+def _bind_model(cfg: Config) -> Any:
     """``cfg.model`` with its name resolved, arguments bound and the model's defaults in."""
     from ctrcal.models.registry import check_model_kwargs, model_defaults, with_defaults
 
     model = cfg.model
 
     def where(key: str) -> str:
-        return f"{source}: model.{key}"  # Problems names the file that set the key
+        return cfg.where(f"model.{key}")
 
     try:
         model_defaults(model.name)
@@ -245,25 +212,18 @@ def _bind_model(cfg: Config, source: str) -> Any:
 
 
 def _meta_feature_map(cfg: Config) -> Any:
-    """A feature map of the config's data schema with tiny vocabularies (for meta builds)."""
-    from types import SimpleNamespace
-
+    """The config's data schema as a real :class:`~ctrcal.data.feature_map.FeatureMap` with
+    tiny vocabularies (for meta builds): a model sees here what it sees in training."""
     from ctrcal.core.errors import DataError
+    from ctrcal.data.feature_map import FeatureMap
     from ctrcal.data.schema import CRITEO, resolve_schema
 
     try:
         schema = resolve_schema(cfg.data.schema) or CRITEO
     except DataError:
         schema = CRITEO  # check_data names the schema's problem
-    categorical, numeric = schema.categorical_fields, schema.numeric
-    buckets = cfg.features.numeric_buckets
-    return SimpleNamespace(
-        vocab_sizes=[2] * len(categorical),
-        categorical_fields=list(categorical),
-        numeric_fields=list(numeric),
-        bucket_boundaries=(
-            [[float(b) for b in range(buckets - 1)] for _ in numeric] if buckets >= 2 else None
-        ),  # fmt: skip
+    return FeatureMap.placeholder(
+        schema.categorical_fields, schema.numeric, cfg.features.numeric_buckets
     )
 
 
@@ -385,36 +345,20 @@ def _one_line(exc: BaseException, label: str) -> str:
 
 
 def check_train(cfg: Config, problems: Problems) -> None:
-    t = cfg.train
-    problems.integer("train.seed", t.seed, low=0)
-    problems.integer("train.epochs", t.epochs, low=1)
-    problems.integer("train.batch_size", t.batch_size, low=1)
-    problems.integer("train.eval_batch_size", t.eval_batch_size, low=1)
-    problems.integer("train.patience", t.patience, low=1)
-    problems.integer("train.num_threads", t.num_threads, low=0)
-    problems.number("train.lr", t.lr, low=0.0, low_open=True)
-    problems.number("train.min_lr", t.min_lr, low=0.0)
-    problems.number("train.lr_factor", t.lr_factor, low=0.0, high=1.0, low_open=True)
-    problems.number("train.weight_decay", t.weight_decay, low=0.0)
-    problems.number("train.emb_l2", t.emb_l2, low=0.0)
-    problems.number("train.grad_clip", t.grad_clip, low=0.0)
-    if t.max_embedding_gib is not None:
-        problems.number("train.max_embedding_gib", t.max_embedding_gib, low=0.0, low_open=True)
-    if not _DEVICE.match(t.device.strip()):
-        problems.add("train.device", f"expected auto, cpu, cuda or cuda:N, got {t.device!r}")
-    if t.finetune_from is not None and not t.finetune_from.strip():
-        problems.add("train.finetune_from", "expected a run directory, got an empty string")
-    problems.integer("train.log_every", t.log_every, low=1)
-    from ctrcal.train.loggers import missing_logger_extras
-
-    for missing in missing_logger_extras(t.loggers):
-        problems.add("train.loggers", missing)
+    """The ``train`` section: the bounds beside :class:`~ctrcal.config.TrainConfig`, and the
+    noise options' rules (:mod:`ctrcal.train.noise_options`, shared with report variants)."""
     from ctrcal.train.noise_options import check_train_shift, check_weight_noise
 
+    t = cfg.train
+    problems.bounded("train", t, t._parameter_constraints)
     with problems.at("train"):
         check_weight_noise(t.weight_noise, "train")
     with problems.at("train"):
         check_train_shift(t.train_shift, "train")
+    from ctrcal.train.loggers import missing_logger_extras
+
+    for missing in missing_logger_extras(t.loggers):  # the loggers' packages are installed
+        problems.add("train.loggers", missing)
 
 
 def check_report(cfg: Config, problems: Problems) -> None:
@@ -427,10 +371,14 @@ def check_report(cfg: Config, problems: Problems) -> None:
         problems.add(key, message)
     if missing:
         return  # the report's checks build its calibrators, which need those packages
+    before = len(problems.items)
+    problems.bounded("report", cfg.report, cfg.report._parameter_constraints)
+    if len(problems.items) > before:
+        return  # the plan checks these bounds too and would stop at the first of them
     with problems.at("report"):
-        plan_report(cfg, problems.source)
+        plan_report(cfg)
     with problems.at("report"):
-        check_workers(cfg, problems.source)
+        check_workers(cfg)
 
 
 # "report.variants[2].mc_samples: expected ..." -> the key and the message
@@ -461,25 +409,24 @@ def register_check(name: str, fn: CheckFn | None = None, *, overwrite: bool = Fa
     return fn
 
 
-def check_config(
-    cfg: Config, source: str = "config", skip: Sequence[str] = ()
-) -> list[Problem]:
-    """Every problem the registered checks (except those named in ``skip``) find in ``cfg``."""
-    problems = Problems(cfg, source)
+def check_config(cfg: Config, skip: Sequence[str] = ()) -> list[Problem]:
+    """Every problem the registered checks (except those named in ``skip``) find in ``cfg``,
+    each naming the file that set its key (the config's provenance)."""
+    problems = Problems(cfg)
     for name, fn in _CHECKS.items():
         if name not in skip:
             fn(cfg, problems)
     return problems.items
 
 
-def validate_config(cfg: Config, source: str = "config", skip: Sequence[str] = ()) -> None:
+def validate_config(cfg: Config, skip: Sequence[str] = ()) -> None:
     """Raise one :class:`ConfigError` listing every problem of ``cfg`` (nothing if valid).
 
     Args:
         skip: names of checks not to run (the trainer skips ``report``: a run is the same
             whatever report it belongs to).
     """
-    problems = check_config(cfg, source, skip)
+    problems = check_config(cfg, skip)
     if problems:
         raise ConfigProblems(problems)
 
@@ -511,12 +458,11 @@ def load_config(
 
     cfg = with_model_defaults(read_config(path, overrides))
     if check_names:
-        source = str(path) if path is not None else "<defaults>"
-        validate_config(cfg, source, skip_checks)
+        validate_config(cfg, skip_checks)
     return cfg
 
 
-def validate_data(cfg: Config, data_dir: Path, source: str) -> None:
+def validate_data(cfg: Config, data_dir: Path) -> None:
     """What ``ctrcal validate --data`` adds: every shift the config evaluates or trains under
     can apply to that prepared data (its feature kinds, original-space statistics), and the
     model's embedding tables fit ``train.max_embedding_gib``.
@@ -532,6 +478,6 @@ def validate_data(cfg: Config, data_dir: Path, source: str) -> None:
     from ctrcal.train.table_limit import check_table_size
 
     feature_map = FeatureMap.load(data_dir)
-    check_data_for_shifts(plan_shifts(cfg, source), feature_map, data_dir, source)
-    check_training_data(cfg, feature_map, data_dir, source)
-    check_table_size(cfg, feature_map, source)
+    check_data_for_shifts(plan_shifts(cfg), feature_map, data_dir, cfg)
+    check_training_data(cfg, feature_map, data_dir)
+    check_table_size(cfg, feature_map)

@@ -189,7 +189,7 @@ def test_a_plugged_in_check_runs_and_names_its_key():
     register_check("test_multiple_of_64", batch_multiple_of_64, overwrite=True)
     try:
         cfg = load_config(None, check_names=False, overrides=["train.batch_size=100"])
-        problems = check_config(cfg, "x.yaml")
+        problems = check_config(cfg)
         assert [str(p) for p in problems] == [
             "override 'train.batch_size=100': train.batch_size: expected a multiple of 64"
         ]
@@ -223,3 +223,61 @@ def test_every_model_asks_the_one_no_norm_predicate():
             model = cls([5, 7], 2, embedding_dim=4, emb_norm=spec)
             assert (model.emb_norm is None) == is_no_norm(spec), (cls.__name__, spec)
     assert NormSpec("Identity").is_none  # the dataclass's property asks the same function
+
+
+def test_a_user_model_sees_a_real_feature_map_in_validate(tmp_path, monkeypatch, capsys):
+    # a user model by import path that reads FeatureMap properties and statistics: the meta
+    # build hands it the same class as training does, so `validate` answers OK, not a traceback
+    (tmp_path / "fm_reading_model.py").write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "SEEN = []\n"
+        "class FieldCounter(nn.Module):\n"
+        "    def __init__(self, feature_map, dim: int = 4):\n"
+        "        super().__init__()\n"
+        "        SEEN.append((type(feature_map).__name__, feature_map.num_numeric,\n"
+        "                     feature_map.num_categorical, len(feature_map.numeric_std),\n"
+        "                     feature_map.bucket_boundaries is not None))\n"
+        "        width = feature_map.num_numeric + feature_map.num_categorical * dim\n"
+        "        self.tables = nn.ModuleList(nn.Embedding(v, dim)\n"
+        "                                    for v in feature_map.vocab_sizes)\n"
+        "        self.norm = nn.LayerNorm(width)  # the report's variants replace it\n"
+        "        self.head = nn.Linear(width, 1)\n"
+        "    def forward(self, batch):\n"
+        "        emb = [t(batch.categorical[:, i]) for i, t in enumerate(self.tables)]\n"
+        "        x = self.norm(torch.cat([batch.numeric, *emb], dim=1))\n"
+        "        return self.head(x).squeeze(-1)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = _write(tmp_path, "model: {name: 'fm_reading_model:FieldCounter', dim: 3}\n")
+    assert main(["validate", str(path), "features.numeric_buckets=4"]) == 0, capsys.readouterr()
+    assert "OK" in capsys.readouterr().out
+    import fm_reading_model
+
+    # Criteo: 13 numeric fields, 26 categorical ones, bucket boundaries from numeric_buckets
+    assert fm_reading_model.SEEN and set(fm_reading_model.SEEN) == {
+        ("FeatureMap", 13, 26, 13, True)
+    }
+
+
+def test_data_bounds_have_one_statement_the_data_code_asks():
+    from ctrcal.core.errors import DataError
+    from ctrcal.data.features import FeaturePipeline
+    from ctrcal.data.parse import check_on_bad_row
+    from ctrcal.data.splits import check_fractions
+
+    # the split rule: fractions that sum to 1 or whole-number proportions, normalised
+    assert check_fractions([22, 1, 1]) == [22 / 24, 1 / 24, 1 / 24]
+    assert check_fractions([0.7, 0.2, 0.1]) == pytest.approx([0.7, 0.2, 0.1])
+    for bad in ([0.8, 0.3, 0.1], [0.0, 0.5, 0.5], [0.5, 0.5], [-1, 1, 1]):
+        with pytest.raises(DataError, match=r"^data\.split: "):
+            check_fractions(bad)
+    # the pipeline refuses what the rule book refuses, with the same words
+    with pytest.raises(DataError, match=r"^min_count: expected an integer >= 1, got 0"):
+        FeaturePipeline(min_count=0).fit_stats(FeaturePipeline().new_stats())
+    (problem,) = check_config(load_config(None, ["features.min_count=0"], check_names=False))
+    assert problem.key == "features.min_count"
+    assert problem.message == "expected an integer >= 1, got 0"
+    with pytest.raises(DataError, match="on_bad_row must be 'error' or 'skip', got 'drop'"):
+        check_on_bad_row("drop")
+    assert check_on_bad_row("skip") == "skip"

@@ -43,10 +43,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
+from ctrcal.core.constraints import Constraint, Interval, Matches, NotBlank
 from ctrcal.core.criteo_schema import LAYOUTS
 from ctrcal.core.norm_spec import NormSpec, parse_norm_spec
 
@@ -88,6 +89,11 @@ class SyntheticConfig:
     rows: int = 200_000
     seed: int = 0
     drift: float = 0.0  # >= 0: distributions and click model change with the row index
+
+    _parameter_constraints: ClassVar[dict[str, Constraint]] = {
+        "drift": Interval(float, low=0.0),
+        "rows": Interval(int, low=1),
+    }
 
 
 @dataclass
@@ -149,14 +155,12 @@ class ModelConfig:
     def __init__(self, name: str = DEFAULT_MODEL, **kwargs: Any) -> None:
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "kwargs", {k: _model_arg(k, v) for k, v in kwargs.items()})
-        object.__setattr__(self, "sources", {})
 
     name: str
     kwargs: dict[str, Any]
-    sources: dict[str, str]  # key -> the file (or override) it came from, for messages
 
     def __getattr__(self, key: str) -> Any:
-        if key.startswith("__") or key in ("name", "kwargs", "sources"):
+        if key.startswith("__") or key in ("name", "kwargs"):
             raise AttributeError(key)
         if key in self.kwargs:
             return self.kwargs[key]
@@ -186,7 +190,6 @@ class ModelConfig:
     def __deepcopy__(self, memo: dict[int, Any]) -> ModelConfig:
         out = ModelConfig(self.name)
         object.__setattr__(out, "kwargs", copy.deepcopy(self.kwargs, memo))
-        object.__setattr__(out, "sources", dict(self.sources))
         return out
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -201,10 +204,9 @@ class ModelConfig:
         return out
 
     def with_arguments(self, kwargs: dict[str, Any]) -> ModelConfig:
-        """The same model and sources with exactly these arguments (taken as they are)."""
+        """The same model with exactly these arguments (taken as they are)."""
         out = ModelConfig(self.name)
         object.__setattr__(out, "kwargs", dict(kwargs))
-        object.__setattr__(out, "sources", dict(self.sources))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -295,6 +297,31 @@ class TrainConfig:
     log_every: int = 50
     tracking_uri: str | None = None
     experiment: str = "ctrcal"
+
+    # the value bounds of this section (train_shift and weight_noise are
+    # ctrcal.train.noise_options' rules, which a report variant shares)
+    _parameter_constraints: ClassVar[dict[str, Constraint]] = {
+        "seed": Interval(int, low=0),
+        "epochs": Interval(int, low=1),
+        "batch_size": Interval(int, low=1),
+        "eval_batch_size": Interval(int, low=1),
+        "patience": Interval(int, low=1),
+        "num_threads": Interval(int, low=0),
+        "lr": Interval(float, low=0.0, low_open=True),
+        "min_lr": Interval(float, low=0.0),
+        "lr_factor": Interval(float, low=0.0, high=1.0, low_open=True),
+        "weight_decay": Interval(float, low=0.0),
+        "emb_l2": Interval(float, low=0.0),
+        "grad_clip": Interval(float, low=0.0),
+        "max_embedding_gib": Interval(float, low=0.0, low_open=True, optional=True),
+        # what torch.device accepts: a type and an optional index
+        "device": Matches(
+            r"(auto|cpu|cuda|mps|xpu|meta|hpu|npu|privateuseone)(:\d+)?",
+            "auto, cpu, cuda or cuda:N",
+        ),
+        "finetune_from": NotBlank("a run directory"),
+        "log_every": Interval(int, low=1),
+    }
 
 
 @dataclass
@@ -405,6 +432,22 @@ class ReportConfig:
     windows: int = 0
     bootstrap: int = 0
 
+    # the value bounds of this section; the rules between keys (variants, shifts, windows
+    # need a time split) are the report plan's (ctrcal.reports.shift.plan)
+    _parameter_constraints: ClassVar[dict[str, Constraint]] = {
+        "seeds": Interval(int, low=1),
+        "noise_seeds": Interval(int, low=1),
+        "mix_fraction": Interval(float, low=0.0, high=1.0, low_open=True),
+        "alpha": Interval(float, low=0.0, high=1.0, low_open=True, high_open=True),
+        "power": Interval(float, low=0.0, high=1.0, low_open=True, high_open=True),
+        "ece_bins": Interval(int, low=1),
+        "field_min_count": Interval(int, low=1),
+        "field_numeric_buckets": Interval(int, low=2, off=0, off_means="categoricals only"),
+        "workers": Interval(int, low=0),  # 0 = one per device
+        "windows": Interval(int, low=2, off=0),
+        "bootstrap": Interval(int, low=2, off=0),
+    }
+
 
 @dataclass
 class Config:
@@ -416,6 +459,36 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     out_dir: str = "outputs/run"
+
+    # -- provenance: where each key came from, for messages (not part of the config's values)
+
+    def set_provenance(self, origin: str, key_sources: dict[str, str] | None = None) -> Config:
+        """Record where this config came from: ``origin`` (its file, ``<defaults>``) and
+        ``key_sources`` (dotted key -> the file or command-line override that set it, through
+        ``extends``). Returns ``self``."""
+        self.__dict__["_origin"] = origin
+        self.__dict__["_key_sources"] = dict(key_sources or {})
+        return self
+
+    def source_of(self, key: str = "") -> str:
+        """The file (or override) that set ``key`` (``report.variants[1].mc_samples``) or the
+        nearest section above it, else the config's own origin (``config`` when built in
+        Python)."""
+        sources: dict[str, str] = self.__dict__.get("_key_sources", {})
+        parts = key.replace("[", ".[").split(".") if key else []
+        for n in range(len(parts), 0, -1):
+            found = sources.get(".".join(parts[:n]).replace(".[", "["))
+            if found:
+                return found
+        return self.__dict__.get("_origin", "config")
+
+    def sources(self) -> set[str]:
+        """Every file or override this config names as a key's origin."""
+        return {self.source_of(), *self.__dict__.get("_key_sources", {}).values()}
+
+    def where(self, key: str) -> str:
+        """``FILE: key``: how a message names a key (the file that set it first)."""
+        return f"{self.source_of(key)}: {key}"
 
 
 def config_to_dict(cfg: Any) -> Any:

@@ -37,14 +37,12 @@ def read_config(path: str | Path | None = None, overrides: list[str] | None = No
     raw = load_yaml(path) if path is not None else {}
     raw = apply_overrides(raw, overrides or [])
     source = str(path) if path is not None else "<defaults>"
-    cfg = build_config(raw, source)
-    cfg._key_sources = key_sources(raw)  # type: ignore[attr-defined]
-    return cfg
+    return build_config(raw, source).set_provenance(source, key_sources(raw))
 
 
 def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     """A plain mapping (e.g. a saved snapshot) as a :class:`Config` (types and keys checked)."""
-    return build_config(data, source)
+    return build_config(data, source).set_provenance(source)
 
 
 def build_config(raw: dict[str, Any], source: str) -> Config:
@@ -98,9 +96,7 @@ def _build_model(value: Any, key: str, source: str) -> ModelConfig:
             raise fail(sources.get(k, source), f"{key}.{k}", "not a valid argument name")
         src = sources.get(k, source)
         kwargs[k] = _build_norm(v, f"{key}.{k}", src) if k.endswith("_norm") else strip_sources(v)
-    out = ModelConfig(name).with_arguments(kwargs)
-    object.__setattr__(out, "sources", {k: sources.get(k, source) for k in [*kwargs, "name"]})
-    return out
+    return ModelConfig(name).with_arguments(kwargs)
 
 
 def _build_dataclass(tp: Any, value: Any, key: str, source: str) -> Any:

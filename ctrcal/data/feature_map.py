@@ -77,6 +77,39 @@ class FeatureMap:
         return len(self.numeric_fields)
 
     @classmethod
+    def placeholder(
+        cls,
+        categorical_fields: list[str] | tuple[str, ...],
+        numeric_fields: list[str] | tuple[str, ...],
+        numeric_buckets: int = 0,
+    ) -> FeatureMap:
+        """A feature map of these fields with tiny vocabularies and unit statistics, for
+        building a model before any data is prepared (the rule book's ``meta`` build): the
+        same class, so a model reads the same attributes as in training.
+
+        Args:
+            numeric_buckets: as ``features.numeric_buckets``; >= 2 gives each numeric field
+                ``numeric_buckets - 1`` boundaries.
+        """
+        numeric = list(numeric_fields)
+        return cls(
+            categorical_fields=list(categorical_fields),
+            vocab_sizes=[2] * len(categorical_fields),
+            numeric_fields=numeric,
+            numeric_mean=[0.0] * len(numeric),
+            numeric_std=[1.0] * len(numeric),
+            numeric_missing_rate=[0.0] * len(numeric),
+            bucket_boundaries=(
+                [[float(b) for b in range(numeric_buckets - 1)] for _ in numeric]
+                if numeric_buckets >= 2
+                else None
+            ),
+            numeric_original_mean=[0.0] * len(numeric),
+            numeric_original_std=[1.0] * len(numeric),
+            source="<placeholder feature map>",
+        )
+
+    @classmethod
     def load(cls, path: str | Path) -> FeatureMap:
         """Read ``DIR/feature_map.json`` (``path`` may be the directory or the file)."""
         path = Path(path)

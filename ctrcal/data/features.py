@@ -45,11 +45,12 @@ from __future__ import annotations
 import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import polars as pl
 
+from ctrcal.core.constraints import Constraint, Interval, check_parameters
 from ctrcal.core.errors import DataError
 from ctrcal.core.utils import atomic_path, write_json_atomic
 from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
@@ -116,12 +117,22 @@ class FeaturePipeline:
         pipe = FeaturePipeline(min_count=10).fit(train_lf)
         encoded = pipe.transform(valid_lf).collect()
 
+    ``_parameter_constraints`` holds the bounds of the numeric parameters, the one statement
+    of them: the rule book checks a config's ``features`` section against it.
+
         # out of core: the same state from chunks
         stats = pipe.new_stats()
         for chunk in train_chunks:
             stats.update(chunk)
         pipe.fit_stats(stats)
     """
+
+    _parameter_constraints: ClassVar[dict[str, Constraint]] = {
+        "min_count": Interval(int, low=1),
+        "max_vocab": Interval(int, low=0),  # 0 = no cap
+        "hash_buckets": Interval(int, low=1),
+        "numeric_buckets": Interval(int, low=2, off=0),
+    }
 
     def __init__(
         self,
@@ -160,14 +171,7 @@ class FeaturePipeline:
                 f"numeric_transform must be one of {', '.join(NUMERIC_TRANSFORMS)} "
                 f"(resolve 'auto' first), got {self.numeric_transform!r}"
             )
-        if self.min_count < 1:
-            raise DataError(f"min_count must be >= 1, got {self.min_count}")
-        if self.numeric_buckets < 0 or self.numeric_buckets == 1:
-            raise DataError(f"numeric_buckets must be 0 or >= 2, got {self.numeric_buckets}")
-        if self.max_vocab < 0:
-            raise DataError(f"max_vocab must be 0 (no cap) or positive, got {self.max_vocab}")
-        if self.max_vocab and self.hash_buckets < 1:
-            raise DataError(f"hash_buckets must be >= 1 with max_vocab, got {self.hash_buckets}")
+        check_parameters(self, self._parameter_constraints, DataError)
 
     # -- numeric expressions --------------------------------------------------------------
 

@@ -30,6 +30,8 @@ from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS, Crit
 from ctrcal.data.parsed import ParsedChunk, not_utf8
 
 CHUNK_BYTES = 32 << 20
+ON_BAD_ROW: tuple[str, ...] = ("error", "skip")
+"""What a malformed input row does: stop with its file and line, or be dropped and counted."""
 """Text bytes per chunk (~140k Criteo rows): memory is a few chunks whatever the file size."""
 
 
@@ -149,7 +151,28 @@ def read_frame(
     return pl.concat(frames)
 
 
-__all__ = ["CHUNK_BYTES", "ParsedChunk", "iter_chunks", "read_criteo", "read_frame", "threads"]
+__all__ = [
+    "CHUNK_BYTES",
+    "ON_BAD_ROW",
+    "ParsedChunk",
+    "check_on_bad_row",
+    "iter_chunks",
+    "read_criteo",
+    "read_frame",
+    "threads",
+]
+
+
+def check_on_bad_row(on_bad_row: str) -> str:
+    """``on_bad_row`` if it is one of :data:`ON_BAD_ROW` (the rule's one statement).
+
+    Raises:
+        DataError: ``on_bad_row must be 'error' or 'skip', got ...``.
+    """
+    if on_bad_row not in ON_BAD_ROW:
+        choices = " or ".join(repr(c) for c in ON_BAD_ROW)
+        raise DataError(f"on_bad_row must be {choices}, got {on_bad_row!r}")
+    return on_bad_row
 
 
 def read_criteo(
@@ -174,7 +197,6 @@ def read_criteo(
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    if on_bad_row not in ("error", "skip"):
-        raise DataError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
+    check_on_bad_row(on_bad_row)
     formats = [criteo.detect_format(p, layout) for p in paths]
     return read_frame([Path(p) for p in paths], formats, on_bad_row).lazy()

@@ -19,9 +19,11 @@ Three ways, decided once per preparation by :func:`plan_splits` into a :class:`S
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -35,18 +37,59 @@ SPLIT_COL = "_split"
 SPLIT_ORDERS: tuple[str, ...] = ("random", "time")
 
 
+# the fractions of data.split sum to 1 within this (0.7 + 0.2 + 0.1 is 0.9999999999999999)
+_SPLIT_TOLERANCE = 1e-6
+
+
 def check_fractions(fractions: Sequence[float]) -> list[float]:
-    """Three non-negative split fractions with a positive train share, normalised to sum 1."""
+    """``data.split`` normalised to sum 1: the one rule on the split fractions.
+
+    Three numbers ``>= 0`` with a positive train share (train, valid, test), either fractions
+    that sum to 1 (``[0.8, 0.1, 0.1]``) or whole-number proportions (``[22, 1, 1]``: 22 days
+    to one and one). Any other triple is refused rather than rescaled: ``[0.8, 0.3, 0.1]`` is
+    more likely a typo than a wish for 73 % of the rows in train.
+
+    Raises:
+        DataError: ``data.split: expected ...`` (the rule book reports it at that key).
+    """
     try:
         fr = [float(f) for f in fractions]
     except (TypeError, ValueError):
         fr = []
-    if len(fr) != 3 or any(not f >= 0 for f in fr) or fr[0] <= 0:
+    if len(fr) != 3 or any(not f >= 0 or math.isinf(f) for f in fr) or fr[0] <= 0:
         raise DataError(
-            f"data.split must be three non-negative fractions (train > 0), got {list(fractions)}"
+            "data.split: expected three fractions >= 0 with train > 0 (train, valid, test), "
+            f"got {list(fractions)}"
         )
     total = sum(fr)
+    summed = math.isclose(total, 1.0, rel_tol=0.0, abs_tol=_SPLIT_TOLERANCE)
+    if not summed and not whole_numbers(fr):
+        raise DataError(
+            f"data.split: the fractions (train, valid, test) must sum to 1, got "
+            f"{list(fractions)} (sum {total:g}); or give whole-number proportions such as "
+            "[8, 1, 1]"
+        )
     return [f / total for f in fr]
+
+
+def check_split_sources(data: Any) -> list[tuple[str, str]]:
+    """``(key, message)`` of every problem with how ``data`` (a config's ``data`` section)
+    names its files: either ``inputs`` (split by ``data.split``) or explicit
+    ``train``/``valid``/``test`` files."""
+    explicit = bool(data.train or data.valid or data.test)
+    out: list[tuple[str, str]] = []
+    if data.split_order == "time" and explicit:
+        message = (
+            "'time' splits data.inputs (or synthetic data); data.train/valid/test are "
+            "explicit splits and are kept as given"
+        )
+        out.append(("data.split_order", message))
+    if explicit and data.inputs:
+        message = "give either inputs (split by data.split) or train/valid/test files, not both"
+        out.append(("data.inputs", message))
+    if explicit and not data.train:
+        out.append(("data.train", "train files are needed when valid or test files are given"))
+    return out
 
 
 @dataclass

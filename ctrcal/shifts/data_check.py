@@ -27,7 +27,7 @@ def training_shifts(cfg: Any, report: bool = True) -> list[tuple[str, Any]]:
 
 
 def check_shifts_apply(
-    shifts: list[tuple[str, Any]], feature_map: Any, data_dir: Path, source: str
+    shifts: list[tuple[str, Any]], feature_map: Any, data_dir: Path, cfg: Any
 ) -> None:
     """Refuse a shift whose feature kind the data lacks (Gaussian noise without numerics).
 
@@ -35,7 +35,7 @@ def check_shifts_apply(
         shifts: ``(config key, ShiftKind)`` pairs.
         feature_map: the prepared data's feature map.
         data_dir: where it lives, for the message.
-        source: the config's file name, for the message.
+        cfg: the config (:meth:`~ctrcal.config.Config.where` names the file that set a key).
 
     Raises:
         DataError: naming the key, the shift and the data.
@@ -44,13 +44,13 @@ def check_shifts_apply(
     for key, kind in shifts:
         if kind.acts_on is not None and have.get(kind.acts_on, 0) == 0:
             raise DataError(
-                f"{source}: {key}: the shift {kind.name} perturbs {kind.acts_on} features, and "
+                f"{cfg.where(key)}: the shift {kind.name} perturbs {kind.acts_on} features, and "
                 f"the data in {data_dir} has none; drop it or choose a shift of the "
                 f"{'categorical' if kind.acts_on == 'numeric' else 'numeric'} features"
             )
 
 
-def check_original_space(key: str, feature_map: Any, data_dir: Path, source: str) -> None:
+def check_original_space(key: str, feature_map: Any, data_dir: Path, cfg: Any) -> None:
     """Refuse an original-space shift (at ``key``) on data without original-space statistics,
     naming the key."""
     from ctrcal.shifts.builtin import original_space_codec
@@ -58,12 +58,10 @@ def check_original_space(key: str, feature_map: Any, data_dir: Path, source: str
     try:
         original_space_codec(feature_map, str(Path(data_dir) / "feature_map.json"))
     except DataError as exc:
-        raise DataError(f"{exc} [{source}: {key}]") from None
+        raise DataError(f"{exc} [{cfg.where(key)}]") from None
 
 
-def check_training_data(
-    cfg: Any, feature_map: Any, data_dir: Path, source: str, report: bool = True
-) -> None:
+def check_training_data(cfg: Any, feature_map: Any, data_dir: Path, report: bool = True) -> None:
     """The training shifts of ``cfg`` (see :func:`training_shifts`) against the data: each
     needs a feature of its kind, and an original-space one the original-space statistics.
 
@@ -73,8 +71,8 @@ def check_training_data(
     from ctrcal.shifts.registry import get_shift
 
     shifts = [(key, spec, get_shift(spec.name)) for key, spec in training_shifts(cfg, report)]
-    check_shifts_apply([(key, kind) for key, _, kind in shifts], feature_map, data_dir, source)
+    check_shifts_apply([(key, kind) for key, _, kind in shifts], feature_map, data_dir, cfg)
     for key, spec, kind in shifts:
         space = spec.space if spec.space is not None else kind.options.get("space", (None,))[0]
         if space == "original":
-            check_original_space(f"{key}.space", feature_map, data_dir, source)
+            check_original_space(f"{key}.space", feature_map, data_dir, cfg)

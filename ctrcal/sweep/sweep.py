@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrcal.config import Config
+from ctrcal.core.constraints import check_parameters
 from ctrcal.core.errors import ConfigError
 from ctrcal.sweep.processes import cpu_cores, run_in_processes, threads_per_worker
 from ctrcal.train.runs import run_state
@@ -81,7 +82,7 @@ def device_list(value: Any) -> list[str]:
     return [str(d).strip() for d in items if str(d).strip()]
 
 
-def check_workers(cfg: Config, source: str = "config") -> None:
+def check_workers(cfg: Config) -> None:
     """Check ``report.workers`` / ``report.devices`` (which devices exist is asked at run
     time, by the sweep).
 
@@ -89,14 +90,12 @@ def check_workers(cfg: Config, source: str = "config") -> None:
         ConfigError: naming the key and what was expected.
     """
     r = cfg.report
-    if r.workers < 0:
-        raise ConfigError(
-            f"{source}: report.workers: expected 0 (one per device) or more, got {r.workers}"
-        )
+    bound = {"workers": r._parameter_constraints["workers"]}  # stated beside ReportConfig
+    check_parameters(r, bound, ConfigError, "report", cfg.where)
     devices = device_list(r.devices)
     if "auto" in devices and len(devices) > 1:
         raise ConfigError(
-            f"{source}: report.devices: 'auto' stands alone (every visible GPU), got {devices}"
+            f"{cfg.where('report.devices')}: 'auto' stands alone (every visible GPU), got {devices}"
         )
 
 
@@ -156,7 +155,7 @@ def visible_gpus() -> list[str]:
     return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
 
 
-def worker_slots(cfg: Config, source: str = "config") -> list[str]:
+def worker_slots(cfg: Config) -> list[str]:
     """The device of each worker: ``len(result)`` runs train at once.
 
     Raises:
@@ -165,7 +164,7 @@ def worker_slots(cfg: Config, source: str = "config") -> list[str]:
     """
     import torch
 
-    check_workers(cfg, source)
+    check_workers(cfg)
     r = cfg.report
     devices = device_list(r.devices)
     explicit = bool(devices)
@@ -184,14 +183,14 @@ def worker_slots(cfg: Config, source: str = "config") -> list[str]:
             dev = torch.device(d)
         except (RuntimeError, ValueError):
             raise ConfigError(
-                f"{source}: report.devices: {d!r} is not a device (e.g. cpu, cuda:0)"
+                f"{cfg.where('report.devices')}: {d!r} is not a device (e.g. cpu, cuda:0)"
             ) from None
         if dev.type == "cuda":
             if gpu_count is None:
                 gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
             if (dev.index or 0) >= gpu_count:
                 raise ConfigError(
-                    f"{source}: report.devices: {d!r} is not visible here ({gpu_count} GPU(s))"
+                    f"{cfg.where('report.devices')}: {d!r} is not visible here ({gpu_count} GPU(s))"
                 )
     n = r.workers or (len(devices) if explicit else 1)
     return [devices[i % len(devices)] for i in range(n)]

@@ -25,14 +25,14 @@ def model_embedding_dim(model_cfg: Any) -> int | None:
     return dim if isinstance(dim, int) and not isinstance(dim, bool) else None
 
 
-def check_table_size(cfg: Any, feature_map: Any, source: str) -> None:
+def check_table_size(cfg: Any, feature_map: Any) -> None:
     """Refuse embedding tables above ``train.max_embedding_gib`` (default: a quarter of the
     machine's memory).
 
     Args:
-        cfg: the :class:`~ctrcal.config.Config` (its ``model`` and ``train`` sections).
+        cfg: the :class:`~ctrcal.config.Config` (its ``model`` and ``train`` sections; the
+            message names the file that set the key).
         feature_map: the prepared data's :class:`~ctrcal.data.feature_map.FeatureMap`.
-        source: the config's name, for the message.
 
     Raises:
         ConfigError: one line naming the key, the size, the limit and the largest table.
@@ -62,7 +62,8 @@ def check_table_size(cfg: Any, feature_map: Any, source: str) -> None:
         k = max(range(len(sizes)), key=lambda j: sizes[j])
         largest = f"; the largest is {feature_map.categorical_fields[k]} with {sizes[k]:,} rows"
     raise ConfigError(
-        f"{source}: train.max_embedding_gib: the embedding tables need {size / 2**30:,.1f} GiB "
+        f"{cfg.where('train.max_embedding_gib')}: the embedding tables need "
+        f"{size / 2**30:,.1f} GiB "
         f"({rows:,} rows x model.embedding_dim {dim} x 4 B{largest}), above the limit of "
         f"{limit / 2**30:,.1f} GiB ({how}); lower features.max_vocab, features.hash_buckets "
         "or model.embedding_dim, or raise train.max_embedding_gib"

@@ -261,8 +261,8 @@ def _train_in_context(
     world, main = dctx.world_size, dctx.is_main
     feature_map = FeatureMap.load(data_dir)
     # what validate --data refuses is refused here too, before anything is built
-    check_training_data(cfg, feature_map, data_dir, "train", report=False)
-    check_table_size(cfg, feature_map, "train")
+    check_training_data(cfg, feature_map, data_dir, report=False)
+    check_table_size(cfg, feature_map)
     mode = resolve_data_mode(tcfg.data_mode, device, feature_map)
     if dctx.is_distributed and mode == "stream":
         raise ConfigError(

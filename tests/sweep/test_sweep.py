@@ -70,7 +70,7 @@ def test_worker_slots(tmp_path):
 def test_worker_slots_errors_name_the_key(tmp_path, overrides, words):
     # checkable without a device: load_config itself refuses (naming the override)
     with pytest.raises(ConfigError) as err:
-        worker_slots(_cfg(tmp_path, *overrides), "c.yaml")
+        worker_slots(_cfg(tmp_path, *overrides))
     assert all(w in str(err.value) for w in words)
 
 

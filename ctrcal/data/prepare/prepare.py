@@ -58,6 +58,7 @@ from ctrcal.data.features import (
     resolve_numeric_transform,
 )
 from ctrcal.data.inputs import expand_inputs
+from ctrcal.data.parse import check_on_bad_row
 from ctrcal.data.parse import threads as parse_threads
 from ctrcal.data.prepare.encode import Clock, Source, encode_sources
 from ctrcal.data.prepare.publish import (
@@ -76,6 +77,7 @@ from ctrcal.data.schema import DatasetSchema, resolve_schema
 from ctrcal.data.splits import (
     SPLITS,
     check_fractions,
+    check_split_sources,
     plan_splits,
     plan_time_column,
     read_order,
@@ -250,8 +252,8 @@ def prepare(
     cfg = _Sections(data, features)
     if inputs is None:
         explicit = data.train or data.valid or data.test
-        if data.inputs and explicit:
-            raise DataError("data: give either 'inputs' or 'train'/'valid'/'test', not both")
+        for key, message in check_split_sources(data):
+            raise DataError(f"{key}: {message}")
         if explicit:
             inputs = {"train": data.train, "valid": data.valid, "test": data.test}
         elif data.inputs:
@@ -290,9 +292,7 @@ def _prepare_files(
 ) -> PrepareResult:
     start = time.perf_counter()
     threads = _size_setting(threads, "CTRCAL_PREPARE_THREADS", parse_threads(), 1)
-    on_bad_row = on_bad_row or cfg.data.on_bad_row
-    if on_bad_row not in ("error", "skip"):
-        raise DataError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
+    on_bad_row = check_on_bad_row(on_bad_row or cfg.data.on_bad_row)
     sources = _resolve_sources(inputs, where)
     total = sum(s.path.stat().st_size for s in sources)
     auto = chunk_bytes_for(total, threads)

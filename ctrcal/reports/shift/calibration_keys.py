@@ -99,7 +99,7 @@ def missing_packages(cfg: Any) -> list[tuple[str, str]]:
     return out
 
 
-def check_calibration_keys(cfg: Any, source: str, fields: Sequence[str] | None = None) -> None:
+def check_calibration_keys(cfg: Any, fields: Sequence[str] | None = None) -> None:
     """Check the calibration keys of ``report`` and its variants (no data needed).
 
     Every variant's spec is resolved against the calibrator registry and its options are
@@ -107,8 +107,7 @@ def check_calibration_keys(cfg: Any, source: str, fields: Sequence[str] | None =
     before anything trains.
 
     Args:
-        cfg: the whole config.
-        source: the config's file name, for messages.
+        cfg: the whole config (messages name the file that set each key).
         fields: the categorical field names of the data (default: Criteo's C1..C26).
 
     Raises:
@@ -125,18 +124,9 @@ def check_calibration_keys(cfg: Any, source: str, fields: Sequence[str] | None =
     if missing:
         # every missing package at once, before any calibrator is built (building one
         # without its package fails on the first)
-        raise ConfigError("; ".join(f"{source}: {key}: {msg}" for key, msg in missing))
-    if r.field_min_count < 1:
-        raise ConfigError(
-            f"{source}: report.field_min_count: expected >= 1, got {r.field_min_count}"
-        )
-    if r.field_numeric_buckets < 0 or r.field_numeric_buckets == 1:
-        raise ConfigError(
-            f"{source}: report.field_numeric_buckets: expected 0 (categoricals only) or >= 2, "
-            f"got {r.field_numeric_buckets}"
-        )
+        raise ConfigError("; ".join(f"{cfg.where(key)}: {msg}" for key, msg in missing))
     for i, v in enumerate(r.variants):
-        key = f"{source}: report.variants[{i}]"
+        key = cfg.where(f"report.variants[{i}]")
         chosen = _chosen(v)
         if len(chosen) > 1:
             raise ConfigError(f"{key}: {' and '.join(chosen)}: choose one calibration, not both")

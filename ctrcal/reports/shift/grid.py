@@ -319,7 +319,7 @@ class EvalGrid:
 
 
 def _seed_models(
-    plans: list[VariantPlan], runs_dir: Path, device: Any, n_seeds: int, source: str
+    plans: list[VariantPlan], runs_dir: Path, device: Any, n_seeds: int, cfg: Config
 ) -> Iterator[tuple[VariantPlan, int, list]]:
     """(plan, seed index, its models) for every variant and seed, one seed's runs in memory."""
     from ctrcal.train.results import load_run
@@ -339,19 +339,19 @@ def _seed_models(
         for k in range(n_seeds):
             for plan in group:
                 members = [model(run_variant, j) for j in plan.member_seeds(k, n_seeds)]
-                _check_stochastic(plan, members, source)
+                _check_stochastic(plan, members, cfg)
                 yield plan, k, members
             loaded.clear()
 
 
 def fit_calibrators(
-    grid: EvalGrid, plans: list[VariantPlan], runs_dir: Path, source: str
+    grid: EvalGrid, plans: list[VariantPlan], runs_dir: Path
 ) -> Calibrators:
     """Every calibrated variant's calibrator per seed, fitted on clean validation."""
     calibrated = [p for p in plans if p.calibration is not None]
     out: Calibrators = {}
     n = grid.cfg.report.seeds
-    for plan, k, members in _seed_models(calibrated, runs_dir, grid.device, n, source):
+    for plan, k, members in _seed_models(calibrated, runs_dir, grid.device, n, grid.cfg):
         t0 = time.perf_counter()
         out[(plan.name, k)] = grid.fit_calibrator(members, plan, k)
         grid.seconds[plan.name] = grid.seconds.get(plan.name, 0.0) + time.perf_counter() - t0
@@ -364,11 +364,10 @@ def evaluate_grid(
     runs_dir: Path,
     calibrators: Calibrators,
     bar: Any,
-    source: str,
 ) -> None:
     """Every variant and seed of one grid (calibrators already fitted), into ``grid.rows``."""
     n = grid.cfg.report.seeds
-    for plan, k, members in _seed_models(plans, runs_dir, grid.device, n, source):
+    for plan, k, members in _seed_models(plans, runs_dir, grid.device, n, grid.cfg):
         bar.set_postfix_str(f"{plan.name} seed {k}")
         t0 = time.perf_counter()
         grid.evaluate(members, plan, k, calibrators.get((plan.name, k)), bar)
@@ -394,7 +393,7 @@ def row_level_windows(
         grid.seconds[plan.name] = grid.seconds.get(plan.name, 0.0) + time.perf_counter() - t0
 
 
-def _check_stochastic(plan: VariantPlan, models: list, source: str) -> None:
+def _check_stochastic(plan: VariantPlan, models: list, cfg: Config) -> None:
     """MC passes need something that samples: MC-LayerNorm layers or (MC-Dropout) dropout."""
     from ctrcal.layers.mc_layernorm import has_mc_layers
     from ctrcal.train.predict import dropout_modules
@@ -404,12 +403,12 @@ def _check_stochastic(plan: VariantPlan, models: list, source: str) -> None:
     for m in models:
         if plan.mc_dropout and not dropout_modules(m):
             raise ConfigError(
-                f"{source}: report.variants: {plan.name}: mc_dropout but the runs of "
+                f"{cfg.where('report.variants')}: {plan.name}: mc_dropout but the runs of "
                 f"{plan.run_variant} have no dropout layer"
             )
         if not plan.mc_dropout and not has_mc_layers(m):
             raise ConfigError(
-                f"{source}: report.variants: {plan.name}: mc_samples but the runs of "
+                f"{cfg.where('report.variants')}: {plan.name}: mc_samples but the runs of "
                 f"{plan.run_variant} have no MC layer (every pass would be the same); use "
                 "MC-LayerNorm runs or mc_dropout"
             )

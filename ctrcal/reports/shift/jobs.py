@@ -109,11 +109,12 @@ def train_jobs_for(jobs: list[DataJob], plans: list[VariantPlan]) -> list[TrainJ
 
 
 def check_data_for_shifts(
-    shifts: list[ShiftPlan], feature_map: Any, data_dir: Path, source: str
+    shifts: list[ShiftPlan], feature_map: Any, data_dir: Path, cfg: Any
 ) -> None:
-    """What the prepared data must hold for the shifts (checked before any training)."""
-    check_shifts_apply([(sp.key, sp.kind) for sp in shifts], feature_map, data_dir, source)
+    """What the prepared data must hold for ``cfg``'s shifts (checked before any training;
+    messages name the file that set each key)."""
+    check_shifts_apply([(sp.key, sp.kind) for sp in shifts], feature_map, data_dir, cfg)
     for sp in shifts:
         if sp.options.get("space") == "original":
             where = f"{sp.key}.space" if sp.key.startswith("report.shifts") else sp.key
-            check_original_space(where, feature_map, data_dir, source)
+            check_original_space(where, feature_map, data_dir, cfg)

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from ctrcal.config import Config, ReportConfig, VariantConfig
+from ctrcal.core.constraints import check_parameters
 from ctrcal.core.errors import ConfigError
 from ctrcal.reports.shift.calibration_keys import calibration_spec, check_calibration_keys
 from ctrcal.reports.shift.row_level import check_row_level
@@ -114,7 +115,7 @@ class ShiftPlan:
         return {"name": self.kind.name, **self.options}
 
 
-def plan_shifts(cfg: Config, source: str = "config") -> list[ShiftPlan]:
+def plan_shifts(cfg: Config) -> list[ShiftPlan]:
     """The shifts of ``cfg.report`` (default: one ``gaussian_numeric`` over ``intensities``).
 
     Raises:
@@ -124,19 +125,19 @@ def plan_shifts(cfg: Config, source: str = "config") -> list[ShiftPlan]:
     entries = list(r.shifts)
     if entries and list(r.intensities) != list(ReportConfig().intensities):
         raise ConfigError(
-            f"{source}: report.intensities: applies only without report.shifts (each shift has "
-            "its own grid: report.shifts[i].intensities)"
+            f"{cfg.where('report.intensities')}: applies only without report.shifts (each "
+            "shift has its own grid: report.shifts[i].intensities)"
         )
     if not entries:
         grid = list(r.intensities)
         if not grid or any(isinstance(s, bool) or not math.isfinite(s) or s < 0 for s in grid):
             raise ConfigError(
-                f"{source}: report.intensities: expected non-negative numbers, got {grid}"
+                f"{cfg.where('report.intensities')}: expected non-negative numbers, got {grid}"
             )
         entries = [{"name": "gaussian_numeric", "intensities": grid}]
     plans, labels = [], set()
     for i, entry in enumerate(entries):
-        where = f"{source}: report.shifts[{i}]" if r.shifts else f"{source}: report"
+        where = cfg.where(f"report.shifts[{i}]" if r.shifts else "report")
         kind, grid, options, label = check_shift_spec(entry, where)
         if label in labels:
             raise ConfigError(
@@ -166,7 +167,7 @@ def _model_dropout(cfg: Config) -> float:
     return float(getattr(cfg.model, "dropout", 0.0) or 0.0)
 
 
-def plan_variants(cfg: Config, source: str = "config") -> list[VariantPlan]:
+def plan_variants(cfg: Config) -> list[VariantPlan]:
     """Resolve ``cfg.report.variants`` (``from_variant`` chains, prediction modes) or raise.
 
     Raises:
@@ -174,14 +175,16 @@ def plan_variants(cfg: Config, source: str = "config") -> list[VariantPlan]:
     """
     variants = cfg.report.variants
     if not variants:
-        raise ConfigError(f"{source}: report.variants: at least one variant is needed")
+        raise ConfigError(f"{cfg.where('report.variants')}: at least one variant is needed")
     by_name = {v.name: v for v in variants}
     if len(by_name) != len(variants):
         names = [v.name for v in variants]
-        raise ConfigError(f"{source}: report.variants: variant names must be unique, got {names}")
+        raise ConfigError(
+            f"{cfg.where('report.variants')}: variant names must be unique, got {names}"
+        )
     plans = []
     for i, v in enumerate(variants):
-        key = f"{source}: report.variants[{i}]"
+        key = cfg.where(f"report.variants[{i}]")
         if not v.name or "/" in v.name or v.name.startswith("."):
             raise ConfigError(f"{key}.name: {v.name!r} is not usable as a directory name")
         if v.mc_samples < 0 or v.mc_samples == 1:
@@ -225,29 +228,19 @@ def plan_variants(cfg: Config, source: str = "config") -> list[VariantPlan]:
     baseline = cfg.report.baseline
     if baseline is not None and baseline not in by_name:
         raise ConfigError(
-            f"{source}: report.baseline: unknown variant {baseline!r} (valid: {', '.join(by_name)})"
+            f"{cfg.where('report.baseline')}: unknown variant {baseline!r} "
+            f"(valid: {', '.join(by_name)})"
         )
     r = cfg.report
-    check_calibration_keys(cfg, source)
-    check_row_level(cfg, source)
-    if r.seeds < 1:
-        raise ConfigError(f"{source}: report.seeds: expected >= 1, got {r.seeds}")
-    if r.noise_seeds < 1:
-        raise ConfigError(f"{source}: report.noise_seeds: expected >= 1, got {r.noise_seeds}")
-    if not 0.0 < r.mix_fraction <= 1.0:
-        raise ConfigError(f"{source}: report.mix_fraction: expected (0, 1], got {r.mix_fraction}")
-    if not 0.0 < r.alpha < 1.0:
-        raise ConfigError(f"{source}: report.alpha: expected (0, 1), got {r.alpha}")
-    if not 0.0 < r.power < 1.0:
-        raise ConfigError(f"{source}: report.power: expected (0, 1), got {r.power}")
-    if r.ece_bins < 1:
-        raise ConfigError(f"{source}: report.ece_bins: expected >= 1, got {r.ece_bins}")
+    check_parameters(r, r._parameter_constraints, ConfigError, "report", cfg.where)
+    check_calibration_keys(cfg)
+    check_row_level(cfg)
     return plans
 
 
-def check_report(cfg: Config, source: str = "config") -> tuple[list[VariantPlan], list[ShiftPlan]]:
+def check_report(cfg: Config) -> tuple[list[VariantPlan], list[ShiftPlan]]:
     """Everything about ``cfg.report`` checkable without data; returns the resolved plans."""
-    return plan_variants(cfg, source), plan_shifts(cfg, source)
+    return plan_variants(cfg), plan_shifts(cfg)
 
 
 def variant_train_config(cfg: Config, plan: VariantPlan, k: int) -> Config:

@@ -126,7 +126,6 @@ def run_shift_report(
     devices: str | list[str] | None = None,
     progress: bool = True,
     log: Callable[[str], None] = _log,
-    source: str = "config",
 ) -> ReportPaths:
     """Train what is missing, evaluate the grid and write the report.
 
@@ -148,7 +147,6 @@ def run_shift_report(
             devices=devices,
             progress=progress,
             log=log,
-            source=source,
         )
         for path in (paths.report_md, paths.results_csv, paths.summary_json):
             artifact(path)
@@ -167,7 +165,6 @@ def shift_report(
     devices: str | list[str] | None = None,
     progress: bool = True,
     log: Callable[[str], None] = _log,
-    source: str = "config",
 ) -> ReportPaths:
     """Train what is missing, evaluate the grid and write the report (without tracking).
 
@@ -182,7 +179,6 @@ def shift_report(
         devices: override ``cfg.report.devices`` (``"auto"``, ``"cuda:0,cuda:1"`` or a list).
         progress: show progress bars over the parallel training runs and the evaluation grid.
         log: where progress lines go (stderr by default).
-        source: the config's file name, for error messages.
 
     Returns:
         The paths written (report.md, results.csv, summary.json, figures).
@@ -204,9 +200,9 @@ def shift_report(
         cfg.report.seeds = cfg.report.seeds if seeds is None else int(seeds)
         cfg.report.workers = cfg.report.workers if workers is None else int(workers)
         cfg.report.devices = cfg.report.devices if devices is None else devices
-    plans, shift_plans = check_report(cfg, source)
-    check_workers(cfg, source)
-    slots = worker_slots(cfg, source)  # a GPU that is not there fails now
+    plans, shift_plans = check_report(cfg)
+    check_workers(cfg)
+    slots = worker_slots(cfg)  # a GPU that is not there fails now
     r = cfg.report
     calibrated = any(p.calibration for p in plans)
 
@@ -216,7 +212,7 @@ def shift_report(
     remove_stale_temporaries(out_dir, REPORT_OUTPUTS)
     data_dir = prepared_data_dir(cfg, out_dir, data_dir)
     feature_map = FeatureMap.load(data_dir)
-    check_data_for_shifts(shift_plans, feature_map, data_dir, source)
+    check_data_for_shifts(shift_plans, feature_map, data_dir, cfg)
     require_labelled(feature_map, r.split, data_dir, f"the shift report (report.split: {r.split})")
     if calibrated:
         require_labelled(feature_map, "valid", data_dir, "the calibrators")
@@ -226,7 +222,7 @@ def shift_report(
                 "clean numbers are in-sample"
             )
     if r.windows:
-        check_time_ordered(data_dir, source)
+        check_time_ordered(data_dir, cfg)
     jobs = data_jobs(cfg, shift_plans, feature_map, data_dir, out_dir, log)
 
     # 3. training
@@ -247,8 +243,8 @@ def shift_report(
     bar = tqdm(total=total, desc="shift report", unit="eval", disable=not progress, file=sys.stderr)
     rows, curves = [], {}
     for grid, job in zip(grids, jobs, strict=True):
-        calibrators = fit_calibrators(grid, plans, job.runs_dir, source)
-        evaluate_grid(grid, plans, job.runs_dir, calibrators, bar, source)
+        calibrators = fit_calibrators(grid, plans, job.runs_dir)
+        evaluate_grid(grid, plans, job.runs_dir, calibrators, bar)
         if r.windows and job.natural is None:
             row_level_windows(grid, plans, oracle_probs(job.data_dir, r.split, grid.test.labels))
         rows += grid.rows

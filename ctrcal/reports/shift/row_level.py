@@ -42,49 +42,44 @@ __all__ = [
 BOOTSTRAP_LEVEL = 0.95
 
 
-def check_row_level(cfg: Any, source: str = "config") -> None:
-    """Check ``report.windows`` and ``report.bootstrap`` (no data needed).
+def check_row_level(cfg: Any) -> None:
+    """Check that ``report.windows`` can cut the config's data (no data needed).
 
     Raises:
         ConfigError: naming the key and what was expected.
     """
-    r = cfg.report
-    for key in ("windows", "bootstrap"):
-        value = getattr(r, key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value == 1:
-            raise ConfigError(
-                f"{source}: report.{key}: expected 0 (off) or an integer >= 2, got {value!r}"
-            )
+    r = cfg.report  # its bounds (windows 0 or >= 2) are ReportConfig's, checked before
     if not r.windows:
         return
     if cfg.data.prepared_dir is None and cfg.data.split_order != "time":
         raise ConfigError(
-            f"{source}: report.windows: needs a time-ordered split (data.split_order: time), "
+            f"{cfg.where('report.windows')}: needs a time-ordered split (data.split_order: time), "
             f"got data.split_order: {cfg.data.split_order}"
         )
     if r.split != "test":
         raise ConfigError(
-            f"{source}: report.windows: the windows cut the test period, after the validation "
+            f"{cfg.where('report.windows')}: the windows cut the test period, after the validation "
             f"rows the stale calibrator is fitted on; set report.split: test (got {r.split})"
         )
     from ctrcal.reports.shift.calibration_keys import calibration_spec
 
     if not any(calibration_spec(v) is not None for v in r.variants):
         raise ConfigError(
-            f"{source}: report.windows: compares calibrators over time; add a variant with "
+            f"{cfg.where('report.windows')}: compares calibrators over time; add a variant with "
             "calibration: (e.g. {name: w, from_variant: <variant>, calibration: platt})"
         )
 
 
-def check_time_ordered(data_dir: Path, source: str = "config") -> None:
-    """Raise unless the prepared data's splits were cut in time order (``report.windows``)."""
+def check_time_ordered(data_dir: Path, cfg: Any) -> None:
+    """Raise unless the prepared data's splits were cut in time order (``report.windows`` of
+    ``cfg``, whose file the message names)."""
     try:
         split = json.loads((Path(data_dir) / "feature_map.json").read_text()).get("split")
     except (OSError, ValueError):
         split = None
     if not (isinstance(split, dict) and split.get("order") == "time"):
         raise ConfigError(
-            f"{source}: report.windows: the data in {data_dir} was not split in time order "
+            f"{cfg.where('report.windows')}: the data in {data_dir} was not split in time order "
             "(prepare it with data.split_order: time)"
         )
 
