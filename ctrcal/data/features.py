@@ -53,7 +53,6 @@ import polars as pl
 from ctrcal.core.constraints import Constraint, Interval, check_parameters
 from ctrcal.core.errors import DataError
 from ctrcal.core.utils import atomic_path, write_json_atomic
-from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.data.feature_map import (  # noqa: F401 - the read-only view, re-exported
     FEATURE_MAP_FILE,
     SCHEMA_VERSION,

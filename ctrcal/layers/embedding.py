@@ -27,7 +27,7 @@ F = Fn + Fc vectors of width D (numeric fields first, then categorical, in featu
 
 :class:`FieldNorm` applies a registry norm per field over D (each field its own layer, as
 FuxiCTR's ``emb_layernorm``), with fused paths for plain LayerNorms and MC-LayerNorms (one
-grouped call for all fields, :func:`~ctrcal.layers.mc_layernorm.mc_grouped_layer_norm`).
+grouped call for all fields, :func:`~ctrcal.layers.mc_layernorm.functional.mc_grouped_layer_norm`).
 """
 
 from __future__ import annotations
@@ -289,8 +289,8 @@ class FieldNorm(nn.Module):
       stacked per-field affine;
     * every layer an identically configured :class:`MCLayerNorm` (same eps, fraction, backend,
       generator, affine settings and mode): one grouped MC-LayerNorm call
-      (:func:`~ctrcal.layers.mc_layernorm.mc_grouped_layer_norm`; each (row, field) still draws
-      its own subset), or the LayerNorm path when not sampling (evaluation, one-shot).
+      (:func:`~ctrcal.layers.mc_layernorm.functional.mc_grouped_layer_norm`; each (row, field)
+      still draws its own subset), or the LayerNorm path when not sampling (evaluation, one-shot).
 
     Args:
         num_fields: F.

@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
+from ctrcal.core.batch import Batch
 from ctrcal.core.errors import DataError
-from ctrcal.data.loader import Batch
 
 __all__ = [
     "PAPER_INTENSITIES",

@@ -9,7 +9,7 @@ from torch import nn
 
 import ctrcal.layers.embedding as embedding_module
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
-from ctrcal.layers.mc_layernorm import MCLayerNorm
+from ctrcal.layers.mc_layernorm.module import MCLayerNorm
 
 VOCAB = [5, 3, 7]
 FN = 4

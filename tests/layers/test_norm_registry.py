@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 import ctrcal
-from ctrcal.config import NormSpec
 from ctrcal.core.errors import ConfigError, CtrcalError
+from ctrcal.core.norm_spec import NormSpec
 from ctrcal.core.registry import normalize_name
-from ctrcal.layers.mc_layernorm import MCLayerNorm, mc_mode
+from ctrcal.layers.mc_layernorm.module import MCLayerNorm, mc_mode
 from ctrcal.layers.norms import FeatureBatchNorm, NoMorelization
 from ctrcal.layers.registry import (
     NORMS,

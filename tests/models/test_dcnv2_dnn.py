@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrcal.core.batch import Batch
-from ctrcal.data.criteo import NUM_CATEGORICAL, NUM_NUMERIC
+from ctrcal.core.criteo_schema import NUM_CATEGORICAL, NUM_NUMERIC
 from ctrcal.layers.cross import CrossNet
 from ctrcal.layers.embedding import FieldNorm
-from ctrcal.layers.mc_layernorm import MCLayerNorm
+from ctrcal.layers.mc_layernorm.module import MCLayerNorm
 from ctrcal.layers.norms import FeatureBatchNorm
 from ctrcal.layers.registry import replace_norms
 from ctrcal.models.dcnv2 import STRUCTURES, DCNv2

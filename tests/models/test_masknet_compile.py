@@ -8,8 +8,8 @@ import pytest
 import torch
 from batches import random_batch
 
-from ctrcal.config import NormSpec
 from ctrcal.core.batch import Batch
+from ctrcal.core.norm_spec import NormSpec
 from ctrcal.models.masknet import MaskNet
 
 VOCAB = [13, 7, 29, 5]

@@ -31,10 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ctrcal.core.norm_spec import mc_subset_size
 from ctrcal.layers.mcln_kernel import small_side
 
-__all__ = ["compute_dtype", "masked_rows", "mc_subset_size", "torch_subset_mask"]
+__all__ = [
+    "compute_dtype",
+    "masked_rows",
+    "torch_subset_mask",
+]
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ctrcal.config import NormSpec, VariantConfig
+from ctrcal.config import VariantConfig
 from ctrcal.core.errors import ConfigError
+from ctrcal.core.norm_spec import NormSpec
 from ctrcal.reports.shift import render as W
 from ctrcal.reports.shift import report as R
 from ctrcal.reports.shift import stats as S
