@@ -41,9 +41,9 @@ import torch
 import torch.nn.functional as F
 
 from ctrcal.core.utils import cpu_model_name
+from ctrcal.layers.kernels.mcln_kernel import kernel_available
 from ctrcal.layers.mc_layernorm.functional import grouped_layer_norm, mc_grouped_layer_norm
 from ctrcal.layers.mc_layernorm.module import MCLayerNorm
-from ctrcal.layers.mcln_kernel import kernel_available
 
 CASES = [
     ((4096, 400), (400,)),

@@ -188,7 +188,7 @@ def check_grouped_formula() -> str:
 
 @check("triton MC-LN wide rows (N=3000) and N above one program (torch path)")
 def check_wide() -> str:
-    from ctrcal.layers import mcln_triton
+    from ctrcal.layers.kernels import mcln_triton
 
     out = _formula_check(64, 1, 3000, 0.5, torch.float32)
     from ctrcal.layers.mc_layernorm.functional import mc_layer_norm
@@ -202,8 +202,8 @@ def check_wide() -> str:
 
 @check("per-field MC-LN (FieldNorm, 39x16) runs the grouped Triton kernel")
 def check_field_norm() -> str:
-    from ctrcal.layers import mcln_triton
     from ctrcal.layers.embedding import FieldNorm
+    from ctrcal.layers.kernels import mcln_triton
 
     calls = []
     real = mcln_triton.mc_layer_norm_fwd

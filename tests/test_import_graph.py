@@ -432,7 +432,7 @@ def re_exports(modules: Modules) -> list[str]:
     """Every name a module's ``__all__`` lists without defining it, and every lazy facade
     (a module-level ``__getattr__``), outside the top-level ``ctrcal``."""
     found = []
-    for module, tree in sorted(modules.trees.items()):
+    for module in sorted(modules.trees):
         if module == "ctrcal":
             continue
         if "__getattr__" in modules.defined[module]:
@@ -510,3 +510,33 @@ def test_the_re_export_finders_see_a_re_export_and_a_facade(tmp_path):
     found = imports_off_home(modules, [pkg / "c.py"])
     assert len(found) == 2 and "f from ctrcal.b (its home: ctrcal.a)" in found[0]
     assert "_k from ctrcal.sub (its home: ?)" in found[1]  # a name nobody defines
+
+
+def subpackage_graph(graph: dict[str, set[str]], packages: set[str]) -> dict[str, set[str]]:
+    """Package -> the packages its own modules import: each module counts as the package that
+    holds it (``ctrcal.layers.embedding`` as ``ctrcal.layers``, the kernels as
+    ``ctrcal.layers.kernels``); a module at the top is its own unit."""
+
+    def unit(module: str) -> str:
+        if module in packages:
+            return module
+        parent = module.rpartition(".")[0]
+        return module if parent == "ctrcal" else parent
+
+    out: dict[str, set[str]] = {}
+    for module, edges in graph.items():
+        src = unit(module)
+        out.setdefault(src, set()).update(unit(e) for e in edges if e != "ctrcal")
+        out[src].discard(src)
+    for edges in list(out.values()):
+        for e in edges:
+            out.setdefault(e, set())
+    return out
+
+
+def test_no_circle_between_a_package_and_its_subpackages():
+    # e.g. ctrcal.layers (embedding) imports ctrcal.layers.mc_layernorm, so MC-LayerNorm's
+    # modules take their kernels from ctrcal.layers.kernels, never from ctrcal.layers
+    graph = subpackage_graph(_package_graph(), _modules().packages)
+    cycles = find_cycles(graph)
+    assert not cycles, "subpackage circles: " + "; ".join(" <-> ".join(c) for c in cycles)

@@ -31,7 +31,7 @@ from torch import nn
 from ctrcal.core.errors import ConfigError
 from ctrcal.core.norm_spec import NormSpec
 from ctrcal.core.registry import Registry, closest
-from ctrcal.layers.fusion import is_layer_norm
+from ctrcal.layers.kernels.fusion import is_layer_norm
 
 __all__ = [
     "NORMS",

@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrcal.core.norm_spec import mc_subset_size
-from ctrcal.layers import mcln_triton
 from ctrcal.layers.embedding import FieldNorm
+from ctrcal.layers.kernels import mcln_triton
+from ctrcal.layers.kernels.mcln_kernel import kernel_available
 from ctrcal.layers.mc_layernorm import dispatch
 from ctrcal.layers.mc_layernorm.functional import (
     mc_grouped_layer_norm,
@@ -23,7 +24,6 @@ from ctrcal.layers.mc_layernorm.functional import (
     sample_subset_mask,
 )
 from ctrcal.layers.mc_layernorm.module import MCLayerNorm
-from ctrcal.layers.mcln_kernel import kernel_available
 
 needs_triton = pytest.mark.skipif(
     not (mcln_triton.HAVE_TRITON and mcln_triton.interpreting()),
@@ -413,7 +413,7 @@ import sys
 sys.modules["triton"] = None
 import torch
 import ctrcal
-from ctrcal.layers import mcln_triton
+from ctrcal.layers.kernels import mcln_triton
 from ctrcal.layers.mc_layernorm.functional import mc_grouped_layer_norm, mc_layer_norm
 from ctrcal.layers.mc_layernorm.module import MCLayerNorm
 from ctrcal.layers.embedding import FieldNorm

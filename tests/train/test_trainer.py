@@ -405,7 +405,7 @@ def test_compiled_training_on_cpu_matches_eager(prepared_dir, tmp_path):
     """``train.compile: true`` (inductor, one graph) trains the model eager mode trains: same
     validation scores and weights up to float reordering (dropout off: compiled graphs draw
     their own masks)."""
-    from ctrcal.layers.cpu_kernels import cpu_kernels
+    from ctrcal.layers.kernels.cpu_kernels import cpu_kernels
 
     if cpu_kernels() is None:
         pytest.skip("no C compiler: inductor cannot build CPU code here")

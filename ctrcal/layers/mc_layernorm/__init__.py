@@ -15,8 +15,9 @@ One job per module:
 :mod:`.predict`        Monte Carlo prediction: the one loop of passes and :func:`mc_predict`
 =====================  =========================================================================
 
-The fused kernels sit beside this package: :mod:`ctrcal.layers.mcln_kernel` (C, CPU) and
-:mod:`ctrcal.layers.mcln_triton` (Triton). Where a change of MC-LayerNorm's semantics lands:
+The fused kernels sit below this package, with the layers' other kernels:
+:mod:`ctrcal.layers.kernels.mcln_kernel` (C, CPU) and :mod:`ctrcal.layers.kernels.mcln_triton`
+(Triton). Where a change of MC-LayerNorm's semantics lands:
 
 * the per-row computation (the subset law, the statistics, the affine): three files,
   :mod:`.definition` and the two kernels (``mcln_kernel.c``, ``mcln_triton.py``), which the

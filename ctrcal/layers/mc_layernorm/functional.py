@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ctrcal.core.norm_spec import mc_subset_size
-from ctrcal.layers import mcln_kernel
+from ctrcal.layers.kernels import mcln_kernel
 from ctrcal.layers.mc_layernorm.definition import check_k, torch_subset_mask
 from ctrcal.layers.mc_layernorm.dispatch import (
     choose_backend,
