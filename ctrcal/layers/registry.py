@@ -48,7 +48,7 @@ Width = int | Sequence[int] | torch.Size
 # ctrcal's own norms: name -> the import path of a factory taking the width first
 _BUILTINS = {
     "layernorm": "ctrcal.layers.norms:_layernorm",
-    "mclayernorm": "ctrcal.layers.mc_layernorm:MCLayerNorm",
+    "mclayernorm": "ctrcal.layers.mc_layernorm.module:MCLayerNorm",
     "rmsnorm": "ctrcal.layers.norms:_rmsnorm",
     "batchnorm": "ctrcal.layers.norms:FeatureBatchNorm",
     "nomorelization": "ctrcal.layers.norms:NoMorelization",
