@@ -228,7 +228,7 @@ def create_shift(
     Args:
         spec: ``"categorical_corruption"``, ``{"name": "gaussian_numeric", "space": "model"}``
             or a ``ShiftConfig``.
-        feature_map: the :class:`~ctrcal.data.features.FeatureMap` of the data shifted.
+        feature_map: the :class:`~ctrcal.data.feature_map.FeatureMap` of the data shifted.
         intensity: the level (std units, probability, ... see the kind).
         seed: seed of the shift's random stream (None = fresh).
         mix_fraction: fraction of the rows of each batch to shift.
