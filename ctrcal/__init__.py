@@ -25,10 +25,10 @@ __version__ = "0.1.0"
 # public name -> module that defines it (or (module, name there))
 _EXPORTS: dict[str, str | tuple[str, str]] = {
     # normalization layers (ctrcal.layers)
-    "MCLayerNorm": "ctrcal.layers.mc_layernorm",
-    "mc_layer_norm": "ctrcal.layers.mc_layernorm",
-    "mc_mode": "ctrcal.layers.mc_layernorm",
-    "mc_predict": "ctrcal.layers.mc_layernorm",
+    "MCLayerNorm": "ctrcal.layers.mc_layernorm.module",
+    "mc_layer_norm": "ctrcal.layers.mc_layernorm.functional",
+    "mc_mode": "ctrcal.layers.mc_layernorm.module",
+    "mc_predict": "ctrcal.layers.mc_layernorm.predict",
     "create_norm": "ctrcal.layers.registry",
     "register_norm": "ctrcal.layers.registry",
     "available_norms": "ctrcal.layers.registry",
@@ -49,7 +49,7 @@ _EXPORTS: dict[str, str | tuple[str, str]] = {
     # the jobs: prepare, train, evaluate, report
     "prepare": "ctrcal.api",
     "evaluate": ("ctrcal.train.evaluate", "evaluate_run"),
-    "load_run": "ctrcal.train.trainer",
+    "load_run": "ctrcal.train.results",
     "Run": "ctrcal.train.results",
     "predict_logits": "ctrcal.train.predict",
     "shift_report": "ctrcal.api",
@@ -84,7 +84,7 @@ _EXPORTS: dict[str, str | tuple[str, str]] = {
     # config
     "Config": "ctrcal.config",
     "ModelConfig": "ctrcal.config",
-    "NormSpec": "ctrcal.config",
+    "NormSpec": "ctrcal.core.norm_spec",
     "load_config": "ctrcal.validate",
 }
 _SUBMODULES = {"metrics": "ctrcal.metrics"}

@@ -235,7 +235,8 @@ def cmd_shift_report(args: argparse.Namespace) -> int:
     if args.data is not None:
         require_prepared_dir(args.data)
     # imported only now (torch): a wrong config or data directory answers at once
-    from ctrcal.reports.shift.report import finish_message, run_shift_report
+    from ctrcal.reports.shift.render import finish_message
+    from ctrcal.reports.shift.report import run_shift_report
 
     out = args.out if args.out is not None else Path(cfg.out_dir)
     paths = run_shift_report(

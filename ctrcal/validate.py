@@ -56,12 +56,13 @@ from typing import TYPE_CHECKING, Any
 
 from ctrcal.core.constraints import Constraint, parameter_problems
 from ctrcal.core.errors import ConfigError, ConfigProblems
+from ctrcal.core.registry import Registry, normalize_name
 
 if TYPE_CHECKING:
     from ctrcal.config import Config
 
 __all__ = [
-    "ConfigProblems",
+    "CHECKS",
     "load_config",
     "validate_data",
     "Problem",
@@ -385,36 +386,32 @@ def check_report(cfg: Config, problems: Problems) -> None:
 _KEYED = re.compile(r"^([A-Za-z_][\w\[\]]*(?:\.[\w\[\]]+)*): (.*)$", re.S)
 
 CheckFn = Callable[["Config", Problems], None]
-# the built-in checks, one per section, in the order they run
-_CHECKS: dict[str, CheckFn] = {
-    "data": check_data,
-    "features": check_features,
-    "model": check_model,
-    "train": check_train,
-    "report": check_report,
-}
+CHECKS: Registry[CheckFn] = Registry("config check")
+"""Every check by name, in the order they run: the built-ins, one per section, then the user's."""
+for _check in (check_data, check_features, check_model, check_train, check_report):
+    CHECKS.register(_check.__name__.removeprefix("check_"), _check)
+del _check
 
 
 def register_check(name: str, fn: CheckFn | None = None, *, overwrite: bool = False) -> Any:
     """Register ``fn(cfg, problems)`` under ``name``; usable as a decorator.
 
     Raises:
-        ValueError: ``name`` is taken and ``overwrite`` is False.
+        ValueError: ``name`` is taken (by another function) and ``overwrite`` is False.
     """
     if fn is None:
         return lambda f: register_check(name, f, overwrite=overwrite)
-    if name in _CHECKS and not overwrite and _CHECKS[name] is not fn:
-        raise ValueError(f"config check {name!r} is already registered (pass overwrite=True)")
-    _CHECKS[name] = fn
-    return fn
+    again = CHECKS.find(name) is fn  # registering the same function twice changes nothing
+    return CHECKS.register(name, fn, overwrite=overwrite or again)
 
 
 def check_config(cfg: Config, skip: Sequence[str] = ()) -> list[Problem]:
     """Every problem the registered checks (except those named in ``skip``) find in ``cfg``,
     each naming the file that set its key (the config's provenance)."""
     problems = Problems(cfg)
-    for name, fn in _CHECKS.items():
-        if name not in skip:
+    skipped = {normalize_name(name) for name in skip}
+    for name, fn in CHECKS.items():
+        if normalize_name(name) not in skipped:
             fn(cfg, problems)
     return problems.items
 

@@ -189,7 +189,7 @@ def ctrcal_worker(spec: dict[str, Any]) -> None:
 
     import torch
 
-    from ctrcal.data.loader import Batch
+    from ctrcal.core.batch import Batch
     from ctrcal.train import step as train_step_lib
     from ctrcal.train.cpu_matmul import cpu_matmul
     from ctrcal.validate import load_config
@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from ctrcal.core.utils import cpu_model_name
-    from ctrcal.data.features import FeatureMap
+    from ctrcal.data.feature_map import FeatureMap
 
     print(f"CPU: {cpu_model_name()}, {os.cpu_count()} cores; torch {torch.__version__}, "
           f"{args.threads} threads per worker; FuxiCTR {fuxictr_version}")  # fmt: skip

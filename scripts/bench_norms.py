@@ -41,12 +41,9 @@ import torch
 import torch.nn.functional as F
 
 from ctrcal.core.utils import cpu_model_name
-from ctrcal.layers.mc_layernorm import (
-    MCLayerNorm,
-    grouped_layer_norm,
-    kernel_available,
-    mc_grouped_layer_norm,
-)
+from ctrcal.layers.kernels.mcln_kernel import kernel_available
+from ctrcal.layers.mc_layernorm.functional import grouped_layer_norm, mc_grouped_layer_norm
+from ctrcal.layers.mc_layernorm.module import MCLayerNorm
 
 CASES = [
     ((4096, 400), (400,)),
@@ -133,8 +130,8 @@ def _time(
 
 def bench_step(repeats: int, batch: int = 4096) -> None:
     """MaskNet training step: per-field LN vs per-field MC-LN (and MC-LN everywhere)."""
-    from ctrcal.config import NormSpec
-    from ctrcal.data.loader import Batch
+    from ctrcal.core.batch import Batch
+    from ctrcal.core.norm_spec import NormSpec
     from ctrcal.models.masknet import MaskNet
     from ctrcal.train import step
     from ctrcal.validate import load_config

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ctrcal.data.criteo import CATEGORICAL_COLUMNS, NUMERIC_COLUMNS
-from ctrcal.data.loader import Batch
+from ctrcal.core.batch import Batch
+from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, NUMERIC_COLUMNS
 from ctrcal.shifts.registry import create_shift
 
 

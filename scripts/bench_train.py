@@ -56,9 +56,9 @@ from typing import Any
 
 import torch
 
+from ctrcal.core.batch import Batch
+from ctrcal.core.criteo_schema import NUM_CATEGORICAL, NUM_NUMERIC
 from ctrcal.core.utils import cpu_model_name
-from ctrcal.data.criteo import NUM_CATEGORICAL, NUM_NUMERIC
-from ctrcal.data.loader import Batch
 from ctrcal.models.masknet import MaskNet
 from ctrcal.train import step, trainer
 from ctrcal.train.cpu_matmul import cpu_matmul

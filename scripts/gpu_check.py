@@ -89,11 +89,8 @@ def require(condition: bool, message: str) -> None:
 
 
 def _statistics_checks(backend: str, rows: int, groups: int, d: int, f: float) -> str:
-    from ctrcal.layers.mc_layernorm import (
-        mc_grouped_layer_norm,
-        mc_subset_size,
-        sample_subset_mask,
-    )
+    from ctrcal.core.norm_spec import mc_subset_size
+    from ctrcal.layers.mc_layernorm.functional import mc_grouped_layer_norm, sample_subset_mask
 
     dev = torch.device("cuda")
     k = mc_subset_size(d, f)
@@ -119,11 +116,8 @@ def _statistics_checks(backend: str, rows: int, groups: int, d: int, f: float) -
 
 
 def _formula_check(rows: int, groups: int, d: int, f: float, dtype: torch.dtype) -> str:
-    from ctrcal.layers.mc_layernorm import (
-        mc_grouped_layer_norm,
-        mc_subset_size,
-        sample_subset_mask,
-    )
+    from ctrcal.core.norm_spec import mc_subset_size
+    from ctrcal.layers.mc_layernorm.functional import mc_grouped_layer_norm, sample_subset_mask
 
     dev = torch.device("cuda")
     k = mc_subset_size(d, f)
@@ -194,10 +188,10 @@ def check_grouped_formula() -> str:
 
 @check("triton MC-LN wide rows (N=3000) and N above one program (torch path)")
 def check_wide() -> str:
-    from ctrcal.layers import mcln_triton
+    from ctrcal.layers.kernels import mcln_triton
 
     out = _formula_check(64, 1, 3000, 0.5, torch.float32)
-    from ctrcal.layers.mc_layernorm import mc_layer_norm
+    from ctrcal.layers.mc_layernorm.functional import mc_layer_norm
 
     n = mcln_triton.MAX_WIDTH + 100
     x = torch.randn(8, n, device="cuda")
@@ -208,8 +202,8 @@ def check_wide() -> str:
 
 @check("per-field MC-LN (FieldNorm, 39x16) runs the grouped Triton kernel")
 def check_field_norm() -> str:
-    from ctrcal.layers import mcln_triton
     from ctrcal.layers.embedding import FieldNorm
+    from ctrcal.layers.kernels import mcln_triton
 
     calls = []
     real = mcln_triton.mc_layer_norm_fwd
@@ -232,7 +226,7 @@ def check_field_norm() -> str:
 def check_compile() -> str:
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from ctrcal.layers.mc_layernorm import MCLayerNorm
+    from ctrcal.layers.mc_layernorm.module import MCLayerNorm
 
     layer = MCLayerNorm(400, fraction=0.8).cuda().train()
     counter = CompileCounterWithBackend("inductor")
@@ -252,7 +246,7 @@ def check_compile() -> str:
 
 @check("torch.compile, CTRCAL_MCLN_COMPILED=decomposed: subset op + fused tensor ops = kernel")
 def check_compile_decomposed() -> str:
-    from ctrcal.layers.mc_layernorm import MCLayerNorm
+    from ctrcal.layers.mc_layernorm.module import MCLayerNorm
 
     layer = MCLayerNorm(400, fraction=0.8).cuda().train()
     x = torch.randn(512, 400, device="cuda")
@@ -278,8 +272,8 @@ def check_compile_decomposed() -> str:
 
 @check("MaskNet forward/backward under bf16 autocast (LN and MC-LN everywhere)")
 def check_bf16() -> str:
-    from ctrcal.config import NormSpec
     from ctrcal.core.batch import Batch
+    from ctrcal.core.norm_spec import NormSpec
     from ctrcal.models.masknet import MaskNet
 
     vocab = [1000] * 26
@@ -300,9 +294,9 @@ def check_bf16() -> str:
 
 @check("MC integration on the GPU (mc_predict: 20 samples)")
 def check_mc_predict() -> str:
-    from ctrcal.config import NormSpec
     from ctrcal.core.batch import Batch
-    from ctrcal.layers.mc_layernorm import mc_predict
+    from ctrcal.core.norm_spec import NormSpec
+    from ctrcal.layers.mc_layernorm.predict import mc_predict
     from ctrcal.models.masknet import MaskNet
 
     vocab = [1000] * 26
@@ -319,9 +313,9 @@ def check_mc_predict() -> str:
 
 @check("MC passes sharing the deterministic prefix equal full passes on the GPU")
 def check_mc_replay() -> str:
-    from ctrcal.config import NormSpec
     from ctrcal.core.batch import Batch
-    from ctrcal.layers.mc_layernorm import mc_mode
+    from ctrcal.core.norm_spec import NormSpec
+    from ctrcal.layers.mc_layernorm.module import mc_mode
     from ctrcal.layers.mc_layernorm.predict import sample_probabilities
     from ctrcal.models.masknet import MaskNet
     from ctrcal.train.predict import mc_dropout
@@ -543,7 +537,7 @@ def bench_layers(rows: int) -> None:
 
 
 def _bench_layer(label: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
-    from ctrcal.layers.mc_layernorm import mc_grouped_layer_norm
+    from ctrcal.layers.mc_layernorm.functional import mc_grouped_layer_norm
 
     d = shape[-1]
     groups = shape[1] if len(shape) == 3 else 1
@@ -575,7 +569,7 @@ def _bench_layer(label: str, shape: tuple[int, ...], dtype: torch.dtype) -> None
 
 
 def _masknet(norm: str, emb_norm: str = "none", dropout: float = 0.0):
-    from ctrcal.config import NormSpec
+    from ctrcal.core.norm_spec import NormSpec
     from ctrcal.models.masknet import MaskNet
 
     torch.manual_seed(0)
@@ -631,7 +625,7 @@ def bench_training(
 
 def bench_eval(batch: int) -> None:
     from ctrcal.core.batch import Batch
-    from ctrcal.layers.mc_layernorm import mc_mode
+    from ctrcal.layers.mc_layernorm.module import mc_mode
 
     vocab = [40_000] * 26
     inputs = Batch(*_batch(batch, vocab)[:2], None)

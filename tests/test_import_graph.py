@@ -11,6 +11,7 @@ and are left out.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ctrcal"
@@ -113,6 +114,17 @@ def command_imports(command: str, root: Path = PACKAGE, skip: tuple[str, ...] = 
     return found
 
 
+@functools.cache
+def _package_graph() -> dict[str, set[str]]:
+    """The import graph of ctrcal itself, from the files read once per test session."""
+    modules = _modules()
+    graph = {}
+    for name, tree in modules.trees.items():
+        edges = {m for m in _imports(tree, name, name in modules.packages) if m in modules.trees}
+        graph[name] = edges - {name}
+    return graph
+
+
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components with more than one module (Tarjan)."""
     index: dict[str, int] = {}
@@ -153,7 +165,7 @@ KNOWN: list[list[str]] = []
 
 
 def test_the_package_has_no_import_circle():
-    cycles = [c for c in find_cycles(import_graph()) if c not in KNOWN]
+    cycles = [c for c in find_cycles(_package_graph()) if c not in KNOWN]
     assert not cycles, "import circles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
@@ -183,12 +195,12 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 def test_no_package_level_circle():
-    cycles = find_cycles(package_graph(import_graph()))
+    cycles = find_cycles(package_graph(_package_graph()))
     assert not cycles, "package circles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
 def test_config_loading_imports_no_checks_models_or_torch():
-    graph = import_graph()
+    graph = _package_graph()
     for module, edges in graph.items():
         if module.startswith("ctrcal.config"):
             bad = {e for e in edges if not e.startswith(("ctrcal.config", "ctrcal.core"))}
@@ -196,7 +208,7 @@ def test_config_loading_imports_no_checks_models_or_torch():
 
 
 def test_models_import_neither_config_nor_data():
-    graph = import_graph()
+    graph = _package_graph()
     for module, edges in graph.items():
         if module.startswith("ctrcal.models"):
             bad = {e for e in edges if e.startswith(("ctrcal.config", "ctrcal.data"))}
@@ -204,7 +216,7 @@ def test_models_import_neither_config_nor_data():
 
 
 def test_data_imports_neither_config_nor_models():
-    graph = import_graph()
+    graph = _package_graph()
     for module, edges in graph.items():
         if module.startswith("ctrcal.data"):
             bad = {e for e in edges if e.startswith(("ctrcal.config", "ctrcal.models"))}
@@ -312,3 +324,219 @@ def test_the_reader_sees_imports_in_functions_and_not_under_type_checking(tmp_pa
     assert "pandas" not in graph["ctrcal.b"]
     seen = reached(graph, {"ctrcal.a"})
     assert seen["torch"] == "ctrcal.b" and "pandas" not in seen
+
+
+# One import path per name: a name is imported from the module that defines it. The top-level
+# ``ctrcal`` is the documented exception (its API names what lives below), and a package may
+# be the public face of its private submodules (``ctrcal.metrics`` over ``_metrics``, ...).
+
+
+def _top_level(tree: ast.Module, package: str) -> tuple[set[str], dict[str, tuple[str, str]]]:
+    """(names a module defines, alias -> (module, name) it imports), at module level."""
+    defined: set[str] = set()
+    imported: dict[str, tuple[str, str]] = {}
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                defined.update(
+                    n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)
+                )
+                if isinstance(node, ast.For):
+                    visit(node.body)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(
+                        [*parts[: len(parts) - (node.level - 1)], *([base] if base else [])]
+                    )
+                for alias in node.names:
+                    imported[alias.asname or alias.name] = (base, alias.name)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    imported[alias.asname or alias.name.split(".")[0]] = (alias.name, "")
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+
+    visit(tree.body)
+    return defined, imported
+
+
+class Modules:
+    """Every module of a package tree: what each defines, imports and lists in ``__all__``."""
+
+    def __init__(self, root: Path = PACKAGE) -> None:
+        self.trees: dict[str, ast.Module] = {}
+        self.defined: dict[str, set[str]] = {}
+        self.imported: dict[str, dict[str, tuple[str, str]]] = {}
+        self.packages: set[str] = set()
+        for path in root.rglob("*.py"):
+            name = _module_name(path, root)
+            tree = ast.parse(path.read_text(), str(path))
+            package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+            if path.name == "__init__.py":
+                self.packages.add(name)
+            self.trees[name] = tree
+            self.defined[name], self.imported[name] = _top_level(tree, package)
+
+    def owner(self, module: str, name: str) -> str | None:
+        """The module that defines ``name`` as reached through ``module`` (None: unknown)."""
+        seen: set[tuple[str, str]] = set()
+        while (module, name) not in seen:
+            seen.add((module, name))
+            if f"{module}.{name}" in self.trees or name in self.defined.get(module, ()):
+                return module
+            source = self.imported.get(module, {}).get(name)
+            if source is None or not source[1]:
+                return None
+            module, name = source
+        return None
+
+    def is_home(self, module: str, name: str) -> bool:
+        """Whether ``from module import name`` takes ``name`` from its one import path."""
+        if module == "ctrcal" or f"{module}.{name}" in self.trees:
+            return True
+        owner = self.owner(module, name)
+        if owner == module:
+            return True
+        inside = owner is not None and owner.startswith(module + ".")
+        return inside and owner[len(module) + 1 :].split(".")[0].startswith("_")
+
+    def exported(self, module: str) -> list[str]:
+        """The names of a module's literal ``__all__`` (``["?"]`` for one that is not)."""
+        for node in self.trees[module].body:
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+            ):
+                try:
+                    return list(ast.literal_eval(node.value))
+                except ValueError:
+                    return ["?"]
+        return []
+
+
+@functools.cache
+def _modules() -> Modules:
+    """ctrcal's modules, read once per test session."""
+    return Modules()
+
+
+def re_exports(modules: Modules) -> list[str]:
+    """Every name a module's ``__all__`` lists without defining it, and every lazy facade
+    (a module-level ``__getattr__``), outside the top-level ``ctrcal``."""
+    found = []
+    for module in sorted(modules.trees):
+        if module == "ctrcal":
+            continue
+        if "__getattr__" in modules.defined[module]:
+            found.append(f"{module}: a module-level __getattr__ (a facade)")
+        for name in modules.exported(module):
+            if name == "?" or not modules.is_home(module, name):
+                found.append(f"{module}.__all__ lists {name!r}, defined elsewhere")
+    return found
+
+
+def imports_off_home(modules: Modules, files: list[Path]) -> list[str]:
+    """Every ``from ctrcal.x import name`` in ``files`` that takes ``name`` from a module that
+    only imports it."""
+    found = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module in modules.trees:
+                for alias in node.names:
+                    if not modules.is_home(node.module, alias.name):
+                        owner = modules.owner(node.module, alias.name) or "?"
+                        found.append(
+                            f"{path}:{node.lineno}: {alias.name} from {node.module} (its home: "
+                            f"{owner})"
+                        )
+    return found
+
+
+def test_no_module_re_exports_a_name():
+    found = re_exports(_modules())
+    assert not found, "re-exports:\n" + "\n".join(found)
+
+
+def test_every_name_is_imported_from_the_module_that_defines_it():
+    # scripts/ are left out: a benchmark may also run against an older checkout's layout
+    root = PACKAGE.parent
+    files = [p for d in ("ctrcal", "tests") for p in (root / d).rglob("*.py")]
+    found = imports_off_home(_modules(), files)
+    assert not found, "names imported off their home:\n" + "\n".join(found)
+
+
+def test_the_top_level_api_names_each_name_s_home():
+    modules = _modules()
+    tree = modules.trees["ctrcal"]
+    exports = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "_EXPORTS"
+    )
+    wrong = []
+    for public, target in exports.items():
+        module, name = target if isinstance(target, tuple) else (target, public)
+        if not modules.is_home(module, name):
+            wrong.append(
+                f"ctrcal.{public} -> {module}.{name} (home: {modules.owner(module, name)})"
+            )
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_re_export_finders_see_a_re_export_and_a_facade(tmp_path):
+    pkg = tmp_path / "ctrcal"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from ctrcal.a import f\n__all__ = ['f']\n")  # the API
+    (pkg / "a.py").write_text("def f():\n    pass\n")
+    (pkg / "b.py").write_text("from ctrcal.a import f\n__all__ = ['f', 'g']\ndef g():\n    f()\n")
+    (pkg / "c.py").write_text("from ctrcal.b import f, g\nfrom ctrcal.sub import h, _k\n")
+    (pkg / "sub" / "__init__.py").write_text(
+        "from ctrcal.sub._impl import h\n__all__ = ['h']\ndef __getattr__(name):\n    pass\n"
+    )
+    (pkg / "sub" / "_impl.py").write_text("def h():\n    pass\n")
+    modules = Modules(pkg)
+    assert re_exports(modules) == [
+        "ctrcal.b.__all__ lists 'f', defined elsewhere",
+        "ctrcal.sub: a module-level __getattr__ (a facade)",  # h from a private module: fine
+    ]
+    found = imports_off_home(modules, [pkg / "c.py"])
+    assert len(found) == 2 and "f from ctrcal.b (its home: ctrcal.a)" in found[0]
+    assert "_k from ctrcal.sub (its home: ?)" in found[1]  # a name nobody defines
+
+
+def subpackage_graph(graph: dict[str, set[str]], packages: set[str]) -> dict[str, set[str]]:
+    """Package -> the packages its own modules import: each module counts as the package that
+    holds it (``ctrcal.layers.embedding`` as ``ctrcal.layers``, the kernels as
+    ``ctrcal.layers.kernels``); a module at the top is its own unit."""
+
+    def unit(module: str) -> str:
+        if module in packages:
+            return module
+        parent = module.rpartition(".")[0]
+        return module if parent == "ctrcal" else parent
+
+    out: dict[str, set[str]] = {}
+    for module, edges in graph.items():
+        src = unit(module)
+        out.setdefault(src, set()).update(unit(e) for e in edges if e != "ctrcal")
+        out[src].discard(src)
+    for edges in list(out.values()):
+        for e in edges:
+            out.setdefault(e, set())
+    return out
+
+
+def test_no_circle_between_a_package_and_its_subpackages():
+    # e.g. ctrcal.layers (embedding) imports ctrcal.layers.mc_layernorm, so MC-LayerNorm's
+    # modules take their kernels from ctrcal.layers.kernels, never from ctrcal.layers
+    graph = subpackage_graph(_package_graph(), _modules().packages)
+    cycles = find_cycles(graph)
+    assert not cycles, "subpackage circles: " + "; ".join(" <-> ".join(c) for c in cycles)

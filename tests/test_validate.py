@@ -12,7 +12,7 @@ import pytest
 from ctrcal.cli import main
 from ctrcal.core.errors import ConfigError
 from ctrcal.core.norm_spec import NormSpec, is_no_norm
-from ctrcal.validate import Problems, check_config, load_config, register_check
+from ctrcal.validate import CHECKS, Problems, check_config, load_config, register_check
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((ROOT / "configs").glob("*.yaml"))
@@ -196,9 +196,7 @@ def test_a_plugged_in_check_runs_and_names_its_key():
         with pytest.raises(ConfigError, match="multiple of 64"):
             load_config(None, ["train.batch_size=100"])
     finally:
-        from ctrcal import validate as validation
-
-        validation._CHECKS.pop("test_multiple_of_64")
+        CHECKS.unregister("test_multiple_of_64")
 
 
 def test_one_no_norm_predicate():

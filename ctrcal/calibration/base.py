@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from ctrcal.core.errors import ConfigError
-from ctrcal.core.utils import import_object
+from ctrcal.core.registry import Registry, import_object
 
 __all__ = [
+    "CALIBRATORS",
     "Calibrator",
     "CalibratorKind",
     "Segments",
@@ -143,48 +144,37 @@ class CalibratorKind:
         return self.factory
 
 
-_REGISTRY: dict[str, CalibratorKind] = {}
+CALIBRATORS: Registry[CalibratorKind] = Registry("calibrator")
+"""Every calibrator by name."""
 
 
 def register_calibrator(
-    name: str, factory: Callable[..., Calibrator] | str, *, description: str = "",
-    extra: str | None = None, overwrite: bool = False,
-) -> CalibratorKind:  # fmt: skip
+    name: str,
+    factory: Callable[..., Calibrator] | str,
+    *,
+    description: str = "",
+    extra: str | None = None,
+    overwrite: bool = False,
+) -> CalibratorKind:
     """Register a calibrator under ``name``; refuses to replace one unless ``overwrite``."""
-    key = name.strip().lower().replace("-", "_")
-    if key in _REGISTRY and not overwrite:
-        raise ValueError(f"calibrator {key!r} is already registered")
-    kind = CalibratorKind(key, factory, description, extra)
-    _REGISTRY[key] = kind
+    kind = CalibratorKind(name.strip(), factory, description, extra)
+    CALIBRATORS.register(name, kind, overwrite=overwrite)
     return kind
 
 
 def available_calibrators() -> list[str]:
     """Registered calibrator names, sorted."""
-    return sorted(_REGISTRY)
+    return CALIBRATORS.available()
 
 
 def get_calibrator(name: str) -> CalibratorKind:
     """The registered kind called ``name``; ConfigError naming the known ones otherwise."""
-    key = str(name).strip().lower().replace("-", "_")
-    if key not in _REGISTRY:
-        raise ConfigError(
-            f"unknown calibrator {name!r}; known: {', '.join(available_calibrators())}"
-        )
-    return _REGISTRY[key]
-
-
-def _split_spec(spec: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    if isinstance(spec, str):
-        return spec, {}
-    if isinstance(spec, Mapping) and isinstance(spec.get("name"), str):
-        return spec["name"], {k: v for k, v in spec.items() if k != "name"}
-    raise ConfigError(f"a calibration spec is a name or a mapping with 'name', got {spec!r}")
+    return CALIBRATORS.get(name)
 
 
 def calibration_name(spec: str | Mapping[str, Any]) -> str:
-    """The registered name a spec refers to (normalised: ``Field-Aware`` -> ``field_aware``)."""
-    return get_calibrator(_split_spec(spec)[0]).name
+    """The registered name a spec refers to (any spelling: ``Field-Aware`` -> ``field_aware``)."""
+    return CALIBRATORS.parse_spec(spec, callables=False)[0].name
 
 
 def create_calibrator(spec: str | Mapping[str, Any]) -> Calibrator:
@@ -194,8 +184,7 @@ def create_calibrator(spec: str | Mapping[str, Any]) -> Calibrator:
         ConfigError: an unknown name (listing the known ones), an option the calibrator does
             not take, or a value it refuses.
     """
-    name, options = _split_spec(spec)
-    kind = get_calibrator(name)
+    kind, options, _ = CALIBRATORS.parse_spec(spec, callables=False)
     try:
         return kind.resolve()(**options)
     except (TypeError, ValueError) as exc:

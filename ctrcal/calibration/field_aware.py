@@ -30,7 +30,7 @@ from ctrcal.calibration.base import Calibrator, Segments, fit_inputs, logit
 from ctrcal.calibration.base import sigmoid as _sigmoid_like
 from ctrcal.calibration.isotonic import IsotonicCalibration
 from ctrcal.calibration.scaling import PlattScaling
-from ctrcal.metrics._inputs import as_numpy
+from ctrcal.metrics import as_numpy
 
 __all__ = ["FieldAwareCalibration"]
 

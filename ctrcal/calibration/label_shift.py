@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ctrcal.calibration.base import Calibrator, Segments, create_calibrator
-from ctrcal.metrics._inputs import as_numpy
+from ctrcal.metrics import as_numpy
 
 __all__ = ["LabelShiftCalibrator"]
 

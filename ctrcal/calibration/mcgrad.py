@@ -27,7 +27,7 @@ import numpy as np
 
 from ctrcal.calibration.base import Calibrator, Segments
 from ctrcal.core.errors import NotAvailableError
-from ctrcal.metrics._inputs import as_numpy
+from ctrcal.metrics import as_numpy
 
 __all__ = ["MCGradCalibrator"]
 

@@ -27,10 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from ctrcal.calibration.base import Calibrator, Segments, fit_inputs, logit
-from ctrcal.metrics._recalibration import newton_logistic
+from ctrcal.calibration.base import Calibrator, Segments, fit_inputs
+from ctrcal.metrics import newton_logistic
 
-__all__ = ["PlattScaling", "TemperatureScaling", "logit"]
+__all__ = [
+    "PlattScaling",
+    "TemperatureScaling",
+]
 
 
 class TemperatureScaling(Calibrator):

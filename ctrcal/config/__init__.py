@@ -57,7 +57,6 @@ __all__ = [
     "DataConfig",
     "FeaturesConfig",
     "ModelConfig",
-    "NormSpec",
     "ReportConfig",
     "ShiftConfig",
     "SyntheticConfig",

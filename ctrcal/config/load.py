@@ -15,11 +15,11 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from ctrcal.config import DEFAULT_MODEL, Config, ModelConfig, NormSpec
+from ctrcal.config import DEFAULT_MODEL, Config, ModelConfig
 from ctrcal.config.yaml_files import apply_overrides, key_sources, load_yaml
-from ctrcal.core.norm_spec import parse_norm_spec
+from ctrcal.core.norm_spec import NormSpec, parse_norm_spec
+from ctrcal.core.registry import closest
 from ctrcal.core.typed import NOT_HANDLED, SOURCE_KEY, build_value, describe, fail, strip_sources
-from ctrcal.core.utils import closest
 
 __all__ = ["build_config", "config_from_dict", "read_config"]
 

@@ -25,7 +25,7 @@ import yaml
 
 from ctrcal.config import DEFAULT_MODEL
 from ctrcal.core.errors import ConfigError
-from ctrcal.core.norm_spec import normalize_name
+from ctrcal.core.registry import normalize_name
 from ctrcal.core.typed import SOURCE_KEY
 
 __all__ = ["DELETE", "apply_overrides", "key_sources", "load_yaml", "parse_yaml"]

@@ -8,7 +8,6 @@ model on the ``meta`` device).
 
 * :class:`NormSpec` is a norm by name plus its keyword arguments (what YAML holds);
   :func:`parse_norm_spec` reads one from a YAML value.
-* :func:`normalize_name` is the one rule by which two spellings name the same norm.
 * :func:`is_no_norm` is the one answer to "is this position left without a norm?".
 """
 
@@ -23,13 +22,13 @@ from fractions import Fraction
 from typing import Any, ClassVar
 
 from ctrcal.core.errors import ConfigError
+from ctrcal.core.registry import normalize_name
 
 __all__ = [
     "MC_BACKENDS",
     "NormSpec",
     "is_no_norm",
     "mc_subset_size",
-    "normalize_name",
     "parse_norm_spec",
 ]
 
@@ -73,13 +72,6 @@ def parse_norm_spec(value: Any) -> NormSpec:
             raise ValueError("a norm mapping needs 'name: <norm>'")
         return NormSpec(value["name"], {k: v for k, v in value.items() if k != "name"})
     raise ValueError(f"expected a norm name or {{name: ..., <kwargs>}}, got {value!r}")
-
-
-def normalize_name(name: str) -> str:
-    """Canonical form of a norm name: lower case without ``-``, ``_``, spaces or dots."""
-    if not isinstance(name, str):
-        raise TypeError(f"a norm name must be a string, got {type(name).__name__}")
-    return "".join(ch for ch in name.strip().lower() if ch not in "-_ .")
 
 
 # the registry's canonical name of "no normalization" and its alias

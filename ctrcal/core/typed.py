@@ -1,7 +1,7 @@
 """Typed value checks: the one place that says whether a value fits a type or a domain.
 
-A leaf (it imports only :mod:`ctrcal.core.errors` and :mod:`ctrcal.core.utils`): the config loader
-builds every section with :func:`build_value`, the model registry checks a model argument
+A leaf (it imports only :mod:`ctrcal.core.errors` and :mod:`ctrcal.core.registry`): the config
+loader builds every section with :func:`build_value`, the model registry checks a model argument
 against its constructor's annotation with :func:`check_value`, and the models check their
 own arguments' domains with :func:`require_int` and :func:`require_number`. So a config and
 a model constructor say the same thing about the same value, and say it once.
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, Literal, Union
 
 from ctrcal.core.errors import ConfigError
-from ctrcal.core.utils import closest
+from ctrcal.core.registry import closest
 
 __all__ = [
     "NOT_HANDLED",

@@ -1,5 +1,4 @@
-"""Small shared helpers: atomic writes, write failures, directory locks, closest-name
-suggestions, seeding, devices.
+"""Small shared helpers: atomic writes, write failures, directory locks, seeding, devices.
 
 Every file ctrcal writes goes through :func:`atomic_path` (or :func:`make_dirs` for a
 directory), and every failed write is described by :func:`describe_os_error`: a full disk, a
@@ -10,7 +9,6 @@ read-only file system or a missing permission is one line naming the path and th
 from __future__ import annotations
 
 import contextlib
-import difflib
 import errno
 import fcntl
 import json
@@ -27,13 +25,6 @@ from typing import Any
 
 from ctrcal.core.errors import CtrcalError, OutputError
 
-
-def closest(name: str, choices: Iterable[str]) -> str | None:
-    """The closest of ``choices`` to ``name`` (for "did you mean ...?"), or None."""
-    matches = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
-    return matches[0] if matches else None
-
-
 # errno -> the cause a user acts on; everything else keeps the system's own wording
 _CAUSES = {
     errno.ENOSPC: "no space left on the device",
@@ -44,19 +35,6 @@ _CAUSES = {
 }
 OUTPUT_ERRNOS = frozenset(_CAUSES)  # the failures the environment, not ctrcal, must fix
 _LOW_SPACE = 1 << 20  # bytes; a write that failed with less than this free ran out of space
-
-
-def import_object(path: str) -> Any:
-    """The object a built-in registry entry names as ``"package.module:attr.sub"``, imported
-    on first use (registries list built-ins by path, so that listing them imports nothing).
-    User-given import paths go through :mod:`ctrcal.models.registry`, which checks them."""
-    import importlib
-
-    module, _, attr = path.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def write_failure_cause(path: str | os.PathLike, exc: BaseException) -> str | None:

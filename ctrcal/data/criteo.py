@@ -44,7 +44,7 @@ from pathlib import Path
 
 import polars as pl
 
-from ctrcal.core.criteo_schema import (  # noqa: F401 - the schema, re-exported for readers
+from ctrcal.core.criteo_schema import (
     CATEGORICAL_COLUMNS,
     COLUMNS,
     FEATURE_COLUMNS,

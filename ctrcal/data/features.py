@@ -51,14 +51,13 @@ import numpy as np
 import polars as pl
 
 from ctrcal.core.constraints import Constraint, Interval, check_parameters
+from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.core.errors import DataError
 from ctrcal.core.utils import atomic_path, write_json_atomic
-from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
-from ctrcal.data.feature_map import (  # noqa: F401 - the read-only view, re-exported
+from ctrcal.data.feature_map import (
     FEATURE_MAP_FILE,
     SCHEMA_VERSION,
     FeatureMap,
-    load_feature_map,
 )
 from ctrcal.data.fit_stats import FitStats, weighted_moments, weighted_quantiles
 from ctrcal.data.lookup import ValueIndex

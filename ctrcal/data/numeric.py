@@ -105,7 +105,7 @@ class NumericTransform:
 
     @classmethod
     def from_feature_map(cls, fmap: FeatureMap) -> NumericTransform:
-        """The transform stored in a :class:`~ctrcal.data.features.FeatureMap`."""
+        """The transform stored in a :class:`~ctrcal.data.feature_map.FeatureMap`."""
         feats = [f for f in fmap.extra.get("features", []) if f.get("kind") == "numeric"]
         source = fmap.source
         try:

@@ -23,10 +23,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.core.errors import DataError
 from ctrcal.data import criteo, tsv_reader
 from ctrcal.data.chunks import iter_text_chunks
-from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS, CriteoFormat
+from ctrcal.data.criteo import CriteoFormat
 from ctrcal.data.parsed import ParsedChunk, not_utf8
 
 CHUNK_BYTES = 32 << 20
@@ -154,7 +155,6 @@ def read_frame(
 __all__ = [
     "CHUNK_BYTES",
     "ON_BAD_ROW",
-    "ParsedChunk",
     "check_on_bad_row",
     "iter_chunks",
     "read_criteo",

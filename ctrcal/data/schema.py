@@ -32,6 +32,7 @@ from typing import Any
 
 from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.core.errors import DataError
+from ctrcal.core.registry import Registry
 
 SPELLINGS = ("hex", "string")
 TIME_FEATURES = ("none", "value", "hour_of_day")
@@ -160,14 +161,15 @@ AVAZU = DatasetSchema(
 """Avazu's Kaggle ``train.csv``: ``id`` ignored, label ``click``, 21 categoricals, ``hour``
 (``YYMMDDHH``) the time column and, by its hour of day, a feature."""
 
-SCHEMAS: dict[str, DatasetSchema] = {s.name: s for s in (CRITEO, AVAZU)}
-"""Built-in schemas by name (see :func:`register_schema`)."""
+SCHEMAS: Registry[DatasetSchema] = Registry("schema", error=DataError)
+"""Dataset schemas by name: the built-ins and those added with :func:`register_schema`."""
+SCHEMAS.register(CRITEO.name, CRITEO)
+SCHEMAS.register(AVAZU.name, AVAZU)
 
 
 def register_schema(schema: DatasetSchema) -> DatasetSchema:
-    """Make ``schema`` available by its name to ``data.schema``."""
-    SCHEMAS[schema.name.lower()] = schema
-    return schema
+    """Make ``schema`` available by its name to ``data.schema`` (replacing one of that name)."""
+    return SCHEMAS.register(schema.name, schema, overwrite=True)
 
 
 _KEYS = {f.name for f in fields(DatasetSchema)}
@@ -206,8 +208,8 @@ def resolve_schema(spec: str | Mapping[str, Any] | DatasetSchema | None,
     if isinstance(spec, Mapping):
         return schema_from_mapping(spec)
     name = str(spec)
-    if name.lower() in SCHEMAS:
-        return SCHEMAS[name.lower()]
+    if name in SCHEMAS:
+        return SCHEMAS.get(name)
     path = Path(name)
     if base is not None and not path.is_absolute() and not path.exists():
         path = base / path
@@ -223,8 +225,12 @@ def resolve_schema(spec: str | Mapping[str, Any] | DatasetSchema | None,
         if not isinstance(spec, Mapping):
             raise DataError(f"data.schema: {path}: expected a mapping of schema keys")
         return schema_from_mapping(spec, str(path))
-    raise DataError(f"data.schema: unknown schema {name!r} (built-in: {', '.join(SCHEMAS)}; "
-                    "or a .yaml file, or the schema inline)")  # fmt: skip
+    hint = SCHEMAS.suggest(name)
+    did = f"; did you mean {hint!r}?" if hint else ""
+    raise DataError(
+        f"data.schema: unknown schema {name!r}{did} (built-in: {SCHEMAS.valid_names()}; "
+        "or a .yaml file, or the schema inline)"
+    )
 
 
 __all__ = ["AVAZU", "CRITEO", "SCHEMAS", "DatasetSchema", "feature_kinds",

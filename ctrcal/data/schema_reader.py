@@ -2,7 +2,7 @@
 
 :func:`detect` checks a file against its schema (every column the schema names is in the
 header or the parquet file; a headerless file has the schema's number of fields) and
-:func:`iter_chunks` parses it chunk by chunk into the :class:`~ctrcal.data.parse.ParsedChunk`
+:func:`iter_chunks` parses it chunk by chunk into the :class:`~ctrcal.data.parsed.ParsedChunk`
 the pipeline codes: text (CSV/TSV, plain or gzip) with polars' text parser, a chunk of whole
 lines at a time; parquet by record batches, its typed columns read as they are (no text round
 trip). Every row is checked -- the label 0/1, numerics finite numbers, hex categoricals hex,

@@ -46,15 +46,15 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ctrcal.core.errors import DataError
-from ctrcal.core.utils import atomic_path, remove_stale_temporaries
-from ctrcal.data.criteo import (
+from ctrcal.core.criteo_schema import (
     CATEGORICAL_COLUMNS,
     LABEL,
     NUM_CATEGORICAL,
     NUM_NUMERIC,
     NUMERIC_COLUMNS,
 )
+from ctrcal.core.errors import DataError
+from ctrcal.core.utils import atomic_path, remove_stale_temporaries
 
 GENERATOR_VERSION = 1
 CHUNK_ROWS = 500_000

@@ -1,6 +1,6 @@
 """The C reader: a chunk of clean Criteo lines parsed by ``tsv_reader.c``, a piece per thread.
 
-:func:`read_clean` gives a chunk's columns as :class:`~ctrcal.data.parse.ParsedChunk` wants
+:func:`read_clean` gives a chunk's columns as :class:`~ctrcal.data.parsed.ParsedChunk` wants
 them -- the label and ``I1..I13`` as float64, ``C1..C26`` read base 16 (``uint64`` holding the
 ``uint32`` value) with 0/1 validity -- for chunks in the clean form only: fields separated by
 one byte, the layout's canonical column order (``label, I1..I13, C1..C26`` or without the

@@ -198,7 +198,7 @@ def bind_contexts(model: nn.Module, categorical_fields: Sequence[str] | Any | No
             norm.field_index_ = norm.field
             continue
         if fields is None or norm.field not in fields:
-            from ctrcal.core.utils import closest
+            from ctrcal.core.registry import closest
 
             hint = closest(str(norm.field), fields or [])
             did = f"; did you mean {hint!r}?" if hint else ""

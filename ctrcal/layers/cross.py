@@ -19,8 +19,8 @@ a layer are stacked into one ``[d, E*r]`` projection and batched ``einsum``s, ne
 loop over experts, and the cross update is one fused ``addcmul``.
 
 Full rank on float32 CPU tensors, the layers run as one autograd Function with a C pass each
-way per layer (:mod:`ctrcal.layers.cpu_kernels`): forward, the bias add and the cross update;
-backward, ``du = g * x0``, the bias gradient's column sums and the accumulation of ``x0``'s
+way per layer (:mod:`ctrcal.layers.kernels.cpu_kernels`): forward, the bias add and the cross
+update; backward, ``du = g * x0``, the bias gradient's column sums and the accumulation of ``x0``'s
 gradient in one pass, then ``dx = g + du W`` as one ``addmm``. Autograd ran five elementwise
 passes for that per layer (two products, a sum and two accumulations).
 """
@@ -31,9 +31,9 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ctrcal.layers.chunks import Chunks
-from ctrcal.layers.cpu_kernels import cpu_kernels
-from ctrcal.layers.fusion import fusable_on_cpu, is_stock
+from ctrcal.layers.kernels.chunks import Chunks
+from ctrcal.layers.kernels.cpu_kernels import cpu_kernels
+from ctrcal.layers.kernels.fusion import fusable_on_cpu, is_stock
 
 __all__ = ["CrossNet"]
 
@@ -135,7 +135,7 @@ _MIN_ROWS = 64  # rows per thread at least in the cross-layer kernels
 def _fusable(x0: Tensor, layers: nn.ModuleList) -> bool:
     """Whether the C kernels may run these full-rank layers on x0 ``[B, d]``: plain
     ``nn.Linear`` layers with a bias and without hooks, and
-    :func:`~ctrcal.layers.fusion.fusable_on_cpu` for x0 and the weights."""
+    :func:`~ctrcal.layers.kernels.fusion.fusable_on_cpu` for x0 and the weights."""
     return (
         x0.dim() == 2
         and all(is_stock(lin, nn.Linear) and lin.bias is not None for lin in layers)

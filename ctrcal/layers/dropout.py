@@ -17,7 +17,7 @@ stock operators is the cost on the CPU:
   saving/restoring torch's RNG state (as checkpoints do) replays them; different seeds give
   independent masks. Every ``u_i`` is a pure function of ``(key, i)``, so no random state
   is carried from element to element.
-* **The kernel.** On the CPU a small C kernel (:mod:`ctrcal.layers.cpu_kernels`, compiled
+* **The kernel.** On the CPU a small C kernel (:mod:`ctrcal.layers.kernels.cpu_kernels`, compiled
   once per machine like the MC-LayerNorm kernel) computes the draw, the ReLU and the scaling
   in one vectorised pass over the activation, and the backward in another, on chunks in
   parallel. Without a C compiler the same masks come from the same function written in
@@ -39,9 +39,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ctrcal.layers.chunks import Chunks
-from ctrcal.layers.cpu_kernels import cpu_kernels
-from ctrcal.layers.fusion import fusable_on_cpu, is_layer_norm, is_stock, unhooked
+from ctrcal.layers.kernels.chunks import Chunks
+from ctrcal.layers.kernels.cpu_kernels import cpu_kernels
+from ctrcal.layers.kernels.fusion import fusable_on_cpu, is_layer_norm, is_stock, unhooked
 
 __all__ = [
     "dropout_keep_mask",
@@ -192,7 +192,7 @@ class _LayerNormReLUDropoutFn(torch.autograd.Function):
 def layer_norm_fusable(x: Tensor, norm: nn.Module, p: float, training: bool) -> bool:
     """Whether the C kernels may run ``F.dropout(F.relu(norm(x)), p, training)`` for x
     ``[B, N]``: training with ``0 < p < 1``, a plain affine ``nn.LayerNorm(N)`` without hooks,
-    and :func:`~ctrcal.layers.fusion.fusable_on_cpu` for x and the norm's weight. Kernels
+    and :func:`~ctrcal.layers.kernels.fusion.fusable_on_cpu` for x and the norm's weight. Kernels
     that fuse more around the norm add their own conditions to it."""
     return (
         training
@@ -210,8 +210,8 @@ def layer_norm_fusable(x: Tensor, norm: nn.Module, p: float, training: bool) -> 
 def layer_norm_relu_dropout(x: Tensor, norm: nn.LayerNorm, p: float, training: bool) -> Tensor:
     """``F.dropout(F.relu(norm(x)), p, training)``, as ONE pass each way on the CPU.
 
-    The fused kernel (:mod:`ctrcal.layers.cpu_kernels`) normalises a row, applies the affine,
-    the ReLU and the dropout mask of :func:`relu_dropout` (the same draw, so the same mask)
+    The fused kernel (:mod:`ctrcal.layers.kernels.cpu_kernels`) normalises a row, applies the
+    affine, the ReLU and the dropout mask of :func:`relu_dropout` (the same draw, so the same mask)
     and writes the output once; its backward reads the output gradient, the output and the
     input once and writes the input gradient, with the affine gradients summed per thread
     chunk. Two activation-sized intermediate tensors (the norm's output and its gradient)

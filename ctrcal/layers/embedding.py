@@ -27,7 +27,7 @@ F = Fn + Fc vectors of width D (numeric fields first, then categorical, in featu
 
 :class:`FieldNorm` applies a registry norm per field over D (each field its own layer, as
 FuxiCTR's ``emb_layernorm``), with fused paths for plain LayerNorms and MC-LayerNorms (one
-grouped call for all fields, :func:`~ctrcal.layers.mc_layernorm.mc_grouped_layer_norm`).
+grouped call for all fields, :func:`~ctrcal.layers.mc_layernorm.functional.mc_grouped_layer_norm`).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from ctrcal.layers.chunks import Chunks
-from ctrcal.layers.cpu_kernels import cpu_kernels
-from ctrcal.layers.fusion import fusable_on_cpu, is_layer_norm, is_stock
+from ctrcal.layers.kernels.chunks import Chunks
+from ctrcal.layers.kernels.cpu_kernels import cpu_kernels
+from ctrcal.layers.kernels.fusion import fusable_on_cpu, is_layer_norm, is_stock
 from ctrcal.layers.mc_layernorm.functional import grouped_layer_norm, mc_grouped_layer_norm
 from ctrcal.layers.mc_layernorm.module import MCLayerNorm
 from ctrcal.layers.registry import create_norm
@@ -226,7 +226,7 @@ _MIN_ROWS = 256  # batch rows per thread at least in the numeric embedding kerne
 
 class _NumericEmbedFn(torch.autograd.Function):
     """``x*v (+ b)``, or the missing vector where ``x`` is NaN, ``[B, Fn, D]``, in one C pass
-    each way (:mod:`ctrcal.layers.cpu_kernels`); the values themselves get no gradient."""
+    each way (:mod:`ctrcal.layers.kernels.cpu_kernels`); the values themselves get no gradient."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, missing):  # type: ignore[override]
@@ -289,8 +289,8 @@ class FieldNorm(nn.Module):
       stacked per-field affine;
     * every layer an identically configured :class:`MCLayerNorm` (same eps, fraction, backend,
       generator, affine settings and mode): one grouped MC-LayerNorm call
-      (:func:`~ctrcal.layers.mc_layernorm.mc_grouped_layer_norm`; each (row, field) still draws
-      its own subset), or the LayerNorm path when not sampling (evaluation, one-shot).
+      (:func:`~ctrcal.layers.mc_layernorm.functional.mc_grouped_layer_norm`; each (row, field)
+      still draws its own subset), or the LayerNorm path when not sampling (evaluation, one-shot).
 
     Args:
         num_fields: F.

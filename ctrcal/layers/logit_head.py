@@ -18,8 +18,6 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ctrcal.layers.chunks import Chunks
-from ctrcal.layers.cpu_kernels import cpu_kernels
 from ctrcal.layers.dropout import (
     _draw_key,
     _keep_threshold,
@@ -27,7 +25,9 @@ from ctrcal.layers.dropout import (
     layer_norm_relu_dropout,
     run_sequential,
 )
-from ctrcal.layers.fusion import fusable_on_cpu, is_stock
+from ctrcal.layers.kernels.chunks import Chunks
+from ctrcal.layers.kernels.cpu_kernels import cpu_kernels
+from ctrcal.layers.kernels.fusion import fusable_on_cpu, is_stock
 
 __all__ = ["layer_norm_relu_dropout_logit", "linear_logit", "sequential_logit"]
 
@@ -75,7 +75,7 @@ def layer_norm_relu_dropout_logit(
     LayerNorm, ReLU and dropout and its one-output head as ONE pass each way on the CPU.
 
     The activation between the dropout and the head is never stored: the C kernel
-    (:mod:`ctrcal.layers.cpu_kernels`) normalises a row, applies the affine, the ReLU and
+    (:mod:`ctrcal.layers.kernels.cpu_kernels`) normalises a row, applies the affine, the ReLU and
     the dropout mask of :func:`~ctrcal.layers.dropout.relu_dropout` (the same draw from
     torch's generator, so the same mask as the unfused layers) and sums the row against the
     head's weight. The backward reads only ``x`` (and two numbers per row) and recomputes the

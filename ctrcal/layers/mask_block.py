@@ -23,8 +23,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from ctrcal.layers.chunks import Chunks
-from ctrcal.layers.cpu_kernels import cpu_kernels
 from ctrcal.layers.dropout import (
     _draw_key,
     _keep_threshold,
@@ -32,7 +30,9 @@ from ctrcal.layers.dropout import (
     layer_norm_relu_dropout,
     relu_dropout,
 )
-from ctrcal.layers.fusion import fusable_on_cpu, is_layer_norm, is_stock, unhooked
+from ctrcal.layers.kernels.chunks import Chunks
+from ctrcal.layers.kernels.cpu_kernels import cpu_kernels
+from ctrcal.layers.kernels.fusion import fusable_on_cpu, is_layer_norm, is_stock, unhooked
 from ctrcal.layers.logit_head import layer_norm_relu_dropout_logit, linear_logit
 from ctrcal.layers.registry import create_norm
 
@@ -162,7 +162,7 @@ def masked_input(layer: nn.Linear, a: torch.Tensor, v: torch.Tensor) -> torch.Te
     On the CPU in float32 the bias add and the product run as one C pass, and the backward
     computes both products' gradients and the bias gradient in one pass over the output
     gradient (instead of two products, and the bias gradient's own pass over their first):
-    see :mod:`ctrcal.layers.cpu_kernels`. Anything else runs ``layer(a) * v``.
+    see :mod:`ctrcal.layers.kernels.cpu_kernels`. Anything else runs ``layer(a) * v``.
 
     Shapes:
         a: ``[B, mask_width]``; v: ``[B, hidden_dim]``; output ``[B, hidden_dim]``.
@@ -356,8 +356,8 @@ def layer_norm_relu_dropout_masked(
     """``masked_input(layer, a, F.dropout(F.relu(norm(x)), p, training))`` as ONE node.
 
     One block's LayerNorm, ReLU and dropout and the next block's masked input: the C kernel
-    (:mod:`ctrcal.layers.cpu_kernels`) normalises a row of ``x``, applies the affine, the ReLU
-    and the dropout mask of :func:`~ctrcal.layers.dropout.relu_dropout` (the same draw from
+    (:mod:`ctrcal.layers.kernels.cpu_kernels`) normalises a row of ``x``, applies the affine, the
+    ReLU and the dropout mask of :func:`~ctrcal.layers.dropout.relu_dropout` (the same draw from
     torch's generator, so the same mask as the modules) and multiplies by the mask
     ``layer(a)``; the backward recomputes the activation from ``x``. Compared with the two
     fused nodes it replaces, the activation and its gradient are neither written nor read

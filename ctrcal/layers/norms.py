@@ -5,7 +5,7 @@ several trailing dims):
 
 =================  ===================================================================
 ``layernorm``      :class:`torch.nn.LayerNorm`
-``mclayernorm``    :class:`ctrcal.layers.mc_layernorm.MCLayerNorm` (``fraction=0.8``)
+``mclayernorm``    :class:`ctrcal.layers.mc_layernorm.module.MCLayerNorm` (``fraction=0.8``)
 ``rmsnorm``        :class:`torch.nn.RMSNorm`
 ``batchnorm``      :class:`FeatureBatchNorm`: BatchNorm over the trailing (feature) dims
 ``nomorelization`` :class:`NoMorelization`: learnable scalars plus training-time noise

@@ -9,8 +9,8 @@ several trailing dims), so a model calls ``norm_layer(width)`` whatever the norm
     create_norm(functools.partial(nn.LayerNorm, eps=1e-6), 400)
     replace_norms(model, "mclayernorm", fraction=0.8)    # every nn.LayerNorm -> MCLayerNorm
 
-Names are normalised (case, ``-``, ``_``, spaces and dots are ignored), so ``MC_LayerNorm``,
-``mc-layernorm`` and ``mclayernorm`` are the same norm.
+Names are read by the one rule of :mod:`ctrcal.core.registry` (case, ``-``, ``_``, spaces and
+dots are ignored), so ``MC_LayerNorm``, ``mc-layernorm`` and ``mclayernorm`` are the same norm.
 
 The built-in norms are listed below by import path (``_BUILTINS``) and imported when first
 built: importing a module never registers anything. A user's norm is registered with
@@ -22,24 +22,22 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from ctrcal.core.errors import ConfigError
-from ctrcal.core.norm_spec import NormSpec, is_no_norm, normalize_name
-from ctrcal.core.utils import closest, import_object
-from ctrcal.layers.fusion import is_layer_norm
+from ctrcal.core.norm_spec import NormSpec
+from ctrcal.core.registry import Registry, closest
+from ctrcal.layers.kernels.fusion import is_layer_norm
 
 __all__ = [
-    "NormSpec",
+    "NORMS",
     "available_norms",
     "create_norm",
     "get_norm",
-    "is_no_norm",
-    "normalize_name",
     "register_norm",
     "replace_norms",
 ]
@@ -50,7 +48,7 @@ Width = int | Sequence[int] | torch.Size
 # ctrcal's own norms: name -> the import path of a factory taking the width first
 _BUILTINS = {
     "layernorm": "ctrcal.layers.norms:_layernorm",
-    "mclayernorm": "ctrcal.layers.mc_layernorm:MCLayerNorm",
+    "mclayernorm": "ctrcal.layers.mc_layernorm.module:MCLayerNorm",
     "rmsnorm": "ctrcal.layers.norms:_rmsnorm",
     "batchnorm": "ctrcal.layers.norms:FeatureBatchNorm",
     "nomorelization": "ctrcal.layers.norms:NoMorelization",
@@ -59,18 +57,11 @@ _BUILTINS = {
     "identity": "ctrcal.layers.norms:_identity",
 }
 
-# name -> a factory, or its import path (imported on first use)
-_REGISTRY: dict[str, NormFactory | str] = dict(_BUILTINS)
-_ALIASES: dict[str, str] = {"none": "identity"}
-
-
-def _resolve(key: str) -> NormFactory:
-    """The factory of a registered name, importing it the first time."""
-    factory = _REGISTRY[key]
-    if isinstance(factory, str):
-        factory = import_object(factory)
-        _REGISTRY[key] = factory
-    return factory
+NORMS: Registry[NormFactory] = Registry("norm", lazy=True)
+"""Every norm by name: a factory ``factory(width, **kwargs) -> nn.Module``, or its import path."""
+for _name, _path in _BUILTINS.items():
+    NORMS.register(_name, _path, aliases=("none",) if _name == "identity" else ())
+del _name, _path
 
 
 def register_norm(
@@ -83,7 +74,7 @@ def register_norm(
     """Register a norm factory under ``name`` (and ``aliases``); usable as a decorator.
 
     Args:
-        name: the norm's name (normalised with :func:`normalize_name`).
+        name: the norm's name (any spelling: see :func:`~ctrcal.core.registry.normalize_name`).
         factory: a class or callable ``factory(width, **kwargs) -> nn.Module``, or its
             import path ``"package.module:Name"`` (imported when first built).
         aliases: further names for the same norm.
@@ -94,39 +85,18 @@ def register_norm(
 
     Raises:
         ValueError: the name (or an alias) is taken and ``overwrite`` is False.
+        TypeError: ``factory`` is neither callable nor an import path.
     """
     if factory is None:
         return functools.partial(register_norm, name, aliases=aliases, overwrite=overwrite)
-    if isinstance(factory, str):
-        if ":" not in factory:
-            raise ValueError(f"norm {name!r}: expected 'package.module:Name', got {factory!r}")
-    elif not callable(factory):
+    if not isinstance(factory, str) and not callable(factory):
         raise TypeError(f"norm factory for {name!r} must be callable, got {factory!r}")
-    key = normalize_name(name)
-    keys = [normalize_name(a) for a in aliases]
-    if not key:
-        raise ValueError("a norm name must not be empty")
-    if not overwrite:
-        for k in [key, *keys]:
-            if k in _REGISTRY or k in _ALIASES:
-                raise ValueError(f"norm {k!r} is already registered (pass overwrite=True)")
-    _ALIASES.pop(key, None)
-    _REGISTRY[key] = factory
-    for alias in keys:
-        _REGISTRY.pop(alias, None)
-        _ALIASES[alias] = key
-    return factory
+    return NORMS.register(name, factory, aliases=aliases, overwrite=overwrite)
 
 
 def available_norms() -> list[str]:
-    """Sorted canonical names of all registered norms (aliases such as ``none`` excluded)."""
-    return sorted(_REGISTRY)
-
-
-def _all_names() -> str:
-    names = available_norms()
-    aliases = ", ".join(f"{a} -> {t}" for a, t in sorted(_ALIASES.items()))
-    return ", ".join(names) + (f" (aliases: {aliases})" if aliases else "")
+    """Sorted names of all registered norms (aliases such as ``none`` excluded)."""
+    return NORMS.available()
 
 
 def get_norm(name: str) -> NormFactory:
@@ -135,13 +105,7 @@ def get_norm(name: str) -> NormFactory:
     Raises:
         ConfigError (a ValueError): unknown name; the message lists every valid name.
     """
-    key = normalize_name(name)
-    key = _ALIASES.get(key, key)
-    if key not in _REGISTRY:
-        hint = closest(key, [*_REGISTRY, *_ALIASES])
-        did = f"; did you mean {hint!r}?" if hint else ""
-        raise ConfigError(f"unknown norm {name!r}{did} (valid: {_all_names()})")
-    return _resolve(key)
+    return NORMS.get(name)
 
 
 def _check_kwargs(label: str, factory: NormFactory, kwargs: dict[str, Any]) -> None:
@@ -166,16 +130,6 @@ def _check_kwargs(label: str, factory: NormFactory, kwargs: dict[str, Any]) -> N
         )
 
 
-def _from_mapping(spec: Any) -> Any:
-    """``{"name": ..., **kwargs}`` (as written in YAML) -> a NormSpec; anything else as is."""
-    if isinstance(spec, dict):
-        name = spec.get("name")
-        if not isinstance(name, str):
-            raise ConfigError(f"a norm mapping needs 'name: <norm>', got {spec!r}")
-        return NormSpec(name, {k: v for k, v in spec.items() if k != "name"})
-    return spec
-
-
 def create_norm(spec: Any, width: Width, **kwargs: Any) -> nn.Module:
     """Build a norm layer over ``width`` features from a spec.
 
@@ -195,23 +149,15 @@ def create_norm(spec: Any, width: Width, **kwargs: Any) -> nn.Module:
     """
     if spec is None or spec is False:
         return nn.Identity()
-    spec = _from_mapping(spec)
-    if isinstance(spec, NormSpec):
-        kwargs = {**spec.kwargs, **kwargs}
-        spec = spec.name
-    if isinstance(spec, str):
-        factory = get_norm(spec)
-        label = repr(normalize_name(spec))
-    elif isinstance(spec, nn.Module):
+    if isinstance(spec, nn.Module):
         raise TypeError(
             f"create_norm needs a norm name, class or factory, not a module instance ({spec!r})"
         )
-    elif callable(spec):
-        factory = spec
-        label = getattr(spec, "__name__", None) or repr(spec)
-    else:
+    if not isinstance(spec, (str, Mapping, NormSpec)) and not callable(spec):
         raise TypeError(f"unsupported norm spec {spec!r} (a name, NormSpec, class or callable)")
-    _check_kwargs(label, factory, kwargs)
+    factory, arguments, label = NORMS.parse_spec(spec)
+    kwargs = {**arguments, **kwargs}
+    _check_kwargs(repr(label) if not callable(spec) else label, factory, kwargs)
     return factory(_width_arg(width), **kwargs)
 
 
@@ -281,11 +227,8 @@ def replace_norms(
         Number of distinct modules replaced (a module shared by several parents counts once
         and stays shared).
     """
-    spec = _from_mapping(spec)
-    if isinstance(spec, NormSpec):
-        kwargs = {**spec.kwargs, **kwargs}
-        spec = spec.name
-    factory = get_norm(spec) if isinstance(spec, str) else spec
+    factory, arguments, _ = NORMS.parse_spec(spec)
+    kwargs = {**arguments, **kwargs}
 
     def matches(module: nn.Module) -> bool:
         if target is None:

@@ -2,7 +2,7 @@
 
 ``table_lookup(table, ids, offsets, lead)`` returns ``cat([lead, table[ids + offsets]], 1)``
 (``lead``: the numeric fields' embeddings, or None) -- what ``F.embedding`` followed by
-``torch.cat`` computes -- with the C kernels of :mod:`ctrcal.layers.cpu_kernels` on the CPU:
+``torch.cat`` computes -- with the C kernels of :mod:`ctrcal.layers.kernels.cpu_kernels` on the CPU:
 
 * **Forward**: the rows are copied straight into their place in the ``[B, F, D]`` output
   (no separate lookup result to concatenate).
@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ctrcal.layers.chunks import Chunks
-from ctrcal.layers.cpu_kernels import cpu_kernels
-from ctrcal.layers.fusion import fusable_on_cpu
+from ctrcal.layers.kernels.chunks import Chunks
+from ctrcal.layers.kernels.cpu_kernels import cpu_kernels
+from ctrcal.layers.kernels.fusion import fusable_on_cpu
 
 __all__ = ["table_lookup"]
 

@@ -7,6 +7,11 @@ and is defined once, in a private submodule; this package is its one public name
     ctrcal.metrics.ece(probs, labels)
     ctrcal.metrics.smooth_ece(probs, labels).value
     ctrcal.metrics.bootstrap_ci(probs, labels, "ece")
+
+Two tools of the metrics are public too, because the calibrators share them:
+:func:`as_numpy` (how a metric reads its input: numpy or a tensor on any device) and
+:func:`newton_logistic` (the one logistic fit: the calibration slope here, Platt and
+temperature scaling in :mod:`ctrcal.calibration.scaling`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from ctrcal.metrics._field import (
     field_ece,
     field_rce,
 )
+from ctrcal.metrics._inputs import as_numpy
 from ctrcal.metrics._label_free import (
     LABEL_FREE_DEFINITIONS,
     LABEL_FREE_METRICS,
@@ -51,7 +57,11 @@ from ctrcal.metrics._metrics import (
     pcoc,
     reliability_curve,
 )
-from ctrcal.metrics._recalibration import Recalibration, calibration_slope_intercept
+from ctrcal.metrics._recalibration import (
+    Recalibration,
+    calibration_slope_intercept,
+    newton_logistic,
+)
 from ctrcal.metrics._risk_coverage import RiskCoverage, risk_coverage
 from ctrcal.metrics._segments import (
     MAX_SEGMENT_VALUES,
@@ -81,6 +91,7 @@ __all__ = [
     "Segment",
     "SegmentScan",
     "SmoothECE",
+    "as_numpy",
     "auc",
     "bootstrap_ci",
     "brier",
@@ -104,6 +115,7 @@ __all__ = [
     "label_free_estimates",
     "logloss",
     "multicalibration_error",
+    "newton_logistic",
     "normalized_entropy",
     "paired_bootstrap",
     "pcoc",

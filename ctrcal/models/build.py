@@ -36,7 +36,7 @@ def create_model(
         spec: a registered name, an import path ``pkg.mod:Class``, a class / factory
             following the user-model contract, or anything with ``.name`` and ``.kwargs``
             (a config's ``model`` section) standing for that name and those arguments.
-        feature_map: the data's :class:`~ctrcal.data.features.FeatureMap`.
+        feature_map: the data's :class:`~ctrcal.data.feature_map.FeatureMap`.
         check: run the contract check (one forward pass on two rows, see
             :func:`check_model_output`).
         **kwargs: the model's keyword arguments (override the section's).

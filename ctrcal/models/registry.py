@@ -62,10 +62,11 @@ from torch import nn
 
 from ctrcal.core.errors import ConfigError
 from ctrcal.core.norm_spec import parse_norm_spec
+from ctrcal.core.registry import Registry, closest
 from ctrcal.core.typed import check_value
-from ctrcal.core.utils import closest
 
 __all__ = [
+    "MODELS",
     "ModelEntry",
     "available_models",
     "check_model_kwargs",
@@ -149,14 +150,12 @@ class _EmptyFeatureMap:
     bucket_boundaries = None
 
 
-_REGISTRY: dict[str, ModelEntry] = {}
+MODELS: Registry[ModelEntry] = Registry(
+    "model", valid_extra=", or an import path 'package.module:ClassName'"
+)
+"""Every model by name (an import path needs no registration: see :func:`resolve_model`)."""
 # factories given as objects from Python, by import path (see resolve_model)
 _CHOSEN: dict[str, ModelEntry] = {}
-
-
-def normalize_model_name(name: str) -> str:
-    """Canonical registry name: lower case without ``-``, ``_`` or spaces."""
-    return "".join(ch for ch in name.strip().lower() if ch not in "-_ ")
 
 
 def register_model(
@@ -169,7 +168,8 @@ def register_model(
     """Register a model under ``name``; usable as a decorator.
 
     Args:
-        name: the name configs use in ``model.name`` (case, ``-`` and ``_`` ignored).
+        name: the name configs use in ``model.name`` (any spelling: see
+            :func:`~ctrcal.core.registry.normalize_name`).
         factory: a class (or any callable) following the user-model contract:
             ``factory(feature_map, **kwargs)`` returns an ``nn.Module`` whose
             ``forward(batch)`` returns logits ``[B]``; or its import path
@@ -185,8 +185,7 @@ def register_model(
     """
     if factory is None:
         return functools.partial(register_model, name, overwrite=overwrite, _data_args=_data_args)
-    key = normalize_model_name(name)
-    if not key or ":" in key:
+    if not name.strip() or ":" in name:
         raise ValueError(f"model name {name!r} must be non-empty and contain no ':'")
     if isinstance(factory, str):
         module_name, _, attr = factory.partition(":")
@@ -194,15 +193,13 @@ def register_model(
             raise ValueError(f"model {name!r}: expected 'package.module:Name', got {factory!r}")
     else:
         _check_factory(factory, name, classes_only=False)
-    if key in _REGISTRY and not overwrite:
-        raise ValueError(f"model {key!r} is already registered (pass overwrite=True)")
-    _REGISTRY[key] = ModelEntry(key, factory, _data_args)
+    MODELS.register(name, ModelEntry(name.strip(), factory, _data_args), overwrite=overwrite)
     return factory
 
 
 def available_models() -> list[str]:
     """Sorted names of every registered model."""
-    return sorted(_REGISTRY)
+    return MODELS.available()
 
 
 def _check_factory(factory: Any, name: str, *, classes_only: bool) -> None:
@@ -248,7 +245,7 @@ def resolve_model(spec: Any) -> ModelEntry:
     if not isinstance(spec, str):
         _check_factory(spec, getattr(spec, "__qualname__", repr(spec)), classes_only=False)
         path = qualified_name(spec)
-        for entry in _REGISTRY.values():
+        for _, entry in MODELS.items():
             if entry.target is spec or entry.target == path:
                 return entry
         entry = ModelEntry(path, spec)
@@ -256,26 +253,18 @@ def resolve_model(spec: Any) -> ModelEntry:
             _CHOSEN[path] = entry  # so its import path names it in this process from now on
         return entry
     if ":" in spec:
-        for entry in _REGISTRY.values():  # a registered model named by its import path
+        for _, entry in MODELS.items():  # a registered model named by its import path
             if entry.target == spec:
                 return entry
         if spec in _CHOSEN:
             return _CHOSEN[spec]
         obj = _import_path(spec, classes_only=False, check=False)
-        for entry in _REGISTRY.values():  # a registered object named by its import path
+        for _, entry in MODELS.items():  # a registered object named by its import path
             if entry.target is obj:
                 return entry
         _check_factory(obj, spec, classes_only=True)
         return ModelEntry(spec, obj, classes_only=True)
-    key = normalize_model_name(spec)
-    if key not in _REGISTRY:
-        hint = closest(key, _REGISTRY)
-        did = f"; did you mean {hint!r}?" if hint else ""
-        raise ConfigError(
-            f"unknown model {spec!r}{did} (valid: {', '.join(sorted(_REGISTRY))}, or an "
-            "import path 'package.module:ClassName')"
-        )
-    return _REGISTRY[key]
+    return MODELS.get(spec)
 
 
 def qualified_name(obj: Any) -> str:

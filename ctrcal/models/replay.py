@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from ctrcal.core.batch import Batch
 from ctrcal.layers.dropout import run_sequential
-from ctrcal.layers.fusion import is_stock, unhooked
+from ctrcal.layers.kernels.fusion import is_stock, unhooked
 from ctrcal.layers.logit_head import linear_logit, sequential_logit
 from ctrcal.layers.mask_block import (
     MaskBlock,

@@ -213,7 +213,7 @@ def _onnx(served: ServedModel, example: tuple[Tensor, Tensor], path: Path) -> No
 def fit_export_calibrator(model: nn.Module, name: str, data_dir: Path, batch_size: int) -> Any:
     """``name`` fitted on the run's clean validation logits (what the reports fit on)."""
     from ctrcal.calibration.base import create_calibrator
-    from ctrcal.train.predict import predict_with_labels
+    from ctrcal.train.predict import predict_split
     from ctrcal.train.splits import open_split
 
     if name not in EXPORT_CALIBRATORS:
@@ -222,8 +222,8 @@ def fit_export_calibrator(model: nn.Module, name: str, data_dir: Path, batch_siz
             f"(valid: {', '.join(EXPORT_CALIBRATORS)})"
         )
     valid = open_split(data_dir, "valid", "stream", torch.device("cpu"))
-    logits, labels = predict_with_labels(model, valid, batch_size)
-    return create_calibrator(name).fit(logits.double().numpy(), labels.double().numpy())
+    pred = predict_split([model], valid, batch_size=batch_size, device=torch.device("cpu"))
+    return create_calibrator(name).fit(pred.logits, pred.labels)
 
 
 def export_run(

@@ -87,7 +87,7 @@ def predict_run(
     from ctrcal.core.devices import resolve_device
     from ctrcal.core.utils import atomic_path
     from ctrcal.data.feature_map import FeatureMap
-    from ctrcal.layers.mc_layernorm import has_mc_layers
+    from ctrcal.layers.mc_layernorm.module import has_mc_layers
     from ctrcal.train.results import load_run
     from ctrcal.train.runs import check_same_features, require_run_dir, run_data
 
@@ -163,7 +163,7 @@ def _score(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """(probabilities [B], MC std [B] or None) of one batch, through the prediction loop."""
     if mc_samples > 0:
-        from ctrcal.layers.mc_layernorm import mc_predict
+        from ctrcal.layers.mc_layernorm.predict import mc_predict
 
         with torch.no_grad():
             mean, std = mc_predict(

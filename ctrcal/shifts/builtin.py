@@ -7,7 +7,7 @@ deviation ``intensity · std_j``::
 
     x'_ij = x_ij + ε_ij,   ε_ij ~ N(0, (s · std_j)²)
 
-:class:`GaussianNumericShift` applies it to a :class:`~ctrcal.data.loader.Batch` either in
+:class:`GaussianNumericShift` applies it to a :class:`~ctrcal.core.batch.Batch` either in
 model-input space (σ_j = ``FeatureMap.numeric_std``, the std of the transformed feature, 1 for
 a standardised one) or in *original* space, the paper's "units of the standard deviation of
 the original feature values": the batch's model-space values are mapped back to the values
@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
+from ctrcal.core.batch import Batch
 from ctrcal.core.errors import DataError
-from ctrcal.data.loader import Batch
 
 __all__ = [
     "PAPER_INTENSITIES",

@@ -32,15 +32,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctrcal.core.errors import ConfigError
-from ctrcal.core.utils import closest, import_object
+from ctrcal.core.registry import Registry, import_object
 
 __all__ = [
+    "SHIFTS",
     "ShiftKind",
     "available_shifts",
     "check_shift_spec",
     "create_shift",
     "get_shift",
-    "normalize_shift_name",
     "register_shift",
 ]
 
@@ -98,17 +98,8 @@ class ShiftKind:
         return None
 
 
-_REGISTRY: dict[str, ShiftKind] = {}
-
-
-def normalize_shift_name(name: str) -> str:
-    """Canonical form: lower case, ``-``, spaces and dots as ``_``."""
-    if not isinstance(name, str):
-        raise TypeError(f"a shift name must be a string, got {type(name).__name__}")
-    out = name.strip().lower()
-    for ch in "- .":
-        out = out.replace(ch, "_")
-    return out
+SHIFTS: Registry[ShiftKind] = Registry("shift")
+"""Every shift kind by name."""
 
 
 def register_shift(
@@ -131,9 +122,7 @@ def register_shift(
     Raises:
         ValueError: the name is taken (unless ``overwrite``) or the grid is outside the domain.
     """
-    key = normalize_shift_name(name)
-    if key in _REGISTRY and not overwrite:
-        raise ValueError(f"shift {key!r} is already registered")
+    key = name.strip()
     kind = ShiftKind(
         key,
         factory,
@@ -151,13 +140,13 @@ def register_shift(
         err = kind.intensity_error(s)
         if err:
             raise ValueError(f"default intensities of {key!r}: {err}")
-    _REGISTRY[key] = kind
+    SHIFTS.register(key, kind, overwrite=overwrite)
     return kind
 
 
 def available_shifts() -> list[str]:
     """Registered shift names, sorted."""
-    return sorted(_REGISTRY)
+    return SHIFTS.available()
 
 
 def get_shift(name: str) -> ShiftKind:
@@ -166,12 +155,7 @@ def get_shift(name: str) -> ShiftKind:
     Raises:
         ConfigError: unknown name, with the closest valid one and the list of valid names.
     """
-    key = normalize_shift_name(name)
-    if key not in _REGISTRY:
-        hint = closest(key, _REGISTRY)
-        did = f"; did you mean {hint!r}?" if hint else ""
-        raise ConfigError(f"unknown shift {name!r}{did} (valid: {', '.join(available_shifts())})")
-    return _REGISTRY[key]
+    return SHIFTS.get(name)
 
 
 def _join(values: Sequence[float]) -> str:
@@ -244,7 +228,7 @@ def create_shift(
     Args:
         spec: ``"categorical_corruption"``, ``{"name": "gaussian_numeric", "space": "model"}``
             or a ``ShiftConfig``.
-        feature_map: the :class:`~ctrcal.data.features.FeatureMap` of the data shifted.
+        feature_map: the :class:`~ctrcal.data.feature_map.FeatureMap` of the data shifted.
         intensity: the level (std units, probability, ... see the kind).
         seed: seed of the shift's random stream (None = fresh).
         mix_fraction: fraction of the rows of each batch to shift.

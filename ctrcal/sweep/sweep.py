@@ -51,18 +51,14 @@ from typing import Any
 from ctrcal.config import Config
 from ctrcal.core.constraints import check_parameters
 from ctrcal.core.errors import ConfigError
-from ctrcal.sweep.processes import cpu_cores, run_in_processes, threads_per_worker
+from ctrcal.sweep.processes import run_in_processes, threads_per_worker
 from ctrcal.train.runs import run_state
 
 __all__ = [
     "TrainJob",
     "check_workers",
     "device_list",
-    "cpu_cores",
     "ensure_run",
-    "run_in_processes",
-    "run_state",
-    "threads_per_worker",
     "train_in_processes",
     "train_jobs",
     "training_threads",

@@ -198,7 +198,7 @@ class RankShard:
     """
 
     def __init__(self, data, ctx: DistContext) -> None:
-        from ctrcal.data.loader import Batch
+        from ctrcal.core.batch import Batch
 
         full = data.all()
         # int32 ids halve the resident size; batches are widened to int64 one at a time

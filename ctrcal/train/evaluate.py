@@ -100,7 +100,7 @@ def evaluate_run(
     """
     from ctrcal.core.devices import resolve_device
     from ctrcal.data.feature_map import FeatureMap
-    from ctrcal.layers.mc_layernorm import has_mc_layers
+    from ctrcal.layers.mc_layernorm.module import has_mc_layers
     from ctrcal.train.results import load_run
     from ctrcal.train.runs import check_same_features, require_run_dir, run_data
     from ctrcal.train.splits import open_split, require_labelled, resolve_data_mode

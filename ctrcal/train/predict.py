@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ctrcal.data.loader import Batch
+from ctrcal.core.batch import Batch
 from ctrcal.layers.mc_layernorm.module import mc_mode
 from ctrcal.layers.mc_layernorm.predict import sample_probabilities
 

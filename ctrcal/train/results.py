@@ -17,13 +17,8 @@ from torch import nn
 from ctrcal.config import Config
 from ctrcal.core.errors import CtrcalError
 from ctrcal.core.utils import json_dumps, write_json_atomic, write_text_atomic
-from ctrcal.train.runs import (
-    FEATURE_MAP_FILE,
-    METRICS_FILE,
-    RESULT_FILE,
-    load_run_config,
-    require_run_dir,
-)
+from ctrcal.data.feature_map import FEATURE_MAP_FILE
+from ctrcal.train.runs import METRICS_FILE, RESULT_FILE, load_run_config, require_run_dir
 
 __all__ = ["Run", "TrainResult", "load_run", "read_result", "write_history", "write_result"]
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctrcal.data.loader import Batch
+from ctrcal.core.batch import Batch
 from ctrcal.layers.embedding import FeatureEmbedding
 from ctrcal.train.cpu_memory import retain_freed_memory
 from ctrcal.train.noise import perturb_weights, restore_weights, weight_noise_std

@@ -40,10 +40,10 @@ import torch
 from torch import nn
 
 from ctrcal.config import Config
+from ctrcal.core.batch import Batch
 from ctrcal.core.devices import resolve_device, seed_everything
 from ctrcal.core.errors import ConfigError, CtrcalError, DataError
 from ctrcal.core.utils import directory_lock, make_dirs, remove_stale_temporaries
-from ctrcal.data.loader import Batch
 from ctrcal.layers.embedding import FeatureEmbedding
 from ctrcal.models.build import create_model
 from ctrcal.train import distributed as dist_util
@@ -58,14 +58,13 @@ from ctrcal.train.checkpoint import (
 )
 from ctrcal.train.cpu_matmul import cpu_matmul
 from ctrcal.train.evaluate import (
-    evaluate_run,
     monitor_value,
     score_split,
     training_monitor,
     valid_metrics,
 )
 from ctrcal.train.noise import TrainShift
-from ctrcal.train.predict import predict_logits, predict_probs, predict_split
+from ctrcal.train.predict import predict_split
 from ctrcal.train.results import (
     TrainResult,
     load_run,
@@ -78,13 +77,7 @@ from ctrcal.train.splits import check_ids, is_labelled, open_split, resolve_data
 from ctrcal.train.step import StepContext, amp_dtype, make_optimizer, make_step_context, train_step
 
 __all__ = [
-    "TrainResult",
     "epoch_seed",
-    "evaluate_run",
-    "load_run",
-    "predict_logits",
-    "predict_probs",
-    "read_result",
     "train",
 ]
 

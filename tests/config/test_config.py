@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ctrcal.config import NormSpec, config_to_dict, dump_config
+from ctrcal.config import config_to_dict, dump_config
 from ctrcal.config.load import config_from_dict
 from ctrcal.core.errors import ConfigError
+from ctrcal.core.norm_spec import NormSpec
 from ctrcal.validate import load_config
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"

@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from ctrcal.core.cbuild import build_c_library
-from ctrcal.layers.chunks import HEADER
+from ctrcal.layers.kernels.chunks import HEADER
 
 _SOURCE = """
 #include "chunks.h"

@@ -7,14 +7,9 @@ import gzip
 import polars as pl
 import pytest
 
+from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.core.errors import DataError
-from ctrcal.data.criteo import (
-    CATEGORICAL_COLUMNS,
-    COLUMNS,
-    LABEL,
-    NUMERIC_COLUMNS,
-    detect_format,
-)
+from ctrcal.data.criteo import detect_format
 from ctrcal.data.parse import read_criteo
 
 EXPECTED_LAYOUT = {

@@ -9,8 +9,9 @@ import pytest
 
 from ctrcal.api import prepare
 from ctrcal.config import Config
-from ctrcal.data.criteo import CATEGORICAL_COLUMNS
-from ctrcal.data.features import NUM_RESERVED, OOV_ID, FeatureMap, FeaturePipeline, hash_bucket
+from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS
+from ctrcal.data.feature_map import FeatureMap
+from ctrcal.data.features import NUM_RESERVED, OOV_ID, FeaturePipeline, hash_bucket
 from ctrcal.data.parse import read_criteo
 from ctrcal.data.synthetic import generate_frame, write_criteo
 

@@ -9,12 +9,12 @@ import polars as pl
 import pytest
 
 from ctrcal.core.errors import DataError
+from ctrcal.data.feature_map import FeatureMap
 from ctrcal.data.features import (
     MISSING_ID,
     NUM_RESERVED,
     OOV_ID,
     PAD_ID,
-    FeatureMap,
     FeaturePipeline,
     resolve_numeric_transform,
 )

@@ -8,8 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from ctrcal.core.batch import Batch
 from ctrcal.core.errors import DataError
-from ctrcal.data.loader import Batch, ParquetCTRData
+from ctrcal.data.loader import ParquetCTRData
 
 
 def _rows(batches):

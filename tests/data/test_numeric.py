@@ -9,7 +9,8 @@ import polars as pl
 import pytest
 import torch
 
-from ctrcal.data.features import FEATURE_MAP_FILE, FeatureMap, FeaturePipeline
+from ctrcal.data.feature_map import FEATURE_MAP_FILE, FeatureMap
+from ctrcal.data.features import FeaturePipeline
 from ctrcal.data.numeric import MissingOriginalStatsError, NumericTransform
 
 

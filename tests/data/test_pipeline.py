@@ -22,7 +22,7 @@ from ctrcal.data.coder import ColumnCoder, gather
 from ctrcal.data.parse import CHUNK_BYTES
 from ctrcal.data.prepare import publish as publish_mod
 from ctrcal.data.prepare import write as write_mod
-from ctrcal.data.prepare.prepare import clean_stale_temporaries
+from ctrcal.data.prepare.publish import clean_stale_temporaries
 from ctrcal.data.prepare.stages import MIN_CHUNK_BYTES, ahead, chunk_bytes_for
 from ctrcal.data.synthetic import generate, prob_path, write_criteo
 

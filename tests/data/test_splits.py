@@ -9,7 +9,8 @@ import pytest
 from ctrcal.api import prepare
 from ctrcal.config import Config
 from ctrcal.core.errors import ConfigError, DataError
-from ctrcal.data.features import FeatureMap, FeaturePipeline
+from ctrcal.data.feature_map import FeatureMap
+from ctrcal.data.features import FeaturePipeline
 from ctrcal.data.parse import read_criteo
 from ctrcal.data.splits import SplitPlan, count_records
 from ctrcal.data.synthetic import generate_frame, write_criteo

@@ -6,8 +6,8 @@ import numpy as np
 import polars as pl
 from sklearn.metrics import roc_auc_score
 
+from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, NUMERIC_COLUMNS
 from ctrcal.data import synthetic as syn
-from ctrcal.data.criteo import CATEGORICAL_COLUMNS, NUMERIC_COLUMNS
 from ctrcal.data.parse import read_criteo
 
 

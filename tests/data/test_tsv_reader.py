@@ -12,6 +12,7 @@ import pytest
 from ctrcal.api import prepare
 from ctrcal.core.errors import DataError
 from ctrcal.data import criteo, parse, tsv_reader
+from ctrcal.data.parsed import ParsedChunk
 from ctrcal.data.synthetic import generate_frame, write_criteo
 
 pytestmark = pytest.mark.skipif(not tsv_reader.available(), reason="no C compiler here")
@@ -36,17 +37,17 @@ def _chunk(path: Path) -> tuple[bytes, criteo.CriteoFormat]:
     return path.read_bytes(), fmt
 
 
-def _polars(path: Path) -> parse.ParsedChunk:
+def _polars(path: Path) -> ParsedChunk:
     chunk, fmt = _chunk(path)
     return parse._polars(chunk, path, fmt, 0, "error")
 
 
-def _native(path: Path, threads: int = 2) -> parse.ParsedChunk | None:
+def _native(path: Path, threads: int = 2) -> ParsedChunk | None:
     chunk, fmt = _chunk(path)
     return parse._native(chunk, fmt, 0, threads)
 
 
-def _assert_same_chunk(a: parse.ParsedChunk, b: parse.ParsedChunk) -> None:
+def _assert_same_chunk(a: ParsedChunk, b: ParsedChunk) -> None:
     for name in ("rows", "label", "numeric", "numeric_valid", "categorical",
                  "categorical_valid"):  # fmt: skip
         x, y = getattr(a, name), getattr(b, name)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ctrcal.core.batch import Batch
-from ctrcal.layers import chunks as chunks_module
-from ctrcal.layers import cpu_kernels, mcln_kernel
+from ctrcal.layers.kernels import chunks as chunks_module
+from ctrcal.layers.kernels import cpu_kernels, mcln_kernel
 from ctrcal.models.masknet import MaskNet
 
 
@@ -45,7 +45,7 @@ def test_chunks_cover_the_range_once_in_order(n, count, threads):
 _LOAD_KERNELS = """
 from pathlib import Path
 import torch
-from ctrcal.layers import chunks, cpu_kernels, mcln_kernel
+from ctrcal.layers.kernels import chunks, cpu_kernels, mcln_kernel
 
 def runtimes():
     maps = Path("/proc/self/maps").read_text().splitlines()

@@ -168,7 +168,8 @@ def test_mlp_runs_its_relu_dropout_pairs_fused_with_dropout_semantics():
 
 
 def _kernel_or_skip():
-    from ctrcal.layers import cpu_kernels, dropout
+    from ctrcal.layers import dropout
+    from ctrcal.layers.kernels import cpu_kernels
 
     lib = cpu_kernels.cpu_kernels()
     if lib is None:

@@ -9,7 +9,7 @@ from torch import nn
 
 import ctrcal.layers.embedding as embedding_module
 from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
-from ctrcal.layers.mc_layernorm import MCLayerNorm
+from ctrcal.layers.mc_layernorm.module import MCLayerNorm
 
 VOCAB = [5, 3, 7]
 FN = 4
@@ -182,7 +182,7 @@ def test_fieldnorm_fused_layernorm_gradients_equal_per_field_layers(monkeypatch,
     """The fused per-field LayerNorm (the C or Triton kernel with the full set, or layer_norm
     and the stacked affine) matches F separate nn.LayerNorm layers in output and every
     gradient, also for rows far from zero, and draws nothing from torch's RNG."""
-    from ctrcal.layers import mcln_kernel, mcln_triton
+    from ctrcal.layers.kernels import mcln_kernel, mcln_triton
 
     if backend == "c" and not mcln_kernel.kernel_available():
         pytest.skip("the C kernel does not build here")
@@ -220,7 +220,7 @@ def test_fieldnorm_fused_layernorm_gradients_equal_per_field_layers(monkeypatch,
 
 def test_fused_layernorm_runs_the_kernel_on_cpu(monkeypatch):
     """On CPU the per-field LayerNorm is one kernel call, not layer_norm plus the affine."""
-    from ctrcal.layers import mcln_kernel
+    from ctrcal.layers.kernels import mcln_kernel
 
     if not mcln_kernel.kernel_available():
         pytest.skip("the C kernel does not build here")

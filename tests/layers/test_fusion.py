@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch import nn
 
-from ctrcal.layers import cpu_kernels
 from ctrcal.layers.dropout import run_sequential
 from ctrcal.layers.embedding import FieldNorm
-from ctrcal.layers.fusion import fusable_on_cpu, is_layer_norm, is_stock
+from ctrcal.layers.kernels import cpu_kernels
+from ctrcal.layers.kernels.fusion import fusable_on_cpu, is_layer_norm, is_stock
 from ctrcal.layers.mask_block import MaskBlock, masked_input, serial_logits
-from ctrcal.layers.mc_layernorm import MCLayerNorm
+from ctrcal.layers.mc_layernorm.module import MCLayerNorm
 
 
 def _library():

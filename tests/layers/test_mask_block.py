@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from ctrcal.config import NormSpec
+from ctrcal.core.norm_spec import NormSpec
 from ctrcal.layers.mask_block import MaskBlock, reduced_width
-from ctrcal.layers.mc_layernorm import MCLayerNorm
+from ctrcal.layers.mc_layernorm.module import MCLayerNorm
 
 
 def test_reduced_width_is_an_exact_floor():

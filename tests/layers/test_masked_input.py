@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from ctrcal.layers import cpu_kernels
 from ctrcal.layers import mask_block as mask_block_module
+from ctrcal.layers.kernels import cpu_kernels
 from ctrcal.layers.mask_block import masked_input
 
 

@@ -11,17 +11,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrcal.core.errors import ConfigError
-from ctrcal.layers import mcln_kernel, mcln_triton
-from ctrcal.layers.mc_layernorm import (
-    MCLayerNorm,
-    dispatch,
-    kernel_available,
-    mc_layer_norm,
-    mc_mode,
-    mc_predict,
-    mc_subset_size,
-    sample_subset_mask,
-)
+from ctrcal.core.norm_spec import mc_subset_size
+from ctrcal.layers.kernels import mcln_kernel, mcln_triton
+from ctrcal.layers.kernels.mcln_kernel import kernel_available
+from ctrcal.layers.mc_layernorm import dispatch
+from ctrcal.layers.mc_layernorm.functional import mc_layer_norm, sample_subset_mask
+from ctrcal.layers.mc_layernorm.module import MCLayerNorm, mc_mode
+from ctrcal.layers.mc_layernorm.predict import mc_predict
 
 
 def triton_interpreted() -> bool:

@@ -13,17 +13,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctrcal.layers import mc_layernorm, mcln_triton
+from ctrcal.core.norm_spec import mc_subset_size
 from ctrcal.layers.embedding import FieldNorm
-from ctrcal.layers.mc_layernorm import (
-    MCLayerNorm,
-    dispatch,
-    kernel_available,
+from ctrcal.layers.kernels import mcln_triton
+from ctrcal.layers.kernels.mcln_kernel import kernel_available
+from ctrcal.layers.mc_layernorm import dispatch
+from ctrcal.layers.mc_layernorm.functional import (
     mc_grouped_layer_norm,
     mc_layer_norm,
-    mc_subset_size,
     sample_subset_mask,
 )
+from ctrcal.layers.mc_layernorm.module import MCLayerNorm
 
 needs_triton = pytest.mark.skipif(
     not (mcln_triton.HAVE_TRITON and mcln_triton.interpreting()),
@@ -324,7 +324,7 @@ def test_unknown_compiled_mode_is_a_clear_error(monkeypatch):
 
     monkeypatch.setenv("CTRCAL_MCLN_COMPILED", "fused-ish")
     with pytest.raises(ConfigError, match="CTRCAL_MCLN_COMPILED must be one of kernel, decomposed"):
-        mc_layernorm.compiled_mode()
+        dispatch.compiled_mode()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -413,8 +413,9 @@ import sys
 sys.modules["triton"] = None
 import torch
 import ctrcal
-from ctrcal.layers import mc_layernorm, mcln_triton
-from ctrcal.layers.mc_layernorm import MCLayerNorm, mc_grouped_layer_norm, mc_layer_norm
+from ctrcal.layers.kernels import mcln_triton
+from ctrcal.layers.mc_layernorm.functional import mc_grouped_layer_norm, mc_layer_norm
+from ctrcal.layers.mc_layernorm.module import MCLayerNorm
 from ctrcal.layers.embedding import FieldNorm
 assert not mcln_triton.HAVE_TRITON
 torch.manual_seed(0)

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctrcal.layers import cpu_kernels
 from ctrcal.layers import table_lookup as table_lookup_module
+from ctrcal.layers.kernels import cpu_kernels
 from ctrcal.layers.table_lookup import table_lookup
 
 SIZES = [7, 3, 50_000]  # the last field spans several threads' row ranges

@@ -9,10 +9,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctrcal.config import ModelConfig, NormSpec
+from ctrcal.config import ModelConfig
 from ctrcal.core.batch import Batch
+from ctrcal.core.criteo_schema import (
+    CATEGORICAL_COLUMNS,
+    NUM_CATEGORICAL,
+    NUM_NUMERIC,
+    NUMERIC_COLUMNS,
+)
 from ctrcal.core.errors import ConfigError
-from ctrcal.data.criteo import CATEGORICAL_COLUMNS, NUM_CATEGORICAL, NUM_NUMERIC, NUMERIC_COLUMNS
+from ctrcal.core.norm_spec import NormSpec
 from ctrcal.layers import context
 from ctrcal.layers.context import ContextNorm, bind_contexts
 from ctrcal.layers.norms import FeatureGroupNorm

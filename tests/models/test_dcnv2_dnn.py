@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrcal.core.batch import Batch
-from ctrcal.data.criteo import NUM_CATEGORICAL, NUM_NUMERIC
+from ctrcal.core.criteo_schema import NUM_CATEGORICAL, NUM_NUMERIC
 from ctrcal.layers.cross import CrossNet
 from ctrcal.layers.embedding import FieldNorm
-from ctrcal.layers.mc_layernorm import MCLayerNorm
+from ctrcal.layers.mc_layernorm.module import MCLayerNorm
 from ctrcal.layers.norms import FeatureBatchNorm
 from ctrcal.layers.registry import replace_norms
 from ctrcal.models.dcnv2 import STRUCTURES, DCNv2
@@ -55,7 +55,7 @@ def test_fused_full_rank_cross_equals_the_autograd_layers(threads, layers, monke
     """The C pass each way (CPU, float32) against the same layers through autograd: outputs
     and the gradients of x0 (used by every layer), every weight and every bias."""
     from ctrcal.layers import cross as cross_module
-    from ctrcal.layers.cpu_kernels import cpu_kernels, kernel_error
+    from ctrcal.layers.kernels.cpu_kernels import cpu_kernels, kernel_error
 
     if cpu_kernels() is None:
         pytest.skip(f"no C kernel here: {kernel_error()}")

@@ -11,12 +11,13 @@ import torch
 from batches import random_batch
 from torch import nn
 
-from ctrcal.config import ModelConfig, NormSpec
+from ctrcal.config import ModelConfig
 from ctrcal.core.batch import Batch
+from ctrcal.core.criteo_schema import NUM_CATEGORICAL, NUM_NUMERIC
 from ctrcal.core.errors import ConfigError
-from ctrcal.data.criteo import NUM_CATEGORICAL, NUM_NUMERIC
+from ctrcal.core.norm_spec import NormSpec
 from ctrcal.layers.mask_block import MaskBlock
-from ctrcal.layers.mc_layernorm import MCLayerNorm
+from ctrcal.layers.mc_layernorm.module import MCLayerNorm
 from ctrcal.layers.registry import replace_norms
 from ctrcal.models.build import create_model
 from ctrcal.models.masknet import MaskNet

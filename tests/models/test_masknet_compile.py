@@ -8,8 +8,8 @@ import pytest
 import torch
 from batches import random_batch
 
-from ctrcal.config import NormSpec
 from ctrcal.core.batch import Batch
+from ctrcal.core.norm_spec import NormSpec
 from ctrcal.models.masknet import MaskNet
 
 VOCAB = [13, 7, 29, 5]
@@ -38,7 +38,7 @@ def _run(module, model: MaskNet, seed: int = 5):
 def test_compiled_masknet_is_one_graph_equal_to_eager(backend):
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from ctrcal.layers.cpu_kernels import cpu_kernels
+    from ctrcal.layers.kernels.cpu_kernels import cpu_kernels
 
     if backend == "inductor" and cpu_kernels() is None:
         pytest.skip("no C compiler: inductor cannot build CPU code here")

@@ -11,7 +11,7 @@ import torch
 
 from ctrcal.core.batch import Batch
 from ctrcal.layers.context import bind_contexts
-from ctrcal.layers.mc_layernorm import mc_mode
+from ctrcal.layers.mc_layernorm.module import mc_mode
 from ctrcal.layers.mc_layernorm.predict import sample_probabilities
 from ctrcal.layers.registry import available_norms
 from ctrcal.models.dcnv2 import DCNv2

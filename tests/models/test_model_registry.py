@@ -9,11 +9,17 @@ import pytest
 import torch
 from torch import nn
 
-from ctrcal.config import ModelConfig, NormSpec
+from ctrcal.config import ModelConfig
 from ctrcal.core.batch import Batch
+from ctrcal.core.criteo_schema import (
+    CATEGORICAL_COLUMNS,
+    NUM_CATEGORICAL,
+    NUM_NUMERIC,
+    NUMERIC_COLUMNS,
+)
 from ctrcal.core.errors import ConfigError
-from ctrcal.data.criteo import CATEGORICAL_COLUMNS, NUM_CATEGORICAL, NUM_NUMERIC, NUMERIC_COLUMNS
-from ctrcal.layers.mc_layernorm import MCLayerNorm
+from ctrcal.core.norm_spec import NormSpec
+from ctrcal.layers.mc_layernorm.module import MCLayerNorm
 from ctrcal.models.build import create_model
 from ctrcal.models.masknet import MaskNet
 from ctrcal.models.registry import available_models, register_model, resolve_model

@@ -11,8 +11,10 @@ import torch
 import ctrcal
 from ctrcal.cli import main
 from ctrcal.core.errors import ConfigError
-from ctrcal.layers.mc_layernorm import MCLayerNorm
-from ctrcal.train.trainer import evaluate_run, load_run, train
+from ctrcal.layers.mc_layernorm.module import MCLayerNorm
+from ctrcal.train.evaluate import evaluate_run
+from ctrcal.train.results import load_run
+from ctrcal.train.trainer import train
 from ctrcal.validate import load_config
 
 TINY = [

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ctrcal.cli import main
-from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
+from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.serving import export as export_mod
 from ctrcal.serving import formats as formats_mod
 from ctrcal.serving.encoding import RawRowEncoder

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from ctrcal.core.batch import Batch
 from ctrcal.core.errors import ConfigError, DataError
 from ctrcal.data.features import NUM_RESERVED
-from ctrcal.data.loader import Batch
 from ctrcal.shifts.builtin import CategoricalCorruption, GaussianNumericShift, TemporalShift
 from ctrcal.shifts.registry import (
     available_shifts,

@@ -195,7 +195,8 @@ def test_parallel_report_equals_sequential(sweeps):
 
 
 def test_parallel_rerun_reuses_and_retrains(sweeps, tmp_path, monkeypatch):
-    from ctrcal.reports.shift.report import plan_variants, train_variants
+    from ctrcal.reports.shift.plan import plan_variants
+    from ctrcal.reports.shift.report import train_variants
     from ctrcal.sweep import processes
 
     # pin the thread count a worker gets without train.num_threads to the one the runs were
@@ -225,7 +226,8 @@ def test_parallel_rerun_reuses_and_retrains(sweeps, tmp_path, monkeypatch):
 
 
 def test_interrupted_run_resumes_whatever_the_report_section(sweeps, tmp_path):
-    from ctrcal.reports.shift.report import ensure_run, plan_variants, variant_train_config
+    from ctrcal.reports.shift.plan import plan_variants, variant_train_config
+    from ctrcal.sweep.sweep import ensure_run
 
     root, data, _, _ = sweeps
     run = tmp_path / "seed0"

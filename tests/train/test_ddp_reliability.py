@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from interrupt import assert_same_training, wait_for
 from rng_probe_model import RECORD_DIR, read_records
 
-from ctrcal.layers.mc_layernorm import MCLayerNorm
+from ctrcal.layers.mc_layernorm.module import MCLayerNorm
 from ctrcal.train.checkpoint import load_checkpoint
 
 EPOCHS = 3
@@ -72,7 +72,7 @@ def _join(procs: list) -> None:
 
 @pytest.mark.slow
 def test_ddp_mc_layernorm_streams_and_kill_9_resume(prepared_dir, tmp_path):
-    from ctrcal.train.trainer import load_run
+    from ctrcal.train.results import load_run
 
     full, cut = tmp_path / "full", tmp_path / "cut"
     _join(_start(prepared_dir, full, tmp_path / "probe_full"))

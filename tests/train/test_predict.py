@@ -11,9 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ctrcal.core.batch import Batch
 from ctrcal.core.errors import CtrcalError
-from ctrcal.data.loader import Batch, ParquetCTRData
-from ctrcal.layers.mc_layernorm import MCLayerNorm, mc_mode, mc_predict
+from ctrcal.data.loader import ParquetCTRData
+from ctrcal.layers.mc_layernorm.module import MCLayerNorm, mc_mode
+from ctrcal.layers.mc_layernorm.predict import mc_predict
 from ctrcal.models.masknet import MaskNet
 from ctrcal.train.checkpoint import (
     capture_rng_state,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ctrcal.data.loader import Batch
+from ctrcal.core.batch import Batch
 from ctrcal.train.predict import predict_split
 
 NOISE = 2.0  # logit noise of a pass: large, so a mean of logits would be far off
@@ -104,7 +104,8 @@ def test_an_ensemble_pools_members_and_passes():
 def test_report_and_mc_predict_draw_the_same_passes():
     """The report's MC passes and ``mc_predict`` are one loop: from one RNG state a batch
     gives the same probabilities both ways (a second copy of the loop would drift)."""
-    from ctrcal.layers.mc_layernorm import MCLayerNorm, mc_predict
+    from ctrcal.layers.mc_layernorm.module import MCLayerNorm
+    from ctrcal.layers.mc_layernorm.predict import mc_predict
 
     class Net(nn.Module):
         def __init__(self) -> None:

@@ -11,11 +11,11 @@ import pytest
 from ctrcal.cli import main
 from ctrcal.config import Config, config_to_dict
 from ctrcal.core.errors import ConfigError, DataError
+from ctrcal.data.identity import data_identity
 from ctrcal.train.evaluate import evaluate_run
 from ctrcal.train.runs import (
     RUNTIME_KEYS,
     check_resumable,
-    data_identity,
     is_runtime_key,
     run_signature,
     run_state,

@@ -19,9 +19,11 @@ import ctrcal.train.trainer as trainer
 from ctrcal.cli import main
 from ctrcal.core.errors import ConfigError, CtrcalError
 from ctrcal.data.loader import ParquetCTRData
-from ctrcal.layers.mc_layernorm import MCLayerNorm
+from ctrcal.layers.mc_layernorm.module import MCLayerNorm
 from ctrcal.train import evaluate, finetune, splits, step
-from ctrcal.train.trainer import load_run, predict_logits, train
+from ctrcal.train.predict import predict_logits
+from ctrcal.train.results import load_run
+from ctrcal.train.trainer import train
 from ctrcal.validate import load_config
 
 TINY = [
@@ -158,7 +160,7 @@ def test_monitor_values():
 
 
 def test_emb_l2_is_the_gradient_of_half_lambda_squared_norm_of_the_whole_table():
-    from ctrcal.data.loader import Batch
+    from ctrcal.core.batch import Batch
     from ctrcal.models.masknet import MaskNet
 
     lam = 0.5
@@ -184,7 +186,7 @@ def test_emb_l2_is_the_gradient_of_half_lambda_squared_norm_of_the_whole_table()
 
 
 def test_a_training_step_calls_the_model_with_the_batch_but_not_its_labels():
-    from ctrcal.data.loader import Batch
+    from ctrcal.core.batch import Batch
     from ctrcal.models.masknet import MaskNet
 
     model = MaskNet([6, 4], 3, 4, hidden_units=[8])
@@ -326,7 +328,7 @@ def _pair_of_models():
 
 
 def _batches():
-    from ctrcal.data.loader import Batch
+    from ctrcal.core.batch import Batch
 
     g = torch.Generator().manual_seed(1)
     return [Batch(torch.randint(0, 30, (16, 2), generator=g), torch.randn(16, 3, generator=g),
@@ -403,7 +405,7 @@ def test_compiled_training_on_cpu_matches_eager(prepared_dir, tmp_path):
     """``train.compile: true`` (inductor, one graph) trains the model eager mode trains: same
     validation scores and weights up to float reordering (dropout off: compiled graphs draw
     their own masks)."""
-    from ctrcal.layers.cpu_kernels import cpu_kernels
+    from ctrcal.layers.kernels.cpu_kernels import cpu_kernels
 
     if cpu_kernels() is None:
         pytest.skip("no C compiler: inductor cannot build CPU code here")

@@ -37,6 +37,7 @@ from ctrcal.data import parse
 from ctrcal.data.coder import ColumnCoder, gather, numeric_bits
 from ctrcal.data.features import MISSING_ID, FeaturePipeline
 from ctrcal.data.fit_stats import FitStats
+from ctrcal.data.parsed import ParsedChunk
 from ctrcal.data.prepare import stages
 from ctrcal.data.prepare.write import PROB_COL, PartWriter, encoded_schema
 from ctrcal.data.splits import SPLITS, SplitPlan
@@ -243,7 +244,7 @@ def encode_sources(
 
 
 def _code_chunk(
-    chunk: parse.ParsedChunk,
+    chunk: ParsedChunk,
     split: np.ndarray,
     prob: np.ndarray | None,
     coders: list[ColumnCoder],

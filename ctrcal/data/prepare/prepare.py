@@ -47,16 +47,12 @@ from typing import Any
 
 import polars as pl
 
+from ctrcal.core.criteo_schema import LABEL
 from ctrcal.core.errors import DataError
 from ctrcal.data import criteo, schema_reader
-from ctrcal.data.criteo import LABEL
 from ctrcal.data.days import describe_days
-from ctrcal.data.features import (
-    FEATURE_MAP_FILE,
-    SCHEMA_VERSION,
-    FeaturePipeline,
-    resolve_numeric_transform,
-)
+from ctrcal.data.feature_map import FEATURE_MAP_FILE, SCHEMA_VERSION
+from ctrcal.data.features import FeaturePipeline, resolve_numeric_transform
 from ctrcal.data.inputs import expand_inputs
 from ctrcal.data.parse import check_on_bad_row
 from ctrcal.data.parse import threads as parse_threads
@@ -524,4 +520,7 @@ def _reuse(out_dir: str | Path, key: str) -> PrepareResult:
     )  # fmt: skip
 
 
-__all__ = ["PrepareResult", "clean_stale_temporaries", "is_prepared", "prepare", "source_hash"]
+__all__ = [
+    "prepare",
+    "source_hash",
+]

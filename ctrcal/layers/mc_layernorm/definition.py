@@ -17,10 +17,10 @@ although the float 0.3 is slightly below 0.3 (and ``int(0.29 * 100)`` is 28, not
 This module holds the formula (:func:`masked_rows`: rows normalised by the statistics of a
 0/1 mask, then the affine) and the pure-torch sampler of the subsets
 (:func:`torch_subset_mask`). The fused kernels compute the same function with their own
-random bits: :mod:`ctrcal.layers.mcln_kernel` (C, CPU) and :mod:`ctrcal.layers.mcln_triton`
-(Triton); the tests hold both to :func:`masked_rows` on the subsets they draw. A change of
-the per-row computation therefore touches this module and those two kernels (see the
-package docstring for the rest).
+random bits: :mod:`ctrcal.layers.kernels.mcln_kernel` (C, CPU) and
+:mod:`ctrcal.layers.kernels.mcln_triton` (Triton); the tests hold both to :func:`masked_rows`
+on the subsets they draw. A change of the per-row computation therefore touches this module
+and those two kernels (see the package docstring for the rest).
 """
 
 from __future__ import annotations
@@ -31,10 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ctrcal.core.norm_spec import mc_subset_size
-from ctrcal.layers.mcln_kernel import small_side
+from ctrcal.layers.kernels.mcln_kernel import small_side
 
-__all__ = ["compute_dtype", "masked_rows", "mc_subset_size", "torch_subset_mask"]
+__all__ = [
+    "compute_dtype",
+    "masked_rows",
+    "torch_subset_mask",
+]
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -4,7 +4,7 @@ Every functional entry point (:mod:`.functional`) ends in :func:`normalize_rows`
 ``[R, N]``; this module picks the path and runs it. All paths compute the function of
 :mod:`.definition`, and none shares subsets between rows (:data:`BACKENDS`):
 
-* ``c`` (default for CPU tensors): the C kernel of :mod:`ctrcal.layers.mcln_kernel`,
+* ``c`` (default for CPU tensors): the C kernel of :mod:`ctrcal.layers.kernels.mcln_kernel`,
   compiled once per machine with the system C compiler (about a second; cached under
   ``~/.cache/ctrcal``) and loaded with ctypes. Per row, Floyd's algorithm draws a uniform
   subset of size ``d = min(k, N - k)`` (the complement when k > N/2) with d bounded integers;
@@ -17,11 +17,11 @@ Every functional entry point (:mod:`.functional`) ends in :func:`normalize_rows`
   costs most); see ``scripts/bench_norms.py``. No double backward
   (``once_differentiable``). Registered with ``torch.library`` as well, so a
   ``torch.compile`` graph on CPU keeps the kernel (eager calls skip the op dispatch). It
-  runs where :func:`ctrcal.layers.fusion.fusable_on_cpu` -- the one rule of every fused CPU
+  runs where :func:`ctrcal.layers.kernels.fusion.fusable_on_cpu` -- the one rule of every fused CPU
   kernel -- allows it: any dtype (the rows are converted to float32/float64) and under
   autocast (the ops it replaces run outside autocast, see :func:`.definition.masked_rows`).
 * ``triton`` (default for CUDA tensors when triton is installed): one fused forward and one
-  fused backward kernel (:mod:`ctrcal.layers.mcln_triton`); each row's exact-k subset comes
+  fused backward kernel (:mod:`ctrcal.layers.kernels.mcln_triton`); each row's exact-k subset comes
   from Philox bits keyed by a seed and the element's position, kept as one bit per element
   for the backward; float32 accumulation for float32/bfloat16/float16 input; registered
   with ``torch.library`` so ``torch.compile`` keeps it (see :data:`COMPILED_MODES`). A failed
@@ -41,8 +41,8 @@ from torch import Tensor
 
 from ctrcal.core.errors import ConfigError
 from ctrcal.core.norm_spec import MC_BACKENDS
-from ctrcal.layers import mcln_kernel
-from ctrcal.layers.fusion import fusable_on_cpu
+from ctrcal.layers.kernels import mcln_kernel
+from ctrcal.layers.kernels.fusion import fusable_on_cpu
 from ctrcal.layers.mc_layernorm.definition import compute_dtype, masked_rows, torch_subset_mask
 
 __all__ = [
@@ -62,14 +62,14 @@ for CUDA tensors when triton is installed and compiles (else ``torch``, with one
 tensors, or CPU tensors under ``TRITON_INTERPRET=1``; an error without triton). ``torch``: pure
 torch ops on any device (the subset from a table of all subsets when ``C(N, d) <= 4096``, else
 the d smallest of i.i.d. float64 keys). Rows wider than
-:data:`ctrcal.layers.mcln_triton.MAX_WIDTH` take the torch path instead of ``triton``. The
+:data:`ctrcal.layers.kernels.mcln_triton.MAX_WIDTH` take the torch path instead of ``triton``. The
 environment variable ``CTRCAL_MCLN_BACKEND`` sets the default."""
 
 COMPILED_MODES = ("kernel", "decomposed")
 """How a ``torch.compile`` graph runs the Triton MC-LayerNorm (environment variable
 ``CTRCAL_MCLN_COMPILED``, read when a graph is traced). ``kernel`` (default): the fused forward
 and backward ops, kept whole in the graph. ``decomposed``: only the subset draw is an op
-(:func:`ctrcal.layers.mcln_triton.mc_subset_mask`, the same subsets from the same seed); the
+(:func:`ctrcal.layers.kernels.mcln_triton.mc_subset_mask`, the same subsets from the same seed); the
 masked statistics, the affine and their gradients are ordinary tensor ops that inductor fuses
 with the neighbouring operations, at the cost of a one-byte-per-element mask."""
 
@@ -101,7 +101,7 @@ def compiled_mode() -> str:
 def triton() -> Any:
     """The Triton kernels' module, imported on first use: importing triton costs a CPU-only
     process 0.3-0.5 s of start-up for kernels it never launches."""
-    from ctrcal.layers import mcln_triton
+    from ctrcal.layers.kernels import mcln_triton
 
     return mcln_triton
 

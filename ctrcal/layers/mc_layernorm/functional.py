@@ -1,7 +1,7 @@
 """MC-LayerNorm's functional API: argument checks, then :func:`.dispatch.normalize_rows`.
 
 * :func:`mc_layer_norm`: the row layer over trailing ``normalized_shape`` (what
-  :class:`~ctrcal.layers.mc_layernorm.MCLayerNorm` runs while sampling);
+  :class:`~ctrcal.layers.mc_layernorm.module.MCLayerNorm` runs while sampling);
 * :func:`mc_grouped_layer_norm`: per-field MC-LayerNorm of ``[..., G, D]`` over D for all G
   fields in one call (one kernel launch), with ``[G, D]`` affine parameters -- exactly what G
   separate layers compute; :class:`~ctrcal.layers.embedding.FieldNorm` runs it;
@@ -19,8 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ctrcal.layers import mcln_kernel
-from ctrcal.layers.mc_layernorm.definition import check_k, mc_subset_size, torch_subset_mask
+from ctrcal.core.norm_spec import mc_subset_size
+from ctrcal.layers.kernels import mcln_kernel
+from ctrcal.layers.mc_layernorm.definition import check_k, torch_subset_mask
 from ctrcal.layers.mc_layernorm.dispatch import (
     choose_backend,
     draw_key,
@@ -158,7 +159,7 @@ def mc_grouped_layer_norm(
 ) -> Tensor:
     """Per-field MC-LayerNorm of ``input [..., G, D]`` over D, in one call for all G fields.
 
-    Exactly what G separate :class:`~ctrcal.layers.mc_layernorm.MCLayerNorm` (D) layers
+    Exactly what G separate :class:`~ctrcal.layers.mc_layernorm.module.MCLayerNorm` (D) layers
     applied to ``input[..., g, :]`` compute (each (row, field) draws its own k-subset of the D
     features, k from :func:`mc_subset_size` (D, f)), with field g's affine pair
     ``weight[g], bias[g]``.

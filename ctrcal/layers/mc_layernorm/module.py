@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ctrcal.layers.mc_layernorm.definition import mc_subset_size
+from ctrcal.core.norm_spec import mc_subset_size
 from ctrcal.layers.mc_layernorm.dispatch import resolve_backend
 from ctrcal.layers.mc_layernorm.functional import ShapeLike, mc_layer_norm
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ctrcal.core.batch import Batch
-from ctrcal.layers.fusion import unhooked
+from ctrcal.layers.kernels.fusion import unhooked
 from ctrcal.layers.mc_layernorm.module import mc_mode
 
 __all__ = ["mc_predict", "sample_probabilities"]

@@ -95,7 +95,7 @@ def open_split(
     data_dir: Path, split: str, cfg: Config, device: Any, batch_size: int, fields: bool
 ) -> Split:
     """Open ``split`` of prepared data for evaluation (with its clean field codes if asked)."""
-    from ctrcal.data.features import FeatureMap
+    from ctrcal.data.feature_map import FeatureMap
     from ctrcal.train import splits
 
     mode = splits.resolve_data_mode(cfg.train.data_mode, device, FeatureMap.load(data_dir))
@@ -165,7 +165,7 @@ class EvalGrid:
             fields: load the clean field codes (field metrics, segment-aware calibrators).
             valid: open the validation split (the calibrators are fitted on it).
         """
-        from ctrcal.data.features import FeatureMap
+        from ctrcal.data.feature_map import FeatureMap
 
         split = job.cfg.report.split
         return cls(
@@ -395,7 +395,7 @@ def row_level_windows(
 
 def _check_stochastic(plan: VariantPlan, models: list, cfg: Config) -> None:
     """MC passes need something that samples: MC-LayerNorm layers or (MC-Dropout) dropout."""
-    from ctrcal.layers.mc_layernorm import has_mc_layers
+    from ctrcal.layers.mc_layernorm.module import has_mc_layers
     from ctrcal.train.predict import dropout_modules
 
     if not plan.mc_samples:

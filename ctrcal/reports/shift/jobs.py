@@ -59,7 +59,7 @@ def data_jobs(
         DataError: the time-ordered preparation has another row count than the report's
             data (then the report's data is not the random split of the same inputs).
     """
-    from ctrcal.data.features import FeatureMap
+    from ctrcal.data.feature_map import FeatureMap
     from ctrcal.data.prepare.prepare import prepare
 
     out = [DataJob(cfg, data_dir, out_dir / "runs")]

@@ -49,12 +49,8 @@ from ctrcal.reports.shift.grid import (
 )
 from ctrcal.reports.shift.jobs import check_data_for_shifts, data_jobs, train_jobs_for
 from ctrcal.reports.shift.plan import (
-    ShiftPlan,
     VariantPlan,
     check_report,
-    plan_shifts,
-    plan_variants,
-    variant_train_config,
 )
 from ctrcal.reports.shift.render import (
     REPORT_OUTPUTS,
@@ -63,35 +59,16 @@ from ctrcal.reports.shift.render import (
     Timing,
     TrainingInfo,
     describe_variant,
-    finish_message,
     fmt_seconds,
     write_report,
 )
 from ctrcal.reports.shift.row_level import check_time_ordered, oracle_probs
 from ctrcal.reports.shift.stats import RESULT_COLUMNS, summarize_report
-from ctrcal.sweep.sweep import (
-    check_workers,
-    ensure_run,
-    run_state,
-    train_jobs,
-    training_threads,
-    worker_slots,
-)
+from ctrcal.sweep.sweep import check_workers, train_jobs, training_threads, worker_slots
 
 __all__ = [
-    "ReportPaths",
-    "ShiftPlan",
-    "VariantPlan",
-    "check_report",
-    "ensure_run",
-    "finish_message",
-    "plan_shifts",
-    "plan_variants",
     "run_shift_report",
-    "run_state",
     "train_variants",
-    "variant_train_config",
-    "write_report",
 ]
 
 
@@ -187,7 +164,7 @@ def shift_report(
 
     from ctrcal.core.devices import resolve_device
     from ctrcal.core.utils import remove_stale_temporaries
-    from ctrcal.data.features import FeatureMap
+    from ctrcal.data.feature_map import FeatureMap
     from ctrcal.train.runs import prepared_data_dir
     from ctrcal.train.splits import require_labelled
 

@@ -32,8 +32,7 @@ import numpy as np
 
 from ctrcal import metrics as M
 from ctrcal.calibration.base import create_calibrator
-from ctrcal.metrics import paired_bootstrap
-from ctrcal.metrics._inputs import as_numpy
+from ctrcal.metrics import as_numpy, paired_bootstrap
 
 __all__ = ["CALIBRATIONS", "WindowMetrics", "calibration_over_time", "decay_sentence", "windows"]
 

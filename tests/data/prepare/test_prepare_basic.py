@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 
-from ctrcal.data.criteo import CATEGORICAL_COLUMNS, NUMERIC_COLUMNS
-from ctrcal.data.features import FeatureMap, load_feature_map
+from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, NUMERIC_COLUMNS
+from ctrcal.data.feature_map import FeatureMap, load_feature_map
 from ctrcal.data.loader import ParquetCTRData
 
 

@@ -11,12 +11,11 @@ import pytest
 from ctrcal.api import prepare
 from ctrcal.cli import main
 from ctrcal.config import Config
+from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.core.errors import DataError
 from ctrcal.data import features as features_mod
-from ctrcal.data.criteo import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
-from ctrcal.data.feature_map import FEATURE_MAP_FILE
-from ctrcal.data.features import FeatureMap
-from ctrcal.data.prepare.prepare import is_prepared
+from ctrcal.data.feature_map import FEATURE_MAP_FILE, FeatureMap
+from ctrcal.data.prepare.publish import is_prepared
 from ctrcal.data.synthetic import generate
 
 

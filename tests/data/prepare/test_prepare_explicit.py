@@ -10,7 +10,8 @@ from ctrcal.api import prepare
 from ctrcal.cli import main
 from ctrcal.config import Config
 from ctrcal.core.errors import DataError
-from ctrcal.data.features import MISSING_ID, OOV_ID, FeatureMap, FeaturePipeline
+from ctrcal.data.feature_map import FeatureMap
+from ctrcal.data.features import MISSING_ID, OOV_ID, FeaturePipeline
 from ctrcal.data.prepare.prepare import split_role
 from ctrcal.data.synthetic import generate_frame, write_criteo
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from interrupt import child_env, kill_9, snapshot
 
-from ctrcal.data.prepare.prepare import is_prepared
+from ctrcal.data.prepare.publish import is_prepared
 from ctrcal.data.synthetic import generate_frame, write_criteo
 
 CHILD = r"""

@@ -107,7 +107,7 @@ def exported(shift_report, tmp_path_factory):
 
     from ctrcal.data.loader import ParquetCTRData
     from ctrcal.train.predict import predict_probs
-    from ctrcal.train.trainer import load_run
+    from ctrcal.train.results import load_run
 
     _, report = shift_report
     root = tmp_path_factory.mktemp("exported")

@@ -9,7 +9,7 @@ import re
 import pytest
 from interrupt import assert_same_training, ctrcal_argv, kill_9_when, run, snapshot, start
 
-from ctrcal.train.runs import data_identity
+from ctrcal.data.identity import data_identity
 
 pytestmark = pytest.mark.slow  # child processes killed and run again
 

@@ -98,8 +98,8 @@ def test_ensemble_averages_its_members_and_mc_variants_sample(shift_report):
 
     from ctrcal import metrics as M
     from ctrcal.data.loader import ParquetCTRData
-    from ctrcal.train.predict import dropout_modules
-    from ctrcal.train.trainer import load_run, predict_logits
+    from ctrcal.train.predict import dropout_modules, predict_logits
+    from ctrcal.train.results import load_run
 
     _, out = shift_report
     data = ParquetCTRData(out / "data", "test")
@@ -192,7 +192,8 @@ def test_shift_moves_predictions_of_a_trained_masknet(shift_report):
 
     from ctrcal.data.loader import ParquetCTRData
     from ctrcal.shifts.builtin import GaussianShift
-    from ctrcal.train.trainer import load_run, predict_logits
+    from ctrcal.train.predict import predict_logits
+    from ctrcal.train.results import load_run
 
     _, out = shift_report
     model, _, fm = load_run(out / "runs" / "layernorm" / "seed0")
@@ -256,8 +257,9 @@ def test_original_space_noise_on_prepared_data(shift_report):
     """On a real feature map: the realised noise in original space is s·σ_j, s = 0 round-trips."""
     import torch
 
-    from ctrcal.data.features import FeatureMap
-    from ctrcal.data.loader import Batch, ParquetCTRData
+    from ctrcal.core.batch import Batch
+    from ctrcal.data.feature_map import FeatureMap
+    from ctrcal.data.loader import ParquetCTRData
     from ctrcal.shifts.registry import create_shift
 
     _, out = shift_report

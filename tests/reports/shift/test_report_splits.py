@@ -13,7 +13,7 @@ from ctrcal.api import prepare
 from ctrcal.calibration.isotonic import IsotonicCalibration
 from ctrcal.calibration.scaling import PlattScaling, TemperatureScaling
 from ctrcal.config import Config
-from ctrcal.data.features import FeatureMap
+from ctrcal.data.feature_map import FeatureMap
 from ctrcal.data.loader import ParquetCTRData
 from ctrcal.data.synthetic import generate_frame, write_criteo
 from ctrcal.train.predict import predict_logits
@@ -108,7 +108,7 @@ def report(splits, tmp_path_factory):
 
 
 def _logits_and_labels(run, data, split):
-    from ctrcal.train.trainer import load_run
+    from ctrcal.train.results import load_run
 
     model = load_run(run)[0]
     part = ParquetCTRData(data, split)
@@ -148,7 +148,7 @@ def test_calibrators_are_fitted_on_clean_validation_only(splits, report):
 
 
 def test_the_gaussian_shift_uses_train_split_stds(splits, report):
-    from ctrcal.data.loader import Batch
+    from ctrcal.core.batch import Batch
     from ctrcal.shifts.registry import create_shift
 
     frames, data = splits

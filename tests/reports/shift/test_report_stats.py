@@ -9,10 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ctrcal.config import NormSpec, VariantConfig
+from ctrcal.config import VariantConfig
 from ctrcal.core.errors import ConfigError
+from ctrcal.core.norm_spec import NormSpec
+from ctrcal.reports.shift import plan as P
 from ctrcal.reports.shift import render as W
-from ctrcal.reports.shift import report as R
 from ctrcal.reports.shift import stats as S
 from ctrcal.reports.shift import verdict as V
 from ctrcal.validate import load_config
@@ -345,7 +346,7 @@ def test_report_meta_states_how_the_report_was_made(tmp_path):
 
 def test_plan_variants_resolves_runs_and_rejects_bad_ones():
     cfg = load_config(None, check_names=False)
-    plans = R.plan_variants(cfg)
+    plans = P.plan_variants(cfg)
     by = {p.name: p for p in plans}
     assert by["layernorm"].trains and by["mclayernorm"].trains
     assert by["mclayernorm_mc"].run_variant == "mclayernorm" and by["mclayernorm_mc"].mc_samples
@@ -354,26 +355,26 @@ def test_plan_variants_resolves_runs_and_rejects_bad_ones():
             "ts", NormSpec("layernorm"), temperature_scaling=True, from_variant="mclayernorm_mc"
         )
     )
-    plans = R.plan_variants(cfg)
+    plans = P.plan_variants(cfg)
     assert plans[-1].run_variant == "mclayernorm"
     assert plans[-1].calibration == {"name": "temperature"}
     cfg.report.variants[-1].platt_scaling = True
     with pytest.raises(ConfigError, match="not both"):
-        R.plan_variants(cfg)
+        P.plan_variants(cfg)
     cfg.report.variants.pop()
     cfg.report.baseline = "nope"
     with pytest.raises(ConfigError, match="report.baseline"):
-        R.plan_variants(cfg)
+        P.plan_variants(cfg)
     cfg.report.baseline = None
     cfg.report.mix_fraction = 0.0
     with pytest.raises(ConfigError, match="mix_fraction"):
-        R.plan_variants(cfg)
+        P.plan_variants(cfg)
 
 
 def test_variant_train_config_sets_norm_and_seed():
     cfg = load_config(None, check_names=False)
-    plan = R.plan_variants(cfg)[1]
-    vcfg = R.variant_train_config(cfg, plan, 2)
+    plan = P.plan_variants(cfg)[1]
+    vcfg = P.variant_train_config(cfg, plan, 2)
     assert vcfg.model.net_norm.name == "mclayernorm" and vcfg.train.seed == cfg.train.seed + 2
     assert cfg.model.net_norm.name == "layernorm"  # the input config is not modified
 
@@ -423,7 +424,7 @@ def test_only_temperature_scaling_of_the_same_runs_keeps_the_ranking():
         VariantConfig("mc_ts", NormSpec("layernorm"), temperature_scaling=True,
                       from_variant="mclayernorm_mc"),
     ]
-    by = {p.name: p for p in R.plan_variants(cfg)}
+    by = {p.name: p for p in P.plan_variants(cfg)}
     base = by["layernorm"]
     assert by["ln_ts"].same_ranking_as(base)
     assert not by["ln_platt"].same_ranking_as(base)  # a fitted slope may be negative

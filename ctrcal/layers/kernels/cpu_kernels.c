@@ -1,5 +1,5 @@
 /* CPU kernels of training: fused ReLU + inverted dropout, embedding table lookups
- * (loaded by ctrcal/layers/cpu_kernels.py).
+ * (loaded by ctrcal/layers/kernels/cpu_kernels.py).
  *
  * Dropout: element i (flat index) is kept when the high 32 bits of mix64(key + (i + 1) * GOLDEN) are
  * below `threshold` (= round((1 - p) * 2^32)): SplitMix64's output function on its own

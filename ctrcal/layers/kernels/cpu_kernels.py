@@ -9,9 +9,9 @@ The C source holds the fused ReLU + dropout and LayerNorm + ReLU + dropout
 (:mod:`ctrcal.layers.cross`). It is compiled once per machine with the system C compiler and
 cached like the MC-LayerNorm kernel (:func:`ctrcal.core.cbuild.build_c_library`); where it cannot
 be built, :func:`cpu_kernels` is ``None`` and the callers take their torch paths. When a
-caller may run a kernel at all is one rule, :func:`ctrcal.layers.fusion.fusable_on_cpu`.
+caller may run a kernel at all is one rule, :func:`ctrcal.layers.kernels.fusion.fusable_on_cpu`.
 
-Threads: see :mod:`ctrcal.layers.chunks`.
+Threads: see :mod:`ctrcal.layers.kernels.chunks`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ctrcal.core.cbuild import LazyLibrary
-from ctrcal.layers.chunks import HEADER, torch_uses_loaded_openmp
+from ctrcal.layers.kernels.chunks import HEADER, torch_uses_loaded_openmp
 
 __all__ = ["cpu_kernels", "kernel_error"]
 

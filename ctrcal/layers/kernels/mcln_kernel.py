@@ -8,7 +8,7 @@ backward recomputes x_hat from the saved mean/rstd and rewrites the d positions'
 
 The kernel is compiled once per machine with the system C compiler (about a second), cached
 under ``~/.cache/ctrcal/kernels`` (or ``$CTRCAL_CACHE_DIR``), and loaded with ctypes; a call's
-rows are split between threads by :mod:`ctrcal.layers.chunks`.
+rows are split between threads by :mod:`ctrcal.layers.kernels.chunks`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ctrcal.core.cbuild import LazyLibrary
-from ctrcal.layers.chunks import HEADER, Chunks, torch_uses_loaded_openmp
+from ctrcal.layers.kernels.chunks import HEADER, Chunks, torch_uses_loaded_openmp
 
 
 def small_side(n: int, k: int) -> tuple[int, bool]:

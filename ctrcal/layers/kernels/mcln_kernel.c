@@ -1,5 +1,5 @@
 /* Fused MC-LayerNorm for CPU: per-row exact-k uniform subsets, statistics, output, backward.
- * Plain C (no torch headers); compiled and loaded by ctrcal/layers/mcln_kernel.py.
+ * Plain C (no torch headers); compiled and loaded by ctrcal/layers/kernels/mcln_kernel.py.
  *
  * A row's subset is kept as the list of the d = min(k, N - k) positions Floyd's algorithm
  * draws (with `invert`, the N - k positions left out), never as an N-wide mask: the

@@ -1,11 +1,11 @@
 """When a fused path may stand in for stock modules and torch ops: the one rule.
 
 On the CPU, ctrcal runs a few chains of stock modules and ops as fused kernels: the small C
-kernels of :mod:`ctrcal.layers.cpu_kernels` (dropout, LayerNorm + ReLU + dropout, MaskBlock's
-masked input, the numeric embedding, the table lookup, DCNv2's cross layers), MC-LayerNorm's
-C kernel (:mod:`ctrcal.layers.mcln_kernel`) and a matrix-vector product for a one-output head
-(:mod:`ctrcal.layers.logit_head`). A fused path must give what the modules would have given,
-so every one of them asks the same two questions, here:
+kernels of :mod:`ctrcal.layers.kernels.cpu_kernels` (dropout, LayerNorm + ReLU + dropout,
+MaskBlock's masked input, the numeric embedding, the table lookup, DCNv2's cross layers),
+MC-LayerNorm's C kernel (:mod:`ctrcal.layers.kernels.mcln_kernel`) and a matrix-vector product
+for a one-output head (:mod:`ctrcal.layers.logit_head`). A fused path must give what the
+modules would have given, so every one of them asks the same two questions, here:
 
 * **the modules** (:func:`is_stock`, :func:`is_layer_norm`): is the module exactly the stock
   class -- a subclass has its own forward (``MCLayerNorm`` is an ``nn.LayerNorm``) -- and is it
@@ -27,7 +27,7 @@ from torch import Tensor, nn
 __all__ = ["FLOAT32", "fusable_on_cpu", "is_layer_norm", "is_stock", "unhooked"]
 
 FLOAT32 = (torch.float32,)
-"""The dtype of the small C kernels (:mod:`ctrcal.layers.cpu_kernels`)."""
+"""The dtype of the small C kernels (:mod:`ctrcal.layers.kernels.cpu_kernels`)."""
 
 
 def unhooked(module: nn.Module) -> bool:
@@ -73,7 +73,7 @@ def fusable_on_cpu(
         autocast_free: the replaced ops switch autocast off themselves, or autocast lists
             none of them.
         kernels: returns the kernel's library (or True), or None (or False) where it is not
-            loaded, e.g. :func:`~ctrcal.layers.cpu_kernels.cpu_kernels`; None: the fused
+            loaded, e.g. :func:`~ctrcal.layers.kernels.cpu_kernels.cpu_kernels`; None: the fused
             path is made of torch ops and needs no library.
 
     Returns:

@@ -1,5 +1,5 @@
 /* The calling convention of ctrcal's chunked CPU kernels, included by cpu_kernels.c and
- * mcln_kernel.c (ctrcal/layers/chunks.py is its Python side).
+ * mcln_kernel.c (ctrcal/layers/kernels/chunks.py is its Python side).
  *
  * A kernel takes its work as chunks: `bounds` [chunks + 1] holds the row (or element) ranges
  * [bounds[c], bounds[c + 1]), and a call runs chunks [c0, c1) of them -- in parallel when the
