@@ -89,12 +89,6 @@ class MCGradCalibrator(Calibrator):
         self.num_threads = num_threads
         self.seed = seed
 
-    @property
-    def reads_all_segments(self) -> bool:
-        """True with ``categorical=None``: every field passed in ``segments`` is a feature, so
-        a caller passes all it has (``needed_fields`` names only ``numeric`` then)."""
-        return self.categorical is None
-
     def needed_fields(self) -> tuple[str, ...]:
         """The fields named by ``categorical`` and ``numeric``."""
         return tuple(self.categorical or ()) + tuple(self.numeric or ())

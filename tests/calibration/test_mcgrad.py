@@ -56,7 +56,7 @@ def test_every_given_field_is_a_category_by_default_and_missing_fields_are_named
     cal = create_calibrator(
         {"name": "mcgrad", "early_stopping": False, "num_rounds": 2, "num_threads": 1}
     )
-    assert cal.reads_all_segments and cal.needed_fields() == ()
+    assert cal.needed_fields() == ()
     cal.fit(z, y, seg)
     assert cal.categorical_ == ["site", "x_bucket"] and cal.numeric_ == []
     with pytest.raises(ValueError, match="segments lack x_bucket"):

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from ctrcal.data.features import FEATURE_MAP_FILE, FeatureMap, FeaturePipeline
-from ctrcal.data.numeric import MissingOriginalStatsError, NumericTransform
+from ctrcal.core.errors import DataError
+from ctrcal.data.numeric import NumericTransform
+from ctrcal.shifts.builtin import original_space_codec
 
 
 def _train(n=4000, seed=0):
@@ -55,7 +57,7 @@ def test_round_trip_and_original_stats(transform):
     torch.testing.assert_close(back, z, rtol=0, atol=4e-7, equal_nan=True)
     assert back.dtype == z.dtype
     # original-space statistics are those of the raw train values (missing excluded)
-    mean, std = codec.require_original_stats()
+    mean, std = codec.original_mean, codec.original_std
     for j, name in enumerate(["I1", "I2"]):
         v = train[name].drop_nulls().to_numpy()
         assert mean[j] == pytest.approx(v.mean(), rel=1e-12)
@@ -67,7 +69,7 @@ def test_round_trip_and_original_stats(transform):
 def test_noise_added_in_original_space_survives_the_round_trip():
     train = _train(20000)
     codec = _pipe("log_standardize").fit(train).feature_map().numeric_codec()
-    _, std = codec.require_original_stats()
+    std = codec.original_std
     x = codec.to_original(torch.linspace(-2, 2, 2000).reshape(1000, 2)).double()
     gen = torch.Generator().manual_seed(0)
     noise = 0.25 * torch.tensor(std, dtype=torch.float64) * torch.randn(1000, 2, generator=gen,
@@ -103,7 +105,7 @@ def test_old_feature_map_says_it_lacks_original_stats(tmp_path):
     # the transform itself is still invertible
     z = torch.tensor([[0.3, -0.2]])
     torch.testing.assert_close(codec.to_model(codec.to_original(z)), z)
-    with pytest.raises(MissingOriginalStatsError, match="prepare the data again"):
-        codec.require_original_stats()
+    with pytest.raises(DataError, match="prepare the data again"):
+        original_space_codec(FeatureMap.load(tmp_path))
     # and a reloaded pipeline saves without inventing them
     assert FeaturePipeline.load(tmp_path).original_std_ is None

@@ -116,12 +116,6 @@ def shift_infos(shifts: Sequence[dict[str, Any]], summary: pd.DataFrame) -> list
     return infos
 
 
-def _fmt_stds(values: Sequence[float] | None) -> str:
-    if not values:
-        return "n/a"
-    return ", ".join(f"{float(v):.4g}" for v in values)
-
-
 def _shift_paragraph(info: dict[str, Any]) -> list[str]:
     unit = info.get("unit", "std")
     grid = ", ".join(format_intensity(s, unit) for s in info.get("intensities", []))

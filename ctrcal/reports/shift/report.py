@@ -89,7 +89,6 @@ __all__ = [
     "plan_variants",
     "run_shift_report",
     "run_state",
-    "train_variants",
     "variant_train_config",
     "write_report",
 ]
@@ -97,23 +96,6 @@ __all__ = [
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def train_variants(
-    cfg: Config,
-    plans: list[VariantPlan],
-    data_dir: Path,
-    runs_dir: Path,
-    log: Callable[[str], None] = _log,
-    *,
-    slots: list[str] | None = None,
-    progress: bool = False,
-) -> dict[str, int]:
-    """Train (or reuse / resume) every run the plans need on ``data_dir``; counts by outcome."""
-    from ctrcal.reports.shift.jobs import DataJob
-
-    jobs = train_jobs_for([DataJob(cfg, data_dir, runs_dir)], plans)
-    return train_jobs(jobs, log, slots=slots, progress=progress)
 
 
 def run_shift_report(
