@@ -9,8 +9,8 @@ import polars as pl
 import pytest
 import torch
 
-from ctrcal.data.features import FEATURE_MAP_FILE, FeatureMap, FeaturePipeline
 from ctrcal.core.errors import DataError
+from ctrcal.data.features import FEATURE_MAP_FILE, FeatureMap, FeaturePipeline
 from ctrcal.data.numeric import NumericTransform
 from ctrcal.shifts.builtin import original_space_codec
 

@@ -194,8 +194,8 @@ def test_parallel_report_equals_sequential(sweeps):
 def test_parallel_rerun_reuses_and_retrains(sweeps, tmp_path, monkeypatch):
     from ctrcal.reports.shift.jobs import DataJob, train_jobs_for
     from ctrcal.reports.shift.report import plan_variants
-    from ctrcal.sweep.sweep import train_jobs
     from ctrcal.sweep import processes
+    from ctrcal.sweep.sweep import train_jobs
 
     # pin the thread count a worker gets without train.num_threads to the one the runs were
     # trained with (2 cores over 2 workers: 1), whatever this machine has
