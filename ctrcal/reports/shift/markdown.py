@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from ctrcal import metrics as M
+from ctrcal.reports.markdown import markdown_table
 from ctrcal.reports.shift.stats import CLEAN, Summary, format_intensity
-from ctrcal.reports.shift.verdict import exploratory_lines, markdown_table, verdict_lines
+from ctrcal.reports.shift.verdict import exploratory_lines, verdict_lines
 
 if TYPE_CHECKING:
     from ctrcal.reports.shift.render import ReportMeta
