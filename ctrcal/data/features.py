@@ -1,8 +1,8 @@
-"""The feature pipeline: typed Criteo frame -> model-input columns, and the feature map.
+"""The feature pipeline: train counts -> vocabularies and numeric statistics; the feature map.
 
-:class:`FeaturePipeline` is fitted on the train split only (polars) and turns the typed frame of
-:mod:`ctrcal.data.criteo` into the encoded columns the loader reads (numpy, a column per
-thread):
+:class:`FeaturePipeline` is fitted on the train split only; the prepare job
+(:mod:`ctrcal.data.prepare.encode`) asks it the code of each distinct value and writes the
+encoded columns the loader reads:
 
 * ``label`` float32 (null when the source has no labels);
 * ``I1..I13`` float32 in *model-input space*, null = missing. The default transform
@@ -43,7 +43,6 @@ sources and pipeline config) plus ``vocab.parquet`` (the kept values and their i
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +69,6 @@ OOV_ID = 2
 NUM_RESERVED = 3
 
 NUMERIC_TRANSFORMS = ("log_standardize", "standardize", "identity")
-_PARALLEL_ROWS = 1 << 15
-"""Frames from this many rows on are encoded with a thread per core (below, threads cost more
-than they save)."""
 
 
 def resolve_numeric_transform(name: str, layout: str | None) -> str:
@@ -97,7 +93,7 @@ def _signed_log(x: np.ndarray) -> np.ndarray:
 
 
 class FeaturePipeline:
-    """Fit vocabularies and numeric statistics on train; encode any split.
+    """Fit vocabularies and numeric statistics on train; answer each distinct value's code.
 
     Args:
         min_count: keep a categorical value seen at least this many times in train.
@@ -111,16 +107,10 @@ class FeaturePipeline:
         hash_buckets: the number of hashed ids of a capped field.
         categorical_fields / numeric_fields: the columns to encode.
 
-    Example::
-
-        pipe = FeaturePipeline(min_count=10).fit(train_lf)
-        encoded = pipe.transform(valid_lf).collect()
-
-        # out of core: the same state from chunks
-        stats = pipe.new_stats()
-        for chunk in train_chunks:
-            stats.update(chunk)
-        pipe.fit_stats(stats)
+    The prepare job (:mod:`ctrcal.data.prepare.encode`) is its one user: it counts the train
+    split's distinct values chunk by chunk into a :class:`FitStats`, calls :meth:`fit_stats`,
+    asks :meth:`categorical_ids` and the numeric transform once per distinct value, and
+    gathers the answers for every row of every split.
     """
 
     def __init__(
@@ -188,20 +178,11 @@ class FeaturePipeline:
 
     # -- fit ------------------------------------------------------------------------------
 
-    def new_stats(self) -> FitStats:
-        """Empty :class:`FitStats` for this pipeline's fields (accumulate chunks into it)."""
-        return FitStats(self.categorical_fields, self.numeric_fields)
-
-    def fit(self, train: pl.LazyFrame | pl.DataFrame) -> FeaturePipeline:
-        """Learn vocabularies and numeric statistics from the (typed) train split."""
-        self._check_params()
-        return self.fit_stats(self.new_stats().update(train))
-
     def fit_stats(self, stats: FitStats) -> FeaturePipeline:
         """Learn the state from exact train statistics accumulated chunk by chunk.
 
-        ``fit(frame)`` is ``fit_stats(new_stats().update(frame))``; since the statistics are
-        exact counts, any chunking of the same rows gives the same fitted state, bit for bit.
+        Since the statistics are exact counts, any chunking of the same rows gives the same
+        fitted state, bit for bit.
         """
         self._check_params()
         rows = stats.rows
@@ -277,66 +258,11 @@ class FeaturePipeline:
             c = counts["count"].to_numpy().astype(np.int64)
             self.bucket_boundaries_.append(weighted_quantiles(z, c, qs))
 
-    # -- transform ------------------------------------------------------------------------
-
     def _check_fitted(self) -> None:
         if not hasattr(self, "vocab_"):
-            raise DataError("FeaturePipeline is not fitted: call fit(train) or load(dir) first")
+            raise DataError("FeaturePipeline is not fitted: call fit_stats(stats) first")
 
-    def transform(
-        self, frame: pl.LazyFrame | pl.DataFrame, keep: tuple[str, ...] = ()
-    ) -> pl.LazyFrame:
-        """Encode a typed frame: ``label`` float32, numerics float32 (null = missing),
-        categoricals int32 ids (see the module docstring), then ``keep`` columns unchanged.
-
-        The lazy face of :meth:`encode` (a LazyFrame is collected first)."""
-        return self.encode(frame, keep).lazy()
-
-    def encode(
-        self, frame: pl.LazyFrame | pl.DataFrame, keep: tuple[str, ...] = ()
-    ) -> pl.DataFrame:
-        """:meth:`transform`, eager. Each column is encoded by numpy array operations
-        (categoricals through a :class:`~ctrcal.data.lookup.ValueIndex` per field), the
-        columns in parallel threads (numpy releases the GIL)."""
-        self._check_fitted()
-        df = frame.collect() if isinstance(frame, pl.LazyFrame) else frame
-        jobs: list[tuple[Any, ...]] = [(self._encode_label, LABEL)]
-        jobs += [(self._encode_numeric, n, j) for j, n in enumerate(self.numeric_fields)]
-        jobs += [(self._encode_categorical, n) for n in self.categorical_fields]
-        columns = [df[name] for _, name, *_ in jobs]
-        workers = min(len(jobs), pl.thread_pool_size())
-        if workers > 1 and df.height >= _PARALLEL_ROWS:
-            with ThreadPoolExecutor(workers) as pool:
-                futures = [pool.submit(fn, col, *rest)
-                           for (fn, _, *rest), col in zip(jobs, columns, strict=True)]  # fmt: skip
-                encoded = [f.result() for f in futures]
-        else:
-            encoded = [fn(col, *rest) for (fn, _, *rest), col in zip(jobs, columns, strict=True)]
-        return pl.DataFrame([*encoded, *(df[k] for k in keep)])
-
-    @staticmethod
-    def _encode_label(col: pl.Series) -> pl.Series:
-        return col.cast(pl.Float32)
-
-    def _encode_numeric(self, col: pl.Series, j: int) -> pl.Series:
-        # NaN marks the missing values through the transform (valid input has no NaN: raw
-        # Criteo files reject non-finite numbers, and a NaN of other frames counts as missing)
-        raw = col.cast(pl.Float64).to_numpy()
-        return pl.Series(col.name, self._model_values(raw, j), nan_to_null=True)
-
-    def _encode_categorical(self, col: pl.Series) -> pl.Series:
-        vocab = self.vocab_[col.name]
-        if not (col.dtype.is_integer() and vocab["value"].dtype.is_integer()):
-            # e.g. string categoricals of a user's frame: polars' own lookup
-            mapped = col.replace_strict(
-                vocab["value"], vocab["id"], default=OOV_ID, return_dtype=pl.Int32
-            )
-            return mapped.set(col.is_null(), MISSING_ID).alias(col.name)  # type: ignore[arg-type]
-        missing = col.is_null().to_numpy() if col.null_count() else None
-        ids = self.categorical_ids(col.name, col.fill_null(0).to_numpy())
-        if missing is not None:
-            ids[missing] = MISSING_ID
-        return pl.Series(col.name, ids)
+    # -- encoding (the prepare job gathers these answers per distinct value) --------------
 
     def categorical_ids(self, name: str, values: np.ndarray) -> np.ndarray:
         """[K] int32 ids of field ``name``'s values ([K] integers): a kept value's id, else
@@ -431,40 +357,6 @@ class FeaturePipeline:
         write_json_atomic(directory / FEATURE_MAP_FILE, body)
         return directory / FEATURE_MAP_FILE
 
-    @classmethod
-    def load(cls, directory: str | Path) -> FeaturePipeline:
-        """Rebuild a fitted pipeline from a prepared directory."""
-        directory = Path(directory)
-        fmap = FeatureMap.load(directory)
-        params = fmap.extra["pipeline"]
-        pipe = cls(**params)
-        try:
-            vocab = pl.read_parquet(directory / VOCAB_FILE)
-        except (OSError, pl.exceptions.PolarsError) as exc:
-            raise DataError(f"{directory / VOCAB_FILE}: unreadable vocabulary: {exc}") from None
-        nums = [f for f in fmap.extra["features"] if f["kind"] == "numeric"]
-        cats = [f for f in fmap.extra["features"] if f["kind"] == "categorical"]
-        pipe.rows_ = fmap.extra.get("train_rows_fitted", 0)
-        pipe.center_ = [f["transform_center"] for f in nums]
-        pipe.scale_ = [f["transform_scale"] for f in nums]
-        pipe.numeric_mean_ = [f["mean"] for f in nums]
-        pipe.numeric_std_ = [f["std"] for f in nums]
-        pipe.original_mean_ = fmap.numeric_original_mean
-        pipe.original_std_ = fmap.numeric_original_std
-        pipe.numeric_missing_rate_ = [f["missing_rate"] for f in nums]
-        pipe.bucket_boundaries_ = fmap.bucket_boundaries
-        pipe.distinct_ = {f["name"]: f["distinct_in_train"] for f in cats}
-        pipe.hashed_ = {f["name"]: f.get("hashed_ids", 0) for f in cats}
-        pipe.categorical_missing_rate_ = {f["name"]: f["missing_rate"] for f in cats}
-        pipe.vocab_ = {
-            n: vocab.filter(pl.col("field") == n).select("value", "count", "id").sort("id")
-            for n in pipe.categorical_fields
-        }
-        return pipe
-
-    def feature_map(self) -> FeatureMap:
-        """The :class:`FeatureMap` view of the fitted state."""
-        return FeatureMap.from_dict(self.to_dict())
 
 
 def hash_bucket(values: np.ndarray, buckets: int) -> np.ndarray:
