@@ -309,10 +309,10 @@ def label_free_report(preds: Predictions, out_dir: str | Path) -> CalibrationRep
         "",
         *_label_free_intro(),
         "",
-        *_table(["metric", "estimate"], [[k, _fmt(est[k])] for k in LABEL_FREE_METRICS]),
+        markdown_table(["metric", "estimate"], [[k, _fmt(est[k])] for k in LABEL_FREE_METRICS]),
         "",
     ]
-    write_json_atomic(out / "metrics.json", _jsonable(result))
+    write_json_atomic(out / "metrics.json", result)
     write_text_atomic(out / "report.md", "\n".join(lines) + "\n")
     return CalibrationReportPaths(out, out / "report.md", out / "metrics.json", None)
 
@@ -490,7 +490,7 @@ def _label_free_lines(lf: dict[str, float]) -> list[str]:
         "",
         *_label_free_intro(),
         "",
-        *_table(["metric", "estimate", "measured", "error (estimate − measured)"], rows),
+        markdown_table(["metric", "estimate", "measured", "error (estimate − measured)"], rows),
         "",
     ]
 
@@ -520,10 +520,8 @@ def _segment_lines(ws: dict[str, Any]) -> list[str]:
         ]
         for s in ws["segments"]
     ]
-    lines += _table(
-        ["segment", "rows", "observed", "predicted", "ratio [CI]", "σ", "p (Holm)", "detectable"],
-        rows,
-    )
+    header = ["segment", "rows", "observed", "predicted", "ratio [CI]", "σ", "p (Holm)"]
+    lines.append(markdown_table([*header, "detectable"], rows))
     return lines + ["", "![segments](segments.png)", ""]
 
 
@@ -551,4 +549,4 @@ def _gate_lines(g: dict[str, Any], cols: dict[str, str]) -> list[str]:
         ]
         for r in g["rules"]
     ]
-    return lines + _table(["rule", "rows", "difference", "bound", "result"], rows) + [""]
+    return [*lines, markdown_table(["rule", "rows", "difference", "bound", "result"], rows), ""]
