@@ -36,10 +36,10 @@ def _prepared(tmp_path, transform, train):
     schema = {"name": "nums", "label": "label", "numeric": ["I1", "I2"], "categorical": ["C1"]}
     schema |= {"delimiter": ",", "header": True, "columns": ["label", "I1", "I2", "C1"]}
     tmp_path.mkdir(parents=True, exist_ok=True)
-    train.write_csv(tmp_path / "train.csv", float_precision=None)
+    train.write_csv(tmp_path / "train.csv")
     train.head(1).write_csv(tmp_path / "valid.csv")
-    paths = {s: [tmp_path / f"{'valid' if s == 'valid' else 'train'}.csv"]
-             for s in ("train", "valid", "test")}
+    train.write_csv(tmp_path / "test.csv")  # the train rows again, in a file of their own
+    paths = {s: [tmp_path / f"{s}.csv"] for s in ("train", "valid", "test")}
     cfg = Config()
     cfg.data.schema = schema
     cfg.features.min_count = 1
