@@ -107,10 +107,11 @@ class FeaturePipeline:
         hash_buckets: the number of hashed ids of a capped field.
         categorical_fields / numeric_fields: the columns to encode.
 
-    The prepare job (:mod:`ctrcal.data.prepare.encode`) is its one user: it counts the train
-    split's distinct values chunk by chunk into a :class:`FitStats`, calls :meth:`fit_stats`,
-    asks :meth:`categorical_ids` and the numeric transform once per distinct value, and
-    gathers the answers for every row of every split.
+    The prepare job (:mod:`ctrcal.data.prepare.encode`) counts the train split's distinct
+    values chunk by chunk into a :class:`FitStats`, calls :meth:`fit_stats`, asks
+    :meth:`categorical_ids` and the numeric transform once per distinct value, and gathers the
+    answers for every row of every split; serving (:mod:`ctrcal.serving`) reloads the fitted
+    state with :meth:`load` and encodes raw rows the same way.
     """
 
     def __init__(
@@ -260,7 +261,7 @@ class FeaturePipeline:
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "vocab_"):
-            raise DataError("FeaturePipeline is not fitted: call fit_stats(stats) first")
+            raise DataError("FeaturePipeline is not fitted: call fit_stats(stats) or load(dir) first")
 
     # -- encoding (the prepare job gathers these answers per distinct value) --------------
 
@@ -357,6 +358,36 @@ class FeaturePipeline:
         write_json_atomic(directory / FEATURE_MAP_FILE, body)
         return directory / FEATURE_MAP_FILE
 
+    @classmethod
+    def load(cls, directory: str | Path) -> FeaturePipeline:
+        """Rebuild a fitted pipeline from a prepared directory."""
+        directory = Path(directory)
+        fmap = FeatureMap.load(directory)
+        params = fmap.extra["pipeline"]
+        pipe = cls(**params)
+        try:
+            vocab = pl.read_parquet(directory / VOCAB_FILE)
+        except (OSError, pl.exceptions.PolarsError) as exc:
+            raise DataError(f"{directory / VOCAB_FILE}: unreadable vocabulary: {exc}") from None
+        nums = [f for f in fmap.extra["features"] if f["kind"] == "numeric"]
+        cats = [f for f in fmap.extra["features"] if f["kind"] == "categorical"]
+        pipe.rows_ = fmap.extra.get("train_rows_fitted", 0)
+        pipe.center_ = [f["transform_center"] for f in nums]
+        pipe.scale_ = [f["transform_scale"] for f in nums]
+        pipe.numeric_mean_ = [f["mean"] for f in nums]
+        pipe.numeric_std_ = [f["std"] for f in nums]
+        pipe.original_mean_ = fmap.numeric_original_mean
+        pipe.original_std_ = fmap.numeric_original_std
+        pipe.numeric_missing_rate_ = [f["missing_rate"] for f in nums]
+        pipe.bucket_boundaries_ = fmap.bucket_boundaries
+        pipe.distinct_ = {f["name"]: f["distinct_in_train"] for f in cats}
+        pipe.hashed_ = {f["name"]: f.get("hashed_ids", 0) for f in cats}
+        pipe.categorical_missing_rate_ = {f["name"]: f["missing_rate"] for f in cats}
+        pipe.vocab_ = {
+            n: vocab.filter(pl.col("field") == n).select("value", "count", "id").sort("id")
+            for n in pipe.categorical_fields
+        }
+        return pipe
 
 
 def hash_bucket(values: np.ndarray, buckets: int) -> np.ndarray:

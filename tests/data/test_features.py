@@ -54,7 +54,10 @@ def _prepare(tmp_path, train, test, **features):
     for key, value in features.items():
         setattr(cfg.features, key, value)
     out = prepare(paths, tmp_path / "p", cfg).out_dir
-    return FeatureMap.load(out), pl.read_parquet(out / "test")
+    fmap = FeatureMap.load(out)
+    # what serving reloads from the prepared directory is the state prepare saved
+    assert FeaturePipeline.load(out).to_dict()["features"] == fmap.extra["features"]
+    return fmap, pl.read_parquet(out / "test")
 
 
 def test_id_layout_by_frequency_and_min_count(tmp_path):
