@@ -261,7 +261,9 @@ class FeaturePipeline:
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "vocab_"):
-            raise DataError("FeaturePipeline is not fitted: call fit_stats(stats) or load(dir) first")
+            raise DataError(
+                "FeaturePipeline is not fitted: call fit_stats(stats) or load(dir) first"
+            )
 
     # -- encoding (the prepare job gathers these answers per distinct value) --------------
 
