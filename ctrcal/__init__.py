@@ -57,7 +57,6 @@ _EXPORTS: dict[str, str | tuple[str, str]] = {
     # data
     "FeatureMap": "ctrcal.data.feature_map",
     "FeaturePipeline": "ctrcal.data.features",
-    "read_criteo": "ctrcal.data.parse",
     "DatasetSchema": "ctrcal.data.schema",
     "register_schema": "ctrcal.data.schema",
     # evaluation

@@ -35,11 +35,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ctrcal.core.errors import CtrcalError, NotAvailableError
-
-
-def _not_available(what: str) -> NotAvailableError:
-    return NotAvailableError(f"{what} is not available in this version of ctrcal")
+from ctrcal.core.errors import CtrcalError
 
 
 def _load(args: argparse.Namespace):

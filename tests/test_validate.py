@@ -220,7 +220,6 @@ def test_every_model_asks_the_one_no_norm_predicate():
         for spec in ("Identity", {"name": "none"}, "layernorm"):
             model = cls([5, 7], 2, embedding_dim=4, emb_norm=spec)
             assert (model.emb_norm is None) == is_no_norm(spec), (cls.__name__, spec)
-    assert NormSpec("Identity").is_none  # the dataclass's property asks the same function
 
 
 def test_a_user_model_sees_a_real_feature_map_in_validate(tmp_path, monkeypatch, capsys):

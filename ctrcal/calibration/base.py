@@ -113,9 +113,6 @@ class Calibrator:
         """Calibrated click probabilities [n]: ``sigmoid(transform(logits))``."""
         return sigmoid(self.transform(logits, segments))
 
-    def fit_transform(self, logits: Any, labels: Any, segments: Segments | None = None) -> Any:
-        return self.fit(logits, labels, segments).transform(logits, segments)
-
     def _check_fitted(self) -> None:
         if any(not hasattr(self, k) for k in self._learned):
             raise RuntimeError(f"{type(self).__name__} is not fitted; call fit() first")

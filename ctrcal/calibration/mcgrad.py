@@ -19,8 +19,11 @@ needed: ``pip install ctrcal[mcgrad]``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
-from collections.abc import Mapping, Sequence
+import logging
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +35,49 @@ from ctrcal.metrics import as_numpy
 __all__ = ["MCGradCalibrator"]
 
 _EPS = 1e-7  # MCGrad works on probabilities in (0, 1); logits are clipped to this range
+
+
+_UNSHRINK_WARNING = "Unshrink is not close to 1"
+_said_unshrink = False
+
+
+@contextlib.contextmanager
+def _unshrink_factors() -> Iterator[list[float]]:
+    """Capture MCGrad's "Unshrink is not close to 1: <alpha>" log warnings into a list.
+
+    MCGrad logs that warning from every boosting round whose unshrink factor is outside
+    [0.95, 1.05]: one line per round and fit, with no context, which floods a report (a shift
+    report fits a calibrator per variant and seed). The factors are kept instead
+    (``unshrink_``), and :func:`_say_unshrink` says once per process what they mean.
+    """
+    alphas: list[float] = []
+
+    def keep(record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith(_UNSHRINK_WARNING):
+            alphas.append(float(record.args[0]) if record.args else float("nan"))
+            return False
+        return True
+
+    logger = logging.getLogger("mcgrad.methods")
+    logger.addFilter(keep)
+    try:
+        yield alphas
+    finally:
+        logger.removeFilter(keep)
+
+
+def _say_unshrink(alphas: list[float]) -> None:
+    global _said_unshrink
+    if _said_unshrink or not alphas:
+        return
+    _said_unshrink = True
+    print(
+        f"note: mcgrad rescaled its logits by factors {min(alphas):.2f}-{max(alphas):.2f} in "
+        "some boosting rounds (its 'unshrink' step: below 1 the logits were over-confident on "
+        "the calibration rows, above 1 under-confident). MCGrad corrects this itself; the "
+        "factors are kept in the calibrator's unshrink_ (said once per process).",
+        file=sys.stderr,
+    )
 
 
 def _require_mcgrad() -> None:
@@ -88,12 +134,6 @@ class MCGradCalibrator(Calibrator):
         self.lightgbm_params = None if lightgbm_params is None else dict(lightgbm_params)
         self.num_threads = num_threads
         self.seed = seed
-
-    @property
-    def reads_all_segments(self) -> bool:
-        """True with ``categorical=None``: every field passed in ``segments`` is a feature, so
-        a caller passes all it has (``needed_fields`` names only ``numeric`` then)."""
-        return self.categorical is None
 
     def needed_fields(self) -> tuple[str, ...]:
         """The fields named by ``categorical`` and ``numeric``."""
@@ -156,14 +196,17 @@ class MCGradCalibrator(Calibrator):
         if params:
             options["lightgbm_params"] = params
         model = MCGrad(**options)
-        model.fit(
-            self._frame(z, cols, y.astype(np.int64)),
-            "prediction",
-            "label",
-            categorical_feature_column_names=[f"seg_{k}" for k in categorical],
-            numerical_feature_column_names=[f"seg_{k}" for k in numeric],
-        )
+        with _unshrink_factors() as alphas:
+            model.fit(
+                self._frame(z, cols, y.astype(np.int64)),
+                "prediction",
+                "label",
+                categorical_feature_column_names=[f"seg_{k}" for k in categorical],
+                numerical_feature_column_names=[f"seg_{k}" for k in numeric],
+            )
+        _say_unshrink(alphas)
         self.model_, self.categorical_, self.numeric_ = model, categorical, numeric
+        self.unshrink_ = alphas
         return self
 
     def transform(self, logits: Any, segments: Segments | None = None) -> np.ndarray:

@@ -145,10 +145,5 @@ class LazyLibrary:
                 self._tried = True
             return self._lib
 
-    def forget(self) -> None:
-        """Build (or fail) again on the next :meth:`get` (tests change the compiler)."""
-        with self._lock:
-            self._lib, self.error, self._tried = None, None, False
-
 
 __all__ = ["LazyLibrary", "build_c_library"]

@@ -27,4 +27,4 @@ FEATURE_COLUMNS: tuple[str, ...] = NUMERIC_COLUMNS + CATEGORICAL_COLUMNS
 COLUMNS: tuple[str, ...] = (LABEL, *FEATURE_COLUMNS)
 
 LAYOUTS: tuple[str, ...] = ("dac", "dac_test", "kaggle_csv", "x4", "x1", "torchrec")
-"""Layout names accepted by :func:`ctrcal.data.parse.read_criteo` (plus ``auto``)."""
+"""Layout names accepted by :func:`ctrcal.data.criteo.detect_format` (plus ``auto``)."""

@@ -46,10 +46,6 @@ class NormSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
     yaml_description: ClassVar[str] = "a norm name or {name: ..., <kwargs>}"
 
-    @property
-    def is_none(self) -> bool:
-        return is_no_norm(self)
-
     def to_yaml(self) -> Any:
         return self.name if not self.kwargs else {"name": self.name, **self.kwargs}
 

@@ -176,19 +176,31 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 def json_safe(obj: Any) -> Any:
-    """``obj`` with every non-finite float (NaN, ±inf) replaced by None, recursively.
+    """``obj`` as plain JSON values, recursively: every non-finite float (NaN, ±inf) replaced
+    by None, numpy arrays and scalars as Python lists and numbers, paths as strings, dict keys
+    as strings.
 
     Python's ``json`` writes NaN as a bare ``NaN``, which is not JSON: strict parsers (and
     every other language's) refuse the file. A metric that is undefined (the AUC of a split
     without a click) is written as ``null`` instead.
     """
     if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
+        return float(obj) if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
+        return {_json_key(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [json_safe(v) for v in obj]
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if not isinstance(obj, (str, bytes, int)) and hasattr(obj, "tolist"):
+        # numpy arrays and scalars (np.float32, np.int64, np.bool_) without importing numpy
+        return json_safe(obj.tolist())
     return obj
+
+
+def _json_key(key: Any) -> Any:
+    # the keys json writes itself stay as they are (an int key is written "3" either way)
+    return key if key is None or isinstance(key, (str, int, float)) else str(key)
 
 
 def json_dumps(obj: Any, indent: int | None = None) -> str:

@@ -1,8 +1,8 @@
-"""The feature pipeline: typed Criteo frame -> model-input columns, and the feature map.
+"""The feature pipeline: train counts -> vocabularies and numeric statistics; the feature map.
 
-:class:`FeaturePipeline` is fitted on the train split only (polars) and turns the typed frame of
-:mod:`ctrcal.data.criteo` into the encoded columns the loader reads (numpy, a column per
-thread):
+:class:`FeaturePipeline` is fitted on the train split only; the prepare job
+(:mod:`ctrcal.data.prepare.encode`) asks it the code of each distinct value and writes the
+encoded columns the loader reads:
 
 * ``label`` float32 (null when the source has no labels);
 * ``I1..I13`` float32 in *model-input space*, null = missing. The default transform
@@ -43,7 +43,6 @@ sources and pipeline config) plus ``vocab.parquet`` (the kept values and their i
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -70,9 +69,6 @@ OOV_ID = 2
 NUM_RESERVED = 3
 
 NUMERIC_TRANSFORMS = ("log_standardize", "standardize", "identity")
-_PARALLEL_ROWS = 1 << 15
-"""Frames from this many rows on are encoded with a thread per core (below, threads cost more
-than they save)."""
 
 
 def resolve_numeric_transform(name: str, layout: str | None) -> str:
@@ -97,7 +93,7 @@ def _signed_log(x: np.ndarray) -> np.ndarray:
 
 
 class FeaturePipeline:
-    """Fit vocabularies and numeric statistics on train; encode any split.
+    """Fit vocabularies and numeric statistics on train; answer each distinct value's code.
 
     Args:
         min_count: keep a categorical value seen at least this many times in train.
@@ -111,19 +107,14 @@ class FeaturePipeline:
         hash_buckets: the number of hashed ids of a capped field.
         categorical_fields / numeric_fields: the columns to encode.
 
-    Example::
-
-        pipe = FeaturePipeline(min_count=10).fit(train_lf)
-        encoded = pipe.transform(valid_lf).collect()
+    The prepare job (:mod:`ctrcal.data.prepare.encode`) counts the train split's distinct
+    values chunk by chunk into a :class:`FitStats`, calls :meth:`fit_stats`, asks
+    :meth:`categorical_ids` and the numeric transform once per distinct value, and gathers the
+    answers for every row of every split; serving (:mod:`ctrcal.serving`) reloads the fitted
+    state with :meth:`load` and encodes raw rows the same way.
 
     ``_parameter_constraints`` holds the bounds of the numeric parameters, the one statement
     of them: the rule book checks a config's ``features`` section against it.
-
-        # out of core: the same state from chunks
-        stats = pipe.new_stats()
-        for chunk in train_chunks:
-            stats.update(chunk)
-        pipe.fit_stats(stats)
     """
 
     _parameter_constraints: ClassVar[dict[str, Constraint]] = {
@@ -191,20 +182,11 @@ class FeaturePipeline:
 
     # -- fit ------------------------------------------------------------------------------
 
-    def new_stats(self) -> FitStats:
-        """Empty :class:`FitStats` for this pipeline's fields (accumulate chunks into it)."""
-        return FitStats(self.categorical_fields, self.numeric_fields)
-
-    def fit(self, train: pl.LazyFrame | pl.DataFrame) -> FeaturePipeline:
-        """Learn vocabularies and numeric statistics from the (typed) train split."""
-        self._check_params()
-        return self.fit_stats(self.new_stats().update(train))
-
     def fit_stats(self, stats: FitStats) -> FeaturePipeline:
         """Learn the state from exact train statistics accumulated chunk by chunk.
 
-        ``fit(frame)`` is ``fit_stats(new_stats().update(frame))``; since the statistics are
-        exact counts, any chunking of the same rows gives the same fitted state, bit for bit.
+        Since the statistics are exact counts, any chunking of the same rows gives the same
+        fitted state, bit for bit.
         """
         self._check_params()
         rows = stats.rows
@@ -280,66 +262,13 @@ class FeaturePipeline:
             c = counts["count"].to_numpy().astype(np.int64)
             self.bucket_boundaries_.append(weighted_quantiles(z, c, qs))
 
-    # -- transform ------------------------------------------------------------------------
-
     def _check_fitted(self) -> None:
         if not hasattr(self, "vocab_"):
-            raise DataError("FeaturePipeline is not fitted: call fit(train) or load(dir) first")
-
-    def transform(
-        self, frame: pl.LazyFrame | pl.DataFrame, keep: tuple[str, ...] = ()
-    ) -> pl.LazyFrame:
-        """Encode a typed frame: ``label`` float32, numerics float32 (null = missing),
-        categoricals int32 ids (see the module docstring), then ``keep`` columns unchanged.
-
-        The lazy face of :meth:`encode` (a LazyFrame is collected first)."""
-        return self.encode(frame, keep).lazy()
-
-    def encode(
-        self, frame: pl.LazyFrame | pl.DataFrame, keep: tuple[str, ...] = ()
-    ) -> pl.DataFrame:
-        """:meth:`transform`, eager. Each column is encoded by numpy array operations
-        (categoricals through a :class:`~ctrcal.data.lookup.ValueIndex` per field), the
-        columns in parallel threads (numpy releases the GIL)."""
-        self._check_fitted()
-        df = frame.collect() if isinstance(frame, pl.LazyFrame) else frame
-        jobs: list[tuple[Any, ...]] = [(self._encode_label, LABEL)]
-        jobs += [(self._encode_numeric, n, j) for j, n in enumerate(self.numeric_fields)]
-        jobs += [(self._encode_categorical, n) for n in self.categorical_fields]
-        columns = [df[name] for _, name, *_ in jobs]
-        workers = min(len(jobs), pl.thread_pool_size())
-        if workers > 1 and df.height >= _PARALLEL_ROWS:
-            with ThreadPoolExecutor(workers) as pool:
-                futures = [pool.submit(fn, col, *rest)
-                           for (fn, _, *rest), col in zip(jobs, columns, strict=True)]  # fmt: skip
-                encoded = [f.result() for f in futures]
-        else:
-            encoded = [fn(col, *rest) for (fn, _, *rest), col in zip(jobs, columns, strict=True)]
-        return pl.DataFrame([*encoded, *(df[k] for k in keep)])
-
-    @staticmethod
-    def _encode_label(col: pl.Series) -> pl.Series:
-        return col.cast(pl.Float32)
-
-    def _encode_numeric(self, col: pl.Series, j: int) -> pl.Series:
-        # NaN marks the missing values through the transform (valid input has no NaN: raw
-        # Criteo files reject non-finite numbers, and a NaN of other frames counts as missing)
-        raw = col.cast(pl.Float64).to_numpy()
-        return pl.Series(col.name, self._model_values(raw, j), nan_to_null=True)
-
-    def _encode_categorical(self, col: pl.Series) -> pl.Series:
-        vocab = self.vocab_[col.name]
-        if not (col.dtype.is_integer() and vocab["value"].dtype.is_integer()):
-            # e.g. string categoricals of a user's frame: polars' own lookup
-            mapped = col.replace_strict(
-                vocab["value"], vocab["id"], default=OOV_ID, return_dtype=pl.Int32
+            raise DataError(
+                "FeaturePipeline is not fitted: call fit_stats(stats) or load(dir) first"
             )
-            return mapped.set(col.is_null(), MISSING_ID).alias(col.name)  # type: ignore[arg-type]
-        missing = col.is_null().to_numpy() if col.null_count() else None
-        ids = self.categorical_ids(col.name, col.fill_null(0).to_numpy())
-        if missing is not None:
-            ids[missing] = MISSING_ID
-        return pl.Series(col.name, ids)
+
+    # -- encoding (the prepare job gathers these answers per distinct value) --------------
 
     def categorical_ids(self, name: str, values: np.ndarray) -> np.ndarray:
         """[K] int32 ids of field ``name``'s values ([K] integers): a kept value's id, else
@@ -464,10 +393,6 @@ class FeaturePipeline:
             for n in pipe.categorical_fields
         }
         return pipe
-
-    def feature_map(self) -> FeatureMap:
-        """The :class:`FeatureMap` view of the fitted state."""
-        return FeatureMap.from_dict(self.to_dict())
 
 
 def hash_bucket(values: np.ndarray, buckets: int) -> np.ndarray:

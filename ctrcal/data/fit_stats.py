@@ -58,7 +58,7 @@ class FitStats:
     Per categorical field the count of every distinct value, per numeric field the count of
     every distinct raw value (Criteo numerics are integer counts, so this histogram is about
     as small as a vocabulary), the null counts and the number of rows. Counts add up exactly,
-    so statistics accumulated chunk by chunk (:meth:`update` per chunk) equal those of the
+    so statistics accumulated chunk by chunk (:meth:`add_counts` per chunk) equal those of the
     whole split at once, and so does everything fitted from them: the vocabularies, the
     numeric mean and std (computed from the histogram with compensated sums, two passes) and
     exact quantile boundaries. Memory grows with the number of distinct values, not rows.
@@ -74,44 +74,6 @@ class FitStats:
         self.nulls: dict[str, int] = {n: 0 for n in self.categorical_fields + self.numeric_fields}
         self._tables = {n: _CountTable(pl.UInt32) for n in self.categorical_fields}
         self._tables.update({n: _CountTable(pl.Float64) for n in self.numeric_fields})
-
-    def update(self, frame: pl.LazyFrame | pl.DataFrame) -> FitStats:
-        """Add the rows of ``frame`` (typed columns); returns self."""
-        names = self.categorical_fields + self.numeric_fields
-        if isinstance(frame, pl.DataFrame):
-            # a chunk in memory: eager counts skip the query engine's per-query start-up
-            self.rows += frame.height
-            for name in names:
-                self.update_field(name, frame[name])
-            return self
-        lf = frame.lazy()
-        queries = []
-        for name in self.categorical_fields:
-            value = pl.col(name)
-            queries.append(lf.select(value.alias("value")).drop_nulls().group_by("value")
-                           .agg(pl.len().alias("count")))  # fmt: skip
-        for name in self.numeric_fields:
-            value = pl.col(name).cast(pl.Float64)
-            queries.append(lf.select(value.alias("value")).drop_nulls().group_by("value")
-                           .agg(pl.len().alias("count")))  # fmt: skip
-        queries.append(
-            lf.select(pl.len().alias("__rows"), *(pl.col(n).null_count().alias(n) for n in names))
-        )
-        results = pl.collect_all(queries, engine="streaming")
-        summary = results[-1].row(0, named=True)
-        self.rows += int(summary["__rows"])
-        for name, counts in zip(names, results[:-1], strict=True):
-            self.nulls[name] += int(summary[name])
-            if counts.height:
-                self._tables[name].add(counts)
-        return self
-
-    def update_field(self, name: str, values: pl.Series) -> None:
-        """Add one field's values (of rows counted once with :meth:`add_rows`). Fields may be
-        updated from different threads at once, each field from one."""
-        col = values.cast(pl.Float64) if name in self.numeric_fields else values
-        counts = col.drop_nulls().value_counts(name="count").rename({col.name: "value"})
-        self.add_counts(name, counts, values.null_count())
 
     def add_counts(self, name: str, counts: pl.DataFrame, nulls: int) -> None:
         """Add one field's counts computed elsewhere (``value``, ``count`` over non-null

@@ -23,8 +23,9 @@ missing preserved both ways)::
 ``to_model(to_original(z))`` reproduces ``z`` up to float32 rounding (the arithmetic runs in
 float64 and the result takes the input's dtype). The train-split mean and std of the original
 values (``original_mean`` / ``original_std``) are stored in the feature map beside the
-model-space ones; a feature map written before they existed has none, and asking for them
-raises :class:`MissingOriginalStatsError` (prepare the data again).
+model-space ones; a feature map written before they existed has none
+(:attr:`NumericTransform.has_original_stats` is then false, and an original-space shift says
+to prepare the data again).
 """
 
 from __future__ import annotations
@@ -42,10 +43,6 @@ if TYPE_CHECKING:
 TRANSFORMS = ("log_standardize", "standardize", "identity")
 
 
-class MissingOriginalStatsError(DataError):
-    """The feature map has no original-space statistics (prepared by an older ctrcal)."""
-
-
 @dataclass(frozen=True)
 class NumericTransform:
     """The fitted per-feature numeric transform and the train-split statistics in both spaces.
@@ -56,7 +53,7 @@ class NumericTransform:
         scale: [Fn] divided by after centring (positive).
         model_mean / model_std: [Fn] train-split mean / std in model space.
         original_mean / original_std: [Fn] train-split mean / std of the original values, or
-            None for a feature map that predates them (see :meth:`require_original_stats`).
+            None for a feature map that predates them (see :attr:`has_original_stats`).
         source: where the statistics came from (for error messages).
     """
 
@@ -88,20 +85,6 @@ class NumericTransform:
     @property
     def has_original_stats(self) -> bool:
         return self.original_mean is not None and self.original_std is not None
-
-    def require_original_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """``(original_mean, original_std)``.
-
-        Raises:
-            MissingOriginalStatsError: the feature map was written without them.
-        """
-        if self.original_mean is None or self.original_std is None:
-            raise MissingOriginalStatsError(
-                f"{self.source}: the feature map has no original-space statistics of the "
-                "numeric features (prepared by an older ctrcal); prepare the data again "
-                "(ctrcal prepare ... --out DIR) to use original-space shifts"
-            )
-        return self.original_mean, self.original_std
 
     @classmethod
     def from_feature_map(cls, fmap: FeatureMap) -> NumericTransform:

@@ -16,7 +16,7 @@ with 0/1 validity, and each row's record index in its file (for the split).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -137,30 +137,7 @@ def _polars(
                        records=records, bad=bad)  # fmt: skip
 
 
-def read_frame(
-    paths: list[Path], formats: list[CriteoFormat], on_bad_row: str
-) -> pl.DataFrame:
-    """Every good row of ``paths`` as one typed frame (see :meth:`ParsedChunk.frame`)."""
-    frames = [c.frame() for p, f in zip(paths, formats, strict=True)
-              for c in iter_chunks(p, f, on_bad_row)]  # fmt: skip
-    if not frames:  # nothing but a header
-        fn, fc = len(NUMERIC_COLUMNS), len(CATEGORICAL_COLUMNS)
-        none = ParsedChunk(np.empty(0, np.int64), np.empty(0), np.empty((fn, 0)),
-                           np.empty((fn, 0), np.uint8), np.empty((fc, 0), np.uint64),
-                           np.empty((fc, 0), np.uint8), records=0)  # fmt: skip
-        frames = [none.frame()]
-    return pl.concat(frames)
-
-
-__all__ = [
-    "CHUNK_BYTES",
-    "ON_BAD_ROW",
-    "check_on_bad_row",
-    "iter_chunks",
-    "read_criteo",
-    "read_frame",
-    "threads",
-]
+__all__ = ["CHUNK_BYTES", "ON_BAD_ROW", "check_on_bad_row", "iter_chunks", "threads"]
 
 
 def check_on_bad_row(on_bad_row: str) -> str:
@@ -173,30 +150,3 @@ def check_on_bad_row(on_bad_row: str) -> str:
         choices = " or ".join(repr(c) for c in ON_BAD_ROW)
         raise DataError(f"on_bad_row must be {choices}, got {on_bad_row!r}")
     return on_bad_row
-
-
-def read_criteo(
-    paths: str | Path | Sequence[str | Path],
-    layout: str = "auto",
-    on_bad_row: str = "error",
-) -> pl.LazyFrame:
-    """Read raw Criteo file(s) in any supported layout as one typed LazyFrame.
-
-    Args:
-        paths: one file or a list (all in the same layout family); ``.gz`` is fine.
-        layout: ``auto`` or one of :data:`LAYOUTS`.
-        on_bad_row: ``error`` (raise on the first malformed row) or ``skip`` (drop malformed
-            rows). Either way the files are parsed now (:mod:`ctrcal.data.parse`).
-
-    Returns:
-        LazyFrame with ``label`` (float32), ``I1..I13`` (float64), ``C1..C26`` (uint32);
-        missing values are null.
-
-    Raises:
-        DataError: unreadable/unknown file, or a malformed row (file and line).
-    """
-    if isinstance(paths, (str, Path)):
-        paths = [paths]
-    check_on_bad_row(on_bad_row)
-    formats = [criteo.detect_format(p, layout) for p in paths]
-    return read_frame([Path(p) for p in paths], formats, on_bad_row).lazy()

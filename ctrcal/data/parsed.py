@@ -10,9 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 
-from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.core.errors import DataError
 
 __all__ = ["ParsedChunk", "TextLayout", "file_not_utf8", "not_utf8"]
@@ -48,23 +46,6 @@ class ParsedChunk:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def frame(self) -> pl.DataFrame:
-        """The typed columns as :func:`~ctrcal.data.parse.read_criteo` gives them: ``label``
-        float32, ``I1..I13`` float64, ``C1..C26`` uint32, null = missing."""
-        cols = [pl.Series(LABEL, self.label.astype(np.float32), nan_to_null=True)]
-        for j, name in enumerate(NUMERIC_COLUMNS):
-            # copies: a chunk's arrays may be the reader's, reused by the next chunk
-            s = pl.Series(name, self.numeric[j].copy())
-            cols.append(_with_nulls(s, self.numeric_valid[j]))
-        for j, name in enumerate(CATEGORICAL_COLUMNS):
-            s = pl.Series(name, self.categorical[j].astype(np.uint32))
-            cols.append(_with_nulls(s, self.categorical_valid[j]))
-        return pl.DataFrame(cols)
-
-
-def _with_nulls(s: pl.Series, valid: np.ndarray) -> pl.Series:
-    missing = np.flatnonzero(valid == 0)
-    return s.scatter(missing, None) if len(missing) else s
 
 
 @dataclass(frozen=True)

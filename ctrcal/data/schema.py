@@ -128,20 +128,6 @@ class DatasetSchema:
         return out
 
 
-def feature_kinds(schema: DatasetSchema) -> dict[str, int]:
-    """How many numeric and categorical fields the data of ``schema`` has, for checks such as
-    "a Gaussian shift needs numerics" (see also :func:`prepared_feature_kinds`)."""
-    return {"numeric": len(schema.numeric), "categorical": len(schema.categorical_fields)}
-
-
-def prepared_feature_kinds(data_dir: str | Path) -> dict[str, int]:
-    """:func:`feature_kinds` of a prepared directory (read from its feature map)."""
-    from ctrcal.data.feature_map import FeatureMap
-
-    fmap = FeatureMap.load(data_dir)
-    return {"numeric": fmap.num_numeric, "categorical": fmap.num_categorical}
-
-
 CRITEO = DatasetSchema(
     name="criteo", label=LABEL, numeric=NUMERIC_COLUMNS, categorical=CATEGORICAL_COLUMNS,
     delimiter="\t", header=False, columns=(LABEL, *NUMERIC_COLUMNS, *CATEGORICAL_COLUMNS),
@@ -233,6 +219,5 @@ def resolve_schema(spec: str | Mapping[str, Any] | DatasetSchema | None,
     )
 
 
-__all__ = ["AVAZU", "CRITEO", "SCHEMAS", "DatasetSchema", "feature_kinds",
-           "prepared_feature_kinds", "register_schema", "resolve_schema",
+__all__ = ["AVAZU", "CRITEO", "SCHEMAS", "DatasetSchema", "register_schema", "resolve_schema",
            "schema_from_mapping"]  # fmt: skip

@@ -381,7 +381,7 @@ def true_probability(
     Args:
         frame: dac columns ``I1..I13`` (numbers, null = missing; any real value, e.g. shifted)
             and ``C1..C26`` (the hex strings written, or their uint32 values as
-            :func:`~ctrcal.data.parse.read_criteo` types them; null = missing).
+            :func:`~ctrcal.data.parse.iter_chunks` parses them; null = missing).
         u: [N] position of each row in its file (see :func:`positions`).
         seed / positive_rate / max_cardinality / drift: as given to :func:`generate`.
 

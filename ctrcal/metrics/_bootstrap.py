@@ -226,13 +226,16 @@ class PairedCI:
         a, b: each model's metric with its interval.
         diff: b − a with its interval (the pairing kept: both on the same resampled rows).
         pvalue: two-sided bootstrap p-value of ``diff`` (twice the smaller share of replicates
-            on either side of 0, at least 1 / n_boot).
+            on either side of 0, at least ``resolution``).
+        resolution: 1 / the number of finite replicates, the smallest p-value they can give:
+            a ``pvalue`` equal to it means "p < resolution", not a value.
     """
 
     a: BootstrapCI
     b: BootstrapCI
     diff: BootstrapCI
     pvalue: float
+    resolution: float
 
 
 MetricFn = Callable[[np.ndarray, np.ndarray, np.ndarray | None], Mapping[str, float]]
@@ -287,13 +290,15 @@ def paired_bootstrap(
         ok = d[np.isfinite(d)]
         if ok.size:
             side = min(float((ok <= 0).mean()), float((ok >= 0).mean()))
-            pval = min(1.0, max(2.0 * side, 1.0 / ok.size))
+            resolution = 1.0 / ok.size
+            pval = min(1.0, max(2.0 * side, resolution))
         else:
-            pval = float("nan")
+            pval = resolution = float("nan")
         out[k] = PairedCI(
             _interval(est_a[k], reps_a[j], level),
             _interval(est_b[k], reps_b[j], level),
             _interval(est_b[k] - est_a[k], d, level),
             pval,
+            resolution,
         )
     return out

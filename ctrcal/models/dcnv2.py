@@ -26,12 +26,10 @@ import torch
 from torch import nn
 
 from ctrcal.core.batch import Batch
-from ctrcal.core.norm_spec import is_no_norm
 from ctrcal.core.typed import require_int
 from ctrcal.layers.cross import CrossNet
-from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.mlp import MLP
-from ctrcal.models.common import check_embedding_args
+from ctrcal.models.common import EmbeddingModel
 from ctrcal.models.replay import dcnv2_replay
 
 __all__ = ["DCNv2", "STRUCTURES"]
@@ -39,7 +37,7 @@ __all__ = ["DCNv2", "STRUCTURES"]
 STRUCTURES = ("crossnet_only", "stacked", "parallel", "stacked_parallel")
 
 
-class DCNv2(nn.Module):
+class DCNv2(EmbeddingModel):
     """DCNv2 CTR model.
 
     Args:
@@ -82,7 +80,6 @@ class DCNv2(nn.Module):
         bucket_boundaries: Sequence[Sequence[float]] | None = None,
         embedding_init_std: float = 1e-4,
     ) -> None:
-        super().__init__()
         if structure not in STRUCTURES:
             raise ValueError(
                 f"structure: unknown DCNv2 structure {structure!r} "
@@ -99,19 +96,18 @@ class DCNv2(nn.Module):
                            ("parallel_dnn_hidden_units", parallel_dnn_hidden_units)):  # fmt: skip
             for i, width in enumerate(units):
                 require_int(f"{key}[{i}]", width, low=1)
-        check_embedding_args(embedding_dim, dropout, embedding_init_std)
-        self.structure = structure
-        self.embedding = FeatureEmbedding(
+        super().__init__(
             vocab_sizes,
             num_numeric,
             embedding_dim,
-            numeric_embedding=numeric_embedding,
-            bucket_boundaries=bucket_boundaries,
-            init_std=embedding_init_std,
+            emb_norm,
+            dropout,
+            numeric_embedding,
+            bucket_boundaries,
+            embedding_init_std,
         )
-        fields, dim = self.embedding.num_fields, self.embedding.embedding_dim
+        self.structure = structure
         flat = self.embedding.output_dim
-        self.emb_norm = None if is_no_norm(emb_norm) else FieldNorm(fields, dim, emb_norm)
         self.cross = CrossNet(flat, num_cross_layers, low_rank, num_experts)
         stacked = structure in ("stacked", "stacked_parallel")
         parallel = structure in ("parallel", "stacked_parallel")
@@ -127,24 +123,18 @@ class DCNv2(nn.Module):
         self.head = nn.Linear(width, 1)
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        """Xavier-normal weights, zero biases, small-normal embeddings."""
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_normal_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+    def _reset_layers(self) -> None:
+        """The cross network's own init (its matrices are parameters, not ``nn.Linear``)."""
         self.cross.reset_parameters()
-        self.embedding.reset_parameters()
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits ``[B]`` for ``batch.categorical`` ``[B, Fc]`` int64 ids and ``batch.numeric``
         ``[B, Fn]``."""
-        return self.from_embedding(self.embedding(batch.categorical, batch.numeric))
+        return self.from_embedding(self.embed(batch.categorical, batch.numeric))
 
     def from_embedding(self, emb: torch.Tensor) -> torch.Tensor:
         """Logits ``[B]`` from the feature embedding ``[B, F, D]`` (the forward after it)."""
-        x0 = emb.flatten(1) if self.emb_norm is None else self.emb_norm(emb).flatten(1)
+        x0 = self.flat_input(emb)
         h = self.cross(x0)
         if self.stacked_dnn is not None:
             h = self.stacked_dnn(h)

@@ -17,20 +17,17 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
-from torch import nn
 
 from ctrcal.core.batch import Batch
-from ctrcal.core.norm_spec import is_no_norm
 from ctrcal.core.typed import require_int
-from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.mlp import MLP
-from ctrcal.models.common import check_embedding_args
+from ctrcal.models.common import EmbeddingModel
 from ctrcal.models.replay import dnn_replay
 
 __all__ = ["DNN"]
 
 
-class DNN(nn.Module):
+class DNN(EmbeddingModel):
     """Embedding + MLP CTR model.
 
     Args:
@@ -64,37 +61,25 @@ class DNN(nn.Module):
         bucket_boundaries: Sequence[Sequence[float]] | None = None,
         embedding_init_std: float = 1e-4,
     ) -> None:
-        super().__init__()
         for i, units in enumerate(hidden_units):
             require_int(f"hidden_units[{i}]", units, low=1)
-        check_embedding_args(embedding_dim, dropout, embedding_init_std)
-        self.embedding = FeatureEmbedding(
+        super().__init__(
             vocab_sizes,
             num_numeric,
             embedding_dim,
-            numeric_embedding=numeric_embedding,
-            bucket_boundaries=bucket_boundaries,
-            init_std=embedding_init_std,
+            emb_norm,
+            dropout,
+            numeric_embedding,
+            bucket_boundaries,
+            embedding_init_std,
         )
-        fields, dim = self.embedding.num_fields, self.embedding.embedding_dim
-        self.emb_norm = None if is_no_norm(emb_norm) else FieldNorm(fields, dim, emb_norm)
         self.mlp = MLP(self.embedding.output_dim, hidden_units, net_norm, dropout, output_dim=1)
         self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """Xavier-normal linear weights, zero biases, small-normal embeddings."""
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_normal_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-        self.embedding.reset_parameters()
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits ``[B]`` for ``batch.categorical`` ``[B, Fc]`` int64 ids and ``batch.numeric``
         ``[B, Fn]``."""
-        emb = self.embedding(batch.categorical, batch.numeric)
-        x = emb.flatten(1) if self.emb_norm is None else self.emb_norm(emb).flatten(1)
+        x = self.flat_input(self.embed(batch.categorical, batch.numeric))
         return self.mlp(x).squeeze(-1)
 
     def mc_replay(self, batch: Batch) -> Callable[[int], torch.Tensor] | None:

@@ -28,18 +28,16 @@ import torch
 from torch import nn
 
 from ctrcal.core.batch import Batch
-from ctrcal.core.norm_spec import is_no_norm
 from ctrcal.core.typed import require_int, require_number
-from ctrcal.layers.embedding import FeatureEmbedding, FieldNorm
 from ctrcal.layers.logit_head import sequential_logit
 from ctrcal.layers.mask_block import MaskBlock, mask_hidden_layers, serial_logits
-from ctrcal.models.common import check_embedding_args
+from ctrcal.models.common import EmbeddingModel
 from ctrcal.models.replay import masknet_replay
 
 VARIANTS = ("serial", "parallel")
 
 
-class MaskNet(nn.Module):
+class MaskNet(EmbeddingModel):
     """MaskNet CTR model.
 
     Args:
@@ -83,7 +81,6 @@ class MaskNet(nn.Module):
         bucket_boundaries: Sequence[Sequence[float]] | None = None,
         embedding_init_std: float = 1e-4,
     ) -> None:
-        super().__init__()
         if variant not in VARIANTS:
             raise ValueError(f"variant: expected 'serial' or 'parallel', got {variant!r}")
         if variant == "serial":
@@ -97,19 +94,18 @@ class MaskNet(nn.Module):
             for i, units in enumerate(mlp_hidden_units):
                 require_int(f"mlp_hidden_units[{i}]", units, low=1)
         require_number("reduction_ratio", reduction_ratio, low=0.0, low_open=True)
-        check_embedding_args(embedding_dim, dropout, embedding_init_std)
-        self.variant = variant
-        self.embedding = FeatureEmbedding(
+        super().__init__(
             vocab_sizes,
             num_numeric,
             embedding_dim,
-            numeric_embedding=numeric_embedding,
-            bucket_boundaries=bucket_boundaries,
-            init_std=embedding_init_std,
+            emb_norm,
+            dropout,
+            numeric_embedding,
+            bucket_boundaries,
+            embedding_init_std,
         )
-        fields, dim = self.embedding.num_fields, self.embedding.embedding_dim
+        self.variant = variant
         flat = self.embedding.output_dim
-        self.emb_norm = None if is_no_norm(emb_norm) else FieldNorm(fields, dim, emb_norm)
 
         def block(hidden: int, out: int) -> MaskBlock:
             return MaskBlock(flat, hidden, out, reduction_ratio, net_norm, dropout)
@@ -133,25 +129,12 @@ class MaskNet(nn.Module):
             self.head = nn.Sequential(*layers)
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        """Xavier-normal linear weights, zero biases, small-normal embeddings."""
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_normal_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-        self.embedding.reset_parameters()
-
-    def embed(self, categorical: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
-        """The raw feature embedding ``[B, F, D]`` (before ``emb_norm``)."""
-        return self.embedding(categorical, numeric)
-
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits ``[B]`` for ``batch.categorical`` ``[B, Fc]`` int64 ids and ``batch.numeric``
         ``[B, Fn]``."""
-        emb = self.embedding(batch.categorical, batch.numeric)
+        emb = self.embed(batch.categorical, batch.numeric)
         v_emb = emb.flatten(1)
-        v_in = v_emb if self.emb_norm is None else self.emb_norm(emb).flatten(1)
+        v_in = self.flat_input(emb)
         # every mask reads v_emb: their first layers run as one product (see the function)
         hidden = mask_hidden_layers(self.blocks, v_emb)
         if hidden is None:

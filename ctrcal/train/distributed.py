@@ -136,15 +136,6 @@ def gather_rows(local: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     return torch.cat([p[:c] for p, c in zip(parts, counts, strict=True)])
 
 
-def broadcast_flag(flag: bool, ctx: DistContext, device: torch.device) -> bool:
-    """Rank 0's value of ``flag`` on every rank (e.g. "stop training now")."""
-    if not ctx.is_distributed:
-        return flag
-    t = torch.tensor([int(flag)], device=device)
-    dist.broadcast(t, src=0)
-    return bool(t.item())
-
-
 def torchrun_command(nproc: int, argv: Sequence[str]) -> list[str]:
     """The command that re-runs ``ctrcal <argv>`` under torchrun with ``nproc`` processes."""
     if nproc < 1:

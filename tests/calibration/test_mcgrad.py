@@ -56,7 +56,7 @@ def test_every_given_field_is_a_category_by_default_and_missing_fields_are_named
     cal = create_calibrator(
         {"name": "mcgrad", "early_stopping": False, "num_rounds": 2, "num_threads": 1}
     )
-    assert cal.reads_all_segments and cal.needed_fields() == ()
+    assert cal.needed_fields() == ()
     cal.fit(z, y, seg)
     assert cal.categorical_ == ["site", "x_bucket"] and cal.numeric_ == []
     with pytest.raises(ValueError, match="segments lack x_bucket"):
@@ -74,3 +74,18 @@ def test_missing_package_names_the_extra(monkeypatch):
     assert get_calibrator("mcgrad").extra == "mcgrad"
     with pytest.raises(NotAvailableError, match=r"pip install ctrcal\[mcgrad\]"):
         create_calibrator("mcgrad")
+
+
+def test_unshrink_warnings_are_kept_and_said_once(caplog, capsys, monkeypatch):
+    from ctrcal.calibration import mcgrad as mcgrad_module
+
+    monkeypatch.setattr(mcgrad_module, "_said_unshrink", False)
+    z, y, seg = _rows(4_000, 3)
+    spec = {"name": "mcgrad", "early_stopping": False, "num_rounds": 2, "num_threads": 1}
+    for _ in range(2):
+        # logits four times too large: MCGrad's unshrink factor is far below 1
+        cal = create_calibrator(spec).fit(4.0 * z, y, seg)
+        assert cal.unshrink_ and max(cal.unshrink_) < 0.95
+    assert "Unshrink is not close to 1" not in caplog.text
+    err = capsys.readouterr().err
+    assert err.count("note: mcgrad rescaled its logits") == 1

@@ -155,6 +155,15 @@ def test_json_is_written_strictly_undefined_numbers_as_null(tmp_path):
 
     assert json.loads(path.read_text(), parse_constant=refuse) == {
         "auc": None, "ece": 0.25, "rows": [1.0, None, None]}  # fmt: skip
+    # numpy values (the reports' arrays and scalars), paths and non-string keys as plain JSON
+    import numpy as np
+
+    values = {"a": np.array([0.5, np.nan]), "n": np.int64(3), "f": np.float32(2)}
+    values |= {"ok": np.bool_(True), "dir": tmp_path, ("x", 1): 1, 2: "two"}
+    write_json_atomic(path, values)
+    expected = {"a": [0.5, None], "n": 3, "f": 2.0, "ok": True, "dir": str(tmp_path)}
+    expected |= {"('x', 1)": 1, "2": "two"}
+    assert json.loads(path.read_text(), parse_constant=refuse) == expected
 
 
 # ---------------------------------------------------------------------------------------------

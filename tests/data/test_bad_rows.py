@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from parsed_rows import read_rows
 
 from ctrcal.api import prepare
 from ctrcal.core.errors import DataError
-from ctrcal.data.parse import read_criteo
 
 GOOD = ["0", "1", "-1", "260.0", *["3"] * 10, *["05db9164"] * 26]
 
@@ -38,7 +38,7 @@ BAD_CASES = [
 def test_error_names_file_and_line(tmp_path, row, match):
     path = _write(tmp_path / "train.txt", [GOOD, GOOD, row, GOOD])
     with pytest.raises(DataError, match=match) as err:
-        read_criteo(path)
+        read_rows(path)
     assert f"{path}: line 3:" in str(err.value)
 
 
@@ -46,13 +46,13 @@ def test_line_counts_the_header(tmp_path):
     header = ",".join(["label", *[f"I{i}" for i in range(1, 14)], *[f"C{i}" for i in range(1, 27)]])
     path = _write(tmp_path / "x4.csv", [GOOD, _with(5, "x")], header=header, sep=",")
     with pytest.raises(DataError, match=r"line 3: malformed row: I5 is not an integer \(got 'x'\)"):
-        read_criteo(path)
+        read_rows(path)
 
 
 def test_skip_drops_and_counts(tmp_path):
     rows = [GOOD] * 30 + [case for case, _ in BAD_CASES]
     path = _write(tmp_path / "train.txt", rows)
-    assert read_criteo(path, on_bad_row="skip").collect().height == 30
+    assert read_rows(path, on_bad_row="skip").height == 30
     out = tmp_path / "prep"
     with pytest.raises(DataError, match="line 31"):
         prepare([path], out)
@@ -96,7 +96,7 @@ NON_FINITE = ["inf", "nan", "-inf", "NaN", "Infinity", "1e400"]
 def test_non_finite_integer_fields_are_malformed(tmp_path, value):
     path = _write(tmp_path / "train.txt", [GOOD, GOOD, _with(4, value), GOOD])
     with pytest.raises(DataError, match=rf"{path}: line 3: malformed row: I4 is not an integer"):
-        read_criteo(path)
+        read_rows(path)
 
 
 def test_prepare_rejects_or_skips_non_finite_numerics(tmp_path):

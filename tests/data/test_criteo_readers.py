@@ -6,11 +6,11 @@ import gzip
 
 import polars as pl
 import pytest
+from parsed_rows import read_rows
 
 from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.core.errors import DataError
 from ctrcal.data.criteo import detect_format
-from ctrcal.data.parse import read_criteo
 
 EXPECTED_LAYOUT = {
     "dac": "dac",
@@ -25,14 +25,14 @@ EXPECTED_LAYOUT = {
 
 @pytest.fixture(scope="module")
 def reference(criteo_files):
-    return read_criteo(criteo_files["dac"]).collect()
+    return read_rows(criteo_files["dac"])
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_LAYOUT))
 def test_layout_detected_and_typed(name, criteo_files, reference):
     path = criteo_files[name]
     assert detect_format(path).layout == EXPECTED_LAYOUT[name]
-    df = read_criteo(path).collect()
+    df = read_rows(path)
     assert df.columns == list(COLUMNS)
     assert df.schema[LABEL] == pl.Float32
     assert all(df.schema[c] == pl.Float64 for c in NUMERIC_COLUMNS)
@@ -58,7 +58,7 @@ def test_negative_and_float_written_integers(tmp_path):
     row = ["1", "-2", "260.0", *[""] * 11, "00018438", "623049e6", *["04e09220"] * 24]
     path = tmp_path / "t.txt"
     path.write_text("\t".join(row) + "\n")
-    df = read_criteo(path).collect()
+    df = read_rows(path)
     assert df["I1"][0] == -2 and df["I2"][0] == 260.0 and df["I3"][0] is None
     assert df["C1"][0] == 0x18438 and df["C2"][0] == 0x623049E6
 
@@ -74,7 +74,7 @@ def test_forced_layout_conflict(criteo_files):
 def test_sample_deepctr_csv(criteo_samples):
     path = criteo_samples / "criteo_sample.txt"
     assert detect_format(path).layout == "x4"
-    df = read_criteo(path).collect()
+    df = read_rows(path)
     assert df.height == 200 and int(df[LABEL].sum()) == 49
     assert df["I2"].null_count() == 0 and df["I2"].min() < 0  # I2 is negative at times
     assert df["I3"][0] == 260.0  # written as 260.0 by pandas
@@ -84,14 +84,14 @@ def test_sample_deepctr_csv(criteo_samples):
 def test_sample_dac_train(criteo_samples):
     path = criteo_samples / "sample_train.txt"  # no trailing newline
     assert detect_format(path).layout == "dac"
-    df = read_criteo(path).collect()
+    df = read_rows(path)
     assert df.height == 100 and int(df[LABEL].sum()) == 29
 
 
 def test_sample_ragged_rows_padded(criteo_samples):
     path = criteo_samples / "sample_test.txt"
     assert detect_format(path).layout == "dac"
-    df = read_criteo(path).collect()
+    df = read_rows(path)
     assert df.height == 100 and int(df[LABEL].sum()) == 36
     raw = path.read_text().split("\n")
     widths = [len(line.split("\t")) for line in raw if line]
@@ -150,18 +150,18 @@ def test_empty_missing_and_truncated(tmp_path, criteo_files):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     with pytest.raises(DataError, match="empty file"):
-        read_criteo(empty)
+        read_rows(empty)
     with pytest.raises(DataError, match="no such file"):
-        read_criteo(tmp_path / "nope.txt")
+        read_rows(tmp_path / "nope.txt")
     with pytest.raises(DataError, match="is a directory"):
-        read_criteo(tmp_path)
+        read_rows(tmp_path)
     data = criteo_files["dac_gz"].read_bytes()
     cut = tmp_path / "cut.gz"
     cut.write_bytes(data[: len(data) // 2])
     with pytest.raises(DataError, match="cut.gz"):
-        read_criteo(cut).collect()
+        read_rows(cut)
     gz_empty = tmp_path / "empty.gz"
     with gzip.open(gz_empty, "wb"):
         pass
     with pytest.raises(DataError, match="empty file"):
-        read_criteo(gz_empty)
+        read_rows(gz_empty)

@@ -6,13 +6,20 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
+from parsed_rows import read_rows
 
 from ctrcal.api import prepare
 from ctrcal.config import Config
 from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS
 from ctrcal.data.feature_map import FeatureMap
-from ctrcal.data.features import NUM_RESERVED, OOV_ID, FeaturePipeline, hash_bucket
-from ctrcal.data.parse import read_criteo
+from ctrcal.data.features import (
+    NUM_RESERVED,
+    OOV_ID,
+    VOCAB_FILE,
+    FeaturePipeline,
+    hash_bucket,
+)
+from ctrcal.data.fit_stats import FitStats
 from ctrcal.data.synthetic import generate_frame, write_criteo
 
 DAYS, ROWS_PER_DAY, CAP, BUCKETS = 24, 150, 20, 7
@@ -62,12 +69,12 @@ def test_day_files_with_a_vocabulary_cap(days, tmp_path):
 
     # the test day: kept values by their ids, every other value by its hash, never OOV
     test = pl.read_parquet(out / "test")
-    raw = read_criteo(days[0]).collect()  # day_23
-    pipe = FeaturePipeline.load(out)
+    raw = read_rows(days[0])  # day_23
+    vocab = pl.read_parquet(out / VOCAB_FILE)
     for name in capped:
         ids, values = test[name].to_numpy(), raw[name]
         present = values.is_not_null().to_numpy()
-        kept = pipe.vocab_[name]
+        kept = vocab.filter(pl.col("field") == name)
         lookup = dict(zip(kept["value"].to_list(), kept["id"].to_list(), strict=True))
         v = values.fill_null(0).to_numpy()
         hashed = NUM_RESERVED + CAP + hash_bucket(v, BUCKETS)
@@ -81,4 +88,4 @@ def test_cap_is_validated():
     from ctrcal.core.errors import DataError
 
     with pytest.raises(DataError, match="max_vocab"):
-        FeaturePipeline(max_vocab=-1).fit(pl.DataFrame({c: [1] for c in CATEGORICAL_COLUMNS}))
+        FeaturePipeline(max_vocab=-1).fit_stats(FitStats(list(CATEGORICAL_COLUMNS), []))

@@ -9,9 +9,12 @@ import polars as pl
 import pytest
 import torch
 
+from ctrcal.api import prepare
+from ctrcal.config import Config
+from ctrcal.core.errors import DataError
 from ctrcal.data.feature_map import FEATURE_MAP_FILE, FeatureMap
-from ctrcal.data.features import FeaturePipeline
-from ctrcal.data.numeric import MissingOriginalStatsError, NumericTransform
+from ctrcal.data.numeric import NumericTransform
+from ctrcal.shifts.builtin import original_space_codec
 
 
 def _train(n=4000, seed=0):
@@ -27,18 +30,30 @@ def _train(n=4000, seed=0):
     })  # fmt: skip
 
 
-def _pipe(transform):
-    return FeaturePipeline(min_count=1, numeric_transform=transform, categorical_fields=["C1"],
-                           numeric_fields=["I1", "I2"])  # fmt: skip
+def _prepared(tmp_path, transform, train):
+    """Prepare ``train``'s rows as a CSV (the train and test splits; valid: its first row)
+    with ``transform``: the feature map and the encoded test split."""
+    schema = {"name": "nums", "label": "label", "numeric": ["I1", "I2"], "categorical": ["C1"]}
+    schema |= {"delimiter": ",", "header": True, "columns": ["label", "I1", "I2", "C1"]}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    train.write_csv(tmp_path / "train.csv")
+    train.head(1).write_csv(tmp_path / "valid.csv")
+    train.write_csv(tmp_path / "test.csv")  # the train rows again, in a file of their own
+    paths = {s: [tmp_path / f"{s}.csv"] for s in ("train", "valid", "test")}
+    cfg = Config()
+    cfg.data.schema = schema
+    cfg.features.min_count = 1
+    cfg.features.numeric_transform = transform
+    out = prepare(paths, tmp_path / "p", cfg).out_dir
+    return out, FeatureMap.load(out), pl.read_parquet(out / "test")
 
 
 @pytest.mark.parametrize("transform", ["log_standardize", "standardize", "identity"])
-def test_round_trip_and_original_stats(transform):
+def test_round_trip_and_original_stats(transform, tmp_path):
     train = _train()
-    pipe = _pipe(transform).fit(train)
-    fmap = pipe.feature_map()
+    _, fmap, encoded = _prepared(tmp_path, transform, train)
     codec = fmap.numeric_codec()
-    z = torch.from_numpy(pipe.transform(train).collect().select("I1", "I2").to_numpy()).float()
+    z = torch.from_numpy(encoded.select("I1", "I2").to_numpy()).float()
     before = z.clone()
     x = codec.to_original(z)
     assert torch.equal(z.nan_to_num(), before.nan_to_num())  # input untouched
@@ -56,7 +71,7 @@ def test_round_trip_and_original_stats(transform):
     torch.testing.assert_close(back, z, rtol=0, atol=4e-7, equal_nan=True)
     assert back.dtype == z.dtype
     # original-space statistics are those of the raw train values (missing excluded)
-    mean, std = codec.require_original_stats()
+    mean, std = codec.original_mean, codec.original_std
     for j, name in enumerate(["I1", "I2"]):
         v = train[name].drop_nulls().to_numpy()
         assert mean[j] == pytest.approx(v.mean(), rel=1e-12)
@@ -65,10 +80,9 @@ def test_round_trip_and_original_stats(transform):
     assert codec.model_std[0] == pytest.approx(float(np.nanstd(z[:, 0].numpy())), rel=1e-4)
 
 
-def test_noise_added_in_original_space_survives_the_round_trip():
-    train = _train(20000)
-    codec = _pipe("log_standardize").fit(train).feature_map().numeric_codec()
-    _, std = codec.require_original_stats()
+def test_noise_added_in_original_space_survives_the_round_trip(tmp_path):
+    codec = _prepared(tmp_path, "log_standardize", _train())[1].numeric_codec()
+    std = codec.original_std
     x = codec.to_original(torch.linspace(-2, 2, 2000).reshape(1000, 2)).double()
     gen = torch.Generator().manual_seed(0)
     noise = 0.25 * torch.tensor(std, dtype=torch.float64) * torch.randn(1000, 2, generator=gen,
@@ -92,19 +106,16 @@ def test_never_mutates_and_keeps_device_and_dtype():
 
 
 def test_old_feature_map_says_it_lacks_original_stats(tmp_path):
-    pipe = _pipe("log_standardize").fit(_train(500))
-    pipe.save(tmp_path)
-    data = json.loads((tmp_path / FEATURE_MAP_FILE).read_text())
+    out = _prepared(tmp_path, "log_standardize", _train(500))[0]
+    data = json.loads((out / FEATURE_MAP_FILE).read_text())
     for f in data["features"]:
         f.pop("original_mean", None)
         f.pop("original_std", None)
-    (tmp_path / FEATURE_MAP_FILE).write_text(json.dumps(data))
-    codec = FeatureMap.load(tmp_path).numeric_codec()
+    (out / FEATURE_MAP_FILE).write_text(json.dumps(data))
+    codec = FeatureMap.load(out).numeric_codec()
     assert not codec.has_original_stats
     # the transform itself is still invertible
     z = torch.tensor([[0.3, -0.2]])
     torch.testing.assert_close(codec.to_model(codec.to_original(z)), z)
-    with pytest.raises(MissingOriginalStatsError, match="prepare the data again"):
-        codec.require_original_stats()
-    # and a reloaded pipeline saves without inventing them
-    assert FeaturePipeline.load(tmp_path).original_std_ is None
+    with pytest.raises(DataError, match="prepare the data again"):
+        original_space_codec(FeatureMap.load(out))

@@ -9,13 +9,13 @@ import time
 import polars as pl
 import pytest
 from interrupt import ctrcal_argv, kill_9, run, start
+from parsed_rows import read_rows
 
 from ctrcal.api import prepare
 from ctrcal.core.errors import DataError
 from ctrcal.data.chunks import BOM, iter_text_chunks
 from ctrcal.data.criteo import detect_format
 from ctrcal.data.loader import ParquetCTRData
-from ctrcal.data.parse import read_criteo
 
 
 @pytest.mark.parametrize("layout", ["x4", "dac"])
@@ -24,7 +24,7 @@ def test_a_utf8_byte_order_mark_is_skipped(criteo_files, tmp_path, layout):
     marked = tmp_path / f"bom_{plain.name}"
     marked.write_bytes(BOM + plain.read_bytes())
     assert detect_format(marked).layout == layout
-    assert read_criteo(marked).collect().equals(read_criteo(plain).collect())
+    assert read_rows(marked).equals(read_rows(plain))
     res = prepare([marked], tmp_path / "p")
     assert res.total_rows == 1_000
 

@@ -14,7 +14,7 @@ from ctrcal.api import prepare
 from ctrcal.config import Config
 from ctrcal.core.errors import DataError
 from ctrcal.data.feature_map import FeatureMap
-from ctrcal.data.schema import AVAZU, AVAZU_CATEGORICAL, prepared_feature_kinds, resolve_schema
+from ctrcal.data.schema import AVAZU, AVAZU_CATEGORICAL, resolve_schema
 
 ROWS = 3_000
 
@@ -77,7 +77,6 @@ def test_avazu_by_its_schema_split_by_hour(avazu, tmp_path):
     assert abs(res.rows["train"] / ROWS - 0.8) < 0.05
     # hour of day as a feature: at most 24 values (+ the reserved ids)
     assert fmap.vocab_sizes[-1] <= 3 + 24
-    assert prepared_feature_kinds(tmp_path / "p") == {"numeric": 0, "categorical": 22}
     train = pl.read_parquet(tmp_path / "p" / "train")
     assert train.columns == ["label", *AVAZU_CATEGORICAL, "hour"]
     assert train["label"].sum() == frame["click"][: res.rows["train"]].sum()

@@ -10,8 +10,6 @@ from ctrcal.api import prepare
 from ctrcal.config import Config
 from ctrcal.core.errors import ConfigError, DataError
 from ctrcal.data.feature_map import FeatureMap
-from ctrcal.data.features import FeaturePipeline
-from ctrcal.data.parse import read_criteo
 from ctrcal.data.splits import SplitPlan, count_records
 from ctrcal.data.synthetic import generate_frame, write_criteo
 from ctrcal.validate import load_config
@@ -31,19 +29,27 @@ def raw(tmp_path_factory):
     return write_criteo(frame, tmp_path_factory.mktemp("time") / "train.txt")
 
 
-def _encoded_rows(out, raw_frame):
-    return FeaturePipeline.load(out).transform(raw_frame).collect()
+def _explicit(tmp_path, parts, name="e"):
+    """The splits prepared from ``parts`` (``{split: [paths]}``) as given: the same train rows
+    fit the same vocabularies and statistics, so a split made of the same rows encodes the
+    same (every split is checked against this independent route)."""
+    out = prepare(parts, tmp_path / name, _cfg()).out_dir
+    return {s: pl.read_parquet(out / s) for s in parts}
 
 
 def test_time_split_trains_on_the_first_rows(raw, tmp_path):
     out = tmp_path / "p"
     res = prepare([raw], out, _cfg(), chunk_bytes=1 << 14)
     assert res.rows == {"train": 800, "valid": 100, "test": 100}
-    typed = read_criteo(raw).collect()
+    lines = raw.read_bytes().splitlines(keepends=True)
+    parts = {}
     for name, rows in [("train", slice(0, 800)), ("valid", slice(800, 900)),
                        ("test", slice(900, 1000))]:  # fmt: skip
-        got = pl.read_parquet(out / name)
-        assert got.equals(_encoded_rows(out, typed[rows])), name
+        parts[name] = [tmp_path / f"{name}.txt"]
+        parts[name][0].write_bytes(b"".join(lines[rows]))
+    want = _explicit(tmp_path, parts)
+    for name in parts:
+        assert pl.read_parquet(out / name).equals(want[name]), name
     fmap = FeatureMap.load(out)
     assert fmap.extra["split"] == {"order": "time", "fractions": [0.8, 0.1, 0.1]}
 
@@ -64,9 +70,9 @@ def test_time_split_of_day_files_takes_whole_days_in_day_order(tmp_path):
     out = tmp_path / "p"
     res = prepare(shuffled, out, _cfg(split=(2, 1, 1)))
     assert res.rows == {"train": 400, "valid": 200, "test": 200}
-    typed = read_criteo(paths).collect()
-    assert pl.read_parquet(out / "valid").equals(_encoded_rows(out, typed[400:600]))
-    assert pl.read_parquet(out / "test").equals(_encoded_rows(out, typed[600:800]))
+    want = _explicit(tmp_path, {"train": paths[:2], "valid": [paths[2]], "test": [paths[3]]})
+    assert pl.read_parquet(out / "valid").equals(want["valid"])
+    assert pl.read_parquet(out / "test").equals(want["test"])
     with pytest.raises(DataError, match="whole day files"):
         prepare(paths[:3], tmp_path / "q", _cfg(split=(0.98, 0.01, 0.01)))
 

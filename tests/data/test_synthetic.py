@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+from parsed_rows import read_rows
 from sklearn.metrics import roc_auc_score
 
 from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, NUMERIC_COLUMNS
 from ctrcal.data import synthetic as syn
-from ctrcal.data.parse import read_criteo
 
 
 def test_deterministic_by_seed(tmp_path):
@@ -24,7 +24,7 @@ def test_deterministic_by_seed(tmp_path):
 
 
 def test_marginals(criteo_files):
-    df = read_criteo(criteo_files["dac"]).collect()
+    df = read_rows(criteo_files["dac"])
     assert 0.18 < df["label"].mean() < 0.32
     missing = df.select(pl.col(NUMERIC_COLUMNS).is_null().mean()).row(0)
     np.testing.assert_allclose(missing, syn.NUMERIC_MISSING, atol=0.06)
@@ -69,7 +69,7 @@ def test_drift_zero_writes_the_stationary_rows():
 def test_drift_shifts_first_rows_from_last_and_probabilities_stay_exact(tmp_path):
     rows = 40_000
     res = syn.generate(tmp_path / "d.txt", rows, seed=2, drift=1.5)
-    df = read_criteo(res.path).collect()
+    df = read_rows(res.path)
     prob = pl.read_parquet(res.prob_path)["prob"].to_numpy()
     # the stored probabilities are the click model at each row's own position
     exact = syn.true_probability(df, syn.positions(rows), seed=2, drift=1.5)

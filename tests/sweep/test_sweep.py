@@ -195,9 +195,10 @@ def test_parallel_report_equals_sequential(sweeps):
 
 
 def test_parallel_rerun_reuses_and_retrains(sweeps, tmp_path, monkeypatch):
+    from ctrcal.reports.shift.jobs import DataJob, train_jobs_for
     from ctrcal.reports.shift.plan import plan_variants
-    from ctrcal.reports.shift.report import train_variants
     from ctrcal.sweep import processes
+    from ctrcal.sweep.sweep import train_jobs
 
     # pin the thread count a worker gets without train.num_threads to the one the runs were
     # trained with (2 cores over 2 workers: 1), whatever this machine has
@@ -211,9 +212,8 @@ def test_parallel_rerun_reuses_and_retrains(sweeps, tmp_path, monkeypatch):
     shutil.rmtree(runs / "layernorm" / "seed1")
     cfg = load_config(root / "tiny.yaml", ["train.num_threads=0"])  # runtime key: same runs
     lines: list[str] = []
-    outcomes = train_variants(
-        cfg, plan_variants(cfg), data, runs, lines.append, slots=["cpu", "cpu"]
-    )
+    jobs = train_jobs_for([DataJob(cfg, data, runs)], plan_variants(cfg))
+    outcomes = train_jobs(jobs, lines.append, slots=["cpu", "cpu"])
     assert outcomes == {"reused": 3, "trained": 1}
     assert kept.stat().st_mtime_ns == stamp
     assert [line for line in lines if "started on" in line] == [

@@ -54,6 +54,7 @@ from ctrcal.metrics import (
 from ctrcal.metrics import DEFINITIONS as RECAL_DEFINITIONS
 from ctrcal.metrics import DEFINITIONS as SMOOTH_DEFINITIONS
 from ctrcal.reports.calibration.predictions_file import Predictions
+from ctrcal.reports.markdown import markdown_table
 
 __all__ = ["CalibrationReportPaths", "calibration_report", "label_free_report", "model_metrics"]
 
@@ -128,11 +129,6 @@ def _fmt(v: Any, digits: int = 4) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
     return f"{v:.{digits}f}" if abs(v) >= 10**-digits or v == 0 else f"{v:.2e}"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return out + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def calibration_report(
@@ -216,7 +212,7 @@ def calibration_report(
         paired = paired_bootstrap(fn, p, pb, y, n_boot=bootstrap, seed=seed, level=GATE_LEVEL)
         result["compare"] = {
             k: {"a": c.a.as_dict(), "b": c.b.as_dict(), "diff": c.diff.as_dict(),
-                "pvalue": c.pvalue} for k, c in paired.items()
+                "pvalue": c.pvalue, "p_resolution": c.resolution} for k, c in paired.items()
         }  # fmt: skip
         if rules is not None:
             decision = decide(gate, rules, paired, GATE_LEVEL)
@@ -251,7 +247,7 @@ def calibration_report(
     )
     if preds.time is not None:
         paths.update(_windows(preds, out, result, windows, calibrator, bootstrap, seed, min_count))
-    write_json_atomic(out / "metrics.json", _jsonable(result))
+    write_json_atomic(out / "metrics.json", result)
     write_text_atomic(out / "report.md", render_markdown(result))
     return CalibrationReportPaths(
         out,
@@ -313,10 +309,10 @@ def label_free_report(preds: Predictions, out_dir: str | Path) -> CalibrationRep
         "",
         *_label_free_intro(),
         "",
-        *_table(["metric", "estimate"], [[k, _fmt(est[k])] for k in LABEL_FREE_METRICS]),
+        markdown_table(["metric", "estimate"], [[k, _fmt(est[k])] for k in LABEL_FREE_METRICS]),
         "",
     ]
-    write_json_atomic(out / "metrics.json", _jsonable(result))
+    write_json_atomic(out / "metrics.json", result)
     write_text_atomic(out / "report.md", "\n".join(lines) + "\n")
     return CalibrationReportPaths(out, out / "report.md", out / "metrics.json", None)
 
@@ -371,16 +367,11 @@ def _windows(
     return {"windows_csv": csv, "windows_png": png}
 
 
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (np.floating, float)):
-        return None if not math.isfinite(float(obj)) else float(obj)
-    if isinstance(obj, np.integer):
-        return int(obj)
-    return obj
+def _fmt_p(p: float | None, resolution: float | None) -> str:
+    """A bootstrap p-value; at the replicates' resolution (1/B) it is a bound: ``< 0.005``."""
+    if p is not None and resolution is not None and math.isfinite(p) and p <= resolution:
+        return f"< {resolution:.3g}"
+    return _fmt(p, 3)
 
 
 def render_markdown(r: dict[str, Any]) -> str:
@@ -405,7 +396,7 @@ def render_markdown(r: dict[str, Any]) -> str:
             continue
         interval = f"[{_fmt(ci[k]['low'])}, {_fmt(ci[k]['high'])}]" if k in ci else ""
         rows.append([k, _fmt(r["model"][k]), interval, _fmt(r["floor"].get(k))])
-    lines += _table(header, rows) + [""]
+    lines += [markdown_table(header, rows), ""]
     per_field = [k for k in r["model"] if k.startswith("field_rce:")]
     if per_field:
         lines += ["## Per segment column", ""]
@@ -414,7 +405,7 @@ def render_markdown(r: dict[str, Any]) -> str:
             name = k.split(":", 1)[1]
             rows.append([name, _fmt(r["model"][k]), _fmt(r["floor"].get(k)),
                          _fmt(r["model"][f"field_ece:{name}"])])  # fmt: skip
-        lines += _table(["segment", "Field-RCE", "floor", "Field-ECE"], rows) + [""]
+        lines += [markdown_table(["segment", "Field-RCE", "floor", "Field-ECE"], rows), ""]
     if "compare" in r:
         lines += [
             f"## `{cols['compare']}` against `{cols['prob']}`", "",
@@ -429,9 +420,10 @@ def render_markdown(r: dict[str, Any]) -> str:
             d = c["diff"]
             rows.append([k, _fmt(c["a"]["estimate"]), _fmt(c["b"]["estimate"]),
                          f"{_fmt(d['estimate'])} [{_fmt(d['low'])}, {_fmt(d['high'])}]",
-                         _fmt(c["pvalue"], 3)])  # fmt: skip
-        lines += _table(["metric", f"`{cols['prob']}`", f"`{cols['compare']}`",
-                         "difference [95% CI]", "p"], rows) + [""]  # fmt: skip
+                         _fmt_p(c["pvalue"], c.get("p_resolution"))])  # fmt: skip
+        header = ["metric", f"`{cols['prob']}`", f"`{cols['compare']}`"]
+        header += ["difference [95% CI]", "p"]
+        lines += [markdown_table(header, rows), ""]
     if "risk_coverage" in r:
         rc = r["risk_coverage"]
         lines += [
@@ -442,7 +434,7 @@ def render_markdown(r: dict[str, Any]) -> str:
         ]
         covs = [k.split("@")[1] for k in rc if k.startswith("auc@")]
         rows = [[c, _fmt(rc[f"auc@{c}"]), _fmt(rc[f"logloss@{c}"])] for c in covs]
-        lines += _table(["coverage", "AUC", "logloss"], rows) + [""]
+        lines += [markdown_table(["coverage", "AUC", "logloss"], rows), ""]
     if "windows" in r:
         w = r["windows"]
         lines += ["## Calibration over time", "", w["sentence"], "", "![windows](windows.png)", ""]
@@ -451,8 +443,16 @@ def render_markdown(r: dict[str, Any]) -> str:
         rows = [[str(t["window"]), f"{t['rows']:,}",
                  *(_fmt(ece[t["window"], c]) for c in ("uncalibrated", "stale", "fresh")),
                  _fmt(t["ece_gap"]), _fmt(t["detectable"])] for t in w["table"]]  # fmt: skip
-        lines += _table(["window", "rows", "ECE uncalibrated", "ECE stale", "ECE fresh",
-                         "stale − fresh", "detectable"], rows)  # fmt: skip
+        header = [
+            "window",
+            "rows",
+            "ECE uncalibrated",
+            "ECE stale",
+            "ECE fresh",
+            "stale − fresh",
+            "detectable",
+        ]
+        lines += [markdown_table(header, rows)]
         lines += ["", "Per-window PCOC, NE and Field-RCE as well: `windows.csv`.", ""]
     lines += _brier_lines(r["model"]) + _label_free_lines(r["label_free"])
     if "worst_segments" in r:
@@ -490,7 +490,7 @@ def _label_free_lines(lf: dict[str, float]) -> list[str]:
         "",
         *_label_free_intro(),
         "",
-        *_table(["metric", "estimate", "measured", "error (estimate − measured)"], rows),
+        markdown_table(["metric", "estimate", "measured", "error (estimate − measured)"], rows),
         "",
     ]
 
@@ -520,10 +520,8 @@ def _segment_lines(ws: dict[str, Any]) -> list[str]:
         ]
         for s in ws["segments"]
     ]
-    lines += _table(
-        ["segment", "rows", "observed", "predicted", "ratio [CI]", "σ", "p (Holm)", "detectable"],
-        rows,
-    )
+    header = ["segment", "rows", "observed", "predicted", "ratio [CI]", "σ", "p (Holm)"]
+    lines.append(markdown_table([*header, "detectable"], rows))
     return lines + ["", "![segments](segments.png)", ""]
 
 
@@ -551,4 +549,4 @@ def _gate_lines(g: dict[str, Any], cols: dict[str, str]) -> list[str]:
         ]
         for r in g["rules"]
     ]
-    return lines + _table(["rule", "rows", "difference", "bound", "result"], rows) + [""]
+    return [*lines, markdown_table(["rule", "rows", "difference", "bound", "result"], rows), ""]

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from ctrcal import metrics as M
+from ctrcal.reports.markdown import markdown_table
 from ctrcal.reports.shift.stats import CLEAN, Summary, format_intensity
-from ctrcal.reports.shift.verdict import exploratory_lines, markdown_table, verdict_lines
+from ctrcal.reports.shift.verdict import exploratory_lines, verdict_lines
 
 if TYPE_CHECKING:
     from ctrcal.reports.shift.render import ReportMeta
@@ -114,12 +115,6 @@ def shift_infos(shifts: Sequence[dict[str, Any]], summary: pd.DataFrame) -> list
         if label != CLEAN and label not in known:
             infos.append({"label": label, "name": label, "unit": "std", "description": ""})
     return infos
-
-
-def _fmt_stds(values: Sequence[float] | None) -> str:
-    if not values:
-        return "n/a"
-    return ", ".join(f"{float(v):.4g}" for v in values)
 
 
 def _shift_paragraph(info: dict[str, Any]) -> list[str]:

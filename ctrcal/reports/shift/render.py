@@ -12,18 +12,14 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
-
 from ctrcal.core.utils import write_json_atomic, write_text_atomic
 from ctrcal.reports.shift.markdown import render_markdown, shift_infos
 from ctrcal.reports.shift.row_level import RowLevel
-from ctrcal.reports.shift.stats import Summary
+from ctrcal.reports.shift.stats import Summary, format_intensity
 from ctrcal.reports.shift.verdict import verdict_sentence
 
 __all__ = [
@@ -181,8 +177,11 @@ def _training_noise_text(variant: Any, train: Any) -> list[str]:
         from ctrcal.shifts.registry import get_shift
 
         kind = get_shift(shift.name)
-        value = f"{shift.intensity:g}"
-        level = f"p = {value}" if kind.unit == "p" else f"{value} {kind.unit}"
+        level = (
+            format_intensity(shift.intensity, "p")
+            if kind.unit == "p"
+            else f"{shift.intensity:g} {kind.unit}"
+        )
         space = shift.space or kind.options.get("space", (None,))[0]
         where = f" in {space} space" if space else ""
         out.append(f"trained with input noise {kind.name} {level}{where}")
@@ -278,48 +277,20 @@ def write_report(
         "shifts": shifts,
         "verdict": verdict,
         **({"row_level": row_level.to_json()} if row_level is not None else {}),
-        "summary": _records(summary.table),
-        "paired": _records(summary.paired),
-        "reliability": _jsonable(
-            {
-                v: {f"{k[0]}@{k[1]:g}" if isinstance(k, tuple) else k: c for k, c in by.items()}
-                for v, by in (reliability or {}).items()
-            }
-        ),
+        "summary": summary.table.to_dict(orient="records"),
+        "paired": summary.paired.to_dict(orient="records"),
+        "reliability": {
+            v: {f"{k[0]}@{k[1]:g}" if isinstance(k, tuple) else k: c for k, c in by.items()}
+            for v, by in (reliability or {}).items()
+        },
         "files": {
             "results_csv": paths.results_csv.name,
             "report_md": paths.report_md.name,
             "figures": {k: p.name for k, p in paths.figures.items()},
         },
     }
-    write_json_atomic(paths.summary_json, _jsonable(payload))
+    write_json_atomic(paths.summary_json, payload)
     return paths
-
-
-def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    return [
-        {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
-        for r in df.to_dict(orient="records")
-    ]
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, (np.floating, float)):
-        v = float(obj)
-        return v if math.isfinite(v) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, (np.bool_,)):
-        return bool(obj)
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
 
 
 def finish_message(paths: ReportPaths, elapsed_s: float) -> str:

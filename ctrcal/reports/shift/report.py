@@ -49,7 +49,6 @@ from ctrcal.reports.shift.grid import (
 )
 from ctrcal.reports.shift.jobs import check_data_for_shifts, data_jobs, train_jobs_for
 from ctrcal.reports.shift.plan import (
-    VariantPlan,
     check_report,
 )
 from ctrcal.reports.shift.render import (
@@ -66,31 +65,11 @@ from ctrcal.reports.shift.row_level import check_time_ordered, oracle_probs
 from ctrcal.reports.shift.stats import RESULT_COLUMNS, summarize_report
 from ctrcal.sweep.sweep import check_workers, train_jobs, training_threads, worker_slots
 
-__all__ = [
-    "run_shift_report",
-    "train_variants",
-]
+__all__ = ["run_shift_report", "shift_report"]
 
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def train_variants(
-    cfg: Config,
-    plans: list[VariantPlan],
-    data_dir: Path,
-    runs_dir: Path,
-    log: Callable[[str], None] = _log,
-    *,
-    slots: list[str] | None = None,
-    progress: bool = False,
-) -> dict[str, int]:
-    """Train (or reuse / resume) every run the plans need on ``data_dir``; counts by outcome."""
-    from ctrcal.reports.shift.jobs import DataJob
-
-    jobs = train_jobs_for([DataJob(cfg, data_dir, runs_dir)], plans)
-    return train_jobs(jobs, log, slots=slots, progress=progress)
 
 
 def run_shift_report(

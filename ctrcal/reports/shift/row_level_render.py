@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ctrcal.reports.markdown import markdown_table
 from ctrcal.reports.shift.row_level import BOOTSTRAP_LEVEL, RowLevel
 
 __all__ = ["row_level_figures", "row_level_lines"]
@@ -50,24 +51,21 @@ def _bootstrap_lines(row_level: RowLevel) -> list[str]:
         "bootstrap replicates): how much a number moves with the rows alone, beside the "
         "spread over training seeds in the tables above.",
         "",
-        "| variant | ECE | PCOC | AUC |",
-        "|---|---|---|---|",
     ]
-    for variant, cis in row_level.bootstrap.items():
-        lines.append(
-            f"| {variant} | {_ci(cis['ece'])} | {_ci(cis['pcoc'])} | {_ci(cis['auc'])} |"
-        )
-    return [*lines, ""]
+    rows = [
+        [variant, _ci(cis["ece"]), _ci(cis["pcoc"]), _ci(cis["auc"])]
+        for variant, cis in row_level.bootstrap.items()
+    ]
+    return [*lines, markdown_table(["variant", "ECE", "PCOC", "AUC"], rows), ""]
 
 
 def _window_table(result, oracle_ece: list[float] | None) -> list[str]:
     m = result.metrics
     floor = oracle_ece is not None
-    lines = [
-        "| window | rows | ECE uncalibrated | ECE stale | ECE fresh | stale − fresh "
-        "| detectable | PCOC stale | PCOC fresh |" + (" ECE true probabilities |" if floor else ""),
-        "|---|---|---|---|---|---|---|---|---|" + ("---|" if floor else ""),
-    ]
+    header = ["window", "rows", "ECE uncalibrated", "ECE stale", "ECE fresh", "stale − fresh"]
+    header += ["detectable", "PCOC stale", "PCOC fresh"]
+    header += ["ECE true probabilities"] if floor else []
+    rows = []
     for i, r in enumerate(result.windows.itertuples(index=False)):
         w = int(r.window)
 
@@ -76,12 +74,13 @@ def _window_table(result, oracle_ece: list[float] | None) -> list[str]:
             return f"{float(m.loc[sel, 'value'].iloc[0]):.4f}" if sel.any() else "n/a"
 
         det = f"{r.detectable:.4f}" if math.isfinite(r.detectable) else "—"
-        lines.append(
-            f"| {w} | {int(r.rows):,} | {v('uncalibrated', 'ece')} | {v('stale', 'ece')} | "
-            f"{v('fresh', 'ece')} | {r.ece_gap:+.4f} | {det} | {v('stale', 'pcoc')} | "
-            f"{v('fresh', 'pcoc')} |" + (f" {oracle_ece[i]:.4f} |" if floor else "")
+        rows.append(
+            [f"{w}", f"{int(r.rows):,}", v("uncalibrated", "ece"), v("stale", "ece")]
+            + [v("fresh", "ece"), f"{r.ece_gap:+.4f}", det, v("stale", "pcoc")]
+            + [v("fresh", "pcoc")]
+            + ([f"{oracle_ece[i]:.4f}"] if floor else [])
         )
-    return lines
+    return [markdown_table(header, rows)]
 
 
 def _window_lines(row_level: RowLevel, figures: dict[str, Path]) -> list[str]:

@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 
 from ctrcal.metrics import SegmentScan, brier_decomposition, label_free_errors, worst_segments
+from ctrcal.reports.markdown import markdown_table
 from ctrcal.reports.shift.stats import CLEAN, format_intensity
-from ctrcal.reports.shift.verdict import markdown_table
 
 __all__ = [
     "label_free_lines",

@@ -80,9 +80,11 @@ _KEY = ["variant", "shift", "seed", "intensity", "metric"]
 
 
 def format_intensity(s: float, unit: str = "std") -> str:
-    """0.0625 -> '6.25 %'; with unit 'p': 'p = 0.2'; 'natural' for a natural shift."""
+    """0.0625 -> '6.25 %'; with unit 'p': 'probability 0.2' (a level, so never written as
+    'p = ...', which a reader of a table of tests takes for a p-value); 'natural' for a
+    natural shift."""
     if unit == "p":
-        return f"p = {float(s):g}"
+        return f"probability {float(s):g}"
     if unit == "natural":
         return "natural"
     return f"{100.0 * float(s):g} %"

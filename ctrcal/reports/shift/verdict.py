@@ -18,17 +18,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ctrcal.reports.markdown import markdown_table
 from ctrcal.reports.shift.stats import CLEAN, Summary, format_intensity
 
-__all__ = ["exploratory_lines", "markdown_table", "verdict_lines", "verdict_sentence"]
+__all__ = ["exploratory_lines", "verdict_lines", "verdict_sentence"]
 
 _NAMES = {"auc": "AUC", "ece": "ECE"}
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def _num(x: Any, fmt: str) -> str:

@@ -11,7 +11,7 @@ from ctrcal.cli import main
 from ctrcal.config import Config
 from ctrcal.core.errors import DataError
 from ctrcal.data.feature_map import FeatureMap
-from ctrcal.data.features import MISSING_ID, OOV_ID, FeaturePipeline
+from ctrcal.data.features import MISSING_ID, OOV_ID
 from ctrcal.data.prepare.prepare import split_role
 from ctrcal.data.synthetic import generate_frame, write_criteo
 
@@ -86,9 +86,9 @@ def test_fit_uses_train_rows_only(tmp_path):
     # 00000bbb was seen only in test: out of vocabulary; the rest of C1 is missing
     assert enc["C1"].head(50).to_list() == [OOV_ID] * 50
     assert enc["C1"].tail(50).to_list() == [MISSING_ID] * 50
-    pipe = FeaturePipeline.load(out)
-    assert pipe.vocab_sizes_[0] == 3 + 1  # just 00000aaa
-    assert pipe.rows_ == 200
+    fmap = FeatureMap.load(out)
+    assert fmap.vocab_sizes[0] == 3 + 1  # just 00000aaa
+    assert fmap.extra["train_rows_fitted"] == 200
     i5 = pl.Series(train["I5"]).drop_nulls().cast(pl.Float64).to_numpy()
-    j = pipe.numeric_fields.index("I5")
-    assert pipe.original_mean_[j] == pytest.approx(i5.mean(), rel=1e-12)
+    j = fmap.numeric_fields.index("I5")
+    assert fmap.numeric_original_mean[j] == pytest.approx(i5.mean(), rel=1e-12)

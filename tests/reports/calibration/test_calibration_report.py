@@ -147,6 +147,13 @@ def test_report_on_predictions_exported_from_a_ctrcal_run(exported, tmp_path):
     assert got["compare"]["ece"]["diff"]["estimate"] == pytest.approx(
         M.ece(frame["prob_half"], y) - M.ece(p, y)
     )
+    # every one of the 10 replicates finds the halved logits worse calibrated: the p-value is
+    # the replicates' resolution, a bound that the report prints as such
+    ece = got["compare"]["ece"]
+    assert ece["pvalue"] == ece["p_resolution"] == pytest.approx(0.1)
+    lines = (out / "report.md").read_text().splitlines()
+    ece_row = [x for x in lines if x.startswith("| ece |")][-1]  # the comparison's table
+    assert ece_row.endswith("| < 0.1 |")
     w = got["windows"]
     assert w["fitted_on"] == "first window" and len(w["table"]) == 3
     assert "label_shift calibrator fitted once" in w["sentence"]

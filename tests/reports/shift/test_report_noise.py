@@ -88,7 +88,7 @@ def test_noise_variants_are_compared_like_any_other(reports):
         assert not ln.equals(auc.xs(v, level="variant")), v
     text = (out / "report.md").read_text()
     assert "trained with input noise gaussian_numeric 0.25 std in original space" in text
-    assert "trained with input noise categorical_corruption p = 0.2;" in text
+    assert "trained with input noise categorical_corruption probability 0.2;" in text
     assert "trained with weight noise N(0, 0.001)" in text
     comparisons = [line for line in text.splitlines() if line.startswith("| weight_noise")]
     assert comparisons  # a row of the comparison with the baseline

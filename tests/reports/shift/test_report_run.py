@@ -135,7 +135,7 @@ def test_report_tables_parse_and_verdict_present(shift_report):
     sentence = next(line for line in after if line.strip())
     assert sentence.startswith(("No variant differs", "Only these differ"))
     assert tables[2][0] == ["variant", "clean", "12.5 %", "50 %"]
-    assert ["variant", "clean", "p = 0.2", "p = 0.6"] in [t[0] for t in tables]
+    assert ["variant", "clean", "probability 0.2", "probability 0.6"] in [t[0] for t in tables]
     for table in tables:
         assert len({len(r) for r in table}) == 1
     summary = json.loads((out / "summary.json").read_text())
