@@ -91,7 +91,8 @@ def _unlabelled_test_dir(criteo_files, tmp_path) -> Path:
 
     cfg = Config()
     cfg.features.min_count = 1
-    splits = {"train": [criteo_files["dac"]], "valid": [criteo_files["dac"]],
+    # the same rows in another file for valid: a file given as two splits is refused
+    splits = {"train": [criteo_files["dac"]], "valid": [criteo_files["dac_gz"]],
               "test": [criteo_files["dac_test"]]}  # fmt: skip
     return prepare(splits, tmp_path / "prep", cfg).out_dir
 
