@@ -13,6 +13,7 @@ demo: env
 
 test: env
 	$(VENV)/bin/ruff check ctrcal tests scripts
+	$(VENV)/bin/ruff format --check ctrcal tests scripts
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
 
@@ -20,11 +21,13 @@ test: env
 # subprocesses); `make test` (the CI) runs them all
 test-fast: env
 	$(VENV)/bin/ruff check ctrcal tests scripts
+	$(VENV)/bin/ruff format --check ctrcal tests scripts
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -m "not slow"
 
 lint: env
 	$(VENV)/bin/ruff check ctrcal tests scripts
+	$(VENV)/bin/ruff format --check ctrcal tests scripts
 	$(VENV)/bin/lint-imports
 
 clean:

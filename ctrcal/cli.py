@@ -110,21 +110,27 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     inputs: list[Path] | dict[str, list[Path]] | None = None
     if any(explicit.values()):
         if args.inputs:
-            raise ConfigError("give input files either to split (INPUT ...) or as "
-                              "--train/--valid/--test, not both")  # fmt: skip
+            raise ConfigError(
+                "give input files either to split (INPUT ...) or as "
+                "--train/--valid/--test, not both"
+            )
         missing = [f"--{k}" for k, v in explicit.items() if not v]
         if missing:
-            raise ConfigError(f"explicit splits need --train, --valid and --test; missing "
-                              f"{', '.join(missing)}")  # fmt: skip
+            raise ConfigError(
+                f"explicit splits need --train, --valid and --test; missing {', '.join(missing)}"
+            )
         inputs = explicit
     elif args.inputs:
         inputs = list(args.inputs)
     elif args.config is None:
-        raise ConfigError("nothing to prepare: give raw files (INPUT ... or --train/--valid/"
-                          "--test) or a --config whose data section names them")  # fmt: skip
+        raise ConfigError(
+            "nothing to prepare: give raw files (INPUT ... or --train/--valid/"
+            "--test) or a --config whose data section names them"
+        )
     if inputs is not None and named:
-        raise ConfigError(f"{args.config}: data names input files and so does the command line; "
-                          "keep one of them")  # fmt: skip
+        raise ConfigError(
+            f"{args.config}: data names input files and so does the command line; keep one of them"
+        )
     res = prepare(inputs, args.out, cfg.data, cfg.features, args.on_bad_row, resplit=args.resplit)
     print(res.describe(_embedding_dim(cfg)))
     return 0
@@ -370,8 +376,12 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, help=help_, description=help_, aliases=aliases)
         # SUPPRESS: no default of its own, so `ctrcal --debug CMD` keeps the top-level flag
-        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                       help="show tracebacks on errors")  # fmt: skip
+        p.add_argument(
+            "--debug",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="show tracebacks on errors",
+        )
         p.set_defaults(handler=handler)
         return p
 
@@ -387,15 +397,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = add("prepare", cmd_prepare, "raw Criteo file(s) -> feature_map.json + parquet splits")
-    p.add_argument("inputs", nargs="*", type=Path,
-                   help="raw Criteo file(s), any layout, split by data.split (or use "
-                        "--train/--valid/--test, or a config's data section)")  # fmt: skip
+    p.add_argument(
+        "inputs",
+        nargs="*",
+        type=Path,
+        help="raw Criteo file(s), any layout, split by data.split (or use "
+        "--train/--valid/--test, or a config's data section)",
+    )
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--config", type=Path, default=None, help="YAML config (data/features)")
     p.add_argument("--on-bad-row", choices=["error", "skip"], default=None)
     for split in ("train", "valid", "test"):
-        p.add_argument(f"--{split}", nargs="+", type=Path, default=[],
-                       help=f"file(s) of the {split} split, kept as given")  # fmt: skip
+        p.add_argument(
+            f"--{split}",
+            nargs="+",
+            type=Path,
+            default=[],
+            help=f"file(s) of the {split} split, kept as given",
+        )
     p.add_argument(
         "--resplit",
         action="store_true",
@@ -418,14 +437,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("evaluate", cmd_evaluate, "evaluate a trained run")
     p.add_argument("run_dir", type=Path, help="run directory written by 'ctrcal train'")
     p.add_argument("--split", choices=["train", "valid", "test"], default="test")
-    p.add_argument("--mc-samples", type=_non_negative_int, default=0,
-                   help="MC-integration passes (0: off)")  # fmt: skip
-    p.add_argument("--seed", type=int, default=0,
-                   help="seed of the MC passes' random subsets (default 0): the same command "
-                        "gives the same numbers")  # fmt: skip
-    p.add_argument("--data", type=Path, default=None,
-                   help="prepared data directory (default: the run's own); it must be "
-                        "encoded with the run's feature map")  # fmt: skip
+    p.add_argument(
+        "--mc-samples", type=_non_negative_int, default=0, help="MC-integration passes (0: off)"
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the MC passes' random subsets (default 0): the same command "
+        "gives the same numbers",
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="prepared data directory (default: the run's own); it must be "
+        "encoded with the run's feature map",
+    )
 
     p = add("predict", cmd_predict, "write a run's click probabilities to a parquet file")
     p.add_argument("run_dir", type=Path, help="run directory written by 'ctrcal train'")
@@ -497,9 +525,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("validate", cmd_validate, "check a config without running anything")
     _add_config(p)
     p.add_argument(
-        "--data", type=Path, default=None,
+        "--data",
+        type=Path,
+        default=None,
         help="also check the config against this prepared data (do its shifts apply?)",
-    )  # fmt: skip
+    )
 
     p = add(
         "calibration-report",
@@ -545,18 +575,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gate-segments", action="store_true", help="decide the gate's rules per segment value too"
     )
-    p.add_argument("--time", default=None, metavar="COL",
-                   help="time column: calibration over consecutive time windows")  # fmt: skip
+    p.add_argument(
+        "--time",
+        default=None,
+        metavar="COL",
+        help="time column: calibration over consecutive time windows",
+    )
     p.add_argument("--windows", type=int, default=10, metavar="N", help="time windows (10)")
-    p.add_argument("--compare", default=None, metavar="COL2",
-                   help="another model's probabilities: paired bootstrap")  # fmt: skip
+    p.add_argument(
+        "--compare",
+        default=None,
+        metavar="COL2",
+        help="another model's probabilities: paired bootstrap",
+    )
     p.add_argument("--std", default=None, metavar="COL", help="predictive std: risk-coverage")
-    p.add_argument("--calibrator", default="platt", metavar="NAME",
-                   help="calibrator fitted once vs refitted per window (platt)")  # fmt: skip
+    p.add_argument(
+        "--calibrator",
+        default="platt",
+        metavar="NAME",
+        help="calibrator fitted once vs refitted per window (platt)",
+    )
     p.add_argument("--bootstrap", type=int, default=200, metavar="N", help="replicates (200)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and of the floor")
-    p.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="report directory (default: FILE.calibration beside the file)")  # fmt: skip
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="report directory (default: FILE.calibration beside the file)",
+    )
     return parser
 
 
@@ -584,8 +631,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # OutputError itself: still one line naming the path and the cause
         if args.debug or exc.errno not in OUTPUT_ERRNOS or not exc.filename:
             raise
-        print(f"ctrcal {args.command}: error: {describe_os_error(exc.filename, exc, 'use')}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"ctrcal {args.command}: error: {describe_os_error(exc.filename, exc, 'use')}",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         print(f"ctrcal {args.command}: interrupted", file=sys.stderr)

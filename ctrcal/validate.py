@@ -250,9 +250,10 @@ def _builds(
         return True
     params = resolve_model(name).parameters()
     norms = [
-        k for k in (only if only is not None else kwargs)
+        k
+        for k in (only if only is not None else kwargs)
         if is_norm_key(k) and not is_no_norm(kwargs[k])
-    ]  # fmt: skip
+    ]
     plain = dict(kwargs)
     for k in norms:  # the model without these norms (a foreign model's net_norm: dropped)
         if k in params:

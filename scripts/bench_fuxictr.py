@@ -242,8 +242,9 @@ def fuxictr_worker(spec: dict[str, Any]) -> None:
         for c, v in zip(spec["categorical_fields"], spec["vocab_sizes"], strict=True)
     ]
     fmap_json = work / "fuxictr_feature_map.json"
-    fmap_json.write_text(json.dumps({"dataset_id": "bench", "labels": ["label"],
-                                     "features": features}))  # fmt: skip
+    fmap_json.write_text(
+        json.dumps({"dataset_id": "bench", "labels": ["label"], "features": features})
+    )
     feature_map = FeatureMap("bench", str(work))
     feature_map.load(str(fmap_json), {"embedding_dim": spec["fuxictr_kwargs"]["embedding_dim"]})
 
@@ -251,10 +252,18 @@ def fuxictr_worker(spec: dict[str, Any]) -> None:
     module = importlib.import_module("src")
     cls = getattr(module, spec["fuxictr_class"])
     torch.manual_seed(spec["seed"])
-    model = cls(feature_map, model_id="bench", gpu=-1, learning_rate=1e-3, optimizer="adam",
-                loss="binary_crossentropy", metrics=["logloss", "AUC"], verbose=0,
-                model_root=str(work / "fuxictr_checkpoints"),
-                **spec["fuxictr_kwargs"])  # fmt: skip
+    model = cls(
+        feature_map,
+        model_id="bench",
+        gpu=-1,
+        learning_rate=1e-3,
+        optimizer="adam",
+        loss="binary_crossentropy",
+        metrics=["logloss", "AUC"],
+        verbose=0,
+        model_root=str(work / "fuxictr_checkpoints"),
+        **spec["fuxictr_kwargs"],
+    )
     model._max_gradient_norm = 10.0  # what fit() sets
     model.train()
 
@@ -263,10 +272,16 @@ def fuxictr_worker(spec: dict[str, Any]) -> None:
     b = spec["batch_size"]
     batches = []
     for i in range(0, len(label), b):
-        batch = {c: torch.from_numpy(num[i : i + b, j].copy())
-                 for j, c in enumerate(spec["numeric_fields"])}  # fmt: skip
-        batch.update({c: torch.from_numpy(cat[i : i + b, j] + 1)
-                      for j, c in enumerate(spec["categorical_fields"])})  # fmt: skip
+        batch = {
+            c: torch.from_numpy(num[i : i + b, j].copy())
+            for j, c in enumerate(spec["numeric_fields"])
+        }
+        batch.update(
+            {
+                c: torch.from_numpy(cat[i : i + b, j] + 1)
+                for j, c in enumerate(spec["categorical_fields"])
+            }
+        )
         batch["label"] = torch.from_numpy(label[i : i + b].copy())
         batches.append(batch)
     _worker_loop(model.train_step, batches)
@@ -284,8 +299,11 @@ class Worker:
         role = "ctrcal" if name == "ctrcal" else "fuxictr"
         self.proc = subprocess.Popen(
             [python, str(Path(__file__).resolve()), "--worker", role, "--spec", str(spec_path)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         self.info: list[str] = []
         while True:
             msg = self._read()
@@ -321,8 +339,9 @@ def _prepare_data(rows: int, out: Path) -> Path:
     from ctrcal.api import prepare
     from ctrcal.validate import load_config
 
-    cfg = load_config(None, [f"data.synthetic.rows={rows}", "data.synthetic.seed=0",
-                             "features.min_count=1"])  # fmt: skip
+    cfg = load_config(
+        None, [f"data.synthetic.rows={rows}", "data.synthetic.seed=0", "features.min_count=1"]
+    )
     return prepare(None, out / "data", cfg).out_dir
 
 
@@ -334,8 +353,9 @@ def _widen(vocab: list[int], total: int) -> list[int]:
     return [max(v, round(v * total / have)) for v in vocab]
 
 
-def bench_model(name: str, args: argparse.Namespace, data_dir: Path, work: Path,
-                fmap: Any) -> dict[str, Any]:  # fmt: skip
+def bench_model(
+    name: str, args: argparse.Namespace, data_dir: Path, work: Path, fmap: Any
+) -> dict[str, Any]:
     entry = MODELS[name]
     spec = {
         "config": entry["config"],
@@ -361,8 +381,10 @@ def bench_model(name: str, args: argparse.Namespace, data_dir: Path, work: Path,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
     fux_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    workers = [Worker("ctrcal", sys.executable, spec_path, env),
-               Worker("FuxiCTR", str(args.fuxictr_python), spec_path, fux_env)]  # fmt: skip
+    workers = [
+        Worker("ctrcal", sys.executable, spec_path, env),
+        Worker("FuxiCTR", str(args.fuxictr_python), spec_path, fux_env),
+    ]
     try:
         for w in workers:  # warm-up: allocator, kernels, optimizer state
             w.steps(args.warmup)
@@ -384,8 +406,10 @@ def bench_model(name: str, args: argparse.Namespace, data_dir: Path, work: Path,
     pairs = list(zip(times["ctrcal"], times["FuxiCTR"], strict=True))
     out["ratio_wall"] = statistics.median(f["wall"] / c["wall"] for c, f in pairs)
     out["ratio_cpu"] = statistics.median(f["cpu"] / c["cpu"] for c, f in pairs)
-    out["ratio_wall_range"] = [min(f["wall"] / c["wall"] for c, f in pairs),
-                               max(f["wall"] / c["wall"] for c, f in pairs)]  # fmt: skip
+    out["ratio_wall_range"] = [
+        min(f["wall"] / c["wall"] for c, f in pairs),
+        max(f["wall"] / c["wall"] for c, f in pairs),
+    ]
     return out
 
 
@@ -393,8 +417,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fuxictr-python", type=Path, help="python of the FuxiCTR environment")
     ap.add_argument("--model-zoo", type=Path, help="FuxiCTR source repository's model_zoo")
-    ap.add_argument("--models", nargs="+", choices=list(MODELS),
-                    help="default: every model whose config is in this checkout")  # fmt: skip
+    ap.add_argument(
+        "--models",
+        nargs="+",
+        choices=list(MODELS),
+        help="default: every model whose config is in this checkout",
+    )
     ap.add_argument("--batch-size", type=int, default=10_000)
     ap.add_argument("--batches", type=int, default=3, help="distinct batches cycled through")
     ap.add_argument("--rows", type=int, default=50_000, help="synthetic rows generated")
@@ -421,8 +449,10 @@ def main(argv: list[str] | None = None) -> int:
         _fail(f"--model-zoo {args.model_zoo}: not a directory")
     probe = subprocess.run(
         [str(args.fuxictr_python), "-c", "import fuxictr, torch; print(fuxictr.__version__)"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if probe.returncode != 0:
         why = probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else "no output"
         _fail(f"--fuxictr-python {args.fuxictr_python}: cannot import fuxictr and torch ({why})")
@@ -440,8 +470,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch_size < 1 or args.rounds < 1 or args.steps < 1 or args.batches < 1:
         _fail("--batch-size, --rounds, --steps and --batches must be >= 1")
     if args.rows * 0.8 < args.batches * args.batch_size:
-        _fail(f"--rows {args.rows}: the training split (80 %) is smaller than --batches x "
-              f"--batch-size = {args.batches * args.batch_size}")  # fmt: skip
+        _fail(
+            f"--rows {args.rows}: the training split (80 %) is smaller than --batches x "
+            f"--batch-size = {args.batches * args.batch_size}"
+        )
     args.threads = args.threads or os.cpu_count() or 1
 
     import torch
@@ -449,32 +481,47 @@ def main(argv: list[str] | None = None) -> int:
     from ctrcal.core.utils import cpu_model_name
     from ctrcal.data.feature_map import FeatureMap
 
-    print(f"CPU: {cpu_model_name()}, {os.cpu_count()} cores; torch {torch.__version__}, "
-          f"{args.threads} threads per worker; FuxiCTR {fuxictr_version}")  # fmt: skip
+    print(
+        f"CPU: {cpu_model_name()}, {os.cpu_count()} cores; torch {torch.__version__}, "
+        f"{args.threads} threads per worker; FuxiCTR {fuxictr_version}"
+    )
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-fuxictr-") as td:
         work = Path(td)
         data_dir = _prepare_data(args.rows, work)
         fmap = FeatureMap.load(data_dir)
-        print(f"batch {args.batch_size}, {args.rounds} rounds x {args.steps} steps per worker, "
-              "alternating; medians over rounds")  # fmt: skip
+        print(
+            f"batch {args.batch_size}, {args.rounds} rounds x {args.steps} steps per worker, "
+            "alternating; medians over rounds"
+        )
         for name in args.models:
             print(f"load average before {name}: {load_average()}", flush=True)
             res = bench_model(name, args, data_dir, work, fmap)
             res["load_after"] = load_average()
             results[name] = res
             c, f = res["ctrcal"], res["FuxiCTR"]
-            print(f"{name} (vocab {res['vocab_total']:,}; {', '.join(res['info'])}): "
-                  f"ctrcal {c['rows_per_s_wall']:,.0f} rows/s ({c['rows_per_cpu_s']:,.0f} per "
-                  f"CPU-s), FuxiCTR {f['rows_per_s_wall']:,.0f} rows/s "
-                  f"({f['rows_per_cpu_s']:,.0f} per CPU-s); ctrcal / FuxiCTR = "
-                  f"{res['ratio_wall']:.2f}x wall (rounds {res['ratio_wall_range'][0]:.2f}-"
-                  f"{res['ratio_wall_range'][1]:.2f}), {res['ratio_cpu']:.2f}x CPU time; "
-                  f"load after: {res['load_after']}", flush=True)  # fmt: skip
+            print(
+                f"{name} (vocab {res['vocab_total']:,}; {', '.join(res['info'])}): "
+                f"ctrcal {c['rows_per_s_wall']:,.0f} rows/s ({c['rows_per_cpu_s']:,.0f} per "
+                f"CPU-s), FuxiCTR {f['rows_per_s_wall']:,.0f} rows/s "
+                f"({f['rows_per_cpu_s']:,.0f} per CPU-s); ctrcal / FuxiCTR = "
+                f"{res['ratio_wall']:.2f}x wall (rounds {res['ratio_wall_range'][0]:.2f}-"
+                f"{res['ratio_wall_range'][1]:.2f}), {res['ratio_cpu']:.2f}x CPU time; "
+                f"load after: {res['load_after']}",
+                flush=True,
+            )
     if args.json:
-        args.json.write_text(json.dumps({"cpu": cpu_model_name(), "threads": args.threads,
-                                         "batch_size": args.batch_size, "results": results},
-                                        indent=2))  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                {
+                    "cpu": cpu_model_name(),
+                    "threads": args.threads,
+                    "batch_size": args.batch_size,
+                    "results": results,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -27,8 +27,11 @@ import torch
 def cpu_name() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        name = next(line.split(":", 1)[1].strip() for line in out.splitlines()
-                    if line.startswith("Model name"))  # fmt: skip
+        name = next(
+            line.split(":", 1)[1].strip()
+            for line in out.splitlines()
+            if line.startswith("Model name")
+        )
     except (OSError, subprocess.CalledProcessError, StopIteration):
         name = "unknown CPU"
     fam = model = "?"
@@ -77,13 +80,17 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     numeric = torch.randn(b, fn, generator=g)
     numeric[torch.rand(b, fn, generator=g) < 0.1] = float("nan")
-    batch = Batch(torch.randint(3, args.vocab, (b, fc), generator=g), numeric,
-                  (torch.rand(b, generator=g) < 0.25).float())  # fmt: skip
+    batch = Batch(
+        torch.randint(3, args.vocab, (b, fc), generator=g),
+        numeric,
+        (torch.rand(b, generator=g) < 0.25).float(),
+    )
     ctxs = {}
     for name in shifts:
         torch.manual_seed(0)
-        model = MaskNet([args.vocab] * fc, fn, 16, hidden_units=[400, 400, 400],
-                        reduction_ratio=0.2)  # fmt: skip
+        model = MaskNet(
+            [args.vocab] * fc, fn, 16, hidden_units=[400, 400, 400], reduction_ratio=0.2
+        )
         cfg = TrainConfig(weight_noise=1e-4 if name == "weight_noise" else 0.0)
         opt = step.make_optimizer(model, cfg)
         ctxs[name] = step.make_step_context(model, opt, cfg, torch.device("cpu"), None)

@@ -153,9 +153,14 @@ def bench_step(repeats: int, batch: int = 4096) -> None:
     for name, (emb, net) in setups.items():
         torch.manual_seed(0)
         model = MaskNet(
-            vocab, 13, embedding_dim=16, hidden_units=[400, 400, 400], reduction_ratio=0.2,
-            emb_norm=emb, net_norm=net,
-        )  # fmt: skip
+            vocab,
+            13,
+            embedding_dim=16,
+            hidden_units=[400, 400, 400],
+            reduction_ratio=0.2,
+            emb_norm=emb,
+            net_norm=net,
+        )
         opt = step.make_optimizer(model, cfg.train)
         ctx = step.make_step_context(model, opt, cfg.train, torch.device("cpu"), None)
         steps[name] = lambda ctx=ctx: step.train_step(ctx, data)
@@ -163,9 +168,7 @@ def bench_step(repeats: int, batch: int = 4096) -> None:
     base_med, base_min = result["emb LN, net LN"]
     print(f"\nMaskNet training step, batch {batch} (ms; ratio to per-field LayerNorm)")
     for name, (med, low) in result.items():
-        print(
-            f"{name:>22} {med:>10.2f} {med / base_med:>6.3f} {low:>10.2f} {low / base_min:>6.3f}"
-        )
+        print(f"{name:>22} {med:>10.2f} {med / base_med:>6.3f} {low:>10.2f} {low / base_min:>6.3f}")
 
 
 def main(argv: list[str] | None = None) -> None:

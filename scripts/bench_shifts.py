@@ -97,8 +97,10 @@ def main() -> None:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     print(f"device: {where}; torch threads {torch.get_num_threads()}; batch {args.rows:,} rows")
     print(f"{'what':44s} {'ms/batch':>9s} {'Mrows/s':>8s} {'vs forward':>10s}")
-    print(f"{'MaskNet forward (emb 16, [400 x 3])':44s} {1e3 * fwd:9.2f} "
-          f"{args.rows / fwd / 1e6:8.2f} {1.0:10.2f}")  # fmt: skip
+    print(
+        f"{'MaskNet forward (emb 16, [400 x 3])':44s} {1e3 * fwd:9.2f} "
+        f"{args.rows / fwd / 1e6:8.2f} {1.0:10.2f}"
+    )
     specs = [
         ("gaussian_numeric, space original, s = 0.25", {"name": "gaussian_numeric"}, 0.25),
         (

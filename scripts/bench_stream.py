@@ -42,7 +42,9 @@ from pathlib import Path
 
 PEAK = "from ctrcal.core.utils import peak_rss_mib\n"
 
-ITERATE = PEAK + r"""
+ITERATE = (
+    PEAK
+    + r"""
 import json, sys, time
 import torch
 from ctrcal.data.loader import ParquetCTRData
@@ -63,16 +65,22 @@ end = time.perf_counter()
 print(json.dumps({"rows": rows, "load_s": loaded - start, "epoch_s": end - loaded,
                   "peak_mib": peak_rss_mib()}))
 """
+)
 
-BASELINE = PEAK + r"""
+BASELINE = (
+    PEAK
+    + r"""
 import json
 import torch, pyarrow.parquet, polars
 from ctrcal.data.loader import ParquetCTRData
 from ctrcal.train.trainer import train
 print(json.dumps({"peak_mib": peak_rss_mib()}))
 """
+)
 
-TRAIN = PEAK + r"""
+TRAIN = (
+    PEAK
+    + r"""
 import json, sys, tempfile, time
 from pathlib import Path
 import torch
@@ -117,6 +125,7 @@ except Exception as exc:  # an API the trainer no longer has: step the model her
     rows_per_s = rows / (time.perf_counter() - start)
 print(json.dumps({"rows_per_s": rows_per_s, "how": how, "peak_mib": peak_rss_mib()}))
 """
+)
 
 
 def _child(code: str, *args: str) -> dict:
@@ -150,18 +159,25 @@ def main() -> int:
     # buffer is 1M rows)
     ap.add_argument("--buffer-rows", type=int, default=1 << 18)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    ap.add_argument("--workdir", type=Path,
-                    default=Path(tempfile.gettempdir()) / "ctrcal-bench-stream")  # fmt: skip
+    ap.add_argument(
+        "--workdir", type=Path, default=Path(tempfile.gettempdir()) / "ctrcal-bench-stream"
+    )
     ap.add_argument("--no-train", action="store_true", help="only the loader iteration")
-    ap.add_argument("--data", type=Path, default=None,
-                    help="an existing prepared directory (e.g. bench_prepare.py --keep's) "
-                         "instead of --rows of generated data")  # fmt: skip
+    ap.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="an existing prepared directory (e.g. bench_prepare.py --keep's) "
+        "instead of --rows of generated data",
+    )
     args = ap.parse_args()
 
     args.workdir.mkdir(parents=True, exist_ok=True)
     data_dir = args.data if args.data is not None else _prepare(args.rows, args.workdir)
-    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; batch "
-          f"{args.batch_size}, stream buffer {args.buffer_rows:,} rows")  # fmt: skip
+    print(
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; batch "
+        f"{args.batch_size}, stream buffer {args.buffer_rows:,} rows"
+    )
     base = _child(BASELINE)["peak_mib"]
     print(f"peak RSS of the imports alone (torch, pyarrow, polars, ctrcal): {base:,.0f} MiB")
     common = [str(data_dir), "", str(args.batch_size), str(args.buffer_rows), str(args.threads)]
@@ -181,8 +197,10 @@ def main() -> int:
             out = _child(ITERATE, *common)
             out["rows_per_s"] = out["rows"] / out["epoch_s"]
             out["with_load"] = out["rows"] / (out["epoch_s"] + out["load_s"])
-            print(f"  round {r + 1} iterate {mode:6s}: {out['rows_per_s']:>12,.0f} rows/s "
-                  f"(with load {out['with_load']:,.0f}), peak RSS {out['peak_mib']:,.0f} MiB")
+            print(
+                f"  round {r + 1} iterate {mode:6s}: {out['rows_per_s']:>12,.0f} rows/s "
+                f"(with load {out['with_load']:,.0f}), peak RSS {out['peak_mib']:,.0f} MiB"
+            )
             keep("iterate", mode, out, "rows_per_s")
             speed[mode] = out["rows_per_s"]
         ratios["iterate"].append(speed["stream"] / speed["memory"])
@@ -191,8 +209,10 @@ def main() -> int:
         for mode in modes:
             common[1] = mode
             out = _child(TRAIN, *common)
-            print(f"  round {r + 1} train   {mode:6s}: {out['rows_per_s']:>12,.0f} rows/s, "
-                  f"peak RSS {out['peak_mib']:,.0f} MiB  [{out['how']}]")
+            print(
+                f"  round {r + 1} train   {mode:6s}: {out['rows_per_s']:>12,.0f} rows/s, "
+                f"peak RSS {out['peak_mib']:,.0f} MiB  [{out['how']}]"
+            )
             keep("train", mode, out, "rows_per_s")
             speed[mode] = out["rows_per_s"]
         ratios["train"].append(speed["stream"] / speed["memory"])
@@ -200,8 +220,9 @@ def main() -> int:
     for kind, values in ratios.items():
         if values:
             shown = ", ".join(f"{v:.2f}" for v in values)
-            print(f"stream/memory {kind} per round: {shown} (median "
-                  f"{statistics.median(values):.2f})")
+            print(
+                f"stream/memory {kind} per round: {shown} (median {statistics.median(values):.2f})"
+            )
     print("best of rounds:")
     for kind in ("iterate", "train"):
         if (kind, "memory") not in best:
@@ -210,13 +231,17 @@ def main() -> int:
         extra = ""
         if kind == "iterate":
             extra = f"; with load: stream/memory {st['with_load'] / mem['with_load']:.2f}"
-        print(f"  {kind:7s}: memory {mem['rows_per_s']:,.0f} rows/s ({mem['peak_mib']:,.0f} MiB), "
-              f"stream {st['rows_per_s']:,.0f} rows/s ({st['peak_mib']:,.0f} MiB): "
-              f"stream/memory {st['rows_per_s'] / mem['rows_per_s']:.2f}{extra}")
+        print(
+            f"  {kind:7s}: memory {mem['rows_per_s']:,.0f} rows/s ({mem['peak_mib']:,.0f} MiB), "
+            f"stream {st['rows_per_s']:,.0f} rows/s ({st['peak_mib']:,.0f} MiB): "
+            f"stream/memory {st['rows_per_s'] / mem['rows_per_s']:.2f}{extra}"
+        )
     if ratios["train"]:
         ratio = statistics.median(ratios["train"])
-        print(f"goal: training stream/memory >= 0.95 (median of rounds): "
-              f"{'met' if ratio >= 0.95 else 'NOT met'} ({ratio:.2f})")
+        print(
+            f"goal: training stream/memory >= 0.95 (median of rounds): "
+            f"{'met' if ratio >= 0.95 else 'NOT met'} ({ratio:.2f})"
+        )
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     return 0
 

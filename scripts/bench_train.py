@@ -101,8 +101,11 @@ def _context(
 
 def gemm_flops_per_row(model: torch.nn.Module) -> int:
     """FLOPs per row of a training step's matrix products: 3 products of 2*in*out per linear."""
-    return sum(6 * m.in_features * m.out_features for m in model.modules()
-               if isinstance(m, torch.nn.Linear))  # fmt: skip
+    return sum(
+        6 * m.in_features * m.out_features
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+    )
 
 
 def _gemm_seconds(a: torch.Tensor, w: torch.Tensor, clock, reps: int = 3) -> float:
@@ -124,8 +127,13 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, dict[str, float]]:
                 ctx.amp_dtype = torch.bfloat16 if p == "bf16" else None
                 contexts[n, d, p] = ctx
     batches = {b: [_batch(b, vocab, s) for s in range(2)] for b in args.batch_sizes}
-    configs = [(b, p, n, d) for b in args.batch_sizes for p in args.precisions
-               for n in args.norms for d in args.dropout]  # fmt: skip
+    configs = [
+        (b, p, n, d)
+        for b in args.batch_sizes
+        for p in args.precisions
+        for n in args.norms
+        for d in args.dropout
+    ]
     times: dict[tuple, list[float]] = {c: [] for c in configs}
     gemm = {b: (torch.randn(b, 400), torch.randn(400, 400)) for b in args.batch_sizes}
     gemm_times: dict[int, list[float]] = {b: [] for b in args.batch_sizes}
@@ -152,10 +160,16 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         med = statistics.median(ts)
         gemm_rate = 2 * b * 400 * 400 / statistics.median(gemm_times[b])
         limit = gemm_rate / flops_row
-        out[f"{b}/{p}/{n}/{d}"] = {"batch": b, "precision": p, "norm": n, "dropout": d,
-                                   "step_ms": med * 1e3, "rows_per_s": b / med,
-                                   "gemm_gflops": gemm_rate / 1e9,
-                                   "share_of_gemm_limit": (b / med) / limit}  # fmt: skip
+        out[f"{b}/{p}/{n}/{d}"] = {
+            "batch": b,
+            "precision": p,
+            "norm": n,
+            "dropout": d,
+            "step_ms": med * 1e3,
+            "rows_per_s": b / med,
+            "gemm_gflops": gemm_rate / 1e9,
+            "share_of_gemm_limit": (b / med) / limit,
+        }
     return out
 
 
@@ -243,18 +257,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[4096, 10000])
     ap.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
     ap.add_argument("--norms", nargs="+", choices=list(NORMS), default=list(NORMS))
-    ap.add_argument("--dropout", nargs="+", type=float, default=[0.0],
-                    help="dropout rates after every MaskBlock")  # fmt: skip
+    ap.add_argument(
+        "--dropout",
+        nargs="+",
+        type=float,
+        default=[0.0],
+        help="dropout rates after every MaskBlock",
+    )
     ap.add_argument("--rounds", type=int, default=5, help="round-robin passes (0: skip)")
     ap.add_argument("--steps", type=int, default=8, help="steps per configuration per round")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     ap.add_argument("--vocab", type=int, default=1_000_000, help="total embedding rows")
     ap.add_argument("--emb-l2", type=float, default=1e-5)
-    ap.add_argument("--cpu-matmul", choices=["auto", "default", "onednn"], default="auto",
-                    help="library of fp32 matmuls (see ctrcal.train.cpu_matmul)")
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                    help="wall time, or this process's CPU time (robust to other load)")
+    ap.add_argument(
+        "--cpu-matmul",
+        choices=["auto", "default", "onednn"],
+        default="auto",
+        help="library of fp32 matmuls (see ctrcal.train.cpu_matmul)",
+    )
+    ap.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="wall time, or this process's CPU time (robust to other load)",
+    )
     ap.add_argument("--auc-rows", type=int, default=0, help="also measure bf16's AUC cost")
     ap.add_argument("--auc-seeds", type=int, default=3, help="training seeds per precision")
     ap.add_argument("--logging-rows", type=int, default=0, help="also measure run tracking's cost")
@@ -265,19 +292,25 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     print(f"CPU: {cpu_model_name()}")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{os.cpu_count()} cores, vocab {args.vocab:,} x 16, {args.clock} clock")  # fmt: skip
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{os.cpu_count()} cores, vocab {args.vocab:,} x 16, {args.clock} clock"
+    )
     print(f"load average before: {_load()}")
     with cpu_matmul(args.cpu_matmul) as backend:
         print(f"fp32 matmuls: {backend}")
         res = bench_throughput(args) if args.rounds > 0 else {}
     print(f"load average after:  {_load()}")
-    print(f"{'batch':>6} {'precision':>9} {'norm':>12} {'dropout':>7} {'ms/step':>9} "
-          f"{'rows/s':>9} {'GEMM GFLOP/s':>12} {'of GEMM limit':>13}")  # fmt: skip
+    print(
+        f"{'batch':>6} {'precision':>9} {'norm':>12} {'dropout':>7} {'ms/step':>9} "
+        f"{'rows/s':>9} {'GEMM GFLOP/s':>12} {'of GEMM limit':>13}"
+    )
     for r in res.values():
-        print(f"{r['batch']:>6} {r['precision']:>9} {r['norm']:>12} {r['dropout']:>7} "
-              f"{r['step_ms']:>9.1f} {r['rows_per_s']:>9,.0f} {r['gemm_gflops']:>12.0f} "
-              f"{r['share_of_gemm_limit']:>13.2f}")  # fmt: skip
+        print(
+            f"{r['batch']:>6} {r['precision']:>9} {r['norm']:>12} {r['dropout']:>7} "
+            f"{r['step_ms']:>9.1f} {r['rows_per_s']:>9,.0f} {r['gemm_gflops']:>12.0f} "
+            f"{r['share_of_gemm_limit']:>13.2f}"
+        )
     ratios = {}
 
     def ratio(key: str, num: str, den: str, label: str, fmt: str = ".3f", unit: str = "") -> None:
@@ -291,26 +324,41 @@ def main(argv: list[str] | None = None) -> int:
     for b in args.batch_sizes:
         for p in args.precisions:
             for d in args.dropout:
-                ratio(f"mc_over_ln/{b}/{p}/{d}", f"{b}/{p}/mclayernorm/{d}",
-                      f"{b}/{p}/layernorm/{d}",
-                      f"MC-LN / LN step time, batch {b}, {p}, dropout {d}")  # fmt: skip
+                ratio(
+                    f"mc_over_ln/{b}/{p}/{d}",
+                    f"{b}/{p}/mclayernorm/{d}",
+                    f"{b}/{p}/layernorm/{d}",
+                    f"MC-LN / LN step time, batch {b}, {p}, dropout {d}",
+                )
             for n in args.norms:
                 for d in args.dropout[1:]:
-                    ratio(f"dropout_cost/{b}/{p}/{n}/{d}", f"{b}/{p}/{n}/{d}", f"{b}/{p}/{n}/{d0}",
-                          f"dropout {d} / dropout {d0} step time, batch {b}, {p}, {n}")  # fmt: skip
+                    ratio(
+                        f"dropout_cost/{b}/{p}/{n}/{d}",
+                        f"{b}/{p}/{n}/{d}",
+                        f"{b}/{p}/{n}/{d0}",
+                        f"dropout {d} / dropout {d0} step time, batch {b}, {p}, {n}",
+                    )
         for n in args.norms:
             for d in args.dropout:
                 # a speed-up: fp32 time over bf16 time
-                ratio(f"bf16_speedup/{b}/{n}/{d}", f"{b}/fp32/{n}/{d}", f"{b}/bf16/{n}/{d}",
-                      f"bf16 speed-up, batch {b}, {n}, dropout {d}", ".2f", "x")  # fmt: skip
+                ratio(
+                    f"bf16_speedup/{b}/{n}/{d}",
+                    f"{b}/fp32/{n}/{d}",
+                    f"{b}/bf16/{n}/{d}",
+                    f"bf16 speed-up, batch {b}, {n}, dropout {d}",
+                    ".2f",
+                    "x",
+                )
     auc = bench_auc(args) if args.auc_rows > 0 else {}
     for p in args.precisions:
         if p in auc:
             a, ll = auc[p]["auc"], auc[p]["logloss"]
             sd = statistics.stdev(a) if len(a) > 1 else float("nan")
-            print(f"{p}: test AUC {statistics.mean(a):.4f} (sd {sd:.4f} over {len(a)} seeds), "
-                  f"logloss {statistics.mean(ll):.4f}; 1 epoch on {args.auc_rows:,} synthetic "
-                  "rows")  # fmt: skip
+            print(
+                f"{p}: test AUC {statistics.mean(a):.4f} (sd {sd:.4f} over {len(a)} seeds), "
+                f"logloss {statistics.mean(ll):.4f}; 1 epoch on {args.auc_rows:,} synthetic "
+                "rows"
+            )
     logging = bench_logging(args) if args.logging_rows > 0 else {}
     if logging:
         med = logging["median"]
@@ -325,10 +373,21 @@ def main(argv: list[str] | None = None) -> int:
             f"{100 * logging['share_in_step_logging']:.2f} %"
         )
     if args.json:
-        args.json.write_text(json.dumps({"cpu": cpu_model_name(), "throughput": res,
-                                         "ratios": ratios, "auc": auc, "logging": logging,
-                                         "clock": args.clock, "threads": torch.get_num_threads(),
-                                         "load": _load()}, indent=2))  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                {
+                    "cpu": cpu_model_name(),
+                    "throughput": res,
+                    "ratios": ratios,
+                    "auc": auc,
+                    "logging": logging,
+                    "clock": args.clock,
+                    "threads": torch.get_num_threads(),
+                    "load": _load(),
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -280,9 +280,13 @@ def check_bf16() -> str:
     for norm in ("layernorm", "mclayernorm"):
         torch.manual_seed(0)
         model = MaskNet(
-            vocab, 13, embedding_dim=16, hidden_units=[400, 400, 400], net_norm=NormSpec(norm),
+            vocab,
+            13,
+            embedding_dim=16,
+            hidden_units=[400, 400, 400],
+            net_norm=NormSpec(norm),
             emb_norm=NormSpec(norm),
-        ).cuda()  # fmt: skip
+        ).cuda()
         cat, num, label = _batch(4096, vocab)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(Batch(cat, num, None))
@@ -301,9 +305,13 @@ def check_mc_predict() -> str:
 
     vocab = [1000] * 26
     model = MaskNet(
-        vocab, 13, embedding_dim=16, hidden_units=[64, 64], net_norm=NormSpec("mclayernorm"),
+        vocab,
+        13,
+        embedding_dim=16,
+        hidden_units=[64, 64],
+        net_norm=NormSpec("mclayernorm"),
         emb_norm=NormSpec("mclayernorm"),
-    ).cuda()  # fmt: skip
+    ).cuda()
     cat, num, _ = _batch(512, vocab)
     mean, std = mc_predict(model, Batch(cat, num, None), n_samples=20)
     require(bool((std > 0).all()), "no spread between MC samples")
@@ -359,9 +367,7 @@ def check_mc_replay() -> str:
 def _batch(rows: int, vocab: list[int], seed: int = 0):
     g = torch.Generator(device="cuda")
     g.manual_seed(seed)
-    cat = torch.stack(
-        [torch.randint(0, v, (rows,), device="cuda", generator=g) for v in vocab], 1
-    )
+    cat = torch.stack([torch.randint(0, v, (rows,), device="cuda", generator=g) for v in vocab], 1)
     num = torch.randn(rows, 13, device="cuda", generator=g)
     num[torch.rand(rows, 13, device="cuda", generator=g) < 0.1] = float("nan")
     label = (torch.rand(rows, device="cuda", generator=g) < 0.25).float()
@@ -449,14 +455,23 @@ def end_to_end_checks(work: Path, rows: int) -> None:
     if not (e2e.data / "feature_map.json").exists():
         return
     for run_name, name, extra in [
-        ("run_ln", "train LN, fp32, data on device",
-         ["model.net_norm=layernorm", "train.precision=fp32"]),
-        ("run_mc", "train MC-LN (MaskBlocks + per-field), fp32, data on device",
-         [*e2e.mc, "train.precision=fp32"]),
-        ("run_mc_bf16", "train MC-LN, bf16 autocast, data on device",
-         [*e2e.mc, "train.precision=bf16"]),
+        (
+            "run_ln",
+            "train LN, fp32, data on device",
+            ["model.net_norm=layernorm", "train.precision=fp32"],
+        ),
+        (
+            "run_mc",
+            "train MC-LN (MaskBlocks + per-field), fp32, data on device",
+            [*e2e.mc, "train.precision=fp32"],
+        ),
+        (
+            "run_mc_bf16",
+            "train MC-LN, bf16 autocast, data on device",
+            [*e2e.mc, "train.precision=bf16"],
+        ),
         ("run_mc_compile", "train MC-LN, torch.compile", [*e2e.mc, "train.compile=true"]),
-    ]:  # fmt: skip
+    ]:
         check(name)(lambda run_name=run_name, extra=extra: e2e.train(run_name, extra))()
     gpus = torch.cuda.device_count()
     check(f"DDP with NCCL over {gpus} GPU(s)")(lambda: _ddp(e2e))()
@@ -473,9 +488,19 @@ def end_to_end_checks(work: Path, rows: int) -> None:
         out = work / "report"
         _cli(
             [
-                "shift-report", "configs/demo.yaml", *e2e.base, SHIFT_REPORT_GRID,
-                "--data", str(e2e.data), "--out", str(out), "--seeds", "1", "--devices", "auto",
-            ]  # fmt: skip
+                "shift-report",
+                "configs/demo.yaml",
+                *e2e.base,
+                SHIFT_REPORT_GRID,
+                "--data",
+                str(e2e.data),
+                "--out",
+                str(out),
+                "--seeds",
+                "1",
+                "--devices",
+                "auto",
+            ]
         )
         produced = sorted(p.name for p in out.iterdir())
         require(any(p.endswith(".json") for p in produced), f"no summary in {produced}")
@@ -493,10 +518,23 @@ def _ddp(e2e: EndToEnd) -> str:
     out = e2e.work / "run_ddp"
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
-        "-m", "ctrcal", "train", "configs/demo.yaml", *e2e.base, *e2e.mc,
-        "--data", str(e2e.data), "--out", str(out),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "1",
+        "-m",
+        "ctrcal",
+        "train",
+        "configs/demo.yaml",
+        *e2e.base,
+        *e2e.mc,
+        "--data",
+        str(e2e.data),
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"torchrun exited {proc.returncode}: {_root_cause(proc)}")
@@ -574,9 +612,15 @@ def _masknet(norm: str, emb_norm: str = "none", dropout: float = 0.0):
 
     torch.manual_seed(0)
     return MaskNet(
-        [40_000] * 26, 13, embedding_dim=16, hidden_units=[400, 400, 400], reduction_ratio=0.2,
-        net_norm=NormSpec(norm), emb_norm=NormSpec(emb_norm), dropout=dropout,
-    ).cuda()  # fmt: skip
+        [40_000] * 26,
+        13,
+        embedding_dim=16,
+        hidden_units=[400, 400, 400],
+        reduction_ratio=0.2,
+        net_norm=NormSpec(norm),
+        emb_norm=NormSpec(emb_norm),
+        dropout=dropout,
+    ).cuda()
 
 
 def bench_training(
@@ -733,8 +777,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sys.path.insert(0, str(ROOT))
     props = torch.cuda.get_device_properties(0)
-    print(f"gpu_check on {props.name}, {torch.cuda.device_count()} GPU(s), torch "
-          f"{torch.__version__}")  # fmt: skip
+    print(
+        f"gpu_check on {props.name}, {torch.cuda.device_count()} GPU(s), torch {torch.__version__}"
+    )
     try:
         import triton
 
@@ -743,15 +788,29 @@ def main(argv: list[str] | None = None) -> int:
         print("triton not installed: MC-LayerNorm takes the torch path on CUDA")
     if not args.bench_only:
         checks = [
-            check_row_statistics, check_row_statistics_torch, check_grouped_statistics,
-            check_grouped_statistics_torch, check_row_formula, check_row_formula_bf16,
-            check_grouped_formula, check_wide, check_field_norm, check_compile,
-            check_compile_decomposed, check_bf16,
-            check_mc_predict, check_mc_replay,
-        ]  # fmt: skip
+            check_row_statistics,
+            check_row_statistics_torch,
+            check_grouped_statistics,
+            check_grouped_statistics_torch,
+            check_row_formula,
+            check_row_formula_bf16,
+            check_grouped_formula,
+            check_wide,
+            check_field_norm,
+            check_compile,
+            check_compile_decomposed,
+            check_bf16,
+            check_mc_predict,
+            check_mc_replay,
+        ]
         if args.quick:
-            slow = {check_row_statistics_torch, check_grouped_statistics_torch, check_bf16,
-                    check_mc_predict, check_mc_replay}  # fmt: skip
+            slow = {
+                check_row_statistics_torch,
+                check_grouped_statistics_torch,
+                check_bf16,
+                check_mc_predict,
+                check_mc_replay,
+            }
             checks = [fn for fn in checks if fn not in slow]
         for fn in checks:
             fn()

@@ -52,8 +52,9 @@ def start(argv: Sequence[str], env: dict[str, str] | None = None, **kwargs) -> s
 
 def run(argv: Sequence[str], env: dict[str, str] | None = None, timeout: float = 300) -> str:
     """Run ``argv`` to its end; fail the test with its stderr unless it exits 0."""
-    done = subprocess.run(list(argv), env=env or child_env(), capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    done = subprocess.run(
+        list(argv), env=env or child_env(), capture_output=True, text=True, timeout=timeout
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stderr
 

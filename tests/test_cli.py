@@ -174,8 +174,9 @@ def test_an_unwrapped_write_failure_is_still_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli, "cmd_synth", read_only)
     assert main(["synth", "/ro/out/train.txt"]) == 1
     err = capsys.readouterr().err
-    assert err.strip() == ("ctrcal synth: error: /ro/out/train.txt: cannot use: read-only file "
-                           "system")  # fmt: skip
+    assert err.strip() == (
+        "ctrcal synth: error: /ro/out/train.txt: cannot use: read-only file system"
+    )
 
     def broken(args):  # not a condition of the file system: a bug keeps its traceback
         raise OSError(errno.EBADF, os.strerror(errno.EBADF), "/x")

@@ -33,8 +33,10 @@ def test_a_latin1_byte_is_named_by_line_and_column(tmp_path):
     path.write_bytes(data)
     with pytest.raises(DataError) as err:
         prepare([path], tmp_path / "p", _cfg())
-    assert str(err.value) == (f"{path}: line 5002: not UTF-8 text (byte 0xe9 at character 6, "
-                              "column 'site'); save the file as UTF-8")  # fmt: skip
+    assert str(err.value) == (
+        f"{path}: line 5002: not UTF-8 text (byte 0xe9 at character 6, "
+        "column 'site'); save the file as UTF-8"
+    )
 
 
 def test_a_parquet_file_of_no_rows_is_named_empty(tmp_path):
@@ -45,8 +47,17 @@ def test_a_parquet_file_of_no_rows_is_named_empty(tmp_path):
 
 
 def _report(tmp_path, path, capsys, *extra: str) -> str:
-    args = ["calibration-report", str(path), "--prob", "p", "--label", "y", *extra,
-            "--out", str(tmp_path / "rep")]  # fmt: skip
+    args = [
+        "calibration-report",
+        str(path),
+        "--prob",
+        "p",
+        "--label",
+        "y",
+        *extra,
+        "--out",
+        str(tmp_path / "rep"),
+    ]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a library warning would fail here, not print
         assert main(args) == 2  # bad input, not a failed gate
@@ -71,5 +82,7 @@ def test_calibration_report_names_a_latin1_segment_by_line_and_column(tmp_path, 
     path = tmp_path / "preds.csv"
     path.write_bytes(b"p,y,site\n" + b"\n".join(rows) + b"\n")
     err = _report(tmp_path, path, capsys, "--segments", "site")
-    assert err.endswith(f"{path}: line 8: not UTF-8 text (byte 0xe9 at character 10, column "
-                        "'site'); save the file as UTF-8")  # fmt: skip
+    assert err.endswith(
+        f"{path}: line 8: not UTF-8 text (byte 0xe9 at character 10, column "
+        "'site'); save the file as UTF-8"
+    )

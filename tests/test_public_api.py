@@ -58,8 +58,10 @@ def test_ctrcal_train_checks_the_config_once_then_trains(monkeypatch):
 
 
 def test_ctrcal_train_is_the_training_job_whatever_was_imported_first():
-    code = "import ctrcal\nassert callable(ctrcal.train)\nimport ctrcal.train.step\n" \
+    code = (
+        "import ctrcal\nassert callable(ctrcal.train)\nimport ctrcal.train.step\n"
         "assert callable(ctrcal.train) and ctrcal.train.step\n"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
 

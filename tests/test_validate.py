@@ -43,11 +43,15 @@ def _write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
 @pytest.mark.parametrize(
     ("override", "words"),
     [
-        ("model.net_norm={name: mclayernorm, fracton: 0.8}",
-         ["model.net_norm", "fracton", "did you mean 'fraction'"]),
+        (
+            "model.net_norm={name: mclayernorm, fracton: 0.8}",
+            ["model.net_norm", "fracton", "did you mean 'fraction'"],
+        ),
         # fraction * N < 2 at the second MaskBlock only (N = 3)
-        ("model.net_norm={name: mclayernorm, fraction: 0.5}",
-         ["model.net_norm", "N=3", "fraction * N >= 2"]),
+        (
+            "model.net_norm={name: mclayernorm, fraction: 0.5}",
+            ["model.net_norm", "N=3", "fraction * N >= 2"],
+        ),
         ("model.emb_norm={name: mclayernorm, fraction: 0.2}", ["model.emb_norm", "N=8"]),
         ("model.hidden_units=[8, 0]", ["model.hidden_units[1]", ">= 1", "got 0"]),
         ("model.reduction_ratio=0", ["model.reduction_ratio"]),
@@ -168,8 +172,10 @@ def test_a_user_model_constructor_decides_and_is_named_by_key(tmp_path, capsys, 
 
 def test_each_variant_norm_is_blamed_on_its_own_key(tmp_path, capsys):
     path = _write(tmp_path, BASE)
-    variants = ("report.variants=[{name: a, net_norm: layernorm}, "
-                "{name: b, net_norm: {name: mclayernorm, fracton: 0.5}}]")  # fmt: skip
+    variants = (
+        "report.variants=[{name: a, net_norm: layernorm}, "
+        "{name: b, net_norm: {name: mclayernorm, fracton: 0.5}}]"
+    )
     assert main(["validate", str(path), variants]) == 2
     (err,) = capsys.readouterr().err.strip().splitlines()
     assert "report.variants[1].net_norm" in err and "did you mean 'fraction'" in err
@@ -202,12 +208,28 @@ def test_a_plugged_in_check_runs_and_names_its_key():
 def test_one_no_norm_predicate():
     import torch
 
-    for spec in (None, False, "none", "NONE", "Identity", "identity", NormSpec("Identity"),
-                 NormSpec("none"), torch.nn.Identity, torch.nn.Identity(),
-                 {"name": "None"}, {"name": "identity"}):  # fmt: skip
+    for spec in (
+        None,
+        False,
+        "none",
+        "NONE",
+        "Identity",
+        "identity",
+        NormSpec("Identity"),
+        NormSpec("none"),
+        torch.nn.Identity,
+        torch.nn.Identity(),
+        {"name": "None"},
+        {"name": "identity"},
+    ):
         assert is_no_norm(spec), spec
-    for spec in ("layernorm", NormSpec("mclayernorm"), torch.nn.LayerNorm,
-                 {"name": "contextnorm", "field": "C14"}, {"fraction": 0.8}):  # fmt: skip
+    for spec in (
+        "layernorm",
+        NormSpec("mclayernorm"),
+        torch.nn.LayerNorm,
+        {"name": "contextnorm", "field": "C14"},
+        {"fraction": 0.8},
+    ):
         assert not is_no_norm(spec), spec
 
 

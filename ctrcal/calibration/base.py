@@ -191,22 +191,35 @@ def create_calibrator(spec: str | Mapping[str, Any]) -> Calibrator:
 # The built-in calibrators, listed by import path: nothing registers by import side effect,
 # and naming one imports only its own module.
 for _name, _path, _text in (
-    ("temperature", "ctrcal.calibration.scaling:TemperatureScaling",
-     "temperature scaling z / T (Guo et al. 2017)"),
-    ("platt", "ctrcal.calibration.scaling:PlattScaling",
-     "Platt scaling a·z + b (Platt 1999)"),
-    ("isotonic", "ctrcal.calibration.isotonic:IsotonicCalibration",
-     "isotonic regression of the click on the logit (Zadrozny and Elkan 2002)"),
-    ("field_aware", "ctrcal.calibration.field_aware:FieldAwareCalibration",
-     "Platt or isotonic calibration per value of one field, shrunk toward the global one"),
-    ("label_shift", "ctrcal.calibration.label_shift:LabelShiftCalibrator",
-     "label-shift correction: EM re-estimate of the click rate on the target rows "
-     "(Saerens et al. 2002)"),
-):  # fmt: skip
+    (
+        "temperature",
+        "ctrcal.calibration.scaling:TemperatureScaling",
+        "temperature scaling z / T (Guo et al. 2017)",
+    ),
+    ("platt", "ctrcal.calibration.scaling:PlattScaling", "Platt scaling a·z + b (Platt 1999)"),
+    (
+        "isotonic",
+        "ctrcal.calibration.isotonic:IsotonicCalibration",
+        "isotonic regression of the click on the logit (Zadrozny and Elkan 2002)",
+    ),
+    (
+        "field_aware",
+        "ctrcal.calibration.field_aware:FieldAwareCalibration",
+        "Platt or isotonic calibration per value of one field, shrunk toward the global one",
+    ),
+    (
+        "label_shift",
+        "ctrcal.calibration.label_shift:LabelShiftCalibrator",
+        "label-shift correction: EM re-estimate of the click rate on the target rows "
+        "(Saerens et al. 2002)",
+    ),
+):
     register_calibrator(_name, _path, description=_text)
 register_calibrator(
-    "mcgrad", "ctrcal.calibration.mcgrad:MCGradCalibrator",
+    "mcgrad",
+    "ctrcal.calibration.mcgrad:MCGradCalibrator",
     description="MCGrad: multicalibration by boosted trees over segment features "
-    "(Tax et al., KDD 2026)", extra="mcgrad",
-)  # fmt: skip
+    "(Tax et al., KDD 2026)",
+    extra="mcgrad",
+)
 del _name, _path, _text

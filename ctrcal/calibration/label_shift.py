@@ -66,9 +66,11 @@ class LabelShiftCalibrator(Calibrator):
     needs_unlabelled_target = True
 
     def __init__(
-        self, calibrate: str | Mapping[str, Any] | None = None, max_iter: int = 1000,
+        self,
+        calibrate: str | Mapping[str, Any] | None = None,
+        max_iter: int = 1000,
         tol: float = 1e-10,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if not (isinstance(max_iter, int) and max_iter >= 1):
             raise ValueError(f"max_iter: expected an integer >= 1, got {max_iter!r}")
         if not (isinstance(tol, (int, float)) and tol > 0):

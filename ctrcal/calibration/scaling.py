@@ -108,5 +108,3 @@ class PlattScaling(Calibrator):
         if hasattr(logits, "detach"):
             return logits * self.coef_ + self.intercept_
         return np.asarray(logits, dtype=np.float64) * self.coef_ + self.intercept_
-
-

@@ -86,8 +86,11 @@ def _build_model(value: Any, key: str, source: str) -> ModelConfig:
     sources = value.get(SOURCE_KEY, {})
     name = value.get("name", DEFAULT_MODEL)
     if not isinstance(name, str) or not name.strip():
-        raise fail(sources.get("name", source), f"{key}.name",
-                   f"expected a model name or 'package.module:Class', got {name!r}")  # fmt: skip
+        raise fail(
+            sources.get("name", source),
+            f"{key}.name",
+            f"expected a model name or 'package.module:Class', got {name!r}",
+        )
     kwargs: dict[str, Any] = {}
     for k, v in value.items():
         if k in (SOURCE_KEY, "name"):

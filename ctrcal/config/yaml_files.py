@@ -145,8 +145,10 @@ def _merge(base: dict[str, Any], top: dict[str, Any], where: str) -> dict[str, A
             sources.pop(key, None)
             continue
         current = out.get(key)
-        if isinstance(value, dict) and isinstance(current, dict) and not _renames(
-            current, value, key
+        if (
+            isinstance(value, dict)
+            and isinstance(current, dict)
+            and not _renames(current, value, key)
         ):
             out[key] = _merge(current, value, dotted)
         else:
@@ -182,8 +184,9 @@ def _refuse_deletes(value: Any, dotted: str, source: str) -> None:
     elif isinstance(value, list):
         for i, item in enumerate(value):
             if item is DELETE:
-                raise ConfigError(f"{source}: {dotted}[{i}]: !delete removes a mapping's key, "
-                                  "not a list item")  # fmt: skip
+                raise ConfigError(
+                    f"{source}: {dotted}[{i}]: !delete removes a mapping's key, not a list item"
+                )
             _refuse_deletes(item, f"{dotted}[{i}]", source)
 
 

@@ -31,8 +31,9 @@ def _cache_dir() -> Path:
     return base / "kernels"
 
 
-def _compile(cc: str, folder: Path, name: str, flags: list[str], source: str,
-             headers: Mapping[str, str]) -> Path:  # fmt: skip
+def _compile(
+    cc: str, folder: Path, name: str, flags: list[str], source: str, headers: Mapping[str, str]
+) -> Path:
     """Compile ``source`` (beside its ``headers``, name -> text) inside ``folder`` and rename
     the library to ``folder/name`` (atomic)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -65,8 +66,9 @@ def _cpu_identity() -> str:
     return "\n".join(sorted(set(keep)))
 
 
-def build_c_library(source: str, stem: str, openmp: bool = False,
-                    headers: Mapping[str, str] | None = None) -> ctypes.CDLL:  # fmt: skip
+def build_c_library(
+    source: str, stem: str, openmp: bool = False, headers: Mapping[str, str] | None = None
+) -> ctypes.CDLL:
     """Compile (once per machine, cached) and load a C source of ctrcal's CPU kernels.
 
     Args:
@@ -83,8 +85,11 @@ def build_c_library(source: str, stem: str, openmp: bool = False,
     headers = dict(headers or {})
     errors = []
     # native first, portable if that fails; each with OpenMP first where asked for
-    choices = [[*base, *extra] for base in ([*_CFLAGS, *_NATIVE], _CFLAGS)
-               for extra in ((_OPENMP, []) if openmp else ([],))]  # fmt: skip
+    choices = [
+        [*base, *extra]
+        for base in ([*_CFLAGS, *_NATIVE], _CFLAGS)
+        for extra in ((_OPENMP, []) if openmp else ([],))
+    ]
     for flags in choices:
         native = _NATIVE[0] in flags
         parts = [source, *headers.values(), cc, *flags, _cpu_identity() if native else ""]
@@ -120,9 +125,14 @@ class LazyLibrary:
     :meth:`get` is thread-safe; a failed build is remembered (:attr:`error`), not retried.
     """
 
-    def __init__(self, source: Path, stem: str, declare: Callable[[ctypes.CDLL], None],
-                 openmp: Callable[[], bool] | None = None,
-                 headers: Sequence[Path] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        source: Path,
+        stem: str,
+        declare: Callable[[ctypes.CDLL], None],
+        openmp: Callable[[], bool] | None = None,
+        headers: Sequence[Path] = (),
+    ) -> None:
         self.source, self.stem, self.declare = source, stem, declare
         self.openmp, self.headers = openmp, tuple(headers)
         self.error: str | None = None

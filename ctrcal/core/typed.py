@@ -84,9 +84,7 @@ def describe(tp: Any) -> str:
     )
 
 
-def build_value(
-    tp: Any, value: Any, key: str, source: str, custom: Custom | None = None
-) -> Any:
+def build_value(tp: Any, value: Any, key: str, source: str, custom: Custom | None = None) -> Any:
     """``value`` checked against ``tp`` (and converted where YAML is loose: ``1e-4`` -> float).
 
     Args:
@@ -217,20 +215,26 @@ def require_int(name: str, value: Any, *, low: int) -> int:
 
 
 def require_number(
-    name: str, value: Any, *, low: float = -math.inf, high: float = math.inf,
-    low_open: bool = False, high_open: bool = False,
-) -> float:  # fmt: skip
+    name: str,
+    value: Any,
+    *,
+    low: float = -math.inf,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
     """``value`` as a finite number in ``[low, high]`` (``*_open``: that end excluded).
 
     Raises:
         ConfigError (a ValueError): ``name: expected a finite number in [low, high), got ...``.
     """
     ok = (
-        isinstance(value, numbers.Real) and not isinstance(value, bool)
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
         and math.isfinite(value)
         and (value > low if low_open else value >= low)
         and (value < high if high_open else value <= high)
-    )  # fmt: skip
+    )
     if not ok:
         lo = "(" if low_open else "["
         hi = ")" if high_open else "]"

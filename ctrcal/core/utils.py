@@ -249,8 +249,11 @@ def directory_lock(target: str | os.PathLike, what: str, wait: bool = True) -> I
                     "finish or choose another directory"
                 ) from None
             if not said:
-                print(f"waiting for another {what} into {target} to finish ({holder})",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"waiting for another {what} into {target} to finish ({holder})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 said = True
             fcntl.flock(fh, fcntl.LOCK_EX)
         try:

@@ -45,8 +45,10 @@ _LIBRARY = LazyLibrary(_SOURCE, "coder", _declare)
 def _library() -> ctypes.CDLL:
     lib = _LIBRARY.get()
     if lib is None:
-        raise DataError(f"cannot build ctrcal's column coder (a C compiler is needed to "
-                        f"prepare data): {_LIBRARY.error}")  # fmt: skip
+        raise DataError(
+            f"cannot build ctrcal's column coder (a C compiler is needed to "
+            f"prepare data): {_LIBRARY.error}"
+        )
     return lib
 
 
@@ -65,8 +67,9 @@ class ColumnCoder:
         if handle:
             self._lib.coder_free(handle)
 
-    def code(self, values: np.ndarray, valid: np.ndarray | None,
-             train: np.ndarray | None) -> np.ndarray:  # fmt: skip
+    def code(
+        self, values: np.ndarray, valid: np.ndarray | None, train: np.ndarray | None
+    ) -> np.ndarray:
         """[N] int32 codes of ``values`` ([N] uint64), counting the rows where ``train`` ([N]
         uint8, optional) is 1; ``valid`` ([N] uint8, optional) is 0 where a value is missing."""
         values = np.ascontiguousarray(values, dtype=np.uint64)
@@ -76,10 +79,14 @@ class ColumnCoder:
         if train is not None:
             train = np.ascontiguousarray(train, dtype=np.uint8)
         codes = np.empty(n, dtype=np.int32)
-        d = self._lib.coder_code(self._handle, values.ctypes.data,
-                                 None if valid is None else valid.ctypes.data,
-                                 None if train is None else train.ctypes.data, n,
-                                 codes.ctypes.data)  # fmt: skip
+        d = self._lib.coder_code(
+            self._handle,
+            values.ctypes.data,
+            None if valid is None else valid.ctypes.data,
+            None if train is None else train.ctypes.data,
+            n,
+            codes.ctypes.data,
+        )
         if d < 0:
             raise MemoryError("column coder: out of memory for the value table")
         self.distinct = int(d)
@@ -91,8 +98,9 @@ class ColumnCoder:
         distinct = np.empty(d, dtype=np.uint64)
         counts = np.empty(d, dtype=np.int64)
         missing = ctypes.c_int64(0)
-        self._lib.coder_state(self._handle, d, distinct.ctypes.data, counts.ctypes.data,
-                              ctypes.byref(missing))  # fmt: skip
+        self._lib.coder_state(
+            self._handle, d, distinct.ctypes.data, counts.ctypes.data, ctypes.byref(missing)
+        )
         return distinct, counts, int(missing.value)
 
 

@@ -250,9 +250,7 @@ def detect_format(path: str | Path, layout: str = "auto") -> CriteoFormat:
             fmt = CriteoFormat("dac_test", "\t", False, FEATURE_COLUMNS, False)
         else:
             width = widths.most_common(1)[0][0]
-            raise DataError(
-                f"{path}: found {width} tab-separated fields per line; {_EXPECTED}"
-            )
+            raise DataError(f"{path}: found {width} tab-separated fields per line; {_EXPECTED}")
     if layout != "auto" and layout != fmt.layout:
         compatible = {("x4", "x1"), ("x1", "x4"), ("dac", "dac_test")}
         if (layout, fmt.layout) not in compatible:

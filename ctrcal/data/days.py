@@ -35,8 +35,9 @@ def check_days(paths: Sequence[Path]) -> None:
     days = [day_number(p) for p in paths]
     for prev, (day, path) in zip(days, zip(days[1:], paths[1:], strict=True), strict=False):
         if day == prev:
-            raise DataError(f"{path}: day_{day} is given twice ({paths[days.index(day)].name} "
-                            f"and {path.name})")  # fmt: skip
+            raise DataError(
+                f"{path}: day_{day} is given twice ({paths[days.index(day)].name} and {path.name})"
+            )
         if day != prev + 1:
             missing = path.parent / f"day_{prev + 1}"
             raise DataError(
@@ -58,8 +59,9 @@ def days_by_count(paths: Sequence[Path], fractions: Sequence[float]) -> list[int
     return [k for k, c in enumerate(counts) for _ in range(c)]
 
 
-def describe_days(paths: Sequence[Path], file_split: Sequence[int | None],
-                  names: Sequence[str]) -> dict[str, str]:  # fmt: skip
+def describe_days(
+    paths: Sequence[Path], file_split: Sequence[int | None], names: Sequence[str]
+) -> dict[str, str]:
     """``{split: "day_0-day_21"}`` of whole day files (contiguous, in day order)."""
     out = {}
     for k, name in enumerate(names):

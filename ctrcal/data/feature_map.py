@@ -151,9 +151,9 @@ class FeatureMap:
             source_hash=data.get("source_hash"),
             extra=data,
             numeric_original_mean=[float(f["original_mean"]) for f in nums]
-            if has_original else None,
-            numeric_original_std=[float(f["original_std"]) for f in nums]
-            if has_original else None,
+            if has_original
+            else None,
+            numeric_original_std=[float(f["original_std"]) for f in nums] if has_original else None,
             source=source,
         )
 

@@ -229,8 +229,9 @@ class FeaturePipeline:
             self.scale_ = [_positive(v) for v in std]
         # Model-input space is an affine map of the statistics above, so its mean and std
         # follow without another pass: z = (t - center) / scale.
-        self.numeric_mean_ = [(m - c) / k for m, c, k in zip(mean, self.center_, self.scale_,
-                                                              strict=True)]  # fmt: skip
+        self.numeric_mean_ = [
+            (m - c) / k for m, c, k in zip(mean, self.center_, self.scale_, strict=True)
+        ]
         self.numeric_std_ = [v / k for v, k in zip(std, self.scale_, strict=True)]
         self.numeric_missing_rate_ = [stats.nulls[n] / rows for n in self.numeric_fields]
         self._fit_buckets(stats)
@@ -296,8 +297,10 @@ class FeaturePipeline:
 
     @property
     def vocab_sizes_(self) -> list[int]:
-        return [NUM_RESERVED + self.vocab_[n].height + self.hashed_.get(n, 0)
-                for n in self.categorical_fields]  # fmt: skip
+        return [
+            NUM_RESERVED + self.vocab_[n].height + self.hashed_.get(n, 0)
+            for n in self.categorical_fields
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON body of ``feature_map.json`` (without sources and splits)."""
@@ -321,15 +324,17 @@ class FeaturePipeline:
                 entry["bucket_boundaries"] = self.bucket_boundaries_[j]
             features.append(entry)
         for name, size in zip(self.categorical_fields, self.vocab_sizes_, strict=True):
-            features.append({
-                "name": name,
-                "kind": "categorical",
-                "dtype": "int32",
-                "vocab_size": size,
-                "hashed_ids": self.hashed_.get(name, 0),
-                "distinct_in_train": self.distinct_[name],
-                "missing_rate": self.categorical_missing_rate_[name],
-            })  # fmt: skip
+            features.append(
+                {
+                    "name": name,
+                    "kind": "categorical",
+                    "dtype": "int32",
+                    "vocab_size": size,
+                    "hashed_ids": self.hashed_.get(name, 0),
+                    "distinct_in_train": self.distinct_[name],
+                    "missing_rate": self.categorical_missing_rate_[name],
+                }
+            )
         return {
             "schema_version": SCHEMA_VERSION,
             "label": LABEL,

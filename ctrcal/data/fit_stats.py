@@ -38,9 +38,7 @@ class _CountTable:
         if len(frames) == 1:
             self._merged = frames[0]
         elif frames:
-            self._merged = (
-                pl.concat(frames).group_by("value").agg(pl.col("count").sum())
-            )
+            self._merged = pl.concat(frames).group_by("value").agg(pl.col("count").sum())
         self._pending, self._pending_rows = [], 0
 
     def result(self) -> pl.DataFrame:

@@ -34,10 +34,19 @@ IDENTITY_VERSION = 1
 VOCAB_FILE = "vocab.parquet"  # written by FeaturePipeline.save beside the feature map
 # feature-map keys that say where the rows came from and how many there are, not what the
 # ids and numbers mean; every other key is part of the feature identity
-PROVENANCE_KEYS = frozenset({
-    "source_hash", "layout", "sources", "split", "splits", "bad_rows_skipped", "synthetic",
-    "oracle", "complete",
-})  # fmt: skip
+PROVENANCE_KEYS = frozenset(
+    {
+        "source_hash",
+        "layout",
+        "sources",
+        "split",
+        "splits",
+        "bad_rows_skipped",
+        "synthetic",
+        "oracle",
+        "complete",
+    }
+)
 _cache: dict[tuple[Any, ...], str] = {}
 
 

@@ -264,8 +264,11 @@ class ParquetCTRData:
         perm = torch.randperm(n, generator=gen, device=self.device)
         for i in range(0, stop, batch_size):
             idx = perm[i : i + batch_size]
-            yield Batch(cat.index_select(0, idx).long(), num.index_select(0, idx),
-                        label.index_select(0, idx))  # fmt: skip
+            yield Batch(
+                cat.index_select(0, idx).long(),
+                num.index_select(0, idx),
+                label.index_select(0, idx),
+            )
 
     def _stream(
         self, batch_size: int, shuffle: bool, seed: int | None, drop_last: bool
@@ -280,8 +283,11 @@ class ParquetCTRData:
                 n = label.shape[0]
                 stop = n - n % batch_size if drop_last else n
                 for i in range(0, stop, batch_size):
-                    yield Batch(cat[i : i + batch_size].long(), num[i : i + batch_size],
-                                label[i : i + batch_size])  # fmt: skip
+                    yield Batch(
+                        cat[i : i + batch_size].long(),
+                        num[i : i + batch_size],
+                        label[i : i + batch_size],
+                    )
         finally:
             blocks.close()
 
@@ -306,9 +312,13 @@ class _BlockReader:
     """
 
     def __init__(
-        self, data: ParquetCTRData, batch_size: int, shuffle: bool, seed: int | None,
+        self,
+        data: ParquetCTRData,
+        batch_size: int,
+        shuffle: bool,
+        seed: int | None,
         prefetch: int,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._data = data
         self._batch = batch_size
         self._shuffle = shuffle
@@ -316,8 +326,11 @@ class _BlockReader:
         self._target = max(data.buffer_rows if shuffle else batch_size, batch_size)
         self._columns = ["label", *data._cat_cols, *data._num_cols]
         handles = [open_parquet(f) for f in data.files]
-        self._groups = [(pf, g, pf.metadata.row_group(g).num_rows)
-                        for pf in handles for g in range(pf.num_row_groups)]  # fmt: skip
+        self._groups = [
+            (pf, g, pf.metadata.row_group(g).num_rows)
+            for pf in handles
+            for g in range(pf.num_row_groups)
+        ]
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ctrcal-stream", daemon=True)

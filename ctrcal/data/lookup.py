@@ -22,8 +22,10 @@ import numpy as np
 _EMPTY = np.int32(-1)
 _MIN_BITS = 10
 _SPARSE_UP_TO = 1 << 18
-_GOLDEN = {np.dtype(np.uint32): np.uint32(0x9E3779B1),
-           np.dtype(np.uint64): np.uint64(0x9E3779B97F4A7C15)}  # fmt: skip
+_GOLDEN = {
+    np.dtype(np.uint32): np.uint32(0x9E3779B1),
+    np.dtype(np.uint64): np.uint64(0x9E3779B97F4A7C15),
+}
 
 
 def _key_dtype(dtype: np.dtype) -> np.dtype:

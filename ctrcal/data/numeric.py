@@ -71,8 +71,10 @@ class NumericTransform:
 
     def __post_init__(self) -> None:
         if self.kind not in TRANSFORMS:
-            raise DataError(f"{self.source}: unknown numeric transform {self.kind!r} "
-                            f"(valid: {', '.join(TRANSFORMS)})")  # fmt: skip
+            raise DataError(
+                f"{self.source}: unknown numeric transform {self.kind!r} "
+                f"(valid: {', '.join(TRANSFORMS)})"
+            )
         if len(self.center) != len(self.scale):
             raise DataError(f"{self.source}: {len(self.center)} centers, {len(self.scale)} scales")
         if any(not s > 0 for s in self.scale):
@@ -113,14 +115,16 @@ class NumericTransform:
         import torch
 
         if x.dim() < 1 or x.shape[-1] != self.num_features:
-            raise DataError(f"expected numerics of shape [..., {self.num_features}], "
-                            f"got {tuple(x.shape)}")  # fmt: skip
+            raise DataError(
+                f"expected numerics of shape [..., {self.num_features}], got {tuple(x.shape)}"
+            )
         params = self._on_device.get(x.device)
         if params is None:
             kw = {"dtype": torch.float64, "device": x.device}
             params = self._on_device[x.device] = (
-                torch.tensor(self.center, **kw), torch.tensor(self.scale, **kw)
-            )  # fmt: skip
+                torch.tensor(self.center, **kw),
+                torch.tensor(self.scale, **kw),
+            )
         return params
 
     def to_original(self, x_model: torch.Tensor) -> torch.Tensor:

@@ -77,9 +77,12 @@ def iter_chunks(
 
 
 def _native(
-    chunk: memoryview | bytes, fmt: CriteoFormat, offset: int, workers: int,
+    chunk: memoryview | bytes,
+    fmt: CriteoFormat,
+    offset: int,
+    workers: int,
     buffers: tsv_reader.Buffers | None = None,
-) -> ParsedChunk | None:  # fmt: skip
+) -> ParsedChunk | None:
     out = tsv_reader.read_clean(chunk, fmt, workers, buffers)
     if out is None:
         return None
@@ -114,8 +117,11 @@ def _polars(
         if on_bad_row == "error":
             row = int(df.filter(bad_rows)[criteo.ROW_COL][0])
             message = criteo.describe_bad_row(path, fmt, row, chunk, offset)
-            more = (f"; {bad - 1} more malformed rows in the {offset + records:,} rows read "
-                    "so far" if bad > 1 else "")  # fmt: skip
+            more = (
+                f"; {bad - 1} more malformed rows in the {offset + records:,} rows read so far"
+                if bad > 1
+                else ""
+            )
             raise DataError(f"{message}{more} (use on_bad_row=skip to drop them)")
         df = df.filter(~bad_rows)
     n = df.height
@@ -133,8 +139,16 @@ def _polars(
         categorical_valid[j] = col.is_not_null().to_numpy()
         categorical[j] = col.fill_null(0).to_numpy()
     rows = df[criteo.ROW_COL].cast(pl.Int64).to_numpy()
-    return ParsedChunk(rows, label, numeric, numeric_valid, categorical, categorical_valid,
-                       records=records, bad=bad)  # fmt: skip
+    return ParsedChunk(
+        rows,
+        label,
+        numeric,
+        numeric_valid,
+        categorical,
+        categorical_valid,
+        records=records,
+        bad=bad,
+    )
 
 
 __all__ = ["CHUNK_BYTES", "ON_BAD_ROW", "check_on_bad_row", "iter_chunks", "threads"]

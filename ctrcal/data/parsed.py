@@ -47,7 +47,6 @@ class ParsedChunk:
         return len(self.rows)
 
 
-
 @dataclass(frozen=True)
 class TextLayout:
     """What :func:`not_utf8` needs to know of a text file (a Criteo or schema format has the

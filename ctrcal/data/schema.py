@@ -80,23 +80,31 @@ class DatasetSchema:
                 raise DataError(f"{where}: column {n!r} named twice")
             seen.add(n)
         if self.categorical_spelling not in SPELLINGS:
-            raise DataError(f"{where}: categorical_spelling must be one of {', '.join(SPELLINGS)},"
-                            f" got {self.categorical_spelling!r}")  # fmt: skip
+            raise DataError(
+                f"{where}: categorical_spelling must be one of {', '.join(SPELLINGS)},"
+                f" got {self.categorical_spelling!r}"
+            )
         if self.time_feature not in TIME_FEATURES:
-            raise DataError(f"{where}: time_feature must be one of {', '.join(TIME_FEATURES)}, "
-                            f"got {self.time_feature!r}")  # fmt: skip
+            raise DataError(
+                f"{where}: time_feature must be one of {', '.join(TIME_FEATURES)}, "
+                f"got {self.time_feature!r}"
+            )
         if self.time_feature != "none" and self.time is None:
             raise DataError(f"{where}: time_feature {self.time_feature!r} needs a time column")
         if self.time is not None and self.time in names:
-            raise DataError(f"{where}: the time column {self.time!r} is also a field; use "
-                            "time_feature to make it one")  # fmt: skip
+            raise DataError(
+                f"{where}: the time column {self.time!r} is also a field; use "
+                "time_feature to make it one"
+            )
         if len(self.delimiter) != 1:
             raise DataError(f"{where}: delimiter must be one character, got {self.delimiter!r}")
         if not self.header:
             missing = [n for n in self.needed if n not in self.columns]
             if missing:
-                raise DataError(f"{where}: a file without a header needs 'columns' listing "
-                                f"every column in order; missing {missing}")  # fmt: skip
+                raise DataError(
+                    f"{where}: a file without a header needs 'columns' listing "
+                    f"every column in order; missing {missing}"
+                )
 
     @property
     def time_field(self) -> str | None:
@@ -129,21 +137,50 @@ class DatasetSchema:
 
 
 CRITEO = DatasetSchema(
-    name="criteo", label=LABEL, numeric=NUMERIC_COLUMNS, categorical=CATEGORICAL_COLUMNS,
-    delimiter="\t", header=False, columns=(LABEL, *NUMERIC_COLUMNS, *CATEGORICAL_COLUMNS),
+    name="criteo",
+    label=LABEL,
+    numeric=NUMERIC_COLUMNS,
+    categorical=CATEGORICAL_COLUMNS,
+    delimiter="\t",
+    header=False,
+    columns=(LABEL, *NUMERIC_COLUMNS, *CATEGORICAL_COLUMNS),
     categorical_spelling="hex",
-)  # fmt: skip
+)
 """Criteo's dac / day_N layout (the other Criteo layouts are detected as variants of it)."""
 
 AVAZU_CATEGORICAL = (
-    "C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id", "app_domain",
-    "app_category", "device_id", "device_ip", "device_model", "device_type",
-    "device_conn_type", "C14", "C15", "C16", "C17", "C18", "C19", "C20", "C21",
-)  # fmt: skip
+    "C1",
+    "banner_pos",
+    "site_id",
+    "site_domain",
+    "site_category",
+    "app_id",
+    "app_domain",
+    "app_category",
+    "device_id",
+    "device_ip",
+    "device_model",
+    "device_type",
+    "device_conn_type",
+    "C14",
+    "C15",
+    "C16",
+    "C17",
+    "C18",
+    "C19",
+    "C20",
+    "C21",
+)
 AVAZU = DatasetSchema(
-    name="avazu", label="click", categorical=AVAZU_CATEGORICAL, time="hour",
-    time_feature="hour_of_day", delimiter=",", header=True, categorical_spelling="string",
-)  # fmt: skip
+    name="avazu",
+    label="click",
+    categorical=AVAZU_CATEGORICAL,
+    time="hour",
+    time_feature="hour_of_day",
+    delimiter=",",
+    header=True,
+    categorical_spelling="string",
+)
 """Avazu's Kaggle ``train.csv``: ``id`` ignored, label ``click``, 21 categoricals, ``hour``
 (``YYMMDDHH``) the time column and, by its hour of day, a feature."""
 
@@ -165,8 +202,9 @@ def schema_from_mapping(spec: Mapping[str, Any], source: str = "data.schema") ->
     """A schema from a YAML mapping (strict: an unknown key is an error naming it)."""
     unknown = sorted(set(spec) - _KEYS)
     if unknown:
-        raise DataError(f"{source}: unknown schema key(s) {unknown} (valid: "
-                        f"{', '.join(sorted(_KEYS))})")  # fmt: skip
+        raise DataError(
+            f"{source}: unknown schema key(s) {unknown} (valid: {', '.join(sorted(_KEYS))})"
+        )
     if "label" not in spec:
         raise DataError(f"{source}: a schema needs a 'label' column")
     values = dict(spec)
@@ -185,8 +223,9 @@ def schema_from_mapping(spec: Mapping[str, Any], source: str = "data.schema") ->
     return DatasetSchema(**values)
 
 
-def resolve_schema(spec: str | Mapping[str, Any] | DatasetSchema | None,
-                   base: Path | None = None) -> DatasetSchema | None:  # fmt: skip
+def resolve_schema(
+    spec: str | Mapping[str, Any] | DatasetSchema | None, base: Path | None = None
+) -> DatasetSchema | None:
     """``data.schema`` -> a schema: None (Criteo, detected per file), a built-in name, a YAML
     file (relative to ``base``, the config's folder, if given) or an inline mapping."""
     if spec is None or isinstance(spec, DatasetSchema):
@@ -219,5 +258,12 @@ def resolve_schema(spec: str | Mapping[str, Any] | DatasetSchema | None,
     )
 
 
-__all__ = ["AVAZU", "CRITEO", "SCHEMAS", "DatasetSchema", "register_schema", "resolve_schema",
-           "schema_from_mapping"]  # fmt: skip
+__all__ = [
+    "AVAZU",
+    "CRITEO",
+    "SCHEMAS",
+    "DatasetSchema",
+    "register_schema",
+    "resolve_schema",
+    "schema_from_mapping",
+]

@@ -97,16 +97,19 @@ def detect(path: str | Path, schema: DatasetSchema) -> SchemaFormat:
         width = len(_first_line(path).split(schema.delimiter))
         if width != len(schema.columns):
             shown = ", ".join(schema.columns[:6])
-            raise DataError(f"{path}: line 1: {width} fields separated by "
-                            f"{schema.delimiter!r}; schema {schema.name!r} expects "
-                            f"{len(schema.columns)} ({shown}, ...)")  # fmt: skip
+            raise DataError(
+                f"{path}: line 1: {width} fields separated by "
+                f"{schema.delimiter!r}; schema {schema.name!r} expects "
+                f"{len(schema.columns)} ({shown}, ...)"
+            )
         columns = schema.columns
         where = str(path)
     for name in schema.needed:
         if name not in columns and name != schema.label:
             shown = ", ".join(columns[:8]) + (", ..." if len(columns) > 8 else "")
-            raise DataError(f"{where}: no column {name!r}, which schema {schema.name!r} names "
-                            f"(found {shown})")  # fmt: skip
+            raise DataError(
+                f"{where}: no column {name!r}, which schema {schema.name!r} names (found {shown})"
+            )
     if len(set(columns)) != len(columns):
         raise DataError(f"{where}: duplicate column names")
     return SchemaFormat(schema, parquet, columns, schema.label in columns)
@@ -147,14 +150,20 @@ def _typed(df: pl.DataFrame, fmt: SchemaFormat) -> tuple[pl.DataFrame, list[tupl
     for name in s.numeric:
         value = number(name)
         exprs.append(value.alias(f"n:{name}"))
-        checks.append((name, "not a number", pl.col(name).is_not_null()
-                       & ~value.is_finite().fill_null(False)))  # fmt: skip
+        checks.append(
+            (name, "not a number", pl.col(name).is_not_null() & ~value.is_finite().fill_null(False))
+        )
     for name in s.categorical:
         key = _key(pl.col(name), s.categorical_spelling, df.schema[name])
         exprs.append(key.alias(f"c:{name}"))
         if s.categorical_spelling == "hex":
-            checks.append((name, "not a hex value of at most 8 digits",
-                           pl.col(name).is_not_null() & key.is_null()))  # fmt: skip
+            checks.append(
+                (
+                    name,
+                    "not a hex value of at most 8 digits",
+                    pl.col(name).is_not_null() & key.is_null(),
+                )
+            )
     if s.time is not None:
         time = pl.col(s.time)
         time = (time.str.strip_chars() if df.schema[s.time] == pl.Utf8 else time).cast(
@@ -164,8 +173,9 @@ def _typed(df: pl.DataFrame, fmt: SchemaFormat) -> tuple[pl.DataFrame, list[tupl
         checks.append((s.time, "not an integer time", time.is_null()))
     if _EXTRA in df.columns:
         checks.insert(0, ("", "more fields than the header", pl.col(_EXTRA).is_not_null()))
-    typed = df.select(*exprs, pl.col(_ROW),
-                      *(c.alias(f"__bad_{k}") for k, (_, _, c) in enumerate(checks)))  # fmt: skip
+    typed = df.select(
+        *exprs, pl.col(_ROW), *(c.alias(f"__bad_{k}") for k, (_, _, c) in enumerate(checks))
+    )
     return typed, [(n, what) for n, what, _ in checks]
 
 
@@ -192,12 +202,22 @@ def _to_chunk(typed: pl.DataFrame, fmt: SchemaFormat, records: int, bad: int) ->
         categorical_valid[-1] = 1
     label = typed["label"].fill_null(float("nan")).to_numpy()
     rows = typed[_ROW].cast(pl.Int64).to_numpy()
-    return ParsedChunk(rows, label, numeric, numeric_valid, categorical, categorical_valid,
-                       records=records, bad=bad, time=time)  # fmt: skip
+    return ParsedChunk(
+        rows,
+        label,
+        numeric,
+        numeric_valid,
+        categorical,
+        categorical_valid,
+        records=records,
+        bad=bad,
+        time=time,
+    )
 
 
-def _check(df: pl.DataFrame, fmt: SchemaFormat, path: Path, on_bad_row: str,
-           where: str) -> ParsedChunk:  # fmt: skip
+def _check(
+    df: pl.DataFrame, fmt: SchemaFormat, path: Path, on_bad_row: str, where: str
+) -> ParsedChunk:
     """Type and check a frame of one chunk's rows (``__row`` = record index in the file)."""
     typed, checks = _typed(df, fmt)
     flags = [f"__bad_{k}" for k in range(len(checks))]
@@ -217,14 +237,17 @@ def _check(df: pl.DataFrame, fmt: SchemaFormat, path: Path, on_bad_row: str,
             else:
                 message = what
             more = f"; {bad - 1} more malformed rows in this chunk" if bad > 1 else ""
-            raise DataError(f"{path}: {where} {number}: malformed row: {message}{more} "
-                            "(use on_bad_row=skip to drop them)")  # fmt: skip
+            raise DataError(
+                f"{path}: {where} {number}: malformed row: {message}{more} "
+                "(use on_bad_row=skip to drop them)"
+            )
         typed = typed.filter(~bad_rows)
     return _to_chunk(typed, fmt, df.height, bad)
 
 
-def iter_chunks(path: Path, fmt: SchemaFormat, on_bad_row: str,
-                chunk_bytes: int) -> Iterator[ParsedChunk]:  # fmt: skip
+def iter_chunks(
+    path: Path, fmt: SchemaFormat, on_bad_row: str, chunk_bytes: int
+) -> Iterator[ParsedChunk]:
     """The file's rows chunk by chunk (see the module docstring)."""
     if fmt.parquet:
         yield from _parquet_chunks(path, fmt, on_bad_row, chunk_bytes)
@@ -239,9 +262,16 @@ def iter_chunks(path: Path, fmt: SchemaFormat, on_bad_row: str,
         if error is not None:
             raise error
         try:
-            df = pl.read_csv(chunk, has_header=False, separator=fmt.separator, quote_char='"',
-                             schema=schema, missing_columns="insert",
-                             truncate_ragged_lines=True, raise_if_empty=False)  # fmt: skip
+            df = pl.read_csv(
+                chunk,
+                has_header=False,
+                separator=fmt.separator,
+                quote_char='"',
+                schema=schema,
+                missing_columns="insert",
+                truncate_ragged_lines=True,
+                raise_if_empty=False,
+            )
         except pl.exceptions.PolarsError as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise DataError(f"{path}: cannot read as {fmt.layout} data: {first}") from None
@@ -252,8 +282,9 @@ def iter_chunks(path: Path, fmt: SchemaFormat, on_bad_row: str,
         yield parsed
 
 
-def _parquet_chunks(path: Path, fmt: SchemaFormat, on_bad_row: str,
-                    chunk_bytes: int) -> Iterator[ParsedChunk]:  # fmt: skip
+def _parquet_chunks(
+    path: Path, fmt: SchemaFormat, on_bad_row: str, chunk_bytes: int
+) -> Iterator[ParsedChunk]:
     import pyarrow.parquet as pq
 
     needed = list(fmt.schema.needed_in(fmt.columns))
@@ -281,21 +312,34 @@ def time_counts(path: Path, fmt: SchemaFormat) -> pl.DataFrame:
         if fmt.parquet:
             col = pl.read_parquet(path, columns=[name])[name]
         elif fmt.schema.header:
-            col = pl.read_csv(path, separator=fmt.separator, columns=[name], quote_char='"',
-                              schema_overrides={name: pl.Utf8},
-                              truncate_ragged_lines=True)[name]  # fmt: skip
+            col = pl.read_csv(
+                path,
+                separator=fmt.separator,
+                columns=[name],
+                quote_char='"',
+                schema_overrides={name: pl.Utf8},
+                truncate_ragged_lines=True,
+            )[name]
         else:
-            col = pl.read_csv(path, separator=fmt.separator, has_header=False, quote_char='"',
-                              columns=[fmt.columns.index(name)], new_columns=[name],
-                              infer_schema=False, truncate_ragged_lines=True)[name]  # fmt: skip
+            col = pl.read_csv(
+                path,
+                separator=fmt.separator,
+                has_header=False,
+                quote_char='"',
+                columns=[fmt.columns.index(name)],
+                new_columns=[name],
+                infer_schema=False,
+                truncate_ragged_lines=True,
+            )[name]
     except (pl.exceptions.PolarsError, OSError) as exc:
         # the whole file is read at once here: a byte that is not UTF-8 may be in any column
         # and line, and is named by them
         where = None if fmt.parquet else file_not_utf8(path, fmt)
         if where is not None:
             raise where from None
-        raise DataError(f"{path}: cannot read the time column {name!r}: "
-                        f"{str(exc).splitlines()[0]}") from None  # fmt: skip
+        raise DataError(
+            f"{path}: cannot read the time column {name!r}: {str(exc).splitlines()[0]}"
+        ) from None
     if col.dtype == pl.Utf8:
         col = col.str.strip_chars()
     col = col.cast(pl.Int64, strict=False).drop_nulls()

@@ -118,8 +118,10 @@ class SplitPlan:
         """What the feature map records about the split."""
         if self.mode == "explicit":
             return "explicit"
-        out: dict = {"order": "random" if self.mode == "random" else "time",
-                     "fractions": self.fractions}  # fmt: skip
+        out: dict = {
+            "order": "random" if self.mode == "random" else "time",
+            "fractions": self.fractions,
+        }
         if self.mode == "random":
             out["seed"] = self.seed
         if self.mode == "time_files":
@@ -229,8 +231,10 @@ def plan_time_column(counts: pl.DataFrame, fractions: Sequence[float]) -> SplitP
     split = (middle >= fr[0]).astype(np.int64) + (middle >= fr[0] + fr[1])
     for k, name in enumerate(SPLITS):
         if fr[k] > 0 and not (split == k).any():
-            raise DataError(f"data.split_order: time: data.split {list(fractions)} leaves the "
-                            f"{name} split without a time value out of {len(times)}")  # fmt: skip
+            raise DataError(
+                f"data.split_order: time: data.split {list(fractions)} leaves the "
+                f"{name} split without a time value out of {len(times)}"
+            )
     big = int(times.max()) + 1
     first = [int(times[split >= k][0]) if (split >= k).any() else big for k in (1, 2)]
     return SplitPlan("time_column", fractions=fr, time_values=(first[0], first[1]))
@@ -260,8 +264,9 @@ def text_bytes(path: Path) -> int:
     return max(isize, 3 * size)
 
 
-def _hash_split(file: np.ndarray, row: np.ndarray, fractions: Sequence[float],
-                seed: int) -> np.ndarray:  # fmt: skip
+def _hash_split(
+    file: np.ndarray, row: np.ndarray, fractions: Sequence[float], seed: int
+) -> np.ndarray:
     """Split code 0/1/2 from a 32-bit integer hash (lowbias32) of (file, row, seed): uint32
     arithmetic wraps modulo 2^32, which is the hash's arithmetic."""
     m = 2**32

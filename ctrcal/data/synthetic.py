@@ -60,15 +60,78 @@ GENERATOR_VERSION = 1
 CHUNK_ROWS = 500_000
 
 # dac train.txt: fraction missing per field
-NUMERIC_MISSING = (0.454, 0.0, 0.215, 0.217, 0.026, 0.223, 0.043, 0.0005, 0.043, 0.454, 0.043,
-                   0.765, 0.217)  # fmt: skip
-CATEGORICAL_MISSING = (0.0, 0.0, 0.034, 0.034, 0.0, 0.121, 0.0, 0.0, 0.0, 0.0, 0.0, 0.034, 0.0,
-                       0.0, 0.0, 0.034, 0.0, 0.0, 0.44, 0.44, 0.034, 0.763, 0.0, 0.034, 0.44,
-                       0.44)  # fmt: skip
+NUMERIC_MISSING = (
+    0.454,
+    0.0,
+    0.215,
+    0.217,
+    0.026,
+    0.223,
+    0.043,
+    0.0005,
+    0.043,
+    0.454,
+    0.043,
+    0.765,
+    0.217,
+)
+CATEGORICAL_MISSING = (
+    0.0,
+    0.0,
+    0.034,
+    0.034,
+    0.0,
+    0.121,
+    0.0,
+    0.0,
+    0.0,
+    0.0,
+    0.0,
+    0.034,
+    0.0,
+    0.0,
+    0.0,
+    0.034,
+    0.0,
+    0.0,
+    0.44,
+    0.44,
+    0.034,
+    0.763,
+    0.0,
+    0.034,
+    0.44,
+    0.44,
+)
 # dac train.txt: distinct values per categorical field
-CATEGORICAL_CARDINALITY = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683,
-                           8351593, 3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18,
-                           15, 286181, 105, 142572)  # fmt: skip
+CATEGORICAL_CARDINALITY = (
+    1460,
+    583,
+    10131227,
+    2202608,
+    305,
+    24,
+    12517,
+    633,
+    3,
+    93145,
+    5683,
+    8351593,
+    3194,
+    27,
+    14992,
+    5461306,
+    10,
+    5652,
+    2173,
+    4,
+    7046547,
+    18,
+    15,
+    286181,
+    105,
+    142572,
+)
 # log1p-space location / scale of the counts (dac medians, rough spreads)
 NUMERIC_LOG_MEDIAN = (0.7, 2.0, 1.9, 1.6, 7.9, 3.4, 1.4, 2.2, 3.7, 0.3, 0.7, 0.2, 1.6)
 NUMERIC_LOG_SCALE = (0.9, 1.3, 1.3, 0.8, 2.0, 1.5, 1.2, 0.9, 1.2, 0.5, 0.7, 0.6, 0.9)
@@ -341,9 +404,7 @@ def generate(
     with atomic_path(ppath) as tmp:
         pl.DataFrame({"prob": prob, "label": label}).write_parquet(tmp)
     auc, ll = oracle_metrics(prob, label)
-    return SynthResult(
-        out, ppath, rows, float(label.mean()), auc, ll, time.perf_counter() - start
-    )
+    return SynthResult(out, ppath, rows, float(label.mean()), auc, ll, time.perf_counter() - start)
 
 
 def generate_frame(
@@ -401,9 +462,11 @@ def true_probability(
             col = col.str.to_integer(base=16, dtype=pl.UInt32, strict=False)
         col = col.cast(pl.UInt32)
         index = col.replace_strict(
-            pl.Series(model.cat_hex[j]), pl.Series(np.arange(len(model.cat_hex[j]))),
-            default=-2, return_dtype=pl.Int64,
-        )  # fmt: skip
+            pl.Series(model.cat_hex[j]),
+            pl.Series(np.arange(len(model.cat_hex[j]))),
+            default=-2,
+            return_dtype=pl.Int64,
+        )
         idx = np.where(col.is_null().to_numpy(), -1, index.fill_null(-1).to_numpy())
         if (idx == -2).any():
             raise DataError(f"{name}: values the generator with seed {seed} never produces")
@@ -438,10 +501,14 @@ def write_criteo(frame: pl.DataFrame, path: str | Path, layout: str = "dac") -> 
         df = df.rename({LABEL: "Label"})
     elif layout == "x1":
         scaled = [
-            (pl.col(c).cast(pl.Float64).clip(lower_bound=0).log1p()
-             / pl.col(c).cast(pl.Float64).clip(lower_bound=0).log1p().max()).round(6).alias(c)
+            (
+                pl.col(c).cast(pl.Float64).clip(lower_bound=0).log1p()
+                / pl.col(c).cast(pl.Float64).clip(lower_bound=0).log1p().max()
+            )
+            .round(6)
+            .alias(c)
             for c in NUMERIC_COLUMNS
-        ]  # fmt: skip
+        ]
         ids = [pl.col(c).rank("dense").cast(pl.Int64).alias(c) for c in CATEGORICAL_COLUMNS]
         df = df.with_columns(*scaled, *ids)
     elif layout == "torchrec":
@@ -453,9 +520,9 @@ def write_criteo(frame: pl.DataFrame, path: str | Path, layout: str = "dac") -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.name.endswith(".gz"):
         with gzip.open(path, "wb", compresslevel=1) as fh:
-            df.write_csv(fh, separator=sep, include_header=header, null_value="",
-                         quote_style="never")  # fmt: skip
+            df.write_csv(
+                fh, separator=sep, include_header=header, null_value="", quote_style="never"
+            )
     else:
-        df.write_csv(path, separator=sep, include_header=header, null_value="",
-                     quote_style="never")  # fmt: skip
+        df.write_csv(path, separator=sep, include_header=header, null_value="", quote_style="never")
     return path

@@ -18,8 +18,13 @@ BYTES_PER_VALUE = 4  # float32 weights
 MEMORY_FRACTION = 0.25
 """The default limit's share of the machine's memory."""
 
-__all__ = ["BYTES_PER_VALUE", "MEMORY_FRACTION", "embedding_bytes", "embedding_rows",
-           "machine_memory_bytes"]  # fmt: skip
+__all__ = [
+    "BYTES_PER_VALUE",
+    "MEMORY_FRACTION",
+    "embedding_bytes",
+    "embedding_rows",
+    "machine_memory_bytes",
+]
 
 
 def embedding_rows(

@@ -70,10 +70,12 @@ class Buffers:
         """Arrays of at least ``n`` columns (the row stride is the second value)."""
         if n > self.cap or self.arrays[0].shape[0] != nnum or self.arrays[2].shape[0] != ncat:
             self.cap = max(n, self.cap + self.cap // 4)
-            self.arrays = (np.empty((nnum, self.cap), dtype=np.float64),
-                           np.empty((nnum, self.cap), dtype=np.uint8),
-                           np.empty((ncat, self.cap), dtype=np.uint64),
-                           np.empty((ncat, self.cap), dtype=np.uint8))  # fmt: skip
+            self.arrays = (
+                np.empty((nnum, self.cap), dtype=np.float64),
+                np.empty((nnum, self.cap), dtype=np.uint8),
+                np.empty((ncat, self.cap), dtype=np.uint64),
+                np.empty((ncat, self.cap), dtype=np.uint8),
+            )
         return self.arrays, self.cap
 
 
@@ -127,8 +129,9 @@ def read_clean(
         pointers = [a.ctypes.data for a in arrays]
 
         def parse(span: tuple[int, int], first: int) -> int:
-            return lib.tsv_parse(base + span[0], span[1] - span[0], sep, nnum, ncat, stride,
-                                 first, *pointers)  # fmt: skip
+            return lib.tsv_parse(
+                base + span[0], span[1] - span[0], sep, nnum, ncat, stride, first, *pointers
+            )
 
         parsed = run(pool, parse, spans, firsts)
     finally:

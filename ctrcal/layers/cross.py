@@ -155,9 +155,16 @@ class _FullRankCrossFn(torch.autograd.Function):
         for weight, bias in zip(params[0::2], params[1::2], strict=True):
             u = x @ weight.t()  # the bias joins in the kernel, which writes u over it
             y = torch.empty_like(x0)
-            Chunks(rows, _MIN_ROWS).run(lib, "cross_fwd_f32", u.data_ptr(), bias.data_ptr(),
-                                        x0.data_ptr(), x.data_ptr(), y.data_ptr(),
-                                        n)  # fmt: skip
+            Chunks(rows, _MIN_ROWS).run(
+                lib,
+                "cross_fwd_f32",
+                u.data_ptr(),
+                bias.data_ptr(),
+                x0.data_ptr(),
+                x.data_ptr(),
+                y.data_ptr(),
+                n,
+            )
             saved += [x, u]
             x = y
         ctx.save_for_backward(x0, *params[0::2], *saved)
@@ -180,9 +187,18 @@ class _FullRankCrossFn(torch.autograd.Function):
             chunks = Chunks(rows, _MIN_ROWS)
             db = chunks.partials(n)  # the bias gradient, per chunk
             du = torch.empty_like(x0)
-            chunks.run(lib, "cross_bwd_f32", g.data_ptr(), x0.data_ptr(), u.data_ptr(),
-                       du.data_ptr(), dx0.data_ptr(), db.data_ptr(), n,
-                       int(i == layers - 1))  # fmt: skip
+            chunks.run(
+                lib,
+                "cross_bwd_f32",
+                g.data_ptr(),
+                x0.data_ptr(),
+                u.data_ptr(),
+                du.data_ptr(),
+                dx0.data_ptr(),
+                db.data_ptr(),
+                n,
+                int(i == layers - 1),
+            )
             grads[2 * i] = du.t() @ x
             grads[2 * i + 1] = db.sum(0)
             g = torch.addmm(g, du, weights[i])  # the gradient of x_i: g + du W_i

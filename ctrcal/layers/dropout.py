@@ -114,8 +114,9 @@ class _ReLUDropoutFn(torch.autograd.Function):
         if lib is not None:
             y = torch.empty_like(x)
             name = "relu_dropout_fwd_" + _SUFFIX[x.dtype]
-            Chunks(x.numel(), _MIN_CHUNK).run(lib, name, x.data_ptr(), y.data_ptr(), key,
-                                              threshold, scale)  # fmt: skip
+            Chunks(x.numel(), _MIN_CHUNK).run(
+                lib, name, x.data_ptr(), y.data_ptr(), key, threshold, scale
+            )
         else:
             keep = _keep_mask_torch(x.numel(), key, threshold).view(x.shape)
             y = torch.where(keep, x, 0.0).clamp_min_(0.0).mul_(scale)
@@ -133,9 +134,14 @@ class _ReLUDropoutFn(torch.autograd.Function):
             return torch.ops.aten.threshold_backward(grad, y, 0.0).mul_(ctx.scale), None
         grad = grad.contiguous()
         dx = torch.empty_like(y)
-        Chunks(y.numel(), _MIN_CHUNK).run(lib, "relu_dropout_bwd_" + _SUFFIX[y.dtype],
-                                          grad.data_ptr(), y.data_ptr(), dx.data_ptr(),
-                                          ctx.scale)  # fmt: skip
+        Chunks(y.numel(), _MIN_CHUNK).run(
+            lib,
+            "relu_dropout_bwd_" + _SUFFIX[y.dtype],
+            grad.data_ptr(),
+            y.data_ptr(),
+            dx.data_ptr(),
+            ctx.scale,
+        )
         return dx, None
 
 
@@ -166,9 +172,21 @@ class _LayerNormReLUDropoutFn(torch.autograd.Function):
         y = torch.empty_like(x)
         mean = torch.empty(rows, dtype=x.dtype)
         rstd = torch.empty(rows, dtype=x.dtype)
-        Chunks(rows, _MIN_ROWS).run(lib, "ln_relu_dropout_fwd_f32", x.data_ptr(), weight.data_ptr(),
-                                    bias.data_ptr(), y.data_ptr(), mean.data_ptr(),
-                                    rstd.data_ptr(), n, eps, key, threshold, scale)  # fmt: skip
+        Chunks(rows, _MIN_ROWS).run(
+            lib,
+            "ln_relu_dropout_fwd_f32",
+            x.data_ptr(),
+            weight.data_ptr(),
+            bias.data_ptr(),
+            y.data_ptr(),
+            mean.data_ptr(),
+            rstd.data_ptr(),
+            n,
+            eps,
+            key,
+            threshold,
+            scale,
+        )
         ctx.scale = scale
         ctx.save_for_backward(x, weight, y, mean, rstd)
         return y
@@ -183,9 +201,21 @@ class _LayerNormReLUDropoutFn(torch.autograd.Function):
         dx = torch.empty_like(x)
         chunks = Chunks(rows, _MIN_ROWS)
         dw, db = chunks.partials(n), chunks.partials(n)  # the affine gradients, per chunk
-        chunks.run(lib, "ln_relu_dropout_bwd_f32", grad.data_ptr(), y.data_ptr(), x.data_ptr(),
-                   weight.data_ptr(), mean.data_ptr(), rstd.data_ptr(), dx.data_ptr(),
-                   dw.data_ptr(), db.data_ptr(), n, ctx.scale)  # fmt: skip
+        chunks.run(
+            lib,
+            "ln_relu_dropout_bwd_f32",
+            grad.data_ptr(),
+            y.data_ptr(),
+            x.data_ptr(),
+            weight.data_ptr(),
+            mean.data_ptr(),
+            rstd.data_ptr(),
+            dx.data_ptr(),
+            dw.data_ptr(),
+            db.data_ptr(),
+            n,
+            ctx.scale,
+        )
         return dx, dw.sum(0), db.sum(0), None, None
 
 

@@ -234,9 +234,18 @@ class _NumericEmbedFn(torch.autograd.Function):
         rows, fields = x.shape
         dim = weight.shape[1]
         out = torch.empty(rows, fields, dim, dtype=weight.dtype)
-        Chunks(rows, _MIN_ROWS).run(lib, "numeric_embed_fwd_f32", x.data_ptr(), weight.data_ptr(),
-            0 if bias is None else bias.data_ptr(), missing.data_ptr(), out.data_ptr(), fields,
-            dim, fields * dim)  # fmt: skip
+        Chunks(rows, _MIN_ROWS).run(
+            lib,
+            "numeric_embed_fwd_f32",
+            x.data_ptr(),
+            weight.data_ptr(),
+            0 if bias is None else bias.data_ptr(),
+            missing.data_ptr(),
+            out.data_ptr(),
+            fields,
+            dim,
+            fields * dim,
+        )
         ctx.save_for_backward(x)
         ctx.has_bias = bias is not None
         return out
@@ -252,9 +261,18 @@ class _NumericEmbedFn(torch.autograd.Function):
             grad = grad.contiguous()
         chunks = Chunks(rows, _MIN_ROWS)
         dw, db, dm = (chunks.partials(fields, dim, dtype=grad.dtype) for _ in range(3))
-        chunks.run(lib, "numeric_embed_bwd_f32", x.data_ptr(), grad.data_ptr(), dw.data_ptr(),
-                   db.data_ptr() if ctx.has_bias else 0, dm.data_ptr(), fields, dim,
-                   grad.stride(0))  # fmt: skip
+        chunks.run(
+            lib,
+            "numeric_embed_bwd_f32",
+            x.data_ptr(),
+            grad.data_ptr(),
+            dw.data_ptr(),
+            db.data_ptr() if ctx.has_bias else 0,
+            dm.data_ptr(),
+            fields,
+            dim,
+            grad.stride(0),
+        )
         return None, dw.sum(0), db.sum(0) if ctx.has_bias else None, dm.sum(0)
 
 

@@ -119,9 +119,21 @@ class _LayerNormReLUDropoutLogitFn(torch.autograd.Function):
         mean = torch.empty(rows, dtype=x.dtype)
         rstd = torch.empty(rows, dtype=x.dtype)
         Chunks(rows, _MIN_ROWS).run(
-            lib, "ln_relu_dropout_logit_fwd_f32", x.data_ptr(), weight.data_ptr(),
-            bias.data_ptr(), hw.data_ptr(), logit.data_ptr(), mean.data_ptr(), rstd.data_ptr(),
-            n, eps, key, threshold, scale)  # fmt: skip
+            lib,
+            "ln_relu_dropout_logit_fwd_f32",
+            x.data_ptr(),
+            weight.data_ptr(),
+            bias.data_ptr(),
+            hw.data_ptr(),
+            logit.data_ptr(),
+            mean.data_ptr(),
+            rstd.data_ptr(),
+            n,
+            eps,
+            key,
+            threshold,
+            scale,
+        )
         ctx.key, ctx.threshold, ctx.scale = key, threshold, scale
         ctx.save_for_backward(x, weight, bias, hw, mean, rstd)
         return logit
@@ -136,8 +148,23 @@ class _LayerNormReLUDropoutLogitFn(torch.autograd.Function):
         dx = torch.empty_like(x)
         chunks = Chunks(rows, _MIN_ROWS)
         dw, db, dhw = (chunks.partials(n) for _ in range(3))  # parameter gradients, per chunk
-        chunks.run(lib, "ln_relu_dropout_logit_bwd_f32", grad.data_ptr(), x.data_ptr(),
-                   weight.data_ptr(), bias.data_ptr(), hw.data_ptr(), mean.data_ptr(),
-                   rstd.data_ptr(), dx.data_ptr(), dw.data_ptr(), db.data_ptr(), dhw.data_ptr(),
-                   n, ctx.key, ctx.threshold, ctx.scale)  # fmt: skip
+        chunks.run(
+            lib,
+            "ln_relu_dropout_logit_bwd_f32",
+            grad.data_ptr(),
+            x.data_ptr(),
+            weight.data_ptr(),
+            bias.data_ptr(),
+            hw.data_ptr(),
+            mean.data_ptr(),
+            rstd.data_ptr(),
+            dx.data_ptr(),
+            dw.data_ptr(),
+            db.data_ptr(),
+            dhw.data_ptr(),
+            n,
+            ctx.key,
+            ctx.threshold,
+            ctx.scale,
+        )
         return dx, dw.sum(0), db.sum(0), dhw.sum(0).view(1, n), None, None

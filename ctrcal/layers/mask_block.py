@@ -101,8 +101,16 @@ class _MaskHiddenFn(torch.autograd.Function):
         rows = t.shape[0]
         h = torch.empty(rows * t.shape[1], dtype=t.dtype)  # the blocks' matrices, one by one
         w = torch.tensor(widths, dtype=torch.int64)
-        Chunks(rows, _MIN_ROWS).run(lib, "mask_hidden_fwd_f32", t.data_ptr(), bias.data_ptr(),
-                                    h.data_ptr(), rows, len(widths), w.data_ptr())  # fmt: skip
+        Chunks(rows, _MIN_ROWS).run(
+            lib,
+            "mask_hidden_fwd_f32",
+            t.data_ptr(),
+            bias.data_ptr(),
+            h.data_ptr(),
+            rows,
+            len(widths),
+            w.data_ptr(),
+        )
         ctx.save_for_backward(v_emb, weight, h, w)
         outs = h.split([rows * k for k in widths])
         return tuple(o.view(rows, k) for o, k in zip(outs, widths, strict=True))
@@ -118,8 +126,17 @@ class _MaskHiddenFn(torch.autograd.Function):
         dt = torch.empty(rows, width, dtype=h.dtype)
         chunks = Chunks(rows, _MIN_ROWS)
         db = chunks.partials(width)  # the bias gradient, per chunk
-        chunks.run(lib, "mask_hidden_bwd_f32", g_ptrs.data_ptr(), h.data_ptr(), dt.data_ptr(),
-                   db.data_ptr(), rows, len(grads), w.data_ptr())  # fmt: skip
+        chunks.run(
+            lib,
+            "mask_hidden_bwd_f32",
+            g_ptrs.data_ptr(),
+            h.data_ptr(),
+            dt.data_ptr(),
+            db.data_ptr(),
+            rows,
+            len(grads),
+            w.data_ptr(),
+        )
         dv = dt @ weight if ctx.needs_input_grad[0] else None
         dw = dt.t() @ v_emb if ctx.needs_input_grad[1] else None
         return dv, dw, db.sum(0), None
@@ -134,8 +151,15 @@ class _MaskedInputFn(torch.autograd.Function):
         t = a @ weight.t()  # the bias joins in the kernel, not in the matrix product
         z = torch.empty_like(t)
         rows, n = t.shape
-        Chunks(rows, _MIN_ROWS).run(lib, "masked_input_fwd_f32", t.data_ptr(), bias.data_ptr(),
-                                    v.data_ptr(), z.data_ptr(), n)  # fmt: skip
+        Chunks(rows, _MIN_ROWS).run(
+            lib,
+            "masked_input_fwd_f32",
+            t.data_ptr(),
+            bias.data_ptr(),
+            v.data_ptr(),
+            z.data_ptr(),
+            n,
+        )
         ctx.save_for_backward(a, weight, bias, v, t)
         return z
 
@@ -149,8 +173,18 @@ class _MaskedInputFn(torch.autograd.Function):
         dt, dv = torch.empty_like(t), torch.empty_like(v)
         chunks = Chunks(rows, _MIN_ROWS)
         db = chunks.partials(n)  # the bias gradient, per chunk
-        chunks.run(lib, "masked_input_bwd_f32", grad.data_ptr(), t.data_ptr(), bias.data_ptr(),
-                   v.data_ptr(), dt.data_ptr(), dv.data_ptr(), db.data_ptr(), n)  # fmt: skip
+        chunks.run(
+            lib,
+            "masked_input_bwd_f32",
+            grad.data_ptr(),
+            t.data_ptr(),
+            bias.data_ptr(),
+            v.data_ptr(),
+            dt.data_ptr(),
+            dv.data_ptr(),
+            db.data_ptr(),
+            n,
+        )
         da = dt @ weight if ctx.needs_input_grad[0] else None
         dw = dt.t() @ a if ctx.needs_input_grad[1] else None
         return da, dw, db.sum(0), dv
@@ -299,8 +333,9 @@ class MaskBlock(nn.Module):
         """``masked_input(nxt.mask_layer[2], mask_hidden, self.post_norm(h))``: the next
         block's masked input of this block's output, as one fused node (a fusable tail)."""
         p, training = self.dropout.p, self.dropout.training
-        return layer_norm_relu_dropout_masked(h, self.norm, p, training, nxt.mask_layer[2],
-                                              mask_hidden)  # fmt: skip
+        return layer_norm_relu_dropout_masked(
+            h, self.norm, p, training, nxt.mask_layer[2], mask_hidden
+        )
 
 
 def fused_route(blocks: Sequence[nn.Module]) -> bool:
@@ -350,9 +385,13 @@ def serial_logits(
 
 
 def layer_norm_relu_dropout_masked(
-    x: torch.Tensor, norm: nn.Module, p: float, training: bool, layer: nn.Module,
+    x: torch.Tensor,
+    norm: nn.Module,
+    p: float,
+    training: bool,
+    layer: nn.Module,
     a: torch.Tensor,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """``masked_input(layer, a, F.dropout(F.relu(norm(x)), p, training))`` as ONE node.
 
     One block's LayerNorm, ReLU and dropout and the next block's masked input: the C kernel
@@ -378,8 +417,9 @@ def layer_norm_relu_dropout_masked(
     )
     if not fusable:
         return masked_input(layer, a, layer_norm_relu_dropout(x, norm, p, training))
-    return _NormMaskedInputFn.apply(x.contiguous(), norm.weight, norm.bias, a, layer.weight,
-                                    layer.bias, norm.eps, p)  # fmt: skip
+    return _NormMaskedInputFn.apply(
+        x.contiguous(), norm.weight, norm.bias, a, layer.weight, layer.bias, norm.eps, p
+    )
 
 
 def mask_products(layer: nn.Module, a: torch.Tensor) -> torch.Tensor | None:
@@ -470,11 +510,27 @@ class _NormMaskedInputFn(torch.autograd.Function):
         dx, dt = torch.empty_like(x), torch.empty_like(t)
         chunks = Chunks(rows, _MIN_ROWS)
         dw, db, dc = (chunks.partials(n) for _ in range(3))  # the vector gradients, per chunk
-        chunks.run(lib, "ln_relu_dropout_mask_bwd_f32", grad.data_ptr(), x.data_ptr(),
-                   weight.data_ptr(), bias.data_ptr(), t.data_ptr(), mask_bias.data_ptr(),
-                   mean.data_ptr(), rstd.data_ptr(), dx.data_ptr(), dt.data_ptr(), dw.data_ptr(),
-                   db.data_ptr(), dc.data_ptr(), n, ctx.key, ctx.threshold,
-                   ctx.scale)  # fmt: skip
+        chunks.run(
+            lib,
+            "ln_relu_dropout_mask_bwd_f32",
+            grad.data_ptr(),
+            x.data_ptr(),
+            weight.data_ptr(),
+            bias.data_ptr(),
+            t.data_ptr(),
+            mask_bias.data_ptr(),
+            mean.data_ptr(),
+            rstd.data_ptr(),
+            dx.data_ptr(),
+            dt.data_ptr(),
+            dw.data_ptr(),
+            db.data_ptr(),
+            dc.data_ptr(),
+            n,
+            ctx.key,
+            ctx.threshold,
+            ctx.scale,
+        )
         da = dt @ mask_weight if ctx.needs_input_grad[3] else None
         dmw = dt.t() @ a if ctx.needs_input_grad[4] else None
         return dx, dw.sum(0), db.sum(0), da, dmw, dc.sum(0), None, None

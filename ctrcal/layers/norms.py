@@ -66,9 +66,10 @@ class FeatureBatchNorm(nn.BatchNorm1d):
         dtype: torch.dtype | None = None,
     ) -> None:
         if momentum is not None and not (
-            isinstance(momentum, numbers.Real) and not isinstance(momentum, bool)
+            isinstance(momentum, numbers.Real)
+            and not isinstance(momentum, bool)
             and 0.0 <= momentum <= 1.0
-        ):  # fmt: skip
+        ):
             raise ConfigError(f"momentum: expected null or a number in [0, 1], got {momentum!r}")
         self.feature_shape = _shape(width)
         super().__init__(

@@ -87,9 +87,20 @@ class _TableLookup(torch.autograd.Function):
         w = weight.detach().contiguous()
         chunks = Chunks(batch, _MIN_BATCH_CHUNK)
         bad = torch.empty(chunks.count, dtype=torch.int64)  # per chunk: -1 or the first bad id
-        chunks.run(lib, "table_gather_f32", w.data_ptr(), rows, ids.data_ptr(), offsets.data_ptr(),
-                   out.data_ptr(), fields, dim, out.stride(0), lead_fields,
-                   bad.data_ptr())  # fmt: skip
+        chunks.run(
+            lib,
+            "table_gather_f32",
+            w.data_ptr(),
+            rows,
+            ids.data_ptr(),
+            offsets.data_ptr(),
+            out.data_ptr(),
+            fields,
+            dim,
+            out.stride(0),
+            lead_fields,
+            bad.data_ptr(),
+        )
         bad = bad[bad >= 0]
         if bad.numel():
             b, t = divmod(int(bad.min()), fields)
@@ -127,6 +138,16 @@ class _TableLookup(torch.autograd.Function):
         lib = cpu_kernels()
         # chunks of table rows: each thread adds into the rows it owns
         Chunks(rows, _MIN_TABLE_CHUNK).run(
-            lib, "table_scatter_add_f32", target.data_ptr(), ids.data_ptr(), offsets.data_ptr(),
-            grad.data_ptr(), batch, fields, dim, grad.stride(0), lead_fields)  # fmt: skip
+            lib,
+            "table_scatter_add_f32",
+            target.data_ptr(),
+            ids.data_ptr(),
+            offsets.data_ptr(),
+            grad.data_ptr(),
+            batch,
+            fields,
+            dim,
+            grad.stride(0),
+            lead_fields,
+        )
         return grad_lead, None, None, (None if mode == "in_place" else target), None

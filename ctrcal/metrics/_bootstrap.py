@@ -205,9 +205,12 @@ def bootstrap_ci(
     p, y = check_probs_labels(probs, labels)
     c = _cells(p, y, int(n_bins), int(max_blocks))
     point = _metrics_of_counts(
-        c, c.n_pos[None], c.n_neg[None], (c.n_pos * c.mean_p_pos)[None],
+        c,
+        c.n_pos[None],
+        c.n_neg[None],
+        (c.n_pos * c.mean_p_pos)[None],
         (c.n_neg * c.mean_p_neg)[None],
-    )  # fmt: skip
+    )
     rng = np.random.default_rng(seed)
     shape = (int(n_boot), c.n_pos.shape[0])
     t_pos = rng.poisson(c.n_pos, size=shape).astype(np.float64)

@@ -82,8 +82,7 @@ class DCNv2(EmbeddingModel):
     ) -> None:
         if structure not in STRUCTURES:
             raise ValueError(
-                f"structure: unknown DCNv2 structure {structure!r} "
-                f"(valid: {', '.join(STRUCTURES)})"
+                f"structure: unknown DCNv2 structure {structure!r} (valid: {', '.join(STRUCTURES)})"
             )
         require_int("num_cross_layers", num_cross_layers, low=0)
         require_int("low_rank", low_rank, low=0)
@@ -92,8 +91,10 @@ class DCNv2(EmbeddingModel):
             raise ValueError(
                 "num_experts: a mixture of experts (num_experts > 1) needs low_rank > 0"
             )
-        for key, units in (("stacked_dnn_hidden_units", stacked_dnn_hidden_units),
-                           ("parallel_dnn_hidden_units", parallel_dnn_hidden_units)):  # fmt: skip
+        for key, units in (
+            ("stacked_dnn_hidden_units", stacked_dnn_hidden_units),
+            ("parallel_dnn_hidden_units", parallel_dnn_hidden_units),
+        ):
             for i, width in enumerate(units):
                 require_int(f"{key}[{i}]", width, low=1)
         super().__init__(

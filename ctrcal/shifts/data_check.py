@@ -12,8 +12,7 @@ from typing import Any
 
 from ctrcal.core.errors import DataError
 
-__all__ = ["check_original_space", "check_shifts_apply", "check_training_data",
-           "training_shifts"]  # fmt: skip
+__all__ = ["check_original_space", "check_shifts_apply", "check_training_data", "training_shifts"]
 
 
 def training_shifts(cfg: Any, report: bool = True) -> list[tuple[str, Any]]:
@@ -21,8 +20,10 @@ def training_shifts(cfg: Any, report: bool = True) -> list[tuple[str, Any]]:
     ``train.train_shift`` and, with ``report``, each report variant's."""
     found = [("train.train_shift", cfg.train.train_shift)]
     if report:
-        found += [(f"report.variants[{i}].train_shift", v.train_shift)
-                  for i, v in enumerate(cfg.report.variants)]  # fmt: skip
+        found += [
+            (f"report.variants[{i}].train_shift", v.train_shift)
+            for i, v in enumerate(cfg.report.variants)
+        ]
     return [(key, spec) for key, spec in found if spec is not None]
 
 

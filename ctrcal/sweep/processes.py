@@ -39,7 +39,6 @@ _TORCHRUN_ENV = (
 )
 
 
-
 def cpu_cores() -> int:
     """CPU cores this process may run on (its affinity mask where the OS has one)."""
     try:
@@ -51,7 +50,6 @@ def cpu_cores() -> int:
 def threads_per_worker(workers: int, cores: int | None = None) -> int:
     """Intra-op threads of each of ``workers`` processes: the cores split evenly, at least 1."""
     return max(1, (cores if cores is not None else cpu_cores()) // max(1, workers))
-
 
 
 class Task(Protocol):

@@ -55,6 +55,7 @@ __all__ = [
     "save_checkpoint",
 ]
 
+
 def save_best(run_dir: str | Path, payload: dict[str, Any]) -> None:
     """Write a new ``best.pt``, keeping the old one as ``best.prev.pt`` (see module doc)."""
     best = Path(run_dir) / BEST
@@ -136,7 +137,9 @@ def _own_model_keys(payload: Any) -> Any:
     own = type(state)((k[cut:], v) for k, v in state.items())
     metadata = getattr(state, "_metadata", None)
     if isinstance(metadata, dict):  # per-module versions, keyed by module path
-        own._metadata = type(metadata)(  # type: ignore[attr-defined]
+        own._metadata = type(
+            metadata
+        )(  # type: ignore[attr-defined]
             ("" if k == ADAPTER_PREFIX[:-1] else k[cut:], v)
             for k, v in metadata.items()
             if k == ADAPTER_PREFIX[:-1] or k.startswith(ADAPTER_PREFIX)

@@ -52,8 +52,12 @@ def valid_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float
     from ctrcal.metrics import auc, ece, logloss, pcoc
 
     probs = torch.sigmoid(logits)
-    return {"auc": float(auc(probs, labels)), "logloss": float(logloss(probs, labels)),
-            "ece": float(ece(probs, labels)), "pcoc": float(pcoc(probs, labels))}  # fmt: skip
+    return {
+        "auc": float(auc(probs, labels)),
+        "logloss": float(logloss(probs, labels)),
+        "ece": float(ece(probs, labels)),
+        "pcoc": float(pcoc(probs, labels)),
+    }
 
 
 def score_split(

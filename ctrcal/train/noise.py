@@ -64,9 +64,11 @@ class TrainShift:
         if seed is None:
             seed = int(torch.randint(0, _SEED_HIGH, (), dtype=torch.int64))
         self._shift = create_shift(
-            train_shift_spec(self.spec), self._feature_map,
-            intensity=float(self.spec.intensity), seed=seed,
-        )  # fmt: skip
+            train_shift_spec(self.spec),
+            self._feature_map,
+            intensity=float(self.spec.intensity),
+            seed=seed,
+        )
 
     def __call__(self, batch: Batch) -> Batch:
         """The shifted copy of a training batch (``batch`` is not modified)."""

@@ -139,8 +139,11 @@ def epoch_tradeoff(history: list[dict[str, Any]], best_epoch: int, monitor: str)
     parts = []
     for key, name in (("valid_logloss", "logloss"), ("valid_ece", "ECE")):
         mine = kept.get(key)
-        others = [(h[key], h["epoch"]) for h in history
-                  if _finite(h.get(key)) and h.get("epoch") != best_epoch]  # fmt: skip
+        others = [
+            (h[key], h["epoch"])
+            for h in history
+            if _finite(h.get(key)) and h.get("epoch") != best_epoch
+        ]
         if not _finite(mine) or not others:
             continue
         value, epoch = min(others)
@@ -153,8 +156,7 @@ def epoch_tradeoff(history: list[dict[str, Any]], best_epoch: int, monitor: str)
         return None
     return (
         f"{f'train.monitor {monitor}' if monitor else 'the monitored metric'} kept epoch "
-        f"{best_epoch}, whose validation "
-        + " and whose ".join(parts)
+        f"{best_epoch}, whose validation " + " and whose ".join(parts)
     )
 
 

@@ -189,8 +189,9 @@ def train_step(ctx: StepContext, batch: Batch) -> torch.Tensor:
     # gradient is taken at W + eps and applied to W; noise kept in the weights would instead
     # be a random walk of the weights that the optimizer has to undo.
     clean = perturb_weights(ctx.noisy, ctx.weight_noise_std) if ctx.weight_noise_std else None
-    with torch.autocast(ctx.device_type, dtype=ctx.amp_dtype or torch.bfloat16,
-                        enabled=ctx.amp_dtype is not None):  # fmt: skip
+    with torch.autocast(
+        ctx.device_type, dtype=ctx.amp_dtype or torch.bfloat16, enabled=ctx.amp_dtype is not None
+    ):
         logits = ctx.forward(batch.inputs())
     loss = F.binary_cross_entropy_with_logits(logits.float(), batch.label)
     loss.backward()

@@ -41,8 +41,9 @@ def check_table_size(cfg: Any, feature_map: Any) -> None:
     if not dim:
         return
     bucket = cfg.model.get("numeric_embedding") == "bucket"
-    rows = table_size.embedding_rows(feature_map.vocab_sizes,
-                                     feature_map.bucket_boundaries if bucket else None)  # fmt: skip
+    rows = table_size.embedding_rows(
+        feature_map.vocab_sizes, feature_map.bucket_boundaries if bucket else None
+    )
     size = table_size.embedding_bytes(rows, dim)
     limit_gib = cfg.train.max_embedding_gib
     if limit_gib is None:

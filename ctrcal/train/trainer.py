@@ -123,8 +123,11 @@ def train(
     """
     data_dir, run_dir = Path(data_dir), Path(run_dir)
     # one process writes a run directory at a time; torchrun's other ranks follow rank 0
-    lock = (directory_lock(run_dir, "'ctrcal train'", wait=False)
-            if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext())  # fmt: skip
+    lock = (
+        directory_lock(run_dir, "'ctrcal train'", wait=False)
+        if os.environ.get("RANK", "0") == "0"
+        else contextlib.nullcontext()
+    )
     with lock:
         return _train_locked(cfg, data_dir, run_dir, resume)
 
@@ -199,9 +202,10 @@ def _open_training_splits(
         valid_all = valid_data.all()
         start, stop = dist_util.eval_block(len(valid_all), dctx)
         valid_data = Batch(
-            valid_all.categorical[start:stop], valid_all.numeric[start:stop],
+            valid_all.categorical[start:stop],
+            valid_all.numeric[start:stop],
             valid_all.label[start:stop],
-        )  # fmt: skip
+        )
     return train_data, valid_data
 
 
@@ -217,18 +221,22 @@ class _Schedule:
 
     def state(self) -> dict[str, Any]:
         return {
-            "best_value": self.best_value, "best_epoch": self.best_epoch,
-            "best_metrics": self.best_metrics, "bad_epochs": self.bad_epochs,
+            "best_value": self.best_value,
+            "best_epoch": self.best_epoch,
+            "best_metrics": self.best_metrics,
+            "bad_epochs": self.bad_epochs,
             "stopped": self.stopped,
-        }  # fmt: skip
+        }
 
     def load(self, last: dict[str, Any], run_dir: Path) -> None:
         if "best_value" not in last:  # written before last.pt held the schedule
             best = load_best(run_dir) or {}
             last = {
-                **last, "best_value": best.get("monitor", -math.inf),
-                "best_epoch": best.get("epoch", 0), "best_metrics": best.get("metrics", {}),
-            }  # fmt: skip
+                **last,
+                "best_value": best.get("monitor", -math.inf),
+                "best_epoch": best.get("epoch", 0),
+                "best_metrics": best.get("metrics", {}),
+            }
         self.best_value = float(last["best_value"])
         self.best_epoch = int(last["best_epoch"])
         self.best_metrics = dict(last["best_metrics"])
@@ -327,8 +335,15 @@ def _train_in_context(
     amp = amp_dtype(tcfg.precision, device)
     # torch.compile traces the dense lookup, and DDP all-reduces dense gradients only:
     # sparse table gradients are for single-process eager mode
-    ctx = make_step_context(model, optimizer, tcfg, device, amp, forward,
-                            sparse_tables=not (tcfg.compile or dctx.is_distributed))  # fmt: skip
+    ctx = make_step_context(
+        model,
+        optimizer,
+        tcfg,
+        device,
+        amp,
+        forward,
+        sparse_tables=not (tcfg.compile or dctx.is_distributed),
+    )
     speeds: list[float] = []
     epoch = start_epoch
     while epoch < tcfg.epochs and not sched.stopped:
@@ -353,8 +368,15 @@ def _train_in_context(
             sched.best_metrics = {**scores, "monitor": value}
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             if main:
-                save_best(run_dir, {"model": best_state, "epoch": sched.best_epoch,
-                                    "monitor": value, "metrics": sched.best_metrics})  # fmt: skip
+                save_best(
+                    run_dir,
+                    {
+                        "model": best_state,
+                        "epoch": sched.best_epoch,
+                        "monitor": value,
+                        "metrics": sched.best_metrics,
+                    },
+                )
         else:
             sched.bad_epochs += 1
             for group in optimizer.param_groups:
@@ -401,11 +423,17 @@ def _train_in_context(
     if best_state is not None:
         model.load_state_dict(best_state)
     common = dict(
-        run_dir=run_dir, best_epoch=sched.best_epoch, epochs_completed=epoch,
-        stopped_early=sched.stopped and epoch < tcfg.epochs, valid=sched.best_metrics,
-        train_rows_per_s=float(np.mean(speeds)) if speeds else 0.0, history=history,
-        model=model, monitor=monitor, monitor_note=monitor_note,
-    )  # fmt: skip
+        run_dir=run_dir,
+        best_epoch=sched.best_epoch,
+        epochs_completed=epoch,
+        stopped_early=sched.stopped and epoch < tcfg.epochs,
+        valid=sched.best_metrics,
+        train_rows_per_s=float(np.mean(speeds)) if speeds else 0.0,
+        history=history,
+        model=model,
+        monitor=monitor,
+        monitor_note=monitor_note,
+    )
     if not main:  # rank 0 alone scores the test split and writes the result
         dist_util.barrier(dctx)
         return TrainResult(test=None, oracle=None, **common)
@@ -487,8 +515,9 @@ def _train_epoch(
                     rows / elapsed,
                 )
         if dctx.is_distributed:
-            totals = torch.stack([loss_sum, torch.tensor(float(rows), dtype=acc_dtype,
-                                                         device=device)])  # fmt: skip
+            totals = torch.stack(
+                [loss_sum, torch.tensor(float(rows), dtype=acc_dtype, device=device)]
+            )
             loss_sum, rows_t = dist_util.all_reduce_sum(totals, dctx)
             rows = int(rows_t)
         mean_loss = float(loss_sum) / max(rows, 1)  # the epoch's one host sync

@@ -30,9 +30,15 @@ def test_mcgrad_improves_multicalibration_on_a_segment_miscalibration():
     z, y, seg = _rows(30_000, 0)
     zt, yt, segt = _rows(30_000, 1)
     cal = create_calibrator(
-        {"name": "mcgrad", "categorical": ["site"], "numeric": ["x_bucket"],
-         "early_stopping": False, "num_rounds": 8, "num_threads": 1}
-    ).fit(z, y, seg)  # fmt: skip
+        {
+            "name": "mcgrad",
+            "categorical": ["site"],
+            "numeric": ["x_bucket"],
+            "early_stopping": False,
+            "num_rounds": 8,
+            "num_threads": 1,
+        }
+    ).fit(z, y, seg)
     assert cal.needed_fields() == ("site", "x_bucket")
     out = cal.transform(zt, segt)
     assert out.shape == zt.shape and np.isfinite(out).all()

@@ -28,9 +28,15 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 def _same_values(expected, got, key: str = "") -> list[str]:
     """Keys whose value differs; keys added since (a new option's default) are not compared."""
     if isinstance(expected, dict) and isinstance(got, dict):
-        return [d for k, v in expected.items()
-                for d in (_same_values(v, got[k], f"{key}.{k}".lstrip("."))
-                          if k in got else [f"{key}.{k} missing"])]  # fmt: skip
+        return [
+            d
+            for k, v in expected.items()
+            for d in (
+                _same_values(v, got[k], f"{key}.{k}".lstrip("."))
+                if k in got
+                else [f"{key}.{k} missing"]
+            )
+        ]
     return [] if expected == got else [f"{key}: {expected!r} -> {got!r}"]
 
 
@@ -178,13 +184,18 @@ def test_snapshot_round_trip(tmp_path):
 
 
 def test_extends_with_another_model_starts_from_its_defaults(tmp_path):
-    child = write(tmp_path, "dcn.yaml", f"extends: {CONFIG_DIR / 'demo.yaml'}\n"
-                  "model: {name: dcnv2, structure: stacked, dropout: 0.1}\n")  # fmt: skip
+    child = write(
+        tmp_path,
+        "dcn.yaml",
+        f"extends: {CONFIG_DIR / 'demo.yaml'}\n"
+        "model: {name: dcnv2, structure: stacked, dropout: 0.1}\n",
+    )
     cfg = load_config(child)  # before: "model 'dcnv2' has no argument 'variant'"
     assert cfg.model.name == "dcnv2" and cfg.model.structure == "stacked"
     assert "variant" not in cfg.model.kwargs and "hidden_units" not in cfg.model.kwargs
-    fresh = load_config(None, ["model.name=dcnv2", "model.structure=stacked",
-                               "model.dropout=0.1"]).model  # fmt: skip
+    fresh = load_config(
+        None, ["model.name=dcnv2", "model.structure=stacked", "model.dropout=0.1"]
+    ).model
     assert cfg.model == fresh  # exactly DCNv2's defaults, nothing of the MaskNet base
     assert cfg.train == load_config(CONFIG_DIR / "demo.yaml").train  # the rest is inherited
 
@@ -194,8 +205,10 @@ def test_overriding_the_model_name_starts_from_its_defaults():
     cfg = load_config(demo, ["model.name=dcnv2", "model.dropout=0.1"])
     assert cfg.model == load_config(None, ["model.name=dcnv2", "model.dropout=0.1"]).model
     # arguments set by other overrides are kept, in either order
-    for order in (["model.name=dnn", "model.hidden_units=[4]", "model.dropout=0.1"],
-                  ["model.hidden_units=[4]", "model.dropout=0.1", "model.name=dnn"]):  # fmt: skip
+    for order in (
+        ["model.name=dnn", "model.hidden_units=[4]", "model.dropout=0.1"],
+        ["model.hidden_units=[4]", "model.dropout=0.1", "model.name=dnn"],
+    ):
         assert load_config(demo, order).model.hidden_units == [4]
     # the same model under another spelling keeps the base's arguments
     assert load_config(demo, ["model.name=MaskNet"]).model.hidden_units == [128, 128]
@@ -203,19 +216,32 @@ def test_overriding_the_model_name_starts_from_its_defaults():
 
 def test_another_norm_name_drops_the_base_norm_arguments(tmp_path):
     write(tmp_path, "base.yaml", "model:\n  net_norm: {name: mclayernorm, fraction: 0.5}\n")
-    top = write(tmp_path, "top.yaml", "extends: base.yaml\nmodel:\n"
-                "  net_norm: {name: groupnorm, num_groups: 2}\n")  # fmt: skip
+    top = write(
+        tmp_path,
+        "top.yaml",
+        "extends: base.yaml\nmodel:\n  net_norm: {name: groupnorm, num_groups: 2}\n",
+    )
     assert load_config(top).model.net_norm == NormSpec("groupnorm", {"num_groups": 2})
-    same = write(tmp_path, "same.yaml", "extends: base.yaml\nmodel:\n"
-                 "  net_norm: {name: mclayernorm, eps: 1.0e-6}\n")  # fmt: skip
+    same = write(
+        tmp_path,
+        "same.yaml",
+        "extends: base.yaml\nmodel:\n  net_norm: {name: mclayernorm, eps: 1.0e-6}\n",
+    )
     assert load_config(same).model.net_norm.kwargs == {"fraction": 0.5, "eps": 1e-6}
 
 
 def test_delete_removes_an_inherited_key(tmp_path):
-    write(tmp_path, "base.yaml", "model:\n  variant: parallel\n  block_dim: 8\n"
-          "train:\n  finetune_from: runs/old\n  epochs: 3\n")  # fmt: skip
-    top = write(tmp_path, "top.yaml", "extends: base.yaml\nmodel:\n  variant: !delete\n"
-                "train:\n  finetune_from: !delete\n")  # fmt: skip
+    write(
+        tmp_path,
+        "base.yaml",
+        "model:\n  variant: parallel\n  block_dim: 8\n"
+        "train:\n  finetune_from: runs/old\n  epochs: 3\n",
+    )
+    top = write(
+        tmp_path,
+        "top.yaml",
+        "extends: base.yaml\nmodel:\n  variant: !delete\ntrain:\n  finetune_from: !delete\n",
+    )
     cfg = load_config(top)
     assert cfg.model.variant == "serial"  # MaskNet's default again
     assert cfg.model.block_dim == 8 and cfg.train.epochs == 3  # the rest is inherited
@@ -230,8 +256,9 @@ def test_delete_removes_an_inherited_key(tmp_path):
 
 def test_deleting_a_key_of_the_model_being_replaced_is_fine(tmp_path):
     write(tmp_path, "base.yaml", "model:\n  variant: parallel\n")
-    top = write(tmp_path, "top.yaml", "extends: base.yaml\nmodel:\n  name: dnn\n"
-                "  variant: !delete\n")  # fmt: skip
+    top = write(
+        tmp_path, "top.yaml", "extends: base.yaml\nmodel:\n  name: dnn\n  variant: !delete\n"
+    )
     assert "variant" not in load_config(top).model.kwargs
 
 

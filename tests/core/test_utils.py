@@ -54,10 +54,14 @@ def test_stale_temporaries_of_named_targets_only(tmp_path):
 
 @pytest.mark.parametrize(
     "code, cause",
-    [(errno.ENOSPC, "no space left on the device"), (errno.EDQUOT, "disk quota exceeded"),
-     (errno.EROFS, "read-only file system"), (errno.EACCES, "permission denied"),
-     (errno.EIO, os.strerror(errno.EIO))],
-)  # fmt: skip
+    [
+        (errno.ENOSPC, "no space left on the device"),
+        (errno.EDQUOT, "disk quota exceeded"),
+        (errno.EROFS, "read-only file system"),
+        (errno.EACCES, "permission denied"),
+        (errno.EIO, os.strerror(errno.EIO)),
+    ],
+)
 def test_an_os_error_names_its_cause(code, cause, tmp_path):
     exc = OSError(code, os.strerror(code))
     assert write_failure_cause(tmp_path / "x", exc) == cause
@@ -154,7 +158,10 @@ def test_json_is_written_strictly_undefined_numbers_as_null(tmp_path):
         raise ValueError(f"not JSON: {constant}")
 
     assert json.loads(path.read_text(), parse_constant=refuse) == {
-        "auc": None, "ece": 0.25, "rows": [1.0, None, None]}  # fmt: skip
+        "auc": None,
+        "ece": 0.25,
+        "rows": [1.0, None, None],
+    }
     # numpy values (the reports' arrays and scalars), paths and non-string keys as plain JSON
     import numpy as np
 
@@ -184,8 +191,13 @@ def test_a_held_lock_refuses_or_waits_and_names_its_holder(tmp_path):
         f"with directory_lock({str(target)!r}, 'test'):\n"
         "    print('held', flush=True)\n    sys.stdin.read()\n"
     )
-    holder = subprocess.Popen([sys.executable, "-c", code], env=child_env(), text=True,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=child_env(),
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         named = f"another test is writing it \\(pid {holder.pid} on "

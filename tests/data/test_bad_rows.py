@@ -140,8 +140,9 @@ MALFORMED = [
 ]
 
 
-@pytest.mark.parametrize(("index", "value", "match"), MALFORMED,
-                         ids=[str(i) for i in range(len(MALFORMED))])  # fmt: skip
+@pytest.mark.parametrize(
+    ("index", "value", "match"), MALFORMED, ids=[str(i) for i in range(len(MALFORMED))]
+)
 def test_malformed_rows_named_by_line(tmp_path, index, value, match):
     row = list(GOOD_INT) + ([value] if index == len(GOOD_INT) else [])
     row[index] = value

@@ -54,8 +54,9 @@ def test_day_files_with_a_vocabulary_cap(days, tmp_path):
     fmap = FeatureMap.load(out)
     uncapped = FeatureMap.load(prepare(days, tmp_path / "u", _cfg(0)).out_dir)
     capped = []
-    for name, size, full in zip(fmap.categorical_fields, fmap.vocab_sizes,
-                                uncapped.vocab_sizes, strict=True):  # fmt: skip
+    for name, size, full in zip(
+        fmap.categorical_fields, fmap.vocab_sizes, uncapped.vocab_sizes, strict=True
+    ):
         if full > NUM_RESERVED + CAP:
             assert size == NUM_RESERVED + CAP + BUCKETS, name
             capped.append(name)

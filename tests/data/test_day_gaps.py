@@ -43,8 +43,11 @@ def test_whole_numbers_count_days_and_the_summary_says_where_they_went(days, tmp
 def test_a_missing_day_is_named(days, tmp_path, split):
     given = [days[0], days[1], days[3], days[4]]
     missing = days[2].parent / "day_2"
-    with pytest.raises(DataError, match=rf"^{missing}: missing; the day files given run from "
-                                        r"day_0 to day_4"):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=rf"^{missing}: missing; the day files given run from "
+        r"day_0 to day_4",
+    ):
         prepare(given, tmp_path / "p", _cfg(split))
     assert not (tmp_path / "p").exists()
 
@@ -55,8 +58,11 @@ def test_a_truncated_day_is_named(days, tmp_path, split):
     whole = gzip.compress(big.read_bytes())  # past what detection reads (64 KiB of text)
     # cut where the last four bytes, read as gzip's size trailer, claim a big day: by its
     # middle byte day_1 would then take the valid share too
-    end = next(k for k in range(len(whole) * 3 // 4, len(whole))
-               if int.from_bytes(whole[k - 4 : k], "little") > 1000 * len(whole))  # fmt: skip
+    end = next(
+        k
+        for k in range(len(whole) * 3 // 4, len(whole))
+        if int.from_bytes(whole[k - 4 : k], "little") > 1000 * len(whole)
+    )
     cut = tmp_path / "day_1.gz"
     cut.write_bytes(whole[:end])
     with pytest.raises(DataError, match=rf"^{cut}: corrupt or truncated gzip file"):

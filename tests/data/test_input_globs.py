@@ -16,8 +16,7 @@ from ctrcal.data.feature_map import FeatureMap
 
 def _frame(rows: int = 600) -> pl.DataFrame:
     k = pl.int_range(rows, eager=True)
-    return pl.DataFrame({"y": (k % 3 == 0).cast(pl.Int64), "u": (k % 17).cast(pl.Utf8),
-                         "ts": k})  # fmt: skip
+    return pl.DataFrame({"y": (k % 3 == 0).cast(pl.Int64), "u": (k % 17).cast(pl.Utf8), "ts": k})
 
 
 def _cfg(inputs) -> Config:

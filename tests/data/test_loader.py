@@ -22,8 +22,9 @@ def _rows(batches):
 
 def _sorted_key(cat, num, lab):
     # an order-free fingerprint of the rows
-    key = torch.cat([cat.double(), torch.nan_to_num(num.double(), nan=-99.0),
-                     lab.double()[:, None]], dim=1)  # fmt: skip
+    key = torch.cat(
+        [cat.double(), torch.nan_to_num(num.double(), nan=-99.0), lab.double()[:, None]], dim=1
+    )
     return sorted(map(tuple, key.tolist()))
 
 

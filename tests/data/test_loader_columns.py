@@ -24,8 +24,12 @@ def test_copy_column_matches_to_numpy_with_nulls_offsets_and_chunks():
     assert np.isnan(dst[:, 1]).sum() == column.null_count > 0
     assert (dst[:, [0, 2]] == -1).all()
 
-    ints = pa.chunked_array([pa.array(np.arange(10, dtype=np.int32)).slice(2, 5),
-                             pa.array(np.arange(4, dtype=np.int32))])  # fmt: skip
+    ints = pa.chunked_array(
+        [
+            pa.array(np.arange(10, dtype=np.int32)).slice(2, 5),
+            pa.array(np.arange(4, dtype=np.int32)),
+        ]
+    )
     out = np.empty(9, dtype=np.int32)
     copy_column(ints, out)
     assert out.tolist() == [2, 3, 4, 5, 6, 0, 1, 2, 3]

@@ -15,13 +15,16 @@ from ctrcal.data.loader import ParquetCTRData
 
 
 def _rows(batches):
-    return tuple(torch.cat(t) for t in zip(*((b.categorical, b.numeric, b.label)
-                                              for b in batches), strict=True))  # fmt: skip
+    return tuple(
+        torch.cat(t)
+        for t in zip(*((b.categorical, b.numeric, b.label) for b in batches), strict=True)
+    )
 
 
 def _key(cat, num, lab):
-    key = torch.cat([cat.double(), torch.nan_to_num(num.double(), nan=-99.0),
-                     lab.double()[:, None]], dim=1)  # fmt: skip
+    key = torch.cat(
+        [cat.double(), torch.nan_to_num(num.double(), nan=-99.0), lab.double()[:, None]], dim=1
+    )
     return sorted(map(tuple, key.tolist()))
 
 

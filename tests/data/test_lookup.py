@@ -33,17 +33,21 @@ def test_agrees_with_polars_replace_strict():
     values = np.unique(rng.integers(0, 2**32, 5_000, dtype=np.uint64)).astype(np.uint32)
     ids = np.arange(3, 3 + len(values), dtype=np.int32)
     queries = rng.choice(np.concatenate([values, np.arange(100, dtype=np.uint32)]), 50_000)
-    want = pl.Series(queries).replace_strict(pl.Series(values), pl.Series(ids), default=2,
-                                             return_dtype=pl.Int32)  # fmt: skip
+    want = pl.Series(queries).replace_strict(
+        pl.Series(values), pl.Series(ids), default=2, return_dtype=pl.Int32
+    )
     np.testing.assert_array_equal(ValueIndex(values, ids).lookup(queries, 2), want.to_numpy())
 
 
 @pytest.mark.parametrize(
     "values",
-    [np.arange(50_000), np.arange(1, 4_000, dtype=np.uint64) << np.uint64(40),
-     np.array([-5, 0, 2**62, -(2**63)])],
+    [
+        np.arange(50_000),
+        np.arange(1, 4_000, dtype=np.uint64) << np.uint64(40),
+        np.array([-5, 0, 2**62, -(2**63)]),
+    ],
     ids=["consecutive", "shared-low-bits", "signed"],
-)  # fmt: skip
+)
 def test_clustered_and_signed_values(values):
     ids = np.arange(len(values), dtype=np.int32) + 3
     index = ValueIndex(values, ids)
@@ -79,8 +83,7 @@ def test_dense_small_values_and_the_empty_slot_key(dtype):
     ids = np.arange(size, dtype=np.int32)[::-1].copy() + 3
     index = ValueIndex(values[::-1].copy(), ids[::-1].copy())
     queries = np.array([size, 0, size + 1, size - 1, *range(0, 3 * size, 7)], dtype=dtype)
-    np.testing.assert_array_equal(index.lookup(queries, 2),
-                                  _reference(values, ids, queries, 2))  # fmt: skip
+    np.testing.assert_array_equal(index.lookup(queries, 2), _reference(values, ids, queries, 2))
     skip = np.zeros(queries.size, dtype=bool)
     skip[::3] = True
     got = index.lookup(queries, 2, skip=skip)

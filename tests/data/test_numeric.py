@@ -22,12 +22,14 @@ def _train(n=4000, seed=0):
     a = np.floor(np.expm1(rng.normal(2.0, 1.5, n)))
     b = np.floor(np.expm1(rng.normal(5.0, 2.0, n))) - 1.0  # can be -1, like I2
     a[::7] = np.nan
-    return pl.DataFrame({
-        "label": pl.Series(np.zeros(n), dtype=pl.Float32),
-        "I1": pl.Series(a).fill_nan(None),
-        "I2": pl.Series(b),
-        "C1": pl.Series(np.ones(n, dtype=np.uint32)),
-    })  # fmt: skip
+    return pl.DataFrame(
+        {
+            "label": pl.Series(np.zeros(n), dtype=pl.Float32),
+            "I1": pl.Series(a).fill_nan(None),
+            "I2": pl.Series(b),
+            "C1": pl.Series(np.ones(n, dtype=np.uint32)),
+        }
+    )
 
 
 def _prepared(tmp_path, transform, train):
@@ -85,8 +87,11 @@ def test_noise_added_in_original_space_survives_the_round_trip(tmp_path):
     std = codec.original_std
     x = codec.to_original(torch.linspace(-2, 2, 2000).reshape(1000, 2)).double()
     gen = torch.Generator().manual_seed(0)
-    noise = 0.25 * torch.tensor(std, dtype=torch.float64) * torch.randn(1000, 2, generator=gen,
-                                                                         dtype=torch.float64)
+    noise = (
+        0.25
+        * torch.tensor(std, dtype=torch.float64)
+        * torch.randn(1000, 2, generator=gen, dtype=torch.float64)
+    )
     shifted = codec.to_original(codec.to_model(x + noise))
     # what comes back is x + noise, up to float32 rounding of the model-space value
     torch.testing.assert_close(shifted.double(), x + noise, rtol=3e-6, atol=1e-6)

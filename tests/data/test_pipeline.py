@@ -37,8 +37,11 @@ def _cfg(min_count=2, buckets=0):
 
 
 def _files(directory: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(directory)): p.read_bytes()
-            for p in sorted(directory.rglob("*")) if p.is_file()}  # fmt: skip
+    return {
+        str(p.relative_to(directory)): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +104,7 @@ def test_chunk_size_and_threads_never_change_mixed_layouts_and_skipped_rows(crit
         "valid": [criteo_files["x4"]],
         "test": [criteo_files["dac_test"]],
     }
-    res = _same_bytes_for_every_chunk_size(inputs, tmp_path, _cfg(min_count=1),
-                                           on_bad_row="skip")  # fmt: skip
+    res = _same_bytes_for_every_chunk_size(inputs, tmp_path, _cfg(min_count=1), on_bad_row="skip")
     assert res.bad_rows == 2
     assert res.rows == {"train": 1_998, "valid": 1_000, "test": 1_000}
 
@@ -120,8 +122,9 @@ def test_chunked_bad_row_names_file_and_line(generated, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".p.")]
 
 
-def test_environment_sets_the_chunk_size_and_row_groups_are_uniform(generated, tmp_path,
-                                                                    monkeypatch):  # fmt: skip
+def test_environment_sets_the_chunk_size_and_row_groups_are_uniform(
+    generated, tmp_path, monkeypatch
+):
     monkeypatch.setenv("CTRCAL_PREPARE_CHUNK_BYTES", str(1 << 16))
     monkeypatch.setattr(write_mod, "ROW_GROUP_ROWS", 500)
     monkeypatch.setattr(write_mod, "PART_ROWS", 2_000)
@@ -129,8 +132,11 @@ def test_environment_sets_the_chunk_size_and_row_groups_are_uniform(generated, t
     assert res.summary["chunks"] > 20
     parts = sorted((tmp_path / "p" / "train").glob("*.parquet"))
     assert [p.name for p in parts[:2]] == ["part-00000.parquet", "part-00001.parquet"]
-    sizes = [pq.ParquetFile(p).metadata.row_group(g).num_rows
-             for p in parts for g in range(pq.ParquetFile(p).num_row_groups)]  # fmt: skip
+    sizes = [
+        pq.ParquetFile(p).metadata.row_group(g).num_rows
+        for p in parts
+        for g in range(pq.ParquetFile(p).num_row_groups)
+    ]
     assert sum(sizes) == res.rows["train"]
     assert set(sizes[:-1]) == {500} and 0 < sizes[-1] <= 500
     assert all(pq.ParquetFile(p).metadata.num_rows <= 2_000 for p in parts)
@@ -224,12 +230,19 @@ def test_prepare_under_memory_cap(criteo_frame, tmp_path, monkeypatch):
     text = one.read_bytes() * CAP_COPIES
     for i in range(CAP_FILES):
         (src / f"day_{i}.txt").write_bytes(text)
-    env = {**os.environ, "POLARS_MAX_THREADS": "2", "MALLOC_ARENA_MAX": "2",
-           "PYTHONPATH": str(REPO)}  # fmt: skip
+    env = {
+        **os.environ,
+        "POLARS_MAX_THREADS": "2",
+        "MALLOC_ARENA_MAX": "2",
+        "PYTHONPATH": str(REPO),
+    }
     capped = subprocess.run(
         [sys.executable, "-c", CHILD, str(src), str(tmp_path / "capped"), str(CAP_BUDGET_MIB)],
-        capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert capped.returncode == 0, capped.stderr[-2000:]
     files = sorted(src.glob("day_*.txt"))
     prepare(files, tmp_path / "reference", _cfg(min_count=2))
@@ -254,8 +267,13 @@ os._exit(0)  # as if killed: nothing cleaned up
 def test_stale_temporaries_cleaned_live_ones_kept(generated, tmp_path):
     out = tmp_path / "data"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", LEAVE_TEMP, str(out)], capture_output=True,
-                          text=True, env=env, check=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", LEAVE_TEMP, str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     dead = Path(proc.stdout.strip())
     assert dead.is_dir()
     live = publish_mod.owned_temp_dir(out)  # this process: alive, a concurrent run
@@ -277,8 +295,15 @@ def test_stale_temporaries_cleaned_live_ones_kept(generated, tmp_path):
     assert live.is_dir() and unknown_new.is_dir() and other.is_dir()
 
     # and a real run cleans up by itself before starting
-    dead_again = Path(subprocess.run([sys.executable, "-c", LEAVE_TEMP, str(out)], env=env,
-                                     capture_output=True, text=True, check=True).stdout.strip())
+    dead_again = Path(
+        subprocess.run(
+            [sys.executable, "-c", LEAVE_TEMP, str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     prepare(generated[:1], out, _cfg())
     assert not dead_again.exists() and live.is_dir()
 
@@ -294,8 +319,12 @@ def test_coder_keeps_codes_and_train_counts_across_chunks(distinct):
     valid = (rng.random(100_000) > 0.1).astype(np.uint8)
     train = (rng.random(100_000) > 0.3).astype(np.uint8)
     coder = ColumnCoder()
-    codes = np.concatenate([coder.code(values[a:b], valid[a:b], train[a:b])
-                            for a, b in ((0, 7), (7, 40_000), (40_000, 100_000))])  # fmt: skip
+    codes = np.concatenate(
+        [
+            coder.code(values[a:b], valid[a:b], train[a:b])
+            for a, b in ((0, 7), (7, 40_000), (40_000, 100_000))
+        ]
+    )
     seen, counts, missing = coder.state()
     # codes number the distinct values in order of first appearance, 0 = missing
     first = {}

@@ -74,8 +74,9 @@ def test_a_killed_synth_leaves_no_temporary_behind(tmp_path):
     assert pl.read_parquet(out.with_name("train.txt.prob.parquet")).height == 500
 
 
-def test_a_full_disk_while_writing_names_the_output_and_the_cause(criteo_files, tmp_path,
-                                                                 monkeypatch):  # fmt: skip
+def test_a_full_disk_while_writing_names_the_output_and_the_cause(
+    criteo_files, tmp_path, monkeypatch
+):
     from ctrcal.data.prepare import write
 
     def full(self, table):

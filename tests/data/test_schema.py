@@ -71,9 +71,11 @@ def test_avazu_by_its_schema_split_by_hour(avazu, tmp_path):
     assert fmap.extra["schema"]["name"] == "avazu"
     first = fmap.extra["split"]["first_time"]
     hour = frame["hour"]
-    assert res.rows == {"train": int((hour < first["valid"]).sum()),
-                        "valid": int(((hour >= first["valid"]) & (hour < first["test"])).sum()),
-                        "test": int((hour >= first["test"]).sum())}  # fmt: skip
+    assert res.rows == {
+        "train": int((hour < first["valid"]).sum()),
+        "valid": int(((hour >= first["valid"]) & (hour < first["test"])).sum()),
+        "test": int((hour >= first["test"]).sum()),
+    }
     assert abs(res.rows["train"] / ROWS - 0.8) < 0.05
     # hour of day as a feature: at most 24 values (+ the reserved ids)
     assert fmap.vocab_sizes[-1] <= 3 + 24
@@ -119,14 +121,29 @@ def _team_tsv(path, rows=400, seed=1):
     lines = []
     for _ in range(rows):
         a = "" if rng.random() < 0.1 else f"{rng.normal(3, 2):.3f}"
-        lines.append("\t".join([str(int(rng.random() < 0.3)), a, f"user{rng.integers(30)}",
-                                f"ad {rng.integers(8)}"]))  # fmt: skip
+        lines.append(
+            "\t".join(
+                [
+                    str(int(rng.random() < 0.3)),
+                    a,
+                    f"user{rng.integers(30)}",
+                    f"ad {rng.integers(8)}",
+                ]
+            )
+        )
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-TEAM = {"name": "team", "label": "y", "numeric": ["a"], "categorical": ["u", "v"],
-        "delimiter": "\t", "header": False, "columns": ["y", "a", "u", "v"]}  # fmt: skip
+TEAM = {
+    "name": "team",
+    "label": "y",
+    "numeric": ["a"],
+    "categorical": ["u", "v"],
+    "delimiter": "\t",
+    "header": False,
+    "columns": ["y", "a", "u", "v"],
+}
 
 
 def test_a_teams_own_tsv_by_an_inline_or_yaml_schema(tmp_path):
@@ -146,7 +163,8 @@ def test_a_teams_own_tsv_by_an_inline_or_yaml_schema(tmp_path):
     cfg.data.schema = str(schema_file)
     prepare([data], tmp_path / "file", cfg)
     assert pl.read_parquet(tmp_path / "file" / "train").equals(
-        pl.read_parquet(tmp_path / "inline" / "train"))
+        pl.read_parquet(tmp_path / "inline" / "train")
+    )
     wide = tmp_path / "wide.tsv"
     wide.write_text("1\t2\tx\ty\tz\n")
     with pytest.raises(DataError, match=rf"{wide}: line 1: 5 fields .* expects 4"):
@@ -155,13 +173,15 @@ def test_a_teams_own_tsv_by_an_inline_or_yaml_schema(tmp_path):
 
 @pytest.mark.parametrize(
     ("spec", "match"),
-    [({"label": "y", "categorical": ["u"], "colour": 1}, "unknown schema key"),
-     ({"categorical": ["u"]}, "needs a 'label'"),
-     ({"label": "y"}, "no numeric or categorical"),
-     ({"label": "y", "categorical": ["u", "u"]}, "named twice"),
-     ({"label": "y", "categorical": ["u"], "categorical_spelling": "base64"}, "spelling"),
-     ("nope", "unknown schema 'nope'")],
-)  # fmt: skip
+    [
+        ({"label": "y", "categorical": ["u"], "colour": 1}, "unknown schema key"),
+        ({"categorical": ["u"]}, "needs a 'label'"),
+        ({"label": "y"}, "no numeric or categorical"),
+        ({"label": "y", "categorical": ["u", "u"]}, "named twice"),
+        ({"label": "y", "categorical": ["u"], "categorical_spelling": "base64"}, "spelling"),
+        ("nope", "unknown schema 'nope'"),
+    ],
+)
 def test_bad_schemas_are_refused(spec, match):
     with pytest.raises(DataError, match=match):
         resolve_schema(spec)

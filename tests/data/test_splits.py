@@ -43,8 +43,11 @@ def test_time_split_trains_on_the_first_rows(raw, tmp_path):
     assert res.rows == {"train": 800, "valid": 100, "test": 100}
     lines = raw.read_bytes().splitlines(keepends=True)
     parts = {}
-    for name, rows in [("train", slice(0, 800)), ("valid", slice(800, 900)),
-                       ("test", slice(900, 1000))]:  # fmt: skip
+    for name, rows in [
+        ("train", slice(0, 800)),
+        ("valid", slice(800, 900)),
+        ("test", slice(900, 1000)),
+    ]:
         parts[name] = [tmp_path / f"{name}.txt"]
         parts[name][0].write_bytes(b"".join(lines[rows]))
     want = _explicit(tmp_path, parts)

@@ -100,5 +100,6 @@ def test_drift_shifts_first_rows_from_last_and_probabilities_stay_exact(tmp_path
 
 def test_true_probability_without_drift_matches_the_generator(criteo_frame):
     frame, prob = criteo_frame
-    np.testing.assert_allclose(syn.true_probability(frame, syn.positions(frame.height), seed=0),
-                               prob, rtol=1e-12)  # fmt: skip
+    np.testing.assert_allclose(
+        syn.true_probability(frame, syn.positions(frame.height), seed=0), prob, rtol=1e-12
+    )

@@ -48,8 +48,7 @@ def _native(path: Path, threads: int = 2) -> ParsedChunk | None:
 
 
 def _assert_same_chunk(a: ParsedChunk, b: ParsedChunk) -> None:
-    for name in ("rows", "label", "numeric", "numeric_valid", "categorical",
-                 "categorical_valid"):  # fmt: skip
+    for name in ("rows", "label", "numeric", "numeric_valid", "categorical", "categorical_valid"):
         x, y = getattr(a, name), getattr(b, name)
         assert x.dtype == y.dtype and x.shape == y.shape, name
         # a missing value's slot is 0 in both; numerics compare as float64 bits (-0 == 0)
@@ -71,9 +70,23 @@ def test_generated_chunk_equals_polars_for_any_thread_count(tmp_path, layout):
         _assert_same_chunk(got, want)
 
 
-SPELLINGS = ["0", "-0", "7", "-7", "007", "-007", "12345678", "-12345678", "123456789",
-             "99999999", "100000000", "1" * 17, "123456789012345678", "-999999999999999999",
-             ""]  # fmt: skip
+SPELLINGS = [
+    "0",
+    "-0",
+    "7",
+    "-7",
+    "007",
+    "-007",
+    "12345678",
+    "-12345678",
+    "123456789",
+    "99999999",
+    "100000000",
+    "1" * 17,
+    "123456789012345678",
+    "-999999999999999999",
+    "",
+]
 
 
 def test_every_accepted_integer_spelling_reads_as_polars_reads_it(tmp_path):

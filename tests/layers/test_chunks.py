@@ -65,8 +65,13 @@ def test_kernels_run_on_torchs_openmp_runtime_not_a_second_one(kernels):
         pytest.skip("Linux only (/proc/self/maps)")
     if not mcln_kernel.kernel_available():
         pytest.skip(f"no MC-LayerNorm kernel here: {mcln_kernel.kernel_error()}")
-    out = subprocess.run([sys.executable, "-c", _LOAD_KERNELS], capture_output=True, text=True,
-                         check=True, timeout=300).stdout.splitlines()  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _LOAD_KERNELS],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout.splitlines()
     if not out[0].startswith("True"):
         pytest.skip("torch does not run on a loaded GNU OpenMP here")
     assert out[0] == "True [True, True]", out
@@ -75,9 +80,16 @@ def test_kernels_run_on_torchs_openmp_runtime_not_a_second_one(kernels):
 
 def _masknet_step(norm: str, seed: int = 0):
     torch.manual_seed(seed)
-    model = MaskNet([300, 200, 100], 5, embedding_dim=8, hidden_units=[96, 64, 48],
-                    reduction_ratio=0.5, dropout=0.2, net_norm=norm,
-                    emb_norm="none" if norm == "layernorm" else norm)  # fmt: skip
+    model = MaskNet(
+        [300, 200, 100],
+        5,
+        embedding_dim=8,
+        hidden_units=[96, 64, 48],
+        reduction_ratio=0.5,
+        dropout=0.2,
+        net_norm=norm,
+        emb_norm="none" if norm == "layernorm" else norm,
+    )
     model.train()
     cat = torch.stack([torch.randint(0, v, (2000,)) for v in (300, 200, 100)], 1)
     num = torch.randn(2000, 5)
@@ -91,8 +103,7 @@ def _masknet_step(norm: str, seed: int = 0):
 
 @pytest.mark.parametrize("count", [2, 3])
 @pytest.mark.parametrize("norm", ["layernorm", "mclayernorm"])
-def test_thread_pool_fallback_gives_the_openmp_numbers(kernels, threads, count, norm,
-                                                       monkeypatch):  # fmt: skip
+def test_thread_pool_fallback_gives_the_openmp_numbers(kernels, threads, count, norm, monkeypatch):
     """Every C kernel of a serial MaskNet step -- with LayerNorm: gather, numeric embedding,
     masks' first layers, LayerNorm-ReLU-dropout into the next mask, the head, scatter-add;
     with MC-LayerNorm: its row and per-field kernels too -- chunk for chunk the same partial

@@ -133,8 +133,14 @@ def test_run_sequential_fuses_relu_dropout_pairs_only():
     from ctrcal.layers.dropout import run_sequential
 
     torch.manual_seed(11)
-    seq = nn.Sequential(nn.Linear(6, 300), nn.ReLU(), nn.Dropout(0.5), nn.Linear(300, 300),
-                        nn.ReLU(), nn.Linear(300, 2))  # fmt: skip
+    seq = nn.Sequential(
+        nn.Linear(6, 300),
+        nn.ReLU(),
+        nn.Dropout(0.5),
+        nn.Linear(300, 300),
+        nn.ReLU(),
+        nn.Linear(300, 2),
+    )
     x = torch.randn(400, 6)
     seq.eval()
     torch.testing.assert_close(run_sequential(seq, x), seq(x))
@@ -302,8 +308,11 @@ def test_mask_block_with_layernorm_trains_like_the_unfused_modules(monkeypatch):
     fused.sum().backward()
     grads = {n: p.grad.clone() for n, p in blk.named_parameters()}
     blk.zero_grad()
-    monkeypatch.setattr(mask_block, "layer_norm_relu_dropout",
-                        lambda x, norm, p, t: dropout.relu_dropout(norm(x), p, t))  # fmt: skip
+    monkeypatch.setattr(
+        mask_block,
+        "layer_norm_relu_dropout",
+        lambda x, norm, p, t: dropout.relu_dropout(norm(x), p, t),
+    )
     torch.manual_seed(34)
     plain = blk(v, v)
     plain.sum().backward()

@@ -46,8 +46,7 @@ def test_one_fused_table_with_offsets():
 
 
 def test_one_gather_per_batch(monkeypatch):
-    emb = FeatureEmbedding(VOCAB, FN, D, numeric_embedding="bucket",
-                           bucket_boundaries=[[0.0]] * FN)  # fmt: skip
+    emb = FeatureEmbedding(VOCAB, FN, D, numeric_embedding="bucket", bucket_boundaries=[[0.0]] * FN)
     cat, num = _inputs()
     calls = []
     from ctrcal.layers import embedding as embedding_module
@@ -66,8 +65,9 @@ def test_one_gather_per_batch(monkeypatch):
 
 @pytest.mark.parametrize("mode", ["linear", "scaled", "bucket"])
 def test_nan_is_embedded_as_missing_vector_without_propagating(mode):
-    emb = FeatureEmbedding(VOCAB, FN, D, numeric_embedding=mode,
-                           bucket_boundaries=[[0.0, 1.0]] * FN)  # fmt: skip
+    emb = FeatureEmbedding(
+        VOCAB, FN, D, numeric_embedding=mode, bucket_boundaries=[[0.0, 1.0]] * FN
+    )
     cat, num = _inputs()
     num[0, 1] = float("nan")
     num[3, :] = float("nan")
@@ -120,8 +120,9 @@ def test_scaled_keeps_only_the_sign_after_a_per_field_layernorm():
 def test_bucketize_uses_stored_boundaries_and_missing_bucket():
     bounds = [[0.0, 1.0], [5.0]]
     emb = FeatureEmbedding([2], 2, 4, numeric_embedding="bucket", bucket_boundaries=bounds)
-    num = torch.tensor([[-3.0, 4.0], [0.0, 5.0], [0.5, 6.0], [1.0, float("nan")],
-                        [2.0, 7.0], [float("nan"), -1.0]])  # fmt: skip
+    num = torch.tensor(
+        [[-3.0, 4.0], [0.0, 5.0], [0.5, 6.0], [1.0, float("nan")], [2.0, 7.0], [float("nan"), -1.0]]
+    )
     ids = emb._bucketize(num)
     # bucket i holds boundaries[i-1] < x <= boundaries[i]; missing -> len(boundaries) + 1
     assert ids.tolist() == [[0, 0], [0, 0], [1, 1], [1, 2], [2, 1], [3, 0]]
@@ -276,8 +277,9 @@ def test_numeric_kernel_equals_the_torch_path(mode, threads, monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     calls = []
     apply = embedding_module._NumericEmbedFn.apply
-    monkeypatch.setattr(embedding_module._NumericEmbedFn, "apply",
-                        lambda *a: calls.append(1) or apply(*a))  # fmt: skip
+    monkeypatch.setattr(
+        embedding_module._NumericEmbedFn, "apply", lambda *a: calls.append(1) or apply(*a)
+    )
     out, grads = run()
     assert calls == [1]
     monkeypatch.setattr(embedding_module, "cpu_kernels", lambda: None)

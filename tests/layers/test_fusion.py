@@ -56,8 +56,7 @@ def test_fused_masked_input_steps_aside_under_autocast(monkeypatch):
 
     calls = []
     real = mask_block._MaskedInputFn.apply
-    monkeypatch.setattr(mask_block._MaskedInputFn, "apply",
-                        lambda *a: calls.append(1) or real(*a))  # fmt: skip
+    monkeypatch.setattr(mask_block._MaskedInputFn, "apply", lambda *a: calls.append(1) or real(*a))
     torch.manual_seed(0)
     layer, a, v = nn.Linear(5, 6), torch.randn(8, 5), torch.randn(8, 6)
     torch.testing.assert_close(masked_input(layer, a, v), layer(a) * v)

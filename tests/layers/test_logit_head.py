@@ -87,8 +87,11 @@ def test_fused_tail_equals_the_layers_with_the_same_dropout_mask(threads, monkey
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # row chunks per thread
     calls = []
     apply = logit_head_module._LayerNormReLUDropoutLogitFn.apply
-    monkeypatch.setattr(logit_head_module._LayerNormReLUDropoutLogitFn, "apply",
-                        lambda *a: calls.append(1) or apply(*a))  # fmt: skip
+    monkeypatch.setattr(
+        logit_head_module._LayerNormReLUDropoutLogitFn,
+        "apply",
+        lambda *a: calls.append(1) or apply(*a),
+    )
     out, grads = _tail_grads(
         lambda v: layer_norm_relu_dropout_logit(v, norm, 0.3, True, head), x, norm, head, 7
     )
@@ -98,8 +101,9 @@ def test_fused_tail_equals_the_layers_with_the_same_dropout_mask(threads, monkey
     )
     assert out.shape == (300,)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    for name, got, want in zip(["x", "norm.w", "norm.b", "head.w", "head.b"], grads, ref_grads,
-                               strict=True):  # fmt: skip
+    for name, got, want in zip(
+        ["x", "norm.w", "norm.b", "head.w", "head.b"], grads, ref_grads, strict=True
+    ):
         assert got.shape == want.shape, name
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=name)
     # another draw, another mask

@@ -85,9 +85,7 @@ def test_dropout_only_in_training():
     torch.testing.assert_close(blk(x, h), blk(x, h))
 
 
-@pytest.mark.parametrize(
-    "kwargs", [{"output_dim": 0}, {"reduction_ratio": 0.0}, {"dropout": 1.0}]
-)
+@pytest.mark.parametrize("kwargs", [{"output_dim": 0}, {"reduction_ratio": 0.0}, {"dropout": 1.0}])
 def test_bad_arguments(kwargs):
     args = {"input_dim": 4, "hidden_dim": 4, "output_dim": 4, **kwargs}
     with pytest.raises(ValueError):

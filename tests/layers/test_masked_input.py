@@ -37,8 +37,9 @@ def test_equals_linear_then_product_with_all_gradients(kernels):
         ai, vi = a.detach().clone().requires_grad_(True), v.detach().clone().requires_grad_(True)
         z = masked_input(layer, ai, vi) if fused else layer(ai) * vi
         z.backward(g)
-        results.append((z.detach(), ai.grad, vi.grad, layer.weight.grad.clone(),
-                        layer.bias.grad.clone()))  # fmt: skip
+        results.append(
+            (z.detach(), ai.grad, vi.grad, layer.weight.grad.clone(), layer.bias.grad.clone())
+        )
     for name, got, want in zip(("z", "da", "dv", "dw", "db"), *results, strict=True):
         # float32 rounding: the bias joins after the product instead of inside it, and the
         # bias gradient sums per row chunk
@@ -51,9 +52,11 @@ def test_the_kernel_runs_in_a_training_masknet(kernels, monkeypatch):
 
     calls = []
     for fn in (mask_block_module._MaskedInputFn, mask_block_module._NormMaskedInputFn):
-        monkeypatch.setattr(fn, "apply",
-                            lambda *args, real=fn.apply, name=fn.__name__:
-                            calls.append(name) or real(*args))  # fmt: skip
+        monkeypatch.setattr(
+            fn,
+            "apply",
+            lambda *args, real=fn.apply, name=fn.__name__: calls.append(name) or real(*args),
+        )
     model = MaskNet([9, 7], 3, embedding_dim=4, hidden_units=[16, 8, 6], dropout=0.1)
     cat = torch.stack([torch.randint(0, 9, (32,)), torch.randint(0, 7, (32,))], 1)
     model(Batch(cat, torch.randn(32, 3), None)).sum().backward()
@@ -67,9 +70,11 @@ def test_the_kernel_runs_in_a_training_masknet(kernels, monkeypatch):
 
 def test_other_cases_run_the_modules(monkeypatch):
     layer, a, v = _case(20)
-    monkeypatch.setattr(mask_block_module._MaskedInputFn, "apply",
-                        lambda *args: pytest.fail("fused path taken"))  # fmt: skip
-    torch.testing.assert_close(masked_input(layer.double(), a.double(), v.double()),
-                               layer(a.double()) * v.double())  # fmt: skip
+    monkeypatch.setattr(
+        mask_block_module._MaskedInputFn, "apply", lambda *args: pytest.fail("fused path taken")
+    )
+    torch.testing.assert_close(
+        masked_input(layer.double(), a.double(), v.double()), layer(a.double()) * v.double()
+    )
     no_bias = nn.Linear(24, 40, bias=False)
     torch.testing.assert_close(masked_input(no_bias, a, v.float()), no_bias(a) * v)

@@ -43,9 +43,12 @@ def test_estimates_equal_the_metrics(decimals):
 
 @pytest.mark.parametrize(
     "n, decimals, max_blocks",
-    [(3_000, None, 4096),  # every row its own block: the exact Poisson bootstrap
-     (10_000, 3, 4096), (20_000, None, 64)],  # blocks of many rows, with and without ties
-)  # fmt: skip
+    [
+        (3_000, None, 4096),  # every row its own block: the exact Poisson bootstrap
+        (10_000, 3, 4096),
+        (20_000, None, 64),
+    ],  # blocks of many rows, with and without ties
+)
 def test_spread_matches_the_per_row_poisson_bootstrap(n, decimals, max_blocks):
     p, y = _rows(n, 1, decimals)
     fast = bootstrap_ci(p, y, n_boot=300, max_blocks=max_blocks, seed=3)

@@ -12,9 +12,14 @@ relplot = pytest.importorskip("relplot")
 
 @pytest.mark.parametrize(
     "n, a, b, scale, seed",
-    [(1_000, 1, 1, 1.0, 0), (5_000, 1, 30, 1.5, 1), (20_000, 2, 5, 0.5, 2), (300, 1, 1, 3.0, 3),
-     (50_000, 0.5, 40, 1.0, 4)],
-)  # fmt: skip
+    [
+        (1_000, 1, 1, 1.0, 0),
+        (5_000, 1, 30, 1.5, 1),
+        (20_000, 2, 5, 0.5, 2),
+        (300, 1, 1, 3.0, 3),
+        (50_000, 0.5, 40, 1.0, 4),
+    ],
+)
 def test_equals_relplot_on_random_data(n, a, b, scale, seed):
     rng = np.random.default_rng(seed)
     p = rng.beta(a, b, n)

@@ -99,8 +99,9 @@ SPEC = NormSpec("contextnorm", {"field": "C3", "num_contexts": 4})
     [
         ModelConfig("masknet", embedding_dim=4, hidden_units=[8], net_norm=SPEC, emb_norm=SPEC),
         ModelConfig("dnn", embedding_dim=4, hidden_units=[8, 8], net_norm=SPEC, emb_norm=SPEC),
-        ModelConfig("dcnv2", embedding_dim=4, parallel_dnn_hidden_units=[8], net_norm=SPEC,
-                    emb_norm=SPEC),  # fmt: skip
+        ModelConfig(
+            "dcnv2", embedding_dim=4, parallel_dnn_hidden_units=[8], net_norm=SPEC, emb_norm=SPEC
+        ),
         ModelConfig("tiny_user_model:TinyCTR", net_norm=SPEC),
     ],
     ids=["masknet", "dnn", "dcnv2", "user"],

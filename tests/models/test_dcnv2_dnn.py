@@ -31,9 +31,17 @@ def _inputs(rows: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("structure", STRUCTURES)
 @pytest.mark.parametrize(("low_rank", "experts"), [(0, 1), (4, 1), (4, 3)])
 def test_dcnv2_returns_finite_logits_of_shape_b(structure, low_rank, experts):
-    model = DCNv2(VOCAB, NUM_NUMERIC, embedding_dim=4, structure=structure, num_cross_layers=2,
-                  low_rank=low_rank, num_experts=experts, stacked_dnn_hidden_units=[8],
-                  parallel_dnn_hidden_units=[8, 8])  # fmt: skip
+    model = DCNv2(
+        VOCAB,
+        NUM_NUMERIC,
+        embedding_dim=4,
+        structure=structure,
+        num_cross_layers=2,
+        low_rank=low_rank,
+        num_experts=experts,
+        stacked_dnn_hidden_units=[8],
+        parallel_dnn_hidden_units=[8, 8],
+    )
     out = model(Batch(*_inputs(), None))
     assert out.shape == (6,) and torch.isfinite(out).all()
     out.sum().backward()
@@ -77,8 +85,7 @@ def test_fused_full_rank_cross_equals_the_autograd_layers(threads, layers, monke
             x0 = base[:, 1:40].clone().requires_grad_(True)  # not contiguous in base
             y = net(x0)
             (y * g).sum().backward()
-            results.append([y.detach(), x0.grad]
-                           + [p.grad.clone() for p in net.parameters()])  # fmt: skip
+            results.append([y.detach(), x0.grad] + [p.grad.clone() for p in net.parameters()])
     finally:
         torch.set_num_threads(before)
     for a, b in zip(*results, strict=True):  # sums over 700 rows of terms ~1, in other orders
@@ -110,10 +117,16 @@ def test_low_rank_single_expert_is_u_v_transposed():
 
 
 def test_dcnv2_norms_at_every_deep_layer_and_per_field():
-    model = DCNv2(VOCAB, NUM_NUMERIC, embedding_dim=4, structure="stacked_parallel",
-                  stacked_dnn_hidden_units=[8, 8], parallel_dnn_hidden_units=[8],
-                  net_norm={"name": "mclayernorm", "fraction": 0.5},
-                  emb_norm="layernorm")  # fmt: skip
+    model = DCNv2(
+        VOCAB,
+        NUM_NUMERIC,
+        embedding_dim=4,
+        structure="stacked_parallel",
+        stacked_dnn_hidden_units=[8, 8],
+        parallel_dnn_hidden_units=[8],
+        net_norm={"name": "mclayernorm", "fraction": 0.5},
+        emb_norm="layernorm",
+    )
     mc = [m for m in model.modules() if isinstance(m, MCLayerNorm)]
     assert len(mc) == 3  # two stacked + one parallel hidden layer
     assert isinstance(model.emb_norm, FieldNorm)

@@ -35,15 +35,26 @@ def _inputs(b: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _model(**kwargs) -> MaskNet:
     torch.manual_seed(0)
-    args = {"vocab_sizes": VOCAB, "num_numeric": FN, "embedding_dim": D,
-            "hidden_units": [16, 12], **kwargs}  # fmt: skip
+    args = {
+        "vocab_sizes": VOCAB,
+        "num_numeric": FN,
+        "embedding_dim": D,
+        "hidden_units": [16, 12],
+        **kwargs,
+    }
     return MaskNet(**args)
 
 
 @pytest.mark.parametrize("variant", ["serial", "parallel"])
 def test_logits_shape_and_grads(variant):
-    model = _model(variant=variant, num_blocks=3, block_dim=10, mlp_hidden_units=[9, 7],
-                   emb_norm="layernorm", dropout=0.1)  # fmt: skip
+    model = _model(
+        variant=variant,
+        num_blocks=3,
+        block_dim=10,
+        mlp_hidden_units=[9, 7],
+        emb_norm="layernorm",
+        dropout=0.1,
+    )
     cat, num = _inputs()
     out = model(Batch(cat, num, None))
     assert out.shape == (8,) and out.dtype == torch.float32
@@ -60,8 +71,9 @@ def test_serial_structure():
 
 
 def test_parallel_structure():
-    model = _model(variant="parallel", num_blocks=3, block_dim=10, mlp_hidden_units=[9, 7],
-                   dropout=0.2)  # fmt: skip
+    model = _model(
+        variant="parallel", num_blocks=3, block_dim=10, mlp_hidden_units=[9, 7], dropout=0.2
+    )
     assert [(b.hidden_dim, b.output_dim) for b in model.blocks] == [(F * D, 10)] * 3
     linears = [m for m in model.head if isinstance(m, nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linears] == [(30, 9), (9, 7), (7, 1)]
@@ -105,9 +117,13 @@ def test_without_emb_norm_the_first_block_masks_the_raw_embedding():
 
 @pytest.mark.parametrize(
     "net_norm, cls",
-    [("layernorm", nn.LayerNorm), ("mclayernorm", MCLayerNorm),
-     (NormSpec("mclayernorm", {"fraction": 0.5}), MCLayerNorm), ("none", nn.Identity)],
-)  # fmt: skip
+    [
+        ("layernorm", nn.LayerNorm),
+        ("mclayernorm", MCLayerNorm),
+        (NormSpec("mclayernorm", {"fraction": 0.5}), MCLayerNorm),
+        ("none", nn.Identity),
+    ],
+)
 def test_net_norm_in_every_block(net_norm, cls):
     model = _model(net_norm=net_norm, emb_norm="mclayernorm")
     assert all(type(b.norm) is cls for b in model.blocks)
@@ -164,9 +180,13 @@ def test_bf16_autocast_on_cpu():
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"variant": "wide"}, "variant"), ({"hidden_units": []}, "hidden_units"),
-     ({"variant": "parallel", "num_blocks": 0}, "num_blocks"), ({"dropout": 1.5}, "dropout")],
-)  # fmt: skip
+    [
+        ({"variant": "wide"}, "variant"),
+        ({"hidden_units": []}, "hidden_units"),
+        ({"variant": "parallel", "num_blocks": 0}, "num_blocks"),
+        ({"dropout": 1.5}, "dropout"),
+    ],
+)
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         _model(**kwargs)
@@ -181,8 +201,12 @@ def _feature_map(buckets=None) -> SimpleNamespace:
 
 
 def test_create_model_from_config():
-    cfg = ModelConfig(embedding_dim=4, hidden_units=[8, 8], reduction_ratio=0.5,
-                      net_norm=NormSpec("mclayernorm", {"fraction": 0.5}))  # fmt: skip
+    cfg = ModelConfig(
+        embedding_dim=4,
+        hidden_units=[8, 8],
+        reduction_ratio=0.5,
+        net_norm=NormSpec("mclayernorm", {"fraction": 0.5}),
+    )
     model = create_model(cfg, _feature_map())
     assert model.embedding.num_fields == NUM_CATEGORICAL + NUM_NUMERIC
     assert len(model.blocks) == 2 and isinstance(model.blocks[0].norm, MCLayerNorm)

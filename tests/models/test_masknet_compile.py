@@ -19,9 +19,15 @@ FN = 3
 def _model(variant: str, dropout: float) -> MaskNet:
     torch.manual_seed(0)
     return MaskNet(
-        VOCAB, FN, embedding_dim=6, variant=variant, hidden_units=[24, 16],
-        reduction_ratio=0.5, net_norm=NormSpec("layernorm"), dropout=dropout,
-    ).train()  # fmt: skip
+        VOCAB,
+        FN,
+        embedding_dim=6,
+        variant=variant,
+        hidden_units=[24, 16],
+        reduction_ratio=0.5,
+        net_norm=NormSpec("layernorm"),
+        dropout=dropout,
+    ).train()
 
 
 def _run(module, model: MaskNet, seed: int = 5):

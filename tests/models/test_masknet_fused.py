@@ -22,9 +22,15 @@ def _inputs(b: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _pair(dtype: torch.dtype, **kwargs) -> tuple[MaskNet, MaskNet]:
     torch.manual_seed(0)
-    args = {"vocab_sizes": VOCAB, "num_numeric": FN, "embedding_dim": D,
-            "hidden_units": [16, 12, 9], "reduction_ratio": 0.5, "embedding_init_std": 0.5,
-            **kwargs}  # fmt: skip
+    args = {
+        "vocab_sizes": VOCAB,
+        "num_numeric": FN,
+        "embedding_dim": D,
+        "hidden_units": [16, 12, 9],
+        "reduction_ratio": 0.5,
+        "embedding_init_std": 0.5,
+        **kwargs,
+    }
     a = MaskNet(**args).to(dtype)
     b = MaskNet(**args).to(dtype)
     b.load_state_dict(a.state_dict())  # the same checkpoint drives both paths

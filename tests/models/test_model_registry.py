@@ -199,12 +199,16 @@ def test_a_variant_norm_at_a_position_the_model_lacks_is_an_error(tmp_path):
 def test_norm_positions_take_names_mappings_and_classes():
     import functools
 
-    specs = ["mclayernorm", {"name": "mclayernorm", "fraction": 0.5},
-             functools.partial(MCLayerNorm, fraction=0.5)]  # fmt: skip
+    specs = [
+        "mclayernorm",
+        {"name": "mclayernorm", "fraction": 0.5},
+        functools.partial(MCLayerNorm, fraction=0.5),
+    ]
     for spec in specs:
         user = create_model(ModelConfig(TINY_PATH, net_norm=spec), _fm())
-        dnn = create_model(ModelConfig("dnn", embedding_dim=2, hidden_units=[4], net_norm=spec),
-                           _fm())  # fmt: skip
+        dnn = create_model(
+            ModelConfig("dnn", embedding_dim=2, hidden_units=[4], net_norm=spec), _fm()
+        )
         for model in (user, dnn):
             assert any(type(m) is MCLayerNorm for m in model.modules())
 
@@ -235,8 +239,10 @@ def test_validate_and_train_refuse_a_non_module_import_path_uncalled(
 
     marker = _writer_module(tmp_path, monkeypatch)
     cfg = _write(tmp_path, f"model: {{name: '{target}'}}\n")
-    for argv in (["validate", str(cfg)],
-                 ["train", str(cfg), "--data", str(prepared_dir), "--out", str(tmp_path / "r")]):
+    for argv in (
+        ["validate", str(cfg)],
+        ["train", str(cfg), "--data", str(prepared_dir), "--out", str(tmp_path / "r")],
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "model.name" in err and "must name an nn.Module subclass" in err, err

@@ -22,14 +22,25 @@ ROOT = Path(__file__).resolve().parents[2]
 RECORDED = json.loads((Path(__file__).with_name("state_dict_keys.json")).read_text())
 VARIANTS = {
     "masknet_contextnorm": ["model.name=masknet", "model.net_norm={name: contextnorm, field: C14}"],
-    "masknet_parallel_mclayernorm": ["model.name=masknet", "model.variant=parallel",
-                                     "model.net_norm=mclayernorm", "model.emb_norm=layernorm"],
-    "dcnv2_stacked_parallel_mixture": ["model.name=dcnv2", "model.structure=stacked_parallel",
-                                       "model.net_norm=mclayernorm", "model.low_rank=4",
-                                       "model.num_experts=2"],
-    "dnn_contextnorm": ["model.name=dnn", "model.net_norm={name: contextnorm, field: C3}",
-                        "model.emb_norm=layernorm"],
-}  # fmt: skip
+    "masknet_parallel_mclayernorm": [
+        "model.name=masknet",
+        "model.variant=parallel",
+        "model.net_norm=mclayernorm",
+        "model.emb_norm=layernorm",
+    ],
+    "dcnv2_stacked_parallel_mixture": [
+        "model.name=dcnv2",
+        "model.structure=stacked_parallel",
+        "model.net_norm=mclayernorm",
+        "model.low_rank=4",
+        "model.num_experts=2",
+    ],
+    "dnn_contextnorm": [
+        "model.name=dnn",
+        "model.net_norm={name: contextnorm, field: C3}",
+        "model.emb_norm=layernorm",
+    ],
+}
 
 
 def _feature_map(cfg):

@@ -54,8 +54,9 @@ def test_train_resume_evaluate_and_mc_on_a_user_model(prepared_dir, tmp_path):
 def test_cli_train_with_an_import_path_config(prepared_dir, tmp_path, capsys):
     cfg = tmp_path / "user.yaml"
     cfg.write_text("model: {name: tiny_user_model:TinyCTR, dim: 3}\n")
-    code = main(["train", str(cfg), "--data", str(prepared_dir), "--out", str(tmp_path / "r"),
-                 *TINY[2:]])  # fmt: skip
+    code = main(
+        ["train", str(cfg), "--data", str(prepared_dir), "--out", str(tmp_path / "r"), *TINY[2:]]
+    )
     assert code == 0
     state = torch.load(tmp_path / "r/checkpoints/best.pt", weights_only=True)["model"]
     assert state["tables.0.weight"].shape[1] == 3  # the model's own keys, no wrapper's
@@ -76,30 +77,47 @@ def test_shift_report_from_python_with_a_user_model_class(prepared_dir, tmp_path
     from tiny_user_model import TinyCTR
 
     cfg = _cfg()
-    cfg.report = load_config(None, [
-        "report.seeds=2",
-        "report.intensities=[0.0, 0.5]",
-        "report.figures=false",
-        "report.variants=[{name: layernorm, net_norm: layernorm}, "
-        "{name: mclayernorm, net_norm: {name: mclayernorm, fraction: 0.5}}, "
-        "{name: mclayernorm_mc, mc_samples: 3, from_variant: mclayernorm}, "
-        "{name: layernorm_ts, temperature_scaling: true, from_variant: layernorm}]",
-    ]).report  # fmt: skip
-    summary = ctrcal.shift_report(cfg, model=TinyCTR, model_kwargs={"hidden": 8},
-                                  out_dir=tmp_path / "rep", data_dir=prepared_dir,
-                                  progress=False)  # fmt: skip
+    cfg.report = load_config(
+        None,
+        [
+            "report.seeds=2",
+            "report.intensities=[0.0, 0.5]",
+            "report.figures=false",
+            "report.variants=[{name: layernorm, net_norm: layernorm}, "
+            "{name: mclayernorm, net_norm: {name: mclayernorm, fraction: 0.5}}, "
+            "{name: mclayernorm_mc, mc_samples: 3, from_variant: mclayernorm}, "
+            "{name: layernorm_ts, temperature_scaling: true, from_variant: layernorm}]",
+        ],
+    ).report
+    summary = ctrcal.shift_report(
+        cfg,
+        model=TinyCTR,
+        model_kwargs={"hidden": 8},
+        out_dir=tmp_path / "rep",
+        data_dir=prepared_dir,
+        progress=False,
+    )
     assert isinstance(summary, ctrcal.ShiftReportSummary)
-    assert set(summary.table["variant"]) == {"layernorm", "mclayernorm", "mclayernorm_mc",
-                                             "layernorm_ts"}  # fmt: skip
+    assert set(summary.table["variant"]) == {
+        "layernorm",
+        "mclayernorm",
+        "mclayernorm_mc",
+        "layernorm_ts",
+    }
     assert summary.verdict and (tmp_path / "rep" / "report.md").is_file()
     saved = json.loads((tmp_path / "rep/summary.json").read_text())["config"]["model"]
     assert saved == {"name": "tiny_user_model:TinyCTR", "dim": 4, "hidden": 8}
     mc_model = load_run(tmp_path / "rep/runs/mclayernorm/seed1")[0]
     assert sum(isinstance(m, MCLayerNorm) for m in mc_model.modules()) == 2
     # a second call reuses every finished run
-    again = ctrcal.shift_report(cfg, model="tiny_user_model:TinyCTR", model_kwargs={"hidden": 8},
-                                out_dir=tmp_path / "rep", data_dir=prepared_dir,
-                                progress=False)  # fmt: skip
+    again = ctrcal.shift_report(
+        cfg,
+        model="tiny_user_model:TinyCTR",
+        model_kwargs={"hidden": 8},
+        out_dir=tmp_path / "rep",
+        data_dir=prepared_dir,
+        progress=False,
+    )
     assert again.data["training"]["runs"] == {"reused": 4}
 
 
@@ -149,8 +167,10 @@ def test_a_user_model_run_with_adapter_prefixed_keys_resumes_evaluates_and_finet
     _as_written_through_the_adapter(tmp_path / "full/checkpoints/best.pt")
     assert evaluate_run(tmp_path / "full", "test") == before
     # train.finetune_from starts from its weights (LayerNorm -> MC-LayerNorm keeps them all)
-    ft = _cfg(f"train.finetune_from={tmp_path / 'full'}",
-              "model.net_norm={name: mclayernorm, fraction: 0.5}")  # fmt: skip
+    ft = _cfg(
+        f"train.finetune_from={tmp_path / 'full'}",
+        "model.net_norm={name: mclayernorm, fraction: 0.5}",
+    )
     start = finetune.finetune_model(ft, load_run(tmp_path / "full").feature_map, prepared_dir)
     assert start.state_dict().keys() == trained.keys()
     assert all(torch.equal(v, trained[k]) for k, v in start.state_dict().items())

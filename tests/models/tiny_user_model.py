@@ -19,10 +19,14 @@ class TinyCTR(nn.Module):
         fn = len(feature_map.numeric_fields)
         width = dim * len(self.tables) + fn
         self.net = nn.Sequential(
-            nn.Linear(width, hidden), nn.LayerNorm(hidden), nn.ReLU(),
-            nn.Linear(hidden, hidden), nn.LayerNorm(hidden), nn.ReLU(),
+            nn.Linear(width, hidden),
+            nn.LayerNorm(hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.LayerNorm(hidden),
+            nn.ReLU(),
             nn.Linear(hidden, 1),
-        )  # fmt: skip
+        )
 
     def forward(self, batch) -> torch.Tensor:
         cats = [t(batch.categorical[:, j]) for j, t in enumerate(self.tables)]

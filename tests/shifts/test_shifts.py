@@ -61,9 +61,9 @@ def _fm(with_original=True):
 
 def _batch(rows=20_000, seed=0):
     g = torch.Generator().manual_seed(seed)
-    cat = torch.stack(
-        [torch.randint(0, v, (rows,), generator=g) for v in VOCAB], dim=1
-    ).to(torch.int64)
+    cat = torch.stack([torch.randint(0, v, (rows,), generator=g) for v in VOCAB], dim=1).to(
+        torch.int64
+    )
     num = torch.randn(rows, 3, generator=g)
     num[::17, 1] = float("nan")
     return Batch(cat, num, torch.randint(0, 2, (rows,), generator=g).float())

@@ -23,7 +23,7 @@ def read_records(directory: Path) -> dict[tuple[int, int], list[str]]:
     """``{(rank, pid): [digest per training step]}``; a line cut short by a kill is dropped."""
     out = {}
     for path in sorted(directory.glob("rank*-*.txt")):
-        rank, pid = path.stem[len("rank"):].split("-")
+        rank, pid = path.stem[len("rank") :].split("-")
         lines = path.read_text().split("\n")
         out[int(rank), int(pid)] = [x for x in lines if len(x) == 16]
     return out

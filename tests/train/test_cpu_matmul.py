@@ -45,8 +45,14 @@ class _RoundEveryProduct(TorchDispatchMode):
 
 def _masknet_grads(dtype, context):
     torch.manual_seed(0)
-    model = MaskNet([50, 40, 30], 4, embedding_dim=8, hidden_units=[64, 48], reduction_ratio=0.5,
-                    embedding_init_std=0.5)  # fmt: skip
+    model = MaskNet(
+        [50, 40, 30],
+        4,
+        embedding_dim=8,
+        hidden_units=[64, 48],
+        reduction_ratio=0.5,
+        embedding_init_std=0.5,
+    )
     model = model.to(dtype)
     g = torch.Generator().manual_seed(1)
     cat = torch.stack([torch.randint(0, v, (256,), generator=g) for v in (50, 40, 30)], 1)
@@ -78,9 +84,15 @@ def test_every_product_of_a_training_step_keeps_float32_accuracy(monkeypatch):
     # a processor whose oneDNN rounds the products with an inner dimension of 64 (the
     # second MaskBlock's input and the backward products through it)
     cm.onednn_fp32_is_exact.cache_clear()
-    monkeypatch.setattr(cm, "_run_reduced", _rounding_run_reduced(
-        lambda func, args: any(isinstance(a, torch.Tensor) and a.dim() == 2 and 64 in a.shape
-                               for a in args)))  # fmt: skip
+    monkeypatch.setattr(
+        cm,
+        "_run_reduced",
+        _rounding_run_reduced(
+            lambda func, args: any(
+                isinstance(a, torch.Tensor) and a.dim() == 2 and 64 in a.shape for a in args
+            )
+        ),
+    )
     try:
         with cpu_matmul("auto") as backend:
             guarded = _masknet_grads(torch.float32, torch.enable_grad())

@@ -43,8 +43,9 @@ print(json.dumps({"applied": applied, "faults": faults}))
 
 def _faults(mode: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    out = subprocess.run([sys.executable, "-c", _CHILD, mode], capture_output=True, text=True,
-                         env=env, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, mode], capture_output=True, text=True, env=env, check=True
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

@@ -29,8 +29,9 @@ def categorical_only(tmp_path_factory) -> Path:
     """Avazu-like data: categorical fields only, one of them capped into 10^9 hashed ids."""
     root = tmp_path_factory.mktemp("cats")
     k = pl.int_range(600, eager=True)
-    frame = pl.DataFrame({"y": (k % 4 == 0).cast(pl.Int64), "u": (k % 37).cast(pl.Utf8),
-                          "v": (k % 5).cast(pl.Utf8)})  # fmt: skip
+    frame = pl.DataFrame(
+        {"y": (k % 4 == 0).cast(pl.Int64), "u": (k % 37).cast(pl.Utf8), "v": (k % 5).cast(pl.Utf8)}
+    )
     frame.write_csv(root / "logs.csv")
     cfg = Config()
     cfg.data.schema = {"name": "team", "label": "y", "categorical": ["u", "v"]}
@@ -59,8 +60,9 @@ def _run(tmp_path, data: Path, text: str, capsys) -> tuple[list[int], list[str]]
     return codes, errs
 
 
-def test_tables_above_the_limit_are_refused_naming_key_and_size(categorical_only, tmp_path,
-                                                                capsys, monkeypatch):  # fmt: skip
+def test_tables_above_the_limit_are_refused_naming_key_and_size(
+    categorical_only, tmp_path, capsys, monkeypatch
+):
     huge = categorical_only / "huge"
     # the default limit: a quarter of this machine's memory (made 16 GiB here)
     monkeypatch.setattr(table_size, "machine_memory_bytes", lambda: 16 << 30)
@@ -81,8 +83,10 @@ def test_tables_above_the_limit_are_refused_naming_key_and_size(categorical_only
 
 @pytest.mark.parametrize("space", ["model", "original"])
 def test_a_training_shift_with_nothing_to_act_on(categorical_only, tmp_path, capsys, space):
-    text = MODEL + TRAIN + f", train_shift: {{name: gaussian_numeric, intensity: 0.25, " \
-        f"space: {space}}}}}\n"  # fmt: skip
+    text = (
+        MODEL + TRAIN + f", train_shift: {{name: gaussian_numeric, intensity: 0.25, "
+        f"space: {space}}}}}\n"
+    )
     codes, errs = _run(tmp_path, categorical_only / "small", text, capsys)
     assert codes[0] != 0 and codes[1] != 0
     for err in errs:
@@ -90,8 +94,9 @@ def test_a_training_shift_with_nothing_to_act_on(categorical_only, tmp_path, cap
         assert "space: model" not in err
 
 
-def test_an_original_space_shift_without_its_statistics_names_the_key(prepared_dir, tmp_path,
-                                                                      capsys):  # fmt: skip
+def test_an_original_space_shift_without_its_statistics_names_the_key(
+    prepared_dir, tmp_path, capsys
+):
     old = tmp_path / "old"
     shutil.copytree(prepared_dir, old)
     path = old / "feature_map.json"

@@ -42,9 +42,15 @@ def _free_port() -> int:
 
 
 def _rank(rank: int, port: int, data: str, run_dir: str, probe: str, resume: bool) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      LOCAL_RANK=str(rank), WORLD_SIZE="2", OMP_NUM_THREADS="1",
-                      **{RECORD_DIR: probe})  # fmt: skip
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        OMP_NUM_THREADS="1",
+        **{RECORD_DIR: probe},
+    )
     from ctrcal.train.trainer import train
     from ctrcal.validate import load_config
 

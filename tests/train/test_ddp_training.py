@@ -29,8 +29,9 @@ def test_two_gloo_processes_match_a_single_process(prepared_dir, tmp_path, capsy
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text("{}\n")
     run = tmp_path / "ddp"
-    status = main(["train", str(cfg), "--nproc", "2", "--data", str(prepared_dir),
-                   "--out", str(run), *TINY])  # fmt: skip
+    status = main(
+        ["train", str(cfg), "--nproc", "2", "--data", str(prepared_dir), "--out", str(run), *TINY]
+    )
     assert status == 0, capsys.readouterr()
     result = json.loads((run / "result.json").read_text())
     history = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -54,7 +55,19 @@ def test_two_gloo_processes_match_a_single_process(prepared_dir, tmp_path, capsy
 def test_global_batch_must_split_evenly(prepared_dir, tmp_path, capsys):
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text("{}\n")
-    status = main(["train", str(cfg), "--nproc", "2", "--data", str(prepared_dir),
-                   "--out", str(tmp_path / "odd"), *TINY, "train.batch_size=2047"])  # fmt: skip
+    status = main(
+        [
+            "train",
+            str(cfg),
+            "--nproc",
+            "2",
+            "--data",
+            str(prepared_dir),
+            "--out",
+            str(tmp_path / "odd"),
+            *TINY,
+            "train.batch_size=2047",
+        ]
+    )
     assert status != 0
     assert not (tmp_path / "odd" / "result.json").exists()

@@ -133,8 +133,9 @@ def test_a_second_train_into_the_same_out_is_refused_naming_the_first(
     run = tmp_path / "run"
     lock = tmp_path / ".run.lock"
     argv = [sys.executable, "-m", "ctrcal", "train", str(cfg), "--out", str(run)]
-    first = subprocess.Popen(argv, env=child_env(), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE)  # fmt: skip
+    first = subprocess.Popen(
+        argv, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
         # frozen while it holds the lock and has recorded itself in it
         deadline = time.monotonic() + 120
@@ -162,8 +163,9 @@ def test_the_lock_of_a_killed_train_is_free(prepared_dir, tmp_path):
     cfg = _config_file(tmp_path, prepared_dir, epochs=2)
     run = tmp_path / "run"
     argv = [sys.executable, "-m", "ctrcal", "train", str(cfg), "--out", str(run)]
-    first = subprocess.Popen(argv, env=child_env(), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)  # fmt: skip
+    first = subprocess.Popen(
+        argv, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     wait_for(run / "checkpoints" / "best.pt", first)
     kill_9(first)
     assert (tmp_path / ".run.lock").exists()  # the kernel released the flock, not the file
@@ -199,9 +201,11 @@ def test_a_valid_split_without_a_click_monitors_logloss_says_so_and_writes_valid
 ):
     run = tmp_path / "run"
     config = tmp_path / "c.yaml"
-    config.write_text("model: {embedding_dim: 4, hidden_units: [8]}\n"
-                      "train: {epochs: 2, batch_size: 256, progress: false, num_threads: 1, "
-                      "monitor: auc_logloss}\n")  # fmt: skip
+    config.write_text(
+        "model: {embedding_dim: 4, hidden_units: [8]}\n"
+        "train: {epochs: 2, batch_size: 256, progress: false, num_threads: 1, "
+        "monitor: auc_logloss}\n"
+    )
     assert main(["train", str(config), "--data", str(no_click_valid), "--out", str(run)]) == 0
     out = capsys.readouterr()
     assert "valid has no clicks" in out.err and "falls back to logloss" in out.out
@@ -213,8 +217,10 @@ def test_a_valid_split_without_a_click_monitors_logloss_says_so_and_writes_valid
     assert (run / "checkpoints" / "best.pt").is_file()
     # the run is usable: evaluate and --resume find its weights
     assert main(["evaluate", str(run)]) == 0
-    assert main(["train", str(config), "--data", str(no_click_valid), "--out", str(run),
-                 "--resume"]) == 0  # fmt: skip
+    assert (
+        main(["train", str(config), "--data", str(no_click_valid), "--out", str(run), "--resume"])
+        == 0
+    )
 
 
 def test_json_of_a_split_without_a_click_is_strict(no_click_valid, tmp_path, capsys):
@@ -249,15 +255,19 @@ def test_every_epoch_has_valid_metrics_and_the_monitor_trade_off_is_said(
     prepared_dir, tmp_path, monkeypatch, capsys
 ):
     # the AUC improves in epoch 2 while logloss and ECE get worse: auc keeps epoch 2
-    script = iter([
-        {"auc": 0.70, "logloss": 0.45, "ece": 0.012, "pcoc": 1.02},
-        {"auc": 0.72, "logloss": 0.46, "ece": 0.033, "pcoc": 1.14},
-    ])  # fmt: skip
+    script = iter(
+        [
+            {"auc": 0.70, "logloss": 0.45, "ece": 0.012, "pcoc": 1.02},
+            {"auc": 0.72, "logloss": 0.46, "ece": 0.033, "pcoc": 1.14},
+        ]
+    )
     monkeypatch.setattr(trainer, "valid_metrics", lambda logits, labels: next(script))
     config = tmp_path / "c.yaml"
-    config.write_text("model: {embedding_dim: 4, hidden_units: [8]}\n"
-                      "train: {epochs: 2, batch_size: 4096, progress: false, num_threads: 1, "
-                      "monitor: auc}\n")  # fmt: skip
+    config.write_text(
+        "model: {embedding_dim: 4, hidden_units: [8]}\n"
+        "train: {epochs: 2, batch_size: 4096, progress: false, num_threads: 1, "
+        "monitor: auc}\n"
+    )
     run = tmp_path / "run"
     assert main(["train", str(config), "--data", str(prepared_dir), "--out", str(run)]) == 0
     out = capsys.readouterr().out

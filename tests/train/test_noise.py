@@ -70,26 +70,46 @@ def _split(calls, training):
 @pytest.mark.parametrize(
     ("override", "key", "words"),
     [
-        ("train.train_shift={name: gausian_numeric, intensity: 0.1}",
-         "train.train_shift.name", ["did you mean 'gaussian_numeric'"]),
-        ("train.train_shift={name: gaussian_numeric, intensity: -0.1}",
-         "train.train_shift.intensity", [">= 0", "-0.1"]),
-        ("train.train_shift={name: categorical_corruption, intensity: 1.5}",
-         "train.train_shift.intensity", ["<= 1"]),
-        ("train.train_shift={name: temporal, intensity: 1}", "train.train_shift.name",
-         ["not noise on a batch"]),
-        ("train.train_shift={name: gaussian_numeric, intensity: 0.1, space: raw}",
-         "train.train_shift.space", ["'original', 'model'"]),
-        ("train.train_shift={name: categorical_corruption, intensity: 0.1, space: model}",
-         "train.train_shift.space", ["no option"]),
-        ("train.train_shift={name: gaussian_numeric, intensty: 0.1}",
-         "train.train_shift.intensty", ["did you mean 'intensity'"]),
-        ("train.train_shift={name: gaussian_numeric}", "train.train_shift.intensity",
-         ["missing"]),
+        (
+            "train.train_shift={name: gausian_numeric, intensity: 0.1}",
+            "train.train_shift.name",
+            ["did you mean 'gaussian_numeric'"],
+        ),
+        (
+            "train.train_shift={name: gaussian_numeric, intensity: -0.1}",
+            "train.train_shift.intensity",
+            [">= 0", "-0.1"],
+        ),
+        (
+            "train.train_shift={name: categorical_corruption, intensity: 1.5}",
+            "train.train_shift.intensity",
+            ["<= 1"],
+        ),
+        (
+            "train.train_shift={name: temporal, intensity: 1}",
+            "train.train_shift.name",
+            ["not noise on a batch"],
+        ),
+        (
+            "train.train_shift={name: gaussian_numeric, intensity: 0.1, space: raw}",
+            "train.train_shift.space",
+            ["'original', 'model'"],
+        ),
+        (
+            "train.train_shift={name: categorical_corruption, intensity: 0.1, space: model}",
+            "train.train_shift.space",
+            ["no option"],
+        ),
+        (
+            "train.train_shift={name: gaussian_numeric, intensty: 0.1}",
+            "train.train_shift.intensty",
+            ["did you mean 'intensity'"],
+        ),
+        ("train.train_shift={name: gaussian_numeric}", "train.train_shift.intensity", ["missing"]),
         ("train.weight_noise=-0.01", "train.weight_noise", [">= 0", "-0.01"]),
         ("train.weight_noise=.nan", "train.weight_noise", ["nan"]),
     ],
-)  # fmt: skip
+)
 def test_validate_names_the_noise_key_and_what_is_wrong(tmp_path, capsys, override, key, words):
     path = tmp_path / "c.yaml"
     path.write_text("train: {epochs: 1}\n")
@@ -102,15 +122,20 @@ def test_validate_names_the_noise_key_and_what_is_wrong(tmp_path, capsys, overri
 @pytest.mark.parametrize(
     ("variant", "key", "word"),
     [
-        ("{name: tn, train_shift: {name: nosuch, intensity: 0.1}}",
-         "report.variants[1].train_shift.name", "unknown shift"),
-        ("{name: tn, train_shift: {name: gaussian_numeric, intensity: -1}}",
-         "report.variants[1].train_shift.intensity", ">= 0"),
+        (
+            "{name: tn, train_shift: {name: nosuch, intensity: 0.1}}",
+            "report.variants[1].train_shift.name",
+            "unknown shift",
+        ),
+        (
+            "{name: tn, train_shift: {name: gaussian_numeric, intensity: -1}}",
+            "report.variants[1].train_shift.intensity",
+            ">= 0",
+        ),
         ("{name: wn, weight_noise: -1e-3}", "report.variants[1].weight_noise", ">= 0"),
-        ("{name: wn, weight_noise: 1e-3, from_variant: ln}", "report.variants[1]",
-         "from_variant"),
+        ("{name: wn, weight_noise: 1e-3, from_variant: ln}", "report.variants[1]", "from_variant"),
     ],
-)  # fmt: skip
+)
 def test_validate_checks_the_noise_keys_of_report_variants(tmp_path, capsys, variant, key, word):
     path = tmp_path / "c.yaml"
     path.write_text(f"train: {{epochs: 1}}\nreport:\n  variants: [{{name: ln}}, {variant}]\n")
@@ -122,11 +147,14 @@ def test_validate_checks_the_noise_keys_of_report_variants(tmp_path, capsys, var
 def test_noise_keys_load_strictly_and_reach_the_variants_training_config():
     from ctrcal.reports.shift.plan import plan_variants, variant_train_config
 
-    cfg = load_config(None, [
-        "train.weight_noise=1e-4",
-        "report.variants=[{name: ln}, {name: tn, train_shift: {name: categorical_corruption, "
-        "intensity: 0.2}}, {name: wn, weight_noise: 0.0}]",
-    ])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "train.weight_noise=1e-4",
+            "report.variants=[{name: ln}, {name: tn, train_shift: {name: categorical_corruption, "
+            "intensity: 0.2}}, {name: wn, weight_noise: 0.0}]",
+        ],
+    )
     plans = {p.name: p for p in plan_variants(cfg)}
     ln = variant_train_config(cfg, plans["ln"], 1).train
     tn = variant_train_config(cfg, plans["tn"], 1).train
@@ -146,8 +174,11 @@ def test_noise_keys_load_strictly_and_reach_the_variants_training_config():
 
 def _batch(rows=4096, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return Batch(torch.randint(3, 9, (rows, 26), generator=g), torch.randn(rows, 13, generator=g),
-                 (torch.rand(rows, generator=g) < 0.3).float())  # fmt: skip
+    return Batch(
+        torch.randint(3, 9, (rows, 26), generator=g),
+        torch.randn(rows, 13, generator=g),
+        (torch.rand(rows, generator=g) < 0.3).float(),
+    )
 
 
 def test_training_shift_is_fresh_per_batch_and_seeded_by_torchs_generator(prepared_dir):
@@ -184,9 +215,12 @@ def test_categorical_training_shift_replaces_ids_at_its_rate(prepared_dir):
 
 @pytest.mark.parametrize(
     "override",
-    [GAUSS, "train.train_shift={name: gaussian_numeric, intensity: 0.25}",
-     "train.train_shift={name: categorical_corruption, intensity: 0.3}"],
-)  # fmt: skip
+    [
+        GAUSS,
+        "train.train_shift={name: gaussian_numeric, intensity: 0.25}",
+        "train.train_shift={name: categorical_corruption, intensity: 0.3}",
+    ],
+)
 def test_training_batches_are_shifted_and_evaluation_batches_are_not(
     override, prepared_dir, tmp_path, monkeypatch
 ):
@@ -227,8 +261,11 @@ def _masknet():
 
 def _small_batch():
     g = torch.Generator().manual_seed(1)
-    return Batch(torch.randint(0, 30, (256, 2), generator=g), torch.randn(256, 3, generator=g),
-                 (torch.rand(256, generator=g) < 0.3).float())  # fmt: skip
+    return Batch(
+        torch.randint(0, 30, (256, 2), generator=g),
+        torch.randn(256, 3, generator=g),
+        (torch.rand(256, generator=g) < 0.3).float(),
+    )
 
 
 def test_weight_noise_perturbs_dense_weights_for_the_pass_and_restores_them_before_the_step():
@@ -254,8 +291,9 @@ def test_weight_noise_perturbs_dense_weights_for_the_pass_and_restores_them_befo
 
     opt.step = spy_step
     step.train_step(ctx, _small_batch())
-    diffs = torch.cat([(seen[n] - before[n]).flatten() for n in before
-                       if n != "embedding.table.weight"])  # fmt: skip
+    diffs = torch.cat(
+        [(seen[n] - before[n]).flatten() for n in before if n != "embedding.table.weight"]
+    )
     # the forward saw W + eps with eps ~ N(0, eta): std sqrt(eta), mean 0, every weight moved
     assert diffs.std().item() == pytest.approx(eta**0.5, rel=0.1)
     assert abs(diffs.mean().item()) < 0.01 and (diffs != 0).all()
@@ -269,11 +307,13 @@ def test_weight_noise_gradient_is_the_gradient_at_the_perturbed_weights():
     model, ref = _masknet(), _masknet()
     cfg = _cfg("train.weight_noise=0.01", "train.grad_clip=0")
     opt = step.make_optimizer(model, cfg.train)
-    ctx = step.make_step_context(model, opt, cfg.train, torch.device("cpu"), None,
-                                 sparse_tables=False)  # fmt: skip
+    ctx = step.make_step_context(
+        model, opt, cfg.train, torch.device("cpu"), None, sparse_tables=False
+    )
     grads = {}
     opt.step = lambda *a, **k: grads.update(
-        {n: p.grad.clone() for n, p in model.named_parameters()})  # fmt: skip
+        {n: p.grad.clone() for n, p in model.named_parameters()}
+    )
     batch = _small_batch()
     torch.manual_seed(5)
     step.train_step(ctx, batch)
@@ -369,6 +409,9 @@ def test_original_space_shift_on_data_without_original_stats_fails_before_the_ru
         f.pop("original_std", None)
     (data / "feature_map.json").write_text(json.dumps(fmap))
     with pytest.raises(DataError, match="space: model"):
-        train(_cfg("train.train_shift={name: gaussian_numeric, intensity: 0.1}"), data,
-              tmp_path / "run")  # fmt: skip
+        train(
+            _cfg("train.train_shift={name: gaussian_numeric, intensity: 0.1}"),
+            data,
+            tmp_path / "run",
+        )
     assert not (tmp_path / "run" / "config.yaml").exists()

@@ -35,8 +35,7 @@ def valid(prepared_dir):
 def model(valid):
     torch.manual_seed(0)
     fm = valid.feature_map
-    return MaskNet(fm.vocab_sizes, fm.num_numeric, 4, hidden_units=[8],
-                   net_norm="mclayernorm")  # fmt: skip
+    return MaskNet(fm.vocab_sizes, fm.num_numeric, 4, hidden_units=[8], net_norm="mclayernorm")
 
 
 def test_split_and_batch_give_the_same_logits_in_row_order(model, valid):

@@ -36,8 +36,11 @@ def test_kill_between_best_and_last_checkpoint_resumes_exactly(prepared_dir, tmp
     assert load_checkpoint(tmp_path / "cut" / "checkpoints" / "best.pt")["epoch"] == 2
     assert load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.pt")["epoch"] == 1
     # what kills inside atomic writes leave: hidden temporaries, removed by the resume
-    stale = [tmp_path / "cut" / ".metrics.jsonl.x1.tmp", tmp_path / "cut" / "checkpoints" /
-             ".last.pt.x2.tmp", tmp_path / "cut" / "checkpoints" / "..next-best.pt.x3.tmp"]
+    stale = [
+        tmp_path / "cut" / ".metrics.jsonl.x1.tmp",
+        tmp_path / "cut" / "checkpoints" / ".last.pt.x2.tmp",
+        tmp_path / "cut" / "checkpoints" / "..next-best.pt.x3.tmp",
+    ]
     for path in stale:
         path.write_bytes(b"half")
     train(cfg, prepared_dir, tmp_path / "cut", resume=True)
@@ -92,8 +95,11 @@ def _unlabelled_test_dir(criteo_files, tmp_path) -> Path:
     cfg = Config()
     cfg.features.min_count = 1
     # the same rows in another file for valid: a file given as two splits is refused
-    splits = {"train": [criteo_files["dac"]], "valid": [criteo_files["dac_gz"]],
-              "test": [criteo_files["dac_test"]]}  # fmt: skip
+    splits = {
+        "train": [criteo_files["dac"]],
+        "valid": [criteo_files["dac_gz"]],
+        "test": [criteo_files["dac_test"]],
+    }
     return prepare(splits, tmp_path / "prep", cfg).out_dir
 
 
@@ -113,9 +119,7 @@ def test_unlabelled_test_split_is_skipped_by_train_and_refused_by_evaluate(
     assert set(evaluate_run(tmp_path / "run", "valid")) >= {"auc", "ece"}
 
 
-def test_shift_report_on_an_unlabelled_test_split_refuses_before_training(
-    criteo_files, tmp_path
-):
+def test_shift_report_on_an_unlabelled_test_split_refuses_before_training(criteo_files, tmp_path):
     from ctrcal.reports.shift.report import run_shift_report
 
     data = _unlabelled_test_dir(criteo_files, tmp_path)

@@ -45,8 +45,14 @@ def test_runtime_keys_are_real_keys_and_cover_what_does_not_change_training():
     }
     for key in RUNTIME_KEYS:
         assert key.endswith(".") or key in keys, f"{key} is not a config key"
-    for key in ("train.compile", "data.prepared_dir", "train.device", "train.cpu_matmul",
-                "report.seeds", "out_dir"):  # fmt: skip
+    for key in (
+        "train.compile",
+        "data.prepared_dir",
+        "train.device",
+        "train.cpu_matmul",
+        "report.seeds",
+        "out_dir",
+    ):
         assert is_runtime_key(key), key
     for key in ("train.epochs", "train.lr", "model.net_norm", "data.split_seed", "train.seed"):
         assert not is_runtime_key(key), key
@@ -240,10 +246,12 @@ def test_string_vocabularies_hash_by_content(tmp_path):
     def prepared(name, values, row_group_size=None):
         d = tmp_path / name
         d.mkdir()
-        (d / "feature_map.json").write_text(json.dumps(
-            {"features": [{"name": "C1", "kind": "categorical", "vocab_size": 6}]}))
-        table = pa.table({"field": ["C1"] * 3, "value": values, "id": [3, 4, 5],
-                          "count": [9, 5, 2]})  # fmt: skip
+        (d / "feature_map.json").write_text(
+            json.dumps({"features": [{"name": "C1", "kind": "categorical", "vocab_size": 6}]})
+        )
+        table = pa.table(
+            {"field": ["C1"] * 3, "value": values, "id": [3, 4, 5], "count": [9, 5, 2]}
+        )
         pq.write_table(table, d / "vocab.parquet", row_group_size=row_group_size)
         return feature_identity(d)
 

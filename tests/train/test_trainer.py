@@ -55,8 +55,15 @@ def test_tiny_run_learns_and_writes_its_run_directory(ln_run):
     assert res.valid["auc"] > 0.65 and res.test["auc"] > 0.65  # chance is 0.5
     assert res.best_epoch in (1, 2) and res.epochs_completed == 2
     assert res.oracle["auc"] > res.test["auc"] - 0.02  # synthetic data: the true probabilities
-    for name in ("config.yaml", "feature_map.json", "data.json", "metrics.jsonl",
-                 "result.json", "checkpoints/best.pt", "checkpoints/last.pt"):  # fmt: skip
+    for name in (
+        "config.yaml",
+        "feature_map.json",
+        "data.json",
+        "metrics.jsonl",
+        "result.json",
+        "checkpoints/best.pt",
+        "checkpoints/last.pt",
+    ):
         assert (run / name).is_file(), name
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [x["epoch"] for x in lines] == [1, 2]
@@ -107,8 +114,13 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(
     prepared_dir, tmp_path, monkeypatch
 ):
     # dropout and MC-LayerNorm both draw from the RNG, so its state must survive the restart
-    cfg = _cfg("train.epochs=3", "train.patience=5", "model.dropout=0.2",
-               "model.net_norm=mclayernorm", "train.emb_l2=1e-4")  # fmt: skip
+    cfg = _cfg(
+        "train.epochs=3",
+        "train.patience=5",
+        "model.dropout=0.2",
+        "model.net_norm=mclayernorm",
+        "train.emb_l2=1e-4",
+    )
     full = train(cfg, prepared_dir, tmp_path / "full")
 
     # step 12: in the middle of the second epoch (8 steps per epoch)
@@ -136,10 +148,17 @@ def test_plateau_schedule_early_stopping_and_best_weights(
     aucs, stop_after, best, lrs, prepared_dir, tmp_path, monkeypatch
 ):
     script = iter(aucs)
-    monkeypatch.setattr(trainer, "valid_metrics", lambda logits, labels: {
-        "auc": next(script), "logloss": 0.5, "ece": 0.01, "pcoc": 1.0})  # fmt: skip
-    cfg = _cfg(f"train.epochs={len(aucs)}", "train.batch_size=8192", "train.monitor=auc",
-               "train.min_lr=5e-6")  # fmt: skip
+    monkeypatch.setattr(
+        trainer,
+        "valid_metrics",
+        lambda logits, labels: {"auc": next(script), "logloss": 0.5, "ece": 0.01, "pcoc": 1.0},
+    )
+    cfg = _cfg(
+        f"train.epochs={len(aucs)}",
+        "train.batch_size=8192",
+        "train.monitor=auc",
+        "train.min_lr=5e-6",
+    )
     res = train(cfg, prepared_dir, tmp_path / "run")
     assert res.epochs_completed == stop_after and res.stopped_early
     assert res.best_epoch == best and res.valid["auc"] == aucs[best - 1]
@@ -171,8 +190,9 @@ def test_emb_l2_is_the_gradient_of_half_lambda_squared_norm_of_the_whole_table()
         models.append(MaskNet([6, 4], 3, 4, hidden_units=[8]))
     a, b = models
     opt_a = torch.optim.SGD(a.parameters(), lr=1.0)
-    ctx = step.StepContext(a, a, opt_a, list(a.parameters()), step.embedding_tables(a),
-                               lam, 0.0, "cpu", None)  # fmt: skip
+    ctx = step.StepContext(
+        a, a, opt_a, list(a.parameters()), step.embedding_tables(a), lam, 0.0, "cpu", None
+    )
     step.train_step(ctx, batch)
     opt_b = torch.optim.SGD(b.parameters(), lr=1.0)
     loss = torch.nn.functional.binary_cross_entropy_with_logits(b(batch.inputs()), batch.label)
@@ -181,8 +201,9 @@ def test_emb_l2_is_the_gradient_of_half_lambda_squared_norm_of_the_whole_table()
     torch.testing.assert_close(a.embedding.table.weight, b.embedding.table.weight)
     # rows no batch used shrink too: the penalty covers the whole table
     unused = a.embedding.offsets[0] + 5
-    torch.testing.assert_close(a.embedding.table.weight[unused],
-                               models[1].embedding.table.weight[unused])  # fmt: skip
+    torch.testing.assert_close(
+        a.embedding.table.weight[unused], models[1].embedding.table.weight[unused]
+    )
 
 
 def test_a_training_step_calls_the_model_with_the_batch_but_not_its_labels():
@@ -192,8 +213,17 @@ def test_a_training_step_calls_the_model_with_the_batch_but_not_its_labels():
     model = MaskNet([6, 4], 3, 4, hidden_units=[8])
     seen = []
     model.register_forward_pre_hook(lambda module, args: seen.append(args))
-    ctx = step.StepContext(model, model, torch.optim.SGD(model.parameters(), lr=0.1),
-                           list(model.parameters()), [], 0.0, 0.0, "cpu", None)  # fmt: skip
+    ctx = step.StepContext(
+        model,
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        list(model.parameters()),
+        [],
+        0.0,
+        0.0,
+        "cpu",
+        None,
+    )
     batch = Batch(torch.zeros(4, 2, dtype=torch.long), torch.randn(4, 3), torch.ones(4))
     step.train_step(ctx, batch)
     [(given,)] = seen
@@ -203,8 +233,12 @@ def test_a_training_step_calls_the_model_with_the_batch_but_not_its_labels():
 
 def test_finetune_swaps_norms_and_starts_from_the_source_weights(ln_run, prepared_dir, tmp_path):
     src, _ = ln_run
-    cfg = _cfg("model.net_norm={name: mclayernorm, fraction: 0.5}", f"train.finetune_from={src}",
-               "train.epochs=1", "train.lr=1e-4")  # fmt: skip
+    cfg = _cfg(
+        "model.net_norm={name: mclayernorm, fraction: 0.5}",
+        f"train.finetune_from={src}",
+        "train.epochs=1",
+        "train.lr=1e-4",
+    )
     fm = ParquetCTRData(prepared_dir, "valid").feature_map
     start = finetune.finetune_model(cfg, fm, prepared_dir)
     assert all(type(b.norm) is MCLayerNorm and b.norm.fraction == 0.5 for b in start.blocks)
@@ -221,12 +255,16 @@ def test_finetune_swaps_norms_and_starts_from_the_source_weights(ln_run, prepare
 @pytest.mark.parametrize(
     "model",
     [
-        ["model.name=dcnv2", "model.structure=stacked", "model.num_cross_layers=1",
-         "model.stacked_dnn_hidden_units=[8, 8]"],
+        [
+            "model.name=dcnv2",
+            "model.structure=stacked",
+            "model.num_cross_layers=1",
+            "model.stacked_dnn_hidden_units=[8, 8]",
+        ],
         ["model.name=dnn", "model.hidden_units=[8, 8]"],
     ],
     ids=["dcnv2", "dnn"],
-)  # fmt: skip
+)
 def test_finetune_swaps_the_norms_of_any_model(model, prepared_dir, tmp_path):
     def _cfg(*overrides):
         tiny = [o for o in TINY if not o.startswith("model.")]
@@ -237,8 +275,7 @@ def test_finetune_swaps_the_norms_of_any_model(model, prepared_dir, tmp_path):
     train(_cfg(*model, *norms, "train.epochs=1"), prepared_dir, src)
     source, _, fm = load_run(src)
     mc = "{name: mclayernorm, fraction: 0.75}"
-    cfg = _cfg(*model, f"model.emb_norm={mc}", f"model.net_norm={mc}",
-               f"train.finetune_from={src}")  # fmt: skip
+    cfg = _cfg(*model, f"model.emb_norm={mc}", f"model.net_norm={mc}", f"train.finetune_from={src}")
     start = finetune.finetune_model(cfg, fm, prepared_dir)
     kinds = [type(m) for m in start.modules() if isinstance(m, nn.LayerNorm)]
     assert kinds and all(k is MCLayerNorm for k in kinds)  # every position swapped
@@ -251,8 +288,9 @@ def test_finetune_swaps_the_norms_of_any_model(model, prepared_dir, tmp_path):
     # the architecture must otherwise match: another tower width is refused
     wider = [a.replace("[8, 8]", "[8, 16]") for a in model]
     with pytest.raises(ConfigError, match="architecture differs"):
-        finetune.finetune_model(_cfg(*wider, *norms, f"train.finetune_from={src}"), fm,
-                                prepared_dir)
+        finetune.finetune_model(
+            _cfg(*wider, *norms, f"train.finetune_from={src}"), fm, prepared_dir
+        )
     # and the model itself must be the same
     other = ["model.name=masknet"] if "dnn" in model[0] else ["model.name=dnn"]
     with pytest.raises(ConfigError, match="swaps norms within one model"):
@@ -287,8 +325,16 @@ def test_cli_train_and_evaluate(prepared_dir, tmp_path, capsys):
     cfg_path.write_text(yaml.safe_dump({"model": {"net_norm": "mclayernorm"}}))
     run = tmp_path / "run"
     # the documented order: CONFIG, options, then the key=value overrides
-    args = ["train", str(cfg_path), "--data", str(prepared_dir), "--out", str(run), *TINY,
-            "train.epochs=1"]  # fmt: skip
+    args = [
+        "train",
+        str(cfg_path),
+        "--data",
+        str(prepared_dir),
+        "--out",
+        str(run),
+        *TINY,
+        "train.epochs=1",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "valid: AUC" in out and "test:" in out
@@ -307,11 +353,15 @@ def test_cli_train_and_evaluate(prepared_dir, tmp_path, capsys):
 
 def test_cli_train_prepares_the_configured_data(tmp_path, capsys):
     cfg_path = tmp_path / "synthetic.yaml"
-    cfg_path.write_text(yaml.safe_dump({
-        "out_dir": str(tmp_path / "out"),
-        "data": {"synthetic": {"rows": 3000, "seed": 1}},
-        "features": {"min_count": 2},
-    }))  # fmt: skip
+    cfg_path.write_text(
+        yaml.safe_dump(
+            {
+                "out_dir": str(tmp_path / "out"),
+                "data": {"synthetic": {"rows": 3000, "seed": 1}},
+                "features": {"min_count": 2},
+            }
+        )
+    )
     assert main(["train", str(cfg_path), *TINY, "train.epochs=1"]) == 0
     assert (tmp_path / "out" / "data" / "feature_map.json").is_file()
     assert (tmp_path / "out" / "result.json").is_file()
@@ -331,8 +381,14 @@ def _batches():
     from ctrcal.core.batch import Batch
 
     g = torch.Generator().manual_seed(1)
-    return [Batch(torch.randint(0, 30, (16, 2), generator=g), torch.randn(16, 3, generator=g),
-                  (torch.rand(16, generator=g) < 0.3).float()) for _ in range(3)]  # fmt: skip
+    return [
+        Batch(
+            torch.randint(0, 30, (16, 2), generator=g),
+            torch.randn(16, 3, generator=g),
+            (torch.rand(16, generator=g) < 0.3).float(),
+        )
+        for _ in range(3)
+    ]
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "adamw"])
@@ -341,8 +397,9 @@ def test_sparse_table_gradients_give_the_same_training_as_dense(optimizer):
     states = []
     for model, sparse in zip(_pair_of_models(), (False, True), strict=True):
         opt = step.make_optimizer(model, cfg.train)
-        ctx = step.make_step_context(model, opt, cfg.train, torch.device("cpu"), None,
-                                        sparse_tables=sparse)  # fmt: skip
+        ctx = step.make_step_context(
+            model, opt, cfg.train, torch.device("cpu"), None, sparse_tables=sparse
+        )
         # the table's backward adds its rows into a dense .grad kept across steps
         assert model.embedding.grad_in_place is sparse
         for batch in _batches():
@@ -381,8 +438,11 @@ def test_trained_model_is_handed_back_dense_and_without_grads(ln_run):
 def test_auto_data_mode_keeps_splits_on_the_gpu_only_when_they_fit(monkeypatch):
     from types import SimpleNamespace
 
-    fm = SimpleNamespace(splits={"train": {"rows": 1000}, "valid": {"rows": 100}},
-                         vocab_sizes=[5] * 3, numeric_fields=["a"])  # fmt: skip
+    fm = SimpleNamespace(
+        splits={"train": {"rows": 1000}, "valid": {"rows": 100}},
+        vocab_sizes=[5] * 3,
+        numeric_fields=["a"],
+    )
     cuda = torch.device("cuda")
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**6, 10**7))
     assert splits.resolve_data_mode("auto", cuda, fm) == "device"  # 1100 rows * 20 B
@@ -394,8 +454,9 @@ def test_auto_data_mode_keeps_splits_on_the_gpu_only_when_they_fit(monkeypatch):
 
 def test_resume_ignores_the_report_section_but_not_training_keys(ln_run, prepared_dir):
     run, res = ln_run
-    again = train(_cfg("report.seeds=7", "report.intensities=[0.0, 0.5]"), prepared_dir, run,
-                  resume=True)  # fmt: skip
+    again = train(
+        _cfg("report.seeds=7", "report.intensities=[0.0, 0.5]"), prepared_dir, run, resume=True
+    )
     assert again.best_epoch == res.best_epoch
     with pytest.raises(ConfigError, match=r"train\.lr"):
         train(_cfg("train.lr=0.5"), prepared_dir, run, resume=True)

@@ -314,9 +314,13 @@ def _category_keys(distinct: np.ndarray) -> np.ndarray:
 
 
 def _encode_rows(
-    coded: _Coded, lo: int, hi: int, tables: list[np.ndarray], schema: pa.Schema,
+    coded: _Coded,
+    lo: int,
+    hi: int,
+    tables: list[np.ndarray],
+    schema: pa.Schema,
     pool: ThreadPoolExecutor,
-) -> pa.Table:  # fmt: skip
+) -> pa.Table:
     """Rows ``[lo, hi)`` of a coded chunk encoded (the schema's columns) by one gather per
     column, in buffers of their own: a split's rows may wait for their part long after the
     chunk is gone, and must not keep it alive."""

@@ -80,8 +80,18 @@ from ctrcal.data.splits import (
 )
 
 PREPARE_VERSION = 4  # 2: original-space statistics, split_order; 3: numpy; 4: one pipeline
-_SPLIT_WORDS = {"train": 0, "training": 0, "tr": 0, "valid": 1, "validation": 1, "val": 1,
-                "dev": 1, "test": 2, "testing": 2, "te": 2}  # fmt: skip
+_SPLIT_WORDS = {
+    "train": 0,
+    "training": 0,
+    "tr": 0,
+    "valid": 1,
+    "validation": 1,
+    "val": 1,
+    "dev": 1,
+    "test": 2,
+    "testing": 2,
+    "te": 2,
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,8 +113,11 @@ def _resolve_sources(
             raise DataError(
                 f"explicit splits need train, valid and test files; missing: {', '.join(missing)}"
             )
-        sources = [Source(p, SPLITS.index(s)) for s in SPLITS
-                   for p in expand_inputs(_as_list(inputs[s]), f"{where}{s}")]  # fmt: skip
+        sources = [
+            Source(p, SPLITS.index(s))
+            for s in SPLITS
+            for p in expand_inputs(_as_list(inputs[s]), f"{where}{s}")
+        ]
         held: dict[str, str] = {}
         for src in sources:
             other = held.setdefault(os.path.realpath(src.path), SPLITS[src.split])
@@ -157,10 +170,15 @@ def _file_identity(path: Path) -> dict[str, Any]:
 def source_hash(identity: Any, params: Mapping[str, Any]) -> str:
     """sha256 of the sources' identity and the pipeline/split parameters."""
     blob = json.dumps(
-        {"prepare_version": PREPARE_VERSION, "schema_version": SCHEMA_VERSION,
-         "sources": identity, "params": params},
-        sort_keys=True, default=str,
-    )  # fmt: skip
+        {
+            "prepare_version": PREPARE_VERSION,
+            "schema_version": SCHEMA_VERSION,
+            "sources": identity,
+            "params": params,
+        },
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -298,8 +316,7 @@ def _prepare_files(
         if not resplit and identity is None:
             _refuse_pre_split(sources)
         check_fractions(cfg.data.split)
-        sources = [sources[i] for i in read_order([s.path for s in sources],
-                                                  cfg.data.split_order)]  # fmt: skip
+        sources = [sources[i] for i in read_order([s.path for s in sources], cfg.data.split_order)]
     if identity is None:
         identity = [{**_file_identity(s.path), "split": s.split} for s in sources]
     key = source_hash(identity, _params(cfg, on_bad_row, random_split))
@@ -324,8 +341,9 @@ def _prepare_files(
             # the inputs are named by the readers; what is left is the output's trouble (a
             # full disk, a read-only or foreign folder): name the path and the cause
             where = f" ({exc.filename})" if exc.filename else ""
-            raise DataError(f"{out_dir}: cannot write the prepared data: "
-                            f"{exc.strerror or exc}{where}") from None  # fmt: skip
+            raise DataError(
+                f"{out_dir}: cannot write the prepared data: {exc.strerror or exc}{where}"
+            ) from None
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -344,8 +362,9 @@ def _size_setting(value: int | None, env: str, default: int, minimum: int) -> in
         except ValueError:
             raise DataError(f"{env}={text!r}: expected a number of bytes") from None
     if value < minimum:
-        raise DataError(f"{env.removeprefix('CTRCAL_PREPARE_').lower()} must be >= {minimum}, "
-                        f"got {value}")  # fmt: skip
+        raise DataError(
+            f"{env.removeprefix('CTRCAL_PREPARE_').lower()} must be >= {minimum}, got {value}"
+        )
     return int(value)
 
 
@@ -388,8 +407,11 @@ def _prepare_into(
     transform = resolve_numeric_transform(
         cfg.features.numeric_transform, "x1" if families == {"x1"} else layout
     )
-    fields = {} if schema is None else {"categorical_fields": schema.categorical_fields,
-                                        "numeric_fields": schema.numeric}  # fmt: skip
+    fields = (
+        {}
+        if schema is None
+        else {"categorical_fields": schema.categorical_fields, "numeric_fields": schema.numeric}
+    )
     pipe = FeaturePipeline(
         min_count=cfg.features.min_count,
         numeric_transform=transform,
@@ -398,15 +420,23 @@ def _prepare_into(
         hash_buckets=cfg.features.hash_buckets,
         **fields,
     )
-    if schema is not None and schema.time and sources[0].split is None \
-            and cfg.data.split_order == "time":
+    if (
+        schema is not None
+        and schema.time
+        and sources[0].split is None
+        and cfg.data.split_order == "time"
+    ):
         counts = pl.concat([schema_reader.time_counts(s.path, s.fmt) for s in sources])
         plan = plan_time_column(counts, cfg.data.split)
     else:
         plan = plan_splits(
-            [s.path for s in sources], [s.split for s in sources], cfg.data.split,
-            cfg.data.split_seed, cfg.data.split_order, [s.fmt.header_lines for s in sources],
-        )  # fmt: skip
+            [s.path for s in sources],
+            [s.split for s in sources],
+            cfg.data.split,
+            cfg.data.split_seed,
+            cfg.data.split_order,
+            [s.fmt.header_lines for s in sources],
+        )
     clock("detect")
     tally = encode_sources(tmp, sources, on_bad_row, plan, pipe, clock, chunk_bytes, threads)
     rows = {name: tally.rows[k] for k, name in enumerate(SPLITS)}
@@ -420,14 +450,15 @@ def _prepare_into(
         "sources": [
             # generated data lives in a temporary file: record what made it, not that path,
             # so two identical preparations write identical feature maps
-            {"path": "<synthetic>" if synthetic_info else str(s.path), "layout": s.fmt.layout,
-             "split": SPLITS[s.split] if s.split is not None else "split"}
+            {
+                "path": "<synthetic>" if synthetic_info else str(s.path),
+                "layout": s.fmt.layout,
+                "split": SPLITS[s.split] if s.split is not None else "split",
+            }
             for s in sources
-        ],  # fmt: skip
+        ],
         "split": plan.describe(),
-        "splits": {
-            n: {"rows": rows[n], "positive_rate": _nan_to_none(rates[n])} for n in SPLITS
-        },
+        "splits": {n: {"rows": rows[n], "positive_rate": _nan_to_none(rates[n])} for n in SPLITS},
         "bad_rows_skipped": bad,
     }
     if schema is not None:
@@ -458,9 +489,15 @@ def _prepare_into(
     if oracle:
         summary["oracle"] = oracle
     return PrepareResult(
-        tmp, False, key, rows=rows, positive_rate=rates, bad_rows=bad, layout=layout,
+        tmp,
+        False,
+        key,
+        rows=rows,
+        positive_rate=rates,
+        bad_rows=bad,
+        layout=layout,
         summary=summary,
-    )  # fmt: skip
+    )
 
 
 def _nan_to_none(x: float) -> float | None:
@@ -474,8 +511,9 @@ def _oracle(directory: Path) -> dict[str, dict[str, float]]:
     for name in SPLITS[1:]:  # the held-out splits are what models are measured on
         df = pl.read_parquet(directory / name, columns=[LABEL, PROB_COL])
         if df.height and df[LABEL].null_count() == 0:
-            auc, ll = oracle_metrics(df[PROB_COL].to_numpy().astype("float64"),
-                                     df[LABEL].to_numpy())  # fmt: skip
+            auc, ll = oracle_metrics(
+                df[PROB_COL].to_numpy().astype("float64"), df[LABEL].to_numpy()
+            )
             out[name] = {"auc": auc, "logloss": ll}
     return out
 
@@ -484,8 +522,12 @@ def _prepare_synthetic(cfg: Any, out_dir: Path, *, force: bool) -> PrepareResult
     from ctrcal.data.synthetic import GENERATOR_VERSION, generate
 
     syn = cfg.data.synthetic
-    info = {"rows": syn.rows, "seed": syn.seed, "drift": syn.drift,
-            "generator_version": GENERATOR_VERSION}  # fmt: skip
+    info = {
+        "rows": syn.rows,
+        "seed": syn.seed,
+        "drift": syn.drift,
+        "generator_version": GENERATOR_VERSION,
+    }
     identity = [{"synthetic": info}]
     key = source_hash(identity, _params(cfg, cfg.data.on_bad_row, True))
     if not force and is_prepared(out_dir, key):
@@ -497,10 +539,15 @@ def _prepare_synthetic(cfg: Any, out_dir: Path, *, force: bool) -> PrepareResult
     try:
         raw = td / "synthetic.tsv"
         res = generate(raw, syn.rows, syn.seed, drift=syn.drift)
-        info = {**info, "oracle_auc": res.oracle_auc, "oracle_logloss": res.oracle_logloss,
-                "positive_rate": res.positive_rate}  # fmt: skip
-        return _prepare_files([raw], out_dir, cfg, None, force=force, identity=identity,
-                              synthetic_info=info)  # fmt: skip
+        info = {
+            **info,
+            "oracle_auc": res.oracle_auc,
+            "oracle_logloss": res.oracle_logloss,
+            "positive_rate": res.positive_rate,
+        }
+        return _prepare_files(
+            [raw], out_dir, cfg, None, force=force, identity=identity, synthetic_info=info
+        )
     finally:
         shutil.rmtree(td, ignore_errors=True)
 
@@ -512,12 +559,14 @@ def _reuse(out_dir: str | Path, key: str) -> PrepareResult:
     clean_stale_temporaries(out_dir)
     fm = json.loads((out_dir / FEATURE_MAP_FILE).read_text())
     return PrepareResult(
-        out_dir, True, key,
+        out_dir,
+        True,
+        key,
         rows={k: v["rows"] for k, v in fm["splits"].items()},
         positive_rate={k: v["positive_rate"] for k, v in fm["splits"].items()},
         layout=fm.get("layout"),
         summary={"oracle": fm["oracle"]} if fm.get("oracle") else {},
-    )  # fmt: skip
+    )
 
 
 __all__ = [

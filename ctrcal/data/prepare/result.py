@@ -71,8 +71,9 @@ class PrepareResult:
             lines.append(f"  skipped {self.bad_rows:,} malformed rows")
         if "oracle" in fm:
             o = fm["oracle"].get("test") or next(iter(fm["oracle"].values()))
-            lines.append(f"  oracle (true probabilities): AUC {o['auc']:.4f}, logloss "
-                         f"{o['logloss']:.4f}")  # fmt: skip
+            lines.append(
+                f"  oracle (true probabilities): AUC {o['auc']:.4f}, logloss {o['logloss']:.4f}"
+            )
         return "\n".join(lines)
 
 
@@ -83,12 +84,15 @@ def _describe_tables(fm: Mapping[str, Any], dim: int | None) -> list[str]:
     sizes = ", ".join(f"{n} {v:,}" for n, v in tables.items())
     lines = [f"  embedding table rows: {sizes}"]
     if fm.get("hashed"):
-        lines.append(f"  capped at max_vocab {fm['max_vocab']:,} (+ hashed ids): "
-                     + ", ".join(fm["hashed"]))  # fmt: skip
+        lines.append(
+            f"  capped at max_vocab {fm['max_vocab']:,} (+ hashed ids): " + ", ".join(fm["hashed"])
+        )
     total = embedding_rows(tables.values())
     if dim:
-        lines.append(f"  embedding memory at dim {dim}: {total:,} rows x {dim} x 4 B = "
-                     f"{embedding_bytes(total, dim) / 2**20:,.1f} MiB")  # fmt: skip
+        lines.append(
+            f"  embedding memory at dim {dim}: {total:,} rows x {dim} x 4 B = "
+            f"{embedding_bytes(total, dim) / 2**20:,.1f} MiB"
+        )
     else:
         lines.append(
             f"  embedding memory: {total:,} rows x 4 B = "

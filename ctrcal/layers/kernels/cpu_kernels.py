@@ -56,18 +56,37 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 _KERNELS = (
-    "relu_dropout_fwd_f32", "relu_dropout_fwd_f64", "relu_dropout_bwd_f32",
-    "relu_dropout_bwd_f64", "dropout_keep_mask", "table_gather_f32", "table_scatter_add_f32",
-    "ln_relu_dropout_fwd_f32", "ln_relu_dropout_bwd_f32", "masked_input_fwd_f32",
-    "masked_input_bwd_f32", "mask_hidden_fwd_f32", "mask_hidden_bwd_f32",
-    "ln_relu_dropout_logit_fwd_f32", "ln_relu_dropout_logit_bwd_f32",
-    "ln_relu_dropout_mask_fwd_f32", "ln_relu_dropout_mask_bwd_f32", "numeric_embed_fwd_f32",
-    "numeric_embed_bwd_f32", "cross_fwd_f32", "cross_bwd_f32",
-)  # fmt: skip
+    "relu_dropout_fwd_f32",
+    "relu_dropout_fwd_f64",
+    "relu_dropout_bwd_f32",
+    "relu_dropout_bwd_f64",
+    "dropout_keep_mask",
+    "table_gather_f32",
+    "table_scatter_add_f32",
+    "ln_relu_dropout_fwd_f32",
+    "ln_relu_dropout_bwd_f32",
+    "masked_input_fwd_f32",
+    "masked_input_bwd_f32",
+    "mask_hidden_fwd_f32",
+    "mask_hidden_bwd_f32",
+    "ln_relu_dropout_logit_fwd_f32",
+    "ln_relu_dropout_logit_bwd_f32",
+    "ln_relu_dropout_mask_fwd_f32",
+    "ln_relu_dropout_mask_bwd_f32",
+    "numeric_embed_fwd_f32",
+    "numeric_embed_bwd_f32",
+    "cross_fwd_f32",
+    "cross_bwd_f32",
+)
 
 
-_LIBRARY = LazyLibrary(Path(__file__).with_name("cpu_kernels.c"), "cpu_kernels", _declare,
-                       openmp=torch_uses_loaded_openmp, headers=[HEADER])  # fmt: skip
+_LIBRARY = LazyLibrary(
+    Path(__file__).with_name("cpu_kernels.c"),
+    "cpu_kernels",
+    _declare,
+    openmp=torch_uses_loaded_openmp,
+    headers=[HEADER],
+)
 
 
 def cpu_kernels() -> ctypes.CDLL | None:

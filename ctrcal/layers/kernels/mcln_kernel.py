@@ -50,8 +50,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.chunks_in_parallel.argtypes, lib.chunks_in_parallel.restype = [], c_int
 
 
-_LIBRARY = LazyLibrary(Path(__file__).with_name("mcln_kernel.c"), "mcln", _declare,
-                       openmp=torch_uses_loaded_openmp, headers=[HEADER])  # fmt: skip
+_LIBRARY = LazyLibrary(
+    Path(__file__).with_name("mcln_kernel.c"),
+    "mcln",
+    _declare,
+    openmp=torch_uses_loaded_openmp,
+    headers=[HEADER],
+)
 
 
 def get_kernel() -> ctypes.CDLL:
@@ -86,8 +91,9 @@ def subset_mask(rows: int, n: int, k: int, key: int) -> Tensor:
     forward draws from the same key)."""
     mask = torch.empty(rows, n, dtype=torch.uint8)
     d, invert = small_side(n, k)
-    failed = _row_chunks(rows, n).run(get_kernel(), "mcln_sample", mask.data_ptr(), n, d,
-                                      int(invert), key)  # fmt: skip
+    failed = _row_chunks(rows, n).run(
+        get_kernel(), "mcln_sample", mask.data_ptr(), n, d, int(invert), key
+    )
     _check(any(failed))
     return mask
 
@@ -107,17 +113,38 @@ def forward(
     mean = torch.empty(rows, dtype=x.dtype)
     rstd = torch.empty(rows, dtype=x.dtype)
     name = "mcln_fwd_f64" if x.dtype == torch.float64 else "mcln_fwd_f32"
-    failed = _row_chunks(rows, n).run(get_kernel(), name, _p(x), _p(w), _p(b), _p(y), _p(idx),
-                                      _p(mean), _p(rstd), n, groups, k, d, int(invert), eps,
-                                      key)  # fmt: skip
+    failed = _row_chunks(rows, n).run(
+        get_kernel(),
+        name,
+        _p(x),
+        _p(w),
+        _p(b),
+        _p(y),
+        _p(idx),
+        _p(mean),
+        _p(rstd),
+        n,
+        groups,
+        k,
+        d,
+        int(invert),
+        eps,
+        key,
+    )
     _check(any(failed))
     return y, idx, mean, rstd
 
 
 def backward(
-    dy: Tensor, x: Tensor, w: Tensor | None, idx: Tensor, mean: Tensor, rstd: Tensor, k: int,
+    dy: Tensor,
+    x: Tensor,
+    w: Tensor | None,
+    idx: Tensor,
+    mean: Tensor,
+    rstd: Tensor,
+    k: int,
     groups: int = 1,
-) -> tuple[Tensor, Tensor | None, Tensor]:  # fmt: skip
+) -> tuple[Tensor, Tensor | None, Tensor]:
     """dx [R, N], dweight [groups, N] (None without weight) and dbias [groups, N]."""
     rows, n = x.shape
     d, invert = small_side(n, k)
@@ -127,8 +154,24 @@ def backward(
     dw = chunks.partials(groups, n, dtype=x.dtype) if w is not None else None
     db = chunks.partials(groups, n, dtype=x.dtype)
     name = "mcln_bwd_f64" if x.dtype == torch.float64 else "mcln_bwd_f32"
-    chunks.run(get_kernel(), name, _p(dy), _p(x), _p(w), _p(idx), _p(mean), _p(rstd), _p(dx),
-               _p(dw), _p(db), n, groups, k, d, int(invert))  # fmt: skip
+    chunks.run(
+        get_kernel(),
+        name,
+        _p(dy),
+        _p(x),
+        _p(w),
+        _p(idx),
+        _p(mean),
+        _p(rstd),
+        _p(dx),
+        _p(dw),
+        _p(db),
+        n,
+        groups,
+        k,
+        d,
+        int(invert),
+    )
     return dx, dw.sum(0) if dw is not None else None, db.sum(0)
 
 
@@ -151,9 +194,7 @@ class KernelMCLayerNorm(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):  # type: ignore[override]
         x, w, idx, mean, rstd = ctx.saved_tensors
-        dx, dw, db = backward(
-            dy.contiguous(), x, w, idx, mean, rstd, ctx.k, ctx.groups
-        )
+        dx, dw, db = backward(dy.contiguous(), x, w, idx, mean, rstd, ctx.k, ctx.groups)
         return (
             dx,
             dw.reshape(w.shape) if w is not None else None,
@@ -173,9 +214,14 @@ class KernelMCLayerNorm(torch.autograd.Function):
 
 @torch.library.custom_op("ctrcal::mc_layer_norm_cpu_fwd", mutates_args=())
 def mc_layer_norm_cpu_fwd(
-    x: Tensor, weight: Tensor | None, bias: Tensor | None, key: Tensor, groups: int, k: int,
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    key: Tensor,
+    groups: int,
+    k: int,
     eps: float,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Fused forward on x [R, N] float32/float64 contiguous, affine [groups, N] or None, the
     rows' key a one-element int64 tensor: (y [R, N], positions [R, d] int32, mean [R],
     rstd [R])."""
@@ -192,9 +238,15 @@ def _(x, weight, bias, key, groups, k, eps):
 
 @torch.library.custom_op("ctrcal::mc_layer_norm_cpu_bwd", mutates_args=())
 def mc_layer_norm_cpu_bwd(
-    dy: Tensor, x: Tensor, weight: Tensor | None, idx: Tensor, mean: Tensor, rstd: Tensor,
-    groups: int, k: int,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    dy: Tensor,
+    x: Tensor,
+    weight: Tensor | None,
+    idx: Tensor,
+    mean: Tensor,
+    rstd: Tensor,
+    groups: int,
+    k: int,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Fused backward: (dx [R, N], dweight [groups, N] (empty [0] without weight),
     dbias [groups, N])."""
     dx, dw, db = backward(dy, x, weight, idx, mean, rstd, k, groups)

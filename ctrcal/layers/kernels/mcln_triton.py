@@ -135,9 +135,7 @@ if HAVE_TRITON:
         active = lo == 0
         probe = 0
         while tl.max(active.to(tl.int32), axis=0) > 0:
-            share = ((need - c_lo).to(tl.float32) - 0.5) / tl.maximum(c_hi - c_lo, 1).to(
-                tl.float32
-            )
+            share = ((need - c_lo).to(tl.float32) - 0.5) / tl.maximum(c_hi - c_lo, 1).to(tl.float32)
             guess = lo + ((hi - lo).to(tl.float32) * share).to(tl.int64)
             mid = tl.where(probe < _INTERPOLATED, guess, (lo + hi) >> 1)
             mid = tl.minimum(tl.maximum(mid, lo), tl.maximum(hi - 1, lo))
@@ -189,11 +187,27 @@ if HAVE_TRITON:
 
     @triton.jit
     def _mcln_fwd_kernel(
-        X, W, B, Y, MEAN, RSTD, BITS, SEED,
-        samples, groups, n, nbytes, k, eps,
-        HAS_W: tl.constexpr, HAS_B: tl.constexpr, FULL: tl.constexpr,
-        SB: tl.constexpr, GB: tl.constexpr, NB: tl.constexpr,
-    ):  # fmt: skip
+        X,
+        W,
+        B,
+        Y,
+        MEAN,
+        RSTD,
+        BITS,
+        SEED,
+        samples,
+        groups,
+        n,
+        nbytes,
+        k,
+        eps,
+        HAS_W: tl.constexpr,
+        HAS_B: tl.constexpr,
+        FULL: tl.constexpr,
+        SB: tl.constexpr,
+        GB: tl.constexpr,
+        NB: tl.constexpr,
+    ):
         seed = tl.load(SEED)
         i = tl.arange(0, SB * GB)
         s = tl.program_id(0) * SB + i // GB
@@ -234,11 +248,25 @@ if HAVE_TRITON:
 
     @triton.jit
     def _mcln_bwd_kernel(
-        DY, X, W, MEAN, RSTD, BITS, DX, DW, DB,
-        samples, groups, n, nbytes, k,
+        DY,
+        X,
+        W,
+        MEAN,
+        RSTD,
+        BITS,
+        DX,
+        DW,
+        DB,
+        samples,
+        groups,
+        n,
+        nbytes,
+        k,
         HAS_W: tl.constexpr,
-        SB: tl.constexpr, GB: tl.constexpr, NB: tl.constexpr,
-    ):  # fmt: skip
+        SB: tl.constexpr,
+        GB: tl.constexpr,
+        NB: tl.constexpr,
+    ):
         pid = tl.program_id(0)
         programs = tl.num_programs(0)
         i = tl.arange(0, SB * GB)
@@ -341,9 +369,14 @@ def _mask_bytes(n: int) -> int:
 
 
 def _forward_impl(
-    x: Tensor, weight: Tensor | None, bias: Tensor | None, seed: Tensor, groups: int, k: int,
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    seed: Tensor,
+    groups: int,
+    k: int,
     eps: float,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     rows, n = x.shape
     y = torch.empty_like(x)
     mean = torch.empty(rows, device=x.device, dtype=torch.float32)
@@ -355,18 +388,41 @@ def _forward_impl(
     sb, gb, nb, warps = _tiles(rows, groups, n, x.device)
     grid = (triton.cdiv(samples, sb), triton.cdiv(groups, gb))
     _mcln_fwd_kernel[grid](
-        x, weight if weight is not None else x, bias if bias is not None else x,
-        y, mean, rstd, bits, seed, samples, groups, n, _mask_bytes(n), k, eps,
-        HAS_W=weight is not None, HAS_B=bias is not None, FULL=k == n,
-        SB=sb, GB=gb, NB=nb, num_warps=warps,
-    )  # fmt: skip
+        x,
+        weight if weight is not None else x,
+        bias if bias is not None else x,
+        y,
+        mean,
+        rstd,
+        bits,
+        seed,
+        samples,
+        groups,
+        n,
+        _mask_bytes(n),
+        k,
+        eps,
+        HAS_W=weight is not None,
+        HAS_B=bias is not None,
+        FULL=k == n,
+        SB=sb,
+        GB=gb,
+        NB=nb,
+        num_warps=warps,
+    )
     return y, mean, rstd, bits
 
 
 def _backward_impl(
-    dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, bits: Tensor,
-    groups: int, k: int,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    dy: Tensor,
+    x: Tensor,
+    weight: Tensor | None,
+    mean: Tensor,
+    rstd: Tensor,
+    bits: Tensor,
+    groups: int,
+    k: int,
+) -> tuple[Tensor, Tensor, Tensor]:
     rows, n = x.shape
     dx = torch.empty_like(x)
     samples = rows // groups
@@ -379,10 +435,26 @@ def _backward_impl(
     db = torch.empty(programs, groups, n, device=x.device, dtype=torch.float32)
     grid = (programs, triton.cdiv(groups, gb))
     _mcln_bwd_kernel[grid](
-        dy, x, weight if weight is not None else x, mean, rstd, bits, dx, dw, db,
-        samples, groups, n, _mask_bytes(n), k,
-        HAS_W=weight is not None, SB=sb, GB=gb, NB=nb, num_warps=warps,
-    )  # fmt: skip
+        dy,
+        x,
+        weight if weight is not None else x,
+        mean,
+        rstd,
+        bits,
+        dx,
+        dw,
+        db,
+        samples,
+        groups,
+        n,
+        _mask_bytes(n),
+        k,
+        HAS_W=weight is not None,
+        SB=sb,
+        GB=gb,
+        NB=nb,
+        num_warps=warps,
+    )
     return dx, dw.sum(0), db.sum(0)
 
 
@@ -392,9 +464,14 @@ def _backward_impl(
 
 @torch.library.custom_op("ctrcal::mc_layer_norm_fwd", mutates_args=())
 def mc_layer_norm_fwd(
-    x: Tensor, weight: Tensor | None, bias: Tensor | None, seed: Tensor, groups: int, k: int,
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    seed: Tensor,
+    groups: int,
+    k: int,
     eps: float,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Fused forward on x [R, N] (R = samples * groups): (y [R, N], mean [R], rstd [R],
     the subsets as bits [R, ceil(N / 8)] uint8)."""
     return _forward_impl(x, weight, bias, seed, groups, k, eps)
@@ -410,9 +487,15 @@ def _(x, weight, bias, seed, groups, k, eps):
 
 @torch.library.custom_op("ctrcal::mc_layer_norm_bwd", mutates_args=())
 def mc_layer_norm_bwd(
-    dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, bits: Tensor,
-    groups: int, k: int,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    dy: Tensor,
+    x: Tensor,
+    weight: Tensor | None,
+    mean: Tensor,
+    rstd: Tensor,
+    bits: Tensor,
+    groups: int,
+    k: int,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Fused backward: (dx [R, N], dweight [G, N] float32, dbias [G, N] float32)."""
     return _backward_impl(dy, x, weight, mean, rstd, bits, groups, k)
 

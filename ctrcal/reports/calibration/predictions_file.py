@@ -305,6 +305,13 @@ def read_predictions(
     else:
         raise DataError(f"{path}: expected a .parquet or .csv/.tsv file (optionally .gz)")
     return Predictions.from_columns(
-        columns, prob, label, segments=segments, time=time, compare=compare, std=std,
-        source=str(path), line_offset=line_offset,
-    )  # fmt: skip
+        columns,
+        prob,
+        label,
+        segments=segments,
+        time=time,
+        compare=compare,
+        std=std,
+        source=str(path),
+        line_offset=line_offset,
+    )

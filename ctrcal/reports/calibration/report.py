@@ -59,12 +59,33 @@ from ctrcal.reports.markdown import markdown_table
 __all__ = ["CalibrationReportPaths", "calibration_report", "label_free_report", "model_metrics"]
 
 TABLE = [
-    "auc", "logloss", "brier", "brier_reliability", "brier_resolution", "brier_uncertainty",
-    "brier_remainder", "ne", "ne_calfree", "ece", "ece_mass", "smooth_ece", "pcoc",
-    "cal_slope", "cal_intercept", "cal_intercept_large", "ecce", "ecce_sigmas", "ecce_pvalue",
-    "field_rce_mean", "field_rce_max", "field_ece_mean", "field_ece_max", "mce", "mce_sigmas",
+    "auc",
+    "logloss",
+    "brier",
+    "brier_reliability",
+    "brier_resolution",
+    "brier_uncertainty",
+    "brier_remainder",
+    "ne",
+    "ne_calfree",
+    "ece",
+    "ece_mass",
+    "smooth_ece",
+    "pcoc",
+    "cal_slope",
+    "cal_intercept",
+    "cal_intercept_large",
+    "ecce",
+    "ecce_sigmas",
+    "ecce_pvalue",
+    "field_rce_mean",
+    "field_rce_max",
+    "field_ece_mean",
+    "field_ece_max",
+    "mce",
+    "mce_sigmas",
     "mce_pvalue",
-]  # fmt: skip
+]
 DEFINITIONS = {
     **M.DEFINITIONS,
     **M.CALIBRATION_DEFINITIONS,
@@ -188,11 +209,18 @@ def calibration_report(
     ci = bootstrap_ci(p, y, n_boot=bootstrap, seed=seed, n_bins=n_bins)
     floor = model_metrics(p, _floor_labels(p, seed), segs, **opts)
     result: dict[str, Any] = {
-        "source": preds.source, "rows": preds.rows, "columns": names,
-        "segments": list(segs), "clicks": float(y.sum()), "seed": seed, "replicates": bootstrap,
-        "model": model, "bootstrap": {k: c.as_dict() for k, c in ci.items()},
-        "floor": floor, "label_free": label_free_errors(p, y, model),
-    }  # fmt: skip
+        "source": preds.source,
+        "rows": preds.rows,
+        "columns": names,
+        "segments": list(segs),
+        "clicks": float(y.sum()),
+        "seed": seed,
+        "replicates": bootstrap,
+        "model": model,
+        "bootstrap": {k: c.as_dict() for k, c in ci.items()},
+        "floor": floor,
+        "label_free": label_free_errors(p, y, model),
+    }
     paths: dict[str, Path] = {}
     if segs:
         scan = worst_segments(
@@ -211,9 +239,15 @@ def calibration_report(
 
         paired = paired_bootstrap(fn, p, pb, y, n_boot=bootstrap, seed=seed, level=GATE_LEVEL)
         result["compare"] = {
-            k: {"a": c.a.as_dict(), "b": c.b.as_dict(), "diff": c.diff.as_dict(),
-                "pvalue": c.pvalue, "p_resolution": c.resolution} for k, c in paired.items()
-        }  # fmt: skip
+            k: {
+                "a": c.a.as_dict(),
+                "b": c.b.as_dict(),
+                "diff": c.diff.as_dict(),
+                "pvalue": c.pvalue,
+                "p_resolution": c.resolution,
+            }
+            for k, c in paired.items()
+        }
         if rules is not None:
             decision = decide(gate, rules, paired, GATE_LEVEL)
             skipped = 0
@@ -330,15 +364,24 @@ def _curves(p: np.ndarray, y: np.ndarray, n_bins: int) -> dict[str, dict[str, li
     out = {}
     for strategy in ("uniform", "quantile"):
         c = M.reliability_curve(p, y, n_bins=n_bins, strategy=strategy)
-        out[strategy] = {"mean_prob": c.mean_prob.tolist(), "frac_pos": c.frac_pos.tolist(),
-                         "counts": c.counts.tolist()}  # fmt: skip
+        out[strategy] = {
+            "mean_prob": c.mean_prob.tolist(),
+            "frac_pos": c.frac_pos.tolist(),
+            "counts": c.counts.tolist(),
+        }
     return out
 
 
 def _windows(
-    preds: Predictions, out: Path, result: dict, n_windows: int, calibrator: Any,
-    bootstrap: int, seed: int, min_count: int,
-) -> dict[str, Path]:  # fmt: skip
+    preds: Predictions,
+    out: Path,
+    result: dict,
+    n_windows: int,
+    calibrator: Any,
+    bootstrap: int,
+    seed: int,
+    min_count: int,
+) -> dict[str, Path]:
     from ctrcal.core.errors import DataError
     from ctrcal.reports.shift.window_figures import plot_windows
     from ctrcal.reports.shift.windows import calibration_over_time, decay_sentence
@@ -346,9 +389,16 @@ def _windows(
     pc = np.clip(preds.prob, 1e-7, 1.0 - 1e-7)
     try:
         res = calibration_over_time(
-            np.log(pc) - np.log1p(-pc), preds.label, preds.time, n_windows, calibrator,
-            segments=preds.segments or None, n_boot=bootstrap, min_count=min_count, seed=seed,
-        )  # fmt: skip
+            np.log(pc) - np.log1p(-pc),
+            preds.label,
+            preds.time,
+            n_windows,
+            calibrator,
+            segments=preds.segments or None,
+            n_boot=bootstrap,
+            min_count=min_count,
+            seed=seed,
+        )
     except ValueError as exc:
         raise DataError(f"{preds.source}: column {preds.names['time']!r}: {exc}") from None
     sentence = decay_sentence(res)
@@ -356,10 +406,12 @@ def _windows(
         index="window", columns=["metric", "calibration"], values="value"
     )
     result["windows"] = {
-        "calibrator": calibrator, "fitted_on": res.fitted_on, "sentence": sentence,
+        "calibrator": calibrator,
+        "fitted_on": res.fitted_on,
+        "sentence": sentence,
         "table": res.windows.to_dict(orient="records"),
         "metrics": res.metrics.to_dict(orient="records"),
-    }  # fmt: skip
+    }
     csv = out / "windows.csv"
     wide.columns = [f"{m}:{c}" for m, c in wide.columns]
     res.windows.set_index("window").join(wide).to_csv(csv)
@@ -378,16 +430,20 @@ def render_markdown(r: dict[str, Any]) -> str:
     """The text of ``report.md`` from the result dictionary of :func:`calibration_report`."""
     cols = r["columns"]
     lines = [
-        f"# Calibration report: {Path(r['source']).name}", "",
+        f"# Calibration report: {Path(r['source']).name}",
+        "",
         f"{r['rows']:,} rows, {int(r['clicks']):,} clicks (rate {r['clicks'] / r['rows']:.4f}); "
         f"probability column `{cols['prob']}`, label column `{cols['label']}`"
         + (f", segments {', '.join(f'`{s}`' for s in r['segments'])}" if r["segments"] else "")
-        + ".", "",
+        + ".",
+        "",
         f"**Floor**: the same metrics for a perfectly calibrated model on these rows (clicks "
         f"drawn from the predictions, seed {r['seed']}): what sampling noise alone scores. A "
-        "calibration metric near its floor is noise.", "",
-        "## Metrics", "",
-    ]  # fmt: skip
+        "calibration metric near its floor is noise.",
+        "",
+        "## Metrics",
+        "",
+    ]
     ci = r["bootstrap"]
     header = ["metric", f"`{cols['prob']}`", "95% CI (row bootstrap)", "floor"]
     rows = []
@@ -403,24 +459,38 @@ def render_markdown(r: dict[str, Any]) -> str:
         rows = []
         for k in per_field:
             name = k.split(":", 1)[1]
-            rows.append([name, _fmt(r["model"][k]), _fmt(r["floor"].get(k)),
-                         _fmt(r["model"][f"field_ece:{name}"])])  # fmt: skip
+            rows.append(
+                [
+                    name,
+                    _fmt(r["model"][k]),
+                    _fmt(r["floor"].get(k)),
+                    _fmt(r["model"][f"field_ece:{name}"]),
+                ]
+            )
         lines += [markdown_table(["segment", "Field-RCE", "floor", "Field-ECE"], rows), ""]
     if "compare" in r:
         lines += [
-            f"## `{cols['compare']}` against `{cols['prob']}`", "",
+            f"## `{cols['compare']}` against `{cols['prob']}`",
+            "",
             f"Paired row bootstrap ({r['replicates']} replicates): both models on the same "
-            "resampled rows; the difference is compare − model.", "",
-        ]  # fmt: skip
+            "resampled rows; the difference is compare − model.",
+            "",
+        ]
         rows = []
         for k in TABLE:
             c = r["compare"].get(k)
             if c is None:
                 continue
             d = c["diff"]
-            rows.append([k, _fmt(c["a"]["estimate"]), _fmt(c["b"]["estimate"]),
-                         f"{_fmt(d['estimate'])} [{_fmt(d['low'])}, {_fmt(d['high'])}]",
-                         _fmt_p(c["pvalue"], c.get("p_resolution"))])  # fmt: skip
+            rows.append(
+                [
+                    k,
+                    _fmt(c["a"]["estimate"]),
+                    _fmt(c["b"]["estimate"]),
+                    f"{_fmt(d['estimate'])} [{_fmt(d['low'])}, {_fmt(d['high'])}]",
+                    _fmt_p(c["pvalue"], c.get("p_resolution")),
+                ]
+            )
         header = ["metric", f"`{cols['prob']}`", f"`{cols['compare']}`"]
         header += ["difference [95% CI]", "p"]
         lines += [markdown_table(header, rows), ""]
@@ -438,11 +508,21 @@ def render_markdown(r: dict[str, Any]) -> str:
     if "windows" in r:
         w = r["windows"]
         lines += ["## Calibration over time", "", w["sentence"], "", "![windows](windows.png)", ""]
-        ece = {(m["window"], m["calibration"]): m["value"] for m in w["metrics"]
-               if m["metric"] == "ece"}  # fmt: skip
-        rows = [[str(t["window"]), f"{t['rows']:,}",
-                 *(_fmt(ece[t["window"], c]) for c in ("uncalibrated", "stale", "fresh")),
-                 _fmt(t["ece_gap"]), _fmt(t["detectable"])] for t in w["table"]]  # fmt: skip
+        ece = {
+            (m["window"], m["calibration"]): m["value"]
+            for m in w["metrics"]
+            if m["metric"] == "ece"
+        }
+        rows = [
+            [
+                str(t["window"]),
+                f"{t['rows']:,}",
+                *(_fmt(ece[t["window"], c]) for c in ("uncalibrated", "stale", "fresh")),
+                _fmt(t["ece_gap"]),
+                _fmt(t["detectable"]),
+            ]
+            for t in w["table"]
+        ]
         header = [
             "window",
             "rows",

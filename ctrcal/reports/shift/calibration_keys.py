@@ -91,11 +91,13 @@ def missing_packages(cfg: Any) -> list[tuple[str, str]]:
         if importlib.util.find_spec(extra) is not None:
             continue
         names = ", ".join(name for _, name in users)
-        out.append((
-            f"report.variants[{users[0][0]}].calibration",
-            f"needs the optional package {extra!r}, which is not installed "
-            f"(pip install 'ctrcal[{extra}]'); variants that use it: {names}",
-        ))  # fmt: skip
+        out.append(
+            (
+                f"report.variants[{users[0][0]}].calibration",
+                f"needs the optional package {extra!r}, which is not installed "
+                f"(pip install 'ctrcal[{extra}]'); variants that use it: {names}",
+            )
+        )
     return out
 
 

@@ -295,34 +295,50 @@ def write_figures(
         slug = "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in label)
         axes = {"xlabel": xlabel, "x_scale": scale}
         out[f"auc_ece:{label}"] = plot_metrics_vs_intensity(
-            sub, ["auc", "ece"], out_dir / f"fig_{slug}_auc_ece.png", variants,
-            title=f"AUC and ECE under {label} (mean ± SE over seeds)", **axes,
-        )  # fmt: skip
+            sub,
+            ["auc", "ece"],
+            out_dir / f"fig_{slug}_auc_ece.png",
+            variants,
+            title=f"AUC and ECE under {label} (mean ± SE over seeds)",
+            **axes,
+        )
         if present & {"logloss", "brier", "pcoc", "ne"}:
             out[f"calibration:{label}"] = plot_metrics_vs_intensity(
-                sub, ["logloss", "brier", "pcoc", "ne"],
-                out_dir / f"fig_{slug}_calibration.png", variants, **axes,
-            )  # fmt: skip
+                sub,
+                ["logloss", "brier", "pcoc", "ne"],
+                out_dir / f"fig_{slug}_calibration.png",
+                variants,
+                **axes,
+            )
         if present & {"ecce", "field_rce_mean", "mce"}:
             out[f"field_calibration:{label}"] = plot_metrics_vs_intensity(
-                sub, ["ecce", "field_rce_mean", "field_rce_max", "mce"],
-                out_dir / f"fig_{slug}_field_calibration.png", variants, **axes,
-            )  # fmt: skip
+                sub,
+                ["ecce", "field_rce_mean", "field_rce_max", "mce"],
+                out_dir / f"fig_{slug}_field_calibration.png",
+                variants,
+                **axes,
+            )
         base = baseline or variants[0]
         best = best_variant(sub, base)
         heat = plot_field_rce(
-            sub, [base] + ([best] if best else []), out_dir / f"fig_{slug}_field_rce.png",
-            label, info.get("unit", "std"),
-        )  # fmt: skip
+            sub,
+            [base] + ([best] if best else []),
+            out_dir / f"fig_{slug}_field_rce.png",
+            label,
+            info.get("unit", "std"),
+        )
         if heat is not None:
             out[f"field_rce:{label}"] = heat
         has_std = set(sub[sub["metric"] == "pred_std"]["variant"])
         std_variants = [v for v in variants if v in has_std]
         if std_variants:
             out[f"uncertainty:{label}"] = plot_metrics_vs_intensity(
-                sub, ["pred_std", "std_auroc"], out_dir / f"fig_{slug}_uncertainty.png",
-                std_variants, **axes,
-            )  # fmt: skip
+                sub,
+                ["pred_std", "std_auroc"],
+                out_dir / f"fig_{slug}_uncertainty.png",
+                std_variants,
+                **axes,
+            )
     if reliability:
         keys: list[Any] = []
         for by in reliability.values():

@@ -216,10 +216,17 @@ class EvalGrid:
 
     def record(self, variant: str, shift: str, k: int, ns: int, s: float, values: dict) -> None:
         self.rows.extend(
-            {"variant": variant, "shift": shift, "seed": k, "noise_seed": ns, "intensity": s,
-             "metric": metric, "value": float(value)}
+            {
+                "variant": variant,
+                "shift": shift,
+                "seed": k,
+                "noise_seed": ns,
+                "intensity": s,
+                "metric": metric,
+                "value": float(value),
+            }
             for metric, value in values.items()
-        )  # fmt: skip
+        )
 
     def accumulate(self, variant: str, key: tuple[str, float], probs, y) -> None:
         curve = M.reliability_curve(probs, y, n_bins=self.cfg.report.ece_bins)
@@ -291,8 +298,12 @@ class EvalGrid:
             if sp is None and k == 0 and r.bootstrap and self.natural is None:
                 self.row_level.n_boot = r.bootstrap
                 self.row_level.bootstrap[plan.name] = bootstrap_ci(
-                    probs, labels, n_boot=r.bootstrap, n_bins=r.ece_bins, seed=zlib.crc32(
-                        plan.name.encode()))  # fmt: skip
+                    probs,
+                    labels,
+                    n_boot=r.bootstrap,
+                    n_bins=r.ece_bins,
+                    seed=zlib.crc32(plan.name.encode()),
+                )
             if pred.std is not None:
                 values["pred_std"] = float(pred.std[sel].mean())
                 values.update(risk_coverage_values(probs[sel], labels[sel], pred.std[sel]))
@@ -344,9 +355,7 @@ def _seed_models(
             loaded.clear()
 
 
-def fit_calibrators(
-    grid: EvalGrid, plans: list[VariantPlan], runs_dir: Path
-) -> Calibrators:
+def fit_calibrators(grid: EvalGrid, plans: list[VariantPlan], runs_dir: Path) -> Calibrators:
     """Every calibrated variant's calibrator per seed, fitted on clean validation."""
     calibrated = [p for p in plans if p.calibration is not None]
     out: Calibrators = {}

@@ -27,8 +27,14 @@ __all__ = ["metric_table", "render_markdown", "shift_infos"]
 TABLE_METRICS = ["auc", "auc_retained", "ece", "ece_mass", "logloss", "brier", "pcoc", "ne"]
 UNCERTAINTY_METRICS = ["pred_std", "std_auroc"]
 # ctrcal.metrics.risk_coverage: metrics on the most confident rows by predictive std
-RISK_COVERAGE_METRICS = ["auc@50%", "auc@80%", "auc@100%",
-                         "logloss@50%", "logloss@80%", "logloss@100%"]  # fmt: skip
+RISK_COVERAGE_METRICS = [
+    "auc@50%",
+    "auc@80%",
+    "auc@100%",
+    "logloss@50%",
+    "logloss@80%",
+    "logloss@100%",
+]
 EXTRA_DEFINITIONS = {
     "auc_retained": "AUC under the shift divided by the clean AUC of the same run "
     "(per seed, then averaged); higher means more of the clean ranking quality survives.",

@@ -160,8 +160,11 @@ def _calibration_text(spec: dict[str, Any]) -> str:
             f"field-aware {spec.get('method', 'platt')} calibration on {spec.get('field')} "
             f"(shrinkage {float(spec.get('shrinkage', 1000.0)):g}) on clean validation"
         )
-    what = {"temperature": "temperature scaling", "platt": "platt scaling",
-            "isotonic": "isotonic regression"}.get(name, f"{name} calibration")  # fmt: skip
+    what = {
+        "temperature": "temperature scaling",
+        "platt": "platt scaling",
+        "isotonic": "isotonic regression",
+    }.get(name, f"{name} calibration")
     options = {k: v for k, v in spec.items() if k != "name"}
     if options:
         what += " (" + ", ".join(f"{k}={v}" for k, v in options.items()) + ")"

@@ -247,10 +247,16 @@ def shift_report(
     )
     reliability = {p.name: curves[p.name] for p in plans if p.name in curves}
     paths = write_report(
-        summary, out_dir, meta, reliability=reliability, figures=r.figures,
+        summary,
+        out_dir,
+        meta,
+        reliability=reliability,
+        figures=r.figures,
         row_level=grids[0].row_level,
-    )  # fmt: skip
+    )
     log(f"shift report: {total} evaluations, total time {fmt_seconds(total_s)}")
-    log("evaluation time by variant (calibrator fits included): " + ", ".join(
-        f"{v} {s:.1f}s" for v, s in by_variant.items()))  # fmt: skip
+    log(
+        "evaluation time by variant (calibrator fits included): "
+        + ", ".join(f"{v} {s:.1f}s" for v, s in by_variant.items())
+    )
     return paths

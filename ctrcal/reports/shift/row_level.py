@@ -200,10 +200,19 @@ def window_report(
     z, y, segs = test
     try:
         result = calibration_over_time(
-            z, y, np.arange(z.shape[0]), report.windows, spec,
-            segments=segs, validation=valid, n_boot=report.bootstrap or 200,
-            alpha=report.alpha, power=report.power, min_count=report.field_min_count, seed=seed,
-        )  # fmt: skip
+            z,
+            y,
+            np.arange(z.shape[0]),
+            report.windows,
+            spec,
+            segments=segs,
+            validation=valid,
+            n_boot=report.bootstrap or 200,
+            alpha=report.alpha,
+            power=report.power,
+            min_count=report.field_min_count,
+            seed=seed,
+        )
     except ValueError as exc:
         raise DataError(f"report.windows: {variant}: {exc}") from None
     oracle_ece = None

@@ -388,9 +388,7 @@ def summarize_report(
     return Summary(
         results=results,
         table=summarize(results),
-        paired=paired_differences(
-            results, baseline, alpha, power=power, same_ranking=same_ranking
-        ),
+        paired=paired_differences(results, baseline, alpha, power=power, same_ranking=same_ranking),
         variants=order,
         baseline=baseline,
         n_seeds=int(results.groupby("variant")["seed"].nunique().min()),

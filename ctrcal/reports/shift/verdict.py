@@ -66,9 +66,7 @@ def verdict_sentence(summary: Summary, units: dict[str, str] | None = None) -> s
             "differences below the detectable column could not have been seen."
         )
     parts = []
-    for (variant, metric, better), grp in sig.groupby(
-        ["variant", "metric", "better"], sort=False
-    ):
+    for (variant, metric, better), grp in sig.groupby(["variant", "metric", "better"], sort=False):
         # one group per shift: "clean and gaussian_numeric 25 %, 50 %"
         by_shift: dict[str, list[str]] = {}
         for r in grp.itertuples():

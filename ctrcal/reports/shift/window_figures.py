@@ -38,9 +38,13 @@ def plot_windows(result: WindowMetrics, path: str | Path, title: str | None = No
             fresh = m[(m["metric"] == "ece") & (m["calibration"] == "fresh")].sort_values("window")
             det = np.nan_to_num(result.windows.sort_values("window")["detectable"].to_numpy())
             ax.fill_between(
-                fresh["window"], fresh["value"] - det, fresh["value"] + det, alpha=0.15,
-                color="C2", label="fresh ± detectable",
-            )  # fmt: skip
+                fresh["window"],
+                fresh["value"] - det,
+                fresh["value"] + det,
+                alpha=0.15,
+                color="C2",
+                label="fresh ± detectable",
+            )
         if metric == "pcoc":
             ax.axhline(1.0, color="grey", lw=0.8, ls=":")
         ax.set_xlabel(f"time window (stale: fitted on the {result.fitted_on})")

@@ -90,8 +90,9 @@ def windows(time: Any, n_windows: int) -> list[np.ndarray]:
     order = np.argsort(t, kind="stable")
     ts = t[order]
     n = ts.shape[0]
-    cuts = [int(np.searchsorted(ts, ts[(k * n) // n_windows], side="left"))
-            for k in range(1, n_windows)]  # fmt: skip
+    cuts = [
+        int(np.searchsorted(ts, ts[(k * n) // n_windows], side="left")) for k in range(1, n_windows)
+    ]
     bounds = [0, *cuts, n]
     parts = [order[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     if any(p.size == 0 for p in parts):
@@ -171,8 +172,11 @@ def calibration_over_time(
     y = as_numpy(labels, "labels").astype(np.float64)
     if y.shape != z.shape:
         raise ValueError(f"logits and labels differ in length: {z.size} vs {y.size}")
-    segs = None if segments is None else {k: as_numpy(v, f"segments[{k!r}]")
-                                          for k, v in segments.items()}  # fmt: skip
+    segs = (
+        None
+        if segments is None
+        else {k: as_numpy(v, f"segments[{k!r}]") for k, v in segments.items()}
+    )
     parts = windows(time, n_windows + (validation is None))
     t_all = as_numpy(time, "time")
     if validation is None:
@@ -184,9 +188,11 @@ def calibration_over_time(
             "first window",
         )
     else:
-        fit_z, fit_y, fit_s = (as_numpy(validation[0], "validation logits").astype(np.float64),
-                               as_numpy(validation[1], "validation labels").astype(np.float64),
-                               validation[2])  # fmt: skip
+        fit_z, fit_y, fit_s = (
+            as_numpy(validation[0], "validation logits").astype(np.float64),
+            as_numpy(validation[1], "validation labels").astype(np.float64),
+            validation[2],
+        )
         fitted_on = "validation"
     stale = _fit(calibrator, fit_z, fit_y, fit_s, f"the {fitted_on}")
     fresh = stale
@@ -207,8 +213,12 @@ def calibration_over_time(
         if fresh is not stale:
             ci = paired_bootstrap(
                 lambda p, lab, _rows: {"ece": M.ece(p, lab)},
-                probs["fresh"], probs["stale"], yw, n_boot=n_boot, seed=seed + w,
-            )  # fmt: skip
+                probs["fresh"],
+                probs["stale"],
+                yw,
+                n_boot=n_boot,
+                seed=seed + w,
+            )
             detectable = float(z_mult * ci["ece"].diff.se)
         tw = t_all[rows]
         rows_w.append((w, rows.size, tw.min(), tw.max(), gap, detectable))

@@ -51,13 +51,27 @@ def test_cli_refuses_to_resplit_presplit_files_unless_asked(split_files, tmp_pat
 
 def test_cli_honours_the_config_splits(split_files, tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("data:\n" + "".join(f"  {k}: [{p}]\n" for k, p in split_files.items())
-                   + "features:\n  min_count: 1\n")  # fmt: skip
+    cfg.write_text(
+        "data:\n"
+        + "".join(f"  {k}: [{p}]\n" for k, p in split_files.items())
+        + "features:\n  min_count: 1\n"
+    )
     assert main(["prepare", "--config", str(cfg), "--out", str(tmp_path / "p")]) == 0
     assert _rows(tmp_path / "p") == {"train": 1600, "valid": 200, "test": 200}
     # files on the command line as well: ambiguous, said so instead of ignoring one of them
-    assert main(["prepare", str(split_files["train"]), "--config", str(cfg), "--out",
-                 str(tmp_path / "q")]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "prepare",
+                str(split_files["train"]),
+                "--config",
+                str(cfg),
+                "--out",
+                str(tmp_path / "q"),
+            ]
+        )
+        == 2
+    )
     assert "data names input files" in capsys.readouterr().err
 
 
@@ -72,13 +86,17 @@ def test_fit_uses_train_rows_only(tmp_path):
     frame, _ = generate_frame(300, seed=1)
     train = frame[:200].with_columns(pl.lit("00000aaa").alias("C1"))
     test = frame[200:].with_columns(
-        pl.when(pl.int_range(pl.len()) < 50).then(pl.lit("00000bbb")).otherwise(pl.lit(None))
+        pl.when(pl.int_range(pl.len()) < 50)
+        .then(pl.lit("00000bbb"))
+        .otherwise(pl.lit(None))
         .alias("C1")
-    )  # fmt: skip
+    )
     # a numeric far outside the train range: it must not move the train statistics
     test = test.with_columns(pl.lit(10**9).alias("I5"))
-    paths = {k: [write_criteo(f, tmp_path / f"{k}.txt")] for k, f in
-             [("train", train), ("valid", frame[:1]), ("test", test)]}  # fmt: skip
+    paths = {
+        k: [write_criteo(f, tmp_path / f"{k}.txt")]
+        for k, f in [("train", train), ("valid", frame[:1]), ("test", test)]
+    }
     cfg = Config()
     cfg.features.min_count = 1
     out = prepare(paths, tmp_path / "p", cfg).out_dir

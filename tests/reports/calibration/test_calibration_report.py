@@ -36,8 +36,20 @@ def _hand(tmp_path, text: str = HAND):
 def test_hand_made_file_reports_the_metrics_of_its_rows(tmp_path):
     path = _hand(tmp_path)
     out = tmp_path / "rep"
-    args = ["calibration-report", str(path), "--prob", "prob", "--label", "label",
-            "--segments", "site", "--bootstrap", "20", "--out", str(out)]  # fmt: skip
+    args = [
+        "calibration-report",
+        str(path),
+        "--prob",
+        "prob",
+        "--label",
+        "label",
+        "--segments",
+        "site",
+        "--bootstrap",
+        "20",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     got = json.loads((out / "metrics.json").read_text())
     p = np.array([0.1, 0.2, 0.8, 0.3, 0.6, 0.9, 0.05, 0.4])
@@ -71,8 +83,16 @@ def test_hand_made_file_reports_the_metrics_of_its_rows(tmp_path):
 )
 def test_bad_input_is_one_line_naming_the_column_and_the_row(tmp_path, capsys, edit, message):
     path = _hand(tmp_path, HAND.replace(*edit))
-    args = ["calibration-report", str(path), "--prob", "prob", "--label", "label",
-            "--out", str(tmp_path / "rep")]  # fmt: skip
+    args = [
+        "calibration-report",
+        str(path),
+        "--prob",
+        "prob",
+        "--label",
+        "label",
+        "--out",
+        str(tmp_path / "rep"),
+    ]
     assert main(args) == 2  # bad input: 2, so that a pipeline never reads it as a failed gate
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and message in err and str(path) in err
@@ -91,9 +111,12 @@ def test_mismatched_lengths_and_bad_time_are_named():
 
 def test_segment_columns_become_codes_and_float_columns_buckets():
     rng = np.random.default_rng(0)
-    cols = {"p": rng.random(500), "y": (rng.random(500) < 0.5).astype(int),
-            "dev": np.array(["ios", "web", None] * 166 + ["ios", "web"], dtype=object),
-            "price": rng.normal(size=500)}  # fmt: skip
+    cols = {
+        "p": rng.random(500),
+        "y": (rng.random(500) < 0.5).astype(int),
+        "dev": np.array(["ios", "web", None] * 166 + ["ios", "web"], dtype=object),
+        "price": rng.normal(size=500),
+    }
     pr = Predictions.from_columns(cols, "p", "y", segments=["dev", "price"])
     assert sorted(np.unique(pr.segments["dev"])) == [0, 1, 2]  # a missing value is a category
     assert pr.segments["price"].max() <= 10 and np.unique(pr.segments["price"]).size == 10
@@ -116,13 +139,17 @@ def exported(shift_report, tmp_path_factory):
     probs, labels = predict_probs(model, test, 8192)
     batch = test.all()
     torch.manual_seed(0)
-    frame = pd.DataFrame({
-        "prob": probs.double().numpy(), "label": labels.numpy().astype(int),
-        # a second model: the same one with its logits halved (under-confident)
-        "prob_half": torch.sigmoid(torch.logit(probs.double()) / 2).numpy(),
-        "C1": batch.categorical[:, 0].numpy(), "C2": batch.categorical[:, 1].numpy(),
-        "row": np.arange(len(probs)),
-    })  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "prob": probs.double().numpy(),
+            "label": labels.numpy().astype(int),
+            # a second model: the same one with its logits halved (under-confident)
+            "prob_half": torch.sigmoid(torch.logit(probs.double()) / 2).numpy(),
+            "C1": batch.categorical[:, 0].numpy(),
+            "C2": batch.categorical[:, 1].numpy(),
+            "row": np.arange(len(probs)),
+        }
+    )
     path = root / "preds.parquet"
     frame.to_parquet(path)
     return path, frame
@@ -131,10 +158,28 @@ def exported(shift_report, tmp_path_factory):
 def test_report_on_predictions_exported_from_a_ctrcal_run(exported, tmp_path):
     path, frame = exported
     out = tmp_path / "rep"
-    args = ["calibration-report", str(path), "--prob", "prob", "--label", "label",
-            "--segments", "C1,C2", "--time", "row", "--windows", "3",
-            "--calibrator", "label_shift", "--compare", "prob_half", "--bootstrap", "10",
-            "--out", str(out)]  # fmt: skip
+    args = [
+        "calibration-report",
+        str(path),
+        "--prob",
+        "prob",
+        "--label",
+        "label",
+        "--segments",
+        "C1,C2",
+        "--time",
+        "row",
+        "--windows",
+        "3",
+        "--calibrator",
+        "label_shift",
+        "--compare",
+        "prob_half",
+        "--bootstrap",
+        "10",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     got = json.loads((out / "metrics.json").read_text())
     p, y = frame["prob"].to_numpy(), frame["label"].to_numpy()
@@ -170,8 +215,16 @@ def test_read_predictions_reads_only_what_it_is_asked(exported):
 
 def test_bad_options_answer_before_any_work(tmp_path, capsys):
     path = _hand(tmp_path)
-    base = ["calibration-report", str(path), "--prob", "prob", "--label", "label",
-            "--out", str(tmp_path / "rep")]  # fmt: skip
+    base = [
+        "calibration-report",
+        str(path),
+        "--prob",
+        "prob",
+        "--label",
+        "label",
+        "--out",
+        str(tmp_path / "rep"),
+    ]
     assert main([*base, "--time", "hour", "--calibrator", "no_such"]) == 2
     assert "unknown calibrator 'no_such'" in capsys.readouterr().err
     assert main([*base, "--time", "hour", "--windows", "0"]) == 2

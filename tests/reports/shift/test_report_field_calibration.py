@@ -120,9 +120,11 @@ def test_the_old_calibration_keys_translate_to_one_spec():
     assert spec(VariantConfig("v", platt_scaling=True)) == {"name": "platt"}
     assert spec(VariantConfig("v", isotonic_calibration=True)) == {"name": "isotonic"}
     old = VariantConfig(
-        "v", field_calibration="C14", field_calibration_method="isotonic",
+        "v",
+        field_calibration="C14",
+        field_calibration_method="isotonic",
         field_calibration_shrinkage=50.0,
-    )  # fmt: skip
+    )
     new = {"name": "field_aware", "field": "C14", "method": "isotonic", "shrinkage": 50.0}
     assert spec(old) == new and spec(VariantConfig("v", calibration=new)) == new
     assert spec(VariantConfig("v", calibration="isotonic")) == {"name": "isotonic"}

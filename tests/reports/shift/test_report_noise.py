@@ -60,12 +60,17 @@ def reports(tmp_path_factory):
 def test_noise_variants_train_with_their_noise(reports):
     runs = reports["with_noise"] / "runs"
     for k in range(2):
-        train = {v: yaml.safe_load((runs / v / f"seed{k}" / "config.yaml").read_text())["train"]
-                 for v in ("layernorm", "input_noise", "corrupted", "weight_noise")}  # fmt: skip
+        train = {
+            v: yaml.safe_load((runs / v / f"seed{k}" / "config.yaml").read_text())["train"]
+            for v in ("layernorm", "input_noise", "corrupted", "weight_noise")
+        }
         assert train["layernorm"]["train_shift"] is None
         assert train["layernorm"]["weight_noise"] == 0.0
         assert train["input_noise"]["train_shift"] == {
-            "name": "gaussian_numeric", "intensity": 0.25, "space": None}  # fmt: skip
+            "name": "gaussian_numeric",
+            "intensity": 0.25,
+            "space": None,
+        }
         assert train["corrupted"]["train_shift"]["name"] == "categorical_corruption"
         assert train["weight_noise"]["weight_noise"] == 1e-3
         assert {t["seed"] for t in train.values()} == {k}

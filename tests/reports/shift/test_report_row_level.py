@@ -147,11 +147,13 @@ def _cfg(tmp_path, text):
         (("windows: 3", "windows: 1"), "report.windows: expected 0 (off) or an integer >= 2"),
         (("bootstrap: 20", "bootstrap: 1"), "report.bootstrap: expected 0 (off)"),
         (("bootstrap: 20", "bootstrap: true"), "report.bootstrap"),
-        (("    - {name: platt, calibration: platt, from_variant: layernorm}\n", ""),
-         "report.windows: compares calibrators over time"),
+        (
+            ("    - {name: platt, calibration: platt, from_variant: layernorm}\n", ""),
+            "report.windows: compares calibrators over time",
+        ),
         (("  windows: 3\n", "  windows: 3\n  window: 3\n"), "window"),
     ],
-)  # fmt: skip
+)
 def test_row_level_keys_are_checked(tmp_path, edit, message):
     path = _cfg(tmp_path, TINY.replace(*edit))
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

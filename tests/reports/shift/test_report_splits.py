@@ -58,9 +58,12 @@ def splits(tmp_path_factory):
     scale = pl.Series(np.where(rng.random(600) < 0.5, 1, TEST_SCALE))
     test = test.with_columns(
         [(pl.col(c) * scale).alias(c) for c in NUMERIC]
-        + [pl.Series("label", np.maximum(test["label"].to_numpy(), rng.random(600) < 0.33))
-           .cast(test["label"].dtype)]
-    )  # fmt: skip
+        + [
+            pl.Series("label", np.maximum(test["label"].to_numpy(), rng.random(600) < 0.33)).cast(
+                test["label"].dtype
+            )
+        ]
+    )
     frames = {"train": train, "valid": valid, "test": test}
     files = {k: [write_criteo(f, root / f"{k}.txt")] for k, f in frames.items()}
     cfg = Config()
@@ -170,8 +173,7 @@ def test_the_gaussian_shift_uses_train_split_stds(splits, report):
     batch = Batch(*(torch.cat([getattr(b, k) for b in parts]) for k in Batch.__annotations__))
     codec = fm.numeric_codec()
     shifted = create_shift("gaussian_numeric", fm, intensity=INTENSITY, seed=0)(batch)
-    noise = (codec.to_original(shifted.numeric).double()
-             - codec.to_original(batch.numeric).double())  # fmt: skip
+    noise = codec.to_original(shifted.numeric).double() - codec.to_original(batch.numeric).double()
     checked = 0
     for j in np.flatnonzero(live):
         col = noise[:, j][torch.isfinite(noise[:, j])]
@@ -183,8 +185,9 @@ def test_the_gaussian_shift_uses_train_split_stds(splits, report):
         checked += 1
     assert checked >= 5
     # in model space the std is the train rows' std of the transformed values (not test's)
-    model_shift = create_shift({"name": "gaussian_numeric", "space": "model"}, fm,
-                               intensity=INTENSITY, seed=0)  # fmt: skip
+    model_shift = create_shift(
+        {"name": "gaussian_numeric", "space": "model"}, fm, intensity=INTENSITY, seed=0
+    )
     train_z = torch.cat([b.numeric for b in ParquetCTRData(data, "train").batches(100_000)])
     test_z = batch.numeric
     for j in np.flatnonzero(live):

@@ -196,9 +196,10 @@ def test_holm_runs_over_the_whole_primary_family_by_hand():
     alone = S.paired_differences(
         df[df.variant.isin(["base", "a"]) & (df["shift"] == "g")], "base", metrics=["auc"]
     )
-    assert alone["p_holm"].iloc[0] < prim[(prim.variant == "a") & (prim["shift"] == "g")][
-        "p_holm"
-    ].iloc[0]
+    assert (
+        alone["p_holm"].iloc[0]
+        < prim[(prim.variant == "a") & (prim["shift"] == "g")]["p_holm"].iloc[0]
+    )
 
 
 def test_detectable_difference_by_hand():
@@ -328,19 +329,28 @@ def test_write_report_without_figures(tmp_path):
 
 def test_report_meta_states_how_the_report_was_made(tmp_path):
     meta = W.ReportMeta(
-        rows=500, device="cpu", timing=W.Timing(train=3605.0, eval=65.0, total=3670.0),
+        rows=500,
+        device="cpu",
+        timing=W.Timing(train=3605.0, eval=65.0, total=3670.0),
         training=W.TrainingInfo(["cpu", "cpu"], 1, {"trained": 4}),
         variant_descriptions=["layernorm (one-shot)", "mclayernorm (one-shot)"],
-    )  # fmt: skip
+    )
     paths = W.write_report(S.summarize_report(_results(n_seeds=2)), tmp_path, meta, figures=False)
     text = paths.report_md.read_text()
     assert "wall time 1h01m10s (training 1h00m05s, evaluation 1m05s)" in text
     assert "Variants: layernorm (one-shot), mclayernorm (one-shot)." in text
     summary = json.loads(paths.summary_json.read_text())
-    assert summary["timing_s"] == {"train": 3605.0, "eval": 65.0, "total": 3670.0,
-                                   "eval_by_variant": {}}
-    assert summary["training"] == {"workers": ["cpu", "cpu"], "threads_per_run": 1,
-                                   "runs": {"trained": 4}}  # fmt: skip
+    assert summary["timing_s"] == {
+        "train": 3605.0,
+        "eval": 65.0,
+        "total": 3670.0,
+        "eval_by_variant": {},
+    }
+    assert summary["training"] == {
+        "workers": ["cpu", "cpu"],
+        "threads_per_run": 1,
+        "runs": {"trained": 4},
+    }
     assert summary["rows"] == 500 and summary["n_seeds"] == 2
 
 
@@ -391,8 +401,9 @@ def test_auc_of_a_rank_preserving_recalibration_is_not_tested(tmp_path):
     # "ts": the baseline's AUC up to round-off of ties (one seed off by 1e-8), ECE really lower
     ts = df[df["variant"] == "base"].copy()
     ts["variant"] = "ts"
-    ts.loc[ts["metric"] == "auc", "value"] += np.where(ts.loc[ts["metric"] == "auc", "seed"] == 0,
-                                                       1e-8, 0.0)
+    ts.loc[ts["metric"] == "auc", "value"] += np.where(
+        ts.loc[ts["metric"] == "auc", "seed"] == 0, 1e-8, 0.0
+    )
     df = pd.concat([df, ts], ignore_index=True)
     metrics = ["auc", "ece", "logloss"]
     plain = S.paired_differences(df, "base", metrics=metrics)
@@ -417,12 +428,15 @@ def test_auc_of_a_rank_preserving_recalibration_is_not_tested(tmp_path):
 def test_only_temperature_scaling_of_the_same_runs_keeps_the_ranking():
     cfg = load_config(None, check_names=False)
     cfg.report.variants += [
-        VariantConfig("ln_ts", NormSpec("layernorm"), temperature_scaling=True,
-                      from_variant="layernorm"),
-        VariantConfig("ln_platt", NormSpec("layernorm"), platt_scaling=True,
-                      from_variant="layernorm"),
-        VariantConfig("mc_ts", NormSpec("layernorm"), temperature_scaling=True,
-                      from_variant="mclayernorm_mc"),
+        VariantConfig(
+            "ln_ts", NormSpec("layernorm"), temperature_scaling=True, from_variant="layernorm"
+        ),
+        VariantConfig(
+            "ln_platt", NormSpec("layernorm"), platt_scaling=True, from_variant="layernorm"
+        ),
+        VariantConfig(
+            "mc_ts", NormSpec("layernorm"), temperature_scaling=True, from_variant="mclayernorm_mc"
+        ),
     ]
     by = {p.name: p for p in P.plan_variants(cfg)}
     base = by["layernorm"]
