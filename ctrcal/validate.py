@@ -143,10 +143,10 @@ def check_data(cfg: Config, problems: Problems) -> None:
 
 def check_features(cfg: Config, problems: Problems) -> None:
     """The ``features`` section, by the bounds of the pipeline it configures
-    (:attr:`ctrcal.data.features.FeaturePipeline._parameter_constraints`)."""
-    from ctrcal.data.features import FeaturePipeline
+    (:data:`ctrcal.data.feature_bounds.FEATURE_PARAMETER_CONSTRAINTS`)."""
+    from ctrcal.data.feature_bounds import FEATURE_PARAMETER_CONSTRAINTS
 
-    problems.bounded("features", cfg.features, FeaturePipeline._parameter_constraints)
+    problems.bounded("features", cfg.features, FEATURE_PARAMETER_CONSTRAINTS)
 
 
 # ---------------------------------------------------------------------------------------------

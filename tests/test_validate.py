@@ -282,6 +282,7 @@ def test_a_user_model_sees_a_real_feature_map_in_validate(tmp_path, monkeypatch,
 def test_data_bounds_have_one_statement_the_data_code_asks():
     from ctrcal.core.errors import DataError
     from ctrcal.data.features import FeaturePipeline
+    from ctrcal.data.fit_stats import FitStats
     from ctrcal.data.parse import check_on_bad_row
     from ctrcal.data.splits import check_fractions
 
@@ -293,7 +294,7 @@ def test_data_bounds_have_one_statement_the_data_code_asks():
             check_fractions(bad)
     # the pipeline refuses what the rule book refuses, with the same words
     with pytest.raises(DataError, match=r"^min_count: expected an integer >= 1, got 0"):
-        FeaturePipeline(min_count=0).fit_stats(FeaturePipeline().new_stats())
+        FeaturePipeline(min_count=0).fit_stats(FitStats([], []))
     (problem,) = check_config(load_config(None, ["features.min_count=0"], check_names=False))
     assert problem.key == "features.min_count"
     assert problem.message == "expected an integer >= 1, got 0"

@@ -49,10 +49,11 @@ from typing import Any, ClassVar
 import numpy as np
 import polars as pl
 
-from ctrcal.core.constraints import Constraint, Interval, check_parameters
+from ctrcal.core.constraints import Constraint, check_parameters
 from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.core.errors import DataError
 from ctrcal.core.utils import atomic_path, write_json_atomic
+from ctrcal.data.feature_bounds import FEATURE_PARAMETER_CONSTRAINTS
 from ctrcal.data.feature_map import (
     FEATURE_MAP_FILE,
     SCHEMA_VERSION,
@@ -117,12 +118,7 @@ class FeaturePipeline:
     of them: the rule book checks a config's ``features`` section against it.
     """
 
-    _parameter_constraints: ClassVar[dict[str, Constraint]] = {
-        "min_count": Interval(int, low=1),
-        "max_vocab": Interval(int, low=0),  # 0 = no cap
-        "hash_buckets": Interval(int, low=1),
-        "numeric_buckets": Interval(int, low=2, off=0),
-    }
+    _parameter_constraints: ClassVar[dict[str, Constraint]] = FEATURE_PARAMETER_CONSTRAINTS
 
     def __init__(
         self,

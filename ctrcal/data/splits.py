@@ -23,14 +23,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import polars as pl
 
 from ctrcal.core.errors import DataError
 from ctrcal.data.chunks import is_gzip, iter_text_chunks
 from ctrcal.data.days import check_days, day_number, days_by_count, whole_numbers
+
+if TYPE_CHECKING:
+    import polars as pl
 
 SPLITS: tuple[str, ...] = ("train", "valid", "test")
 SPLIT_COL = "_split"
@@ -222,6 +224,9 @@ def plan_time_column(counts: pl.DataFrame, fractions: Sequence[float]) -> SplitP
     in time order, each time value to the split its middle row falls in (all rows of one time
     in one split), as whole day files are assigned."""
     fr = check_fractions(fractions)
+    # polars here only: the rule book asks this module's split rules without loading it
+    import polars as pl
+
     counts = counts.group_by("time").agg(pl.col("count").sum()).sort("time")
     times, c = counts["time"].to_numpy(), counts["count"].to_numpy().astype(np.float64)
     total = c.sum()
