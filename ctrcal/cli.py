@@ -581,7 +581,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="COL",
         help="time column: calibration over consecutive time windows",
     )
-    p.add_argument("--windows", type=int, default=10, metavar="N", help="time windows (10)")
+    p.add_argument(
+        "--windows",
+        type=int,
+        default=None,
+        metavar="N",
+        help="test windows (10, or as many as the distinct times allow)",
+    )
     p.add_argument(
         "--compare",
         default=None,

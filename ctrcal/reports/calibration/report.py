@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from ctrcal import metrics as M
+from ctrcal.core.errors import ConfigError
 from ctrcal.core.utils import write_json_atomic, write_text_atomic
 from ctrcal.metrics import (
     BRIER_DEFINITIONS,
@@ -96,6 +97,10 @@ DEFINITIONS = {
 FLOOR = "perfectly calibrated (simulated)"
 SEGMENTS_LISTED = 20  # segments listed at least (all flagged ones when more)
 GATE_LEVEL = 0.95  # the paired bootstrap's interval whose ends the gate reads
+
+
+# test windows of a time column when --windows is not given (fewer when the times allow fewer)
+DEFAULT_WINDOWS = 10
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,7 @@ def calibration_report(
     preds: Predictions,
     out_dir: str | Path,
     *,
-    windows: int = 10,
+    windows: int | None = None,
     calibrator: Any = "platt",
     bootstrap: int = 200,
     seed: int = 0,
@@ -172,7 +177,8 @@ def calibration_report(
         preds: checked predictions
             (:func:`~ctrcal.reports.calibration.predictions_file.read_predictions`).
         out_dir: the report directory (created).
-        windows: time windows when ``preds`` has a time column.
+        windows: test windows when ``preds`` has a time column (one more is cut first, to
+            fit the stale calibrator on); None: 10, or as many as the distinct times allow.
         calibrator: the calibrator spec compared over time (stale vs fresh).
         bootstrap: row-bootstrap replicates (intervals, paired comparison, windows).
         seed: seed of the bootstrap and of the floor's simulated labels.
@@ -184,7 +190,6 @@ def calibration_report(
         gate_segments: decide the gate's rules per segment value as well.
     """
     from ctrcal.calibration.base import create_calibrator
-    from ctrcal.core.errors import ConfigError
     from ctrcal.metrics import worst_segments
     from ctrcal.reports.calibration.gate import GateDecision, decide, parse_gate
     from ctrcal.reports.calibration.gate import gate_segments as gate_per_segment
@@ -197,8 +202,7 @@ def calibration_report(
     if not isinstance(bootstrap, int) or bootstrap < 2:
         raise ConfigError(f"bootstrap: expected at least 2 replicates, got {bootstrap!r}")
     if preds.time is not None:
-        if not isinstance(windows, int) or windows < 1:
-            raise ConfigError(f"windows: expected an integer >= 1, got {windows!r}")
+        windows = _check_windows(preds, windows)
         create_calibrator(calibrator)  # an unknown name or a missing package, before the work
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -293,6 +297,36 @@ def calibration_report(
         paths.get("segments"),
         decision if rules is not None else None,
     )
+
+
+def _check_windows(preds: Predictions, windows: int | None) -> int:
+    """The number of test windows, checked against the time column before anything is
+    written (a report that stops half-way leaves no figure behind)."""
+    from ctrcal.reports.shift.windows import windows as cut_windows
+
+    if windows is not None and (
+        isinstance(windows, bool) or not isinstance(windows, int) or windows < 1
+    ):
+        raise ConfigError(f"windows: expected an integer >= 1, got {windows!r}")
+    column = preds.names.get("time", "time")
+    distinct = int(np.unique(preds.time).size)
+    if distinct < 2:
+        raise ConfigError(
+            f"{preds.source}: the time column {column!r} holds {distinct} distinct time(s); "
+            "calibration over time needs at least 2 (one to fit on, one to test)"
+        )
+    asked = windows
+    windows = min(DEFAULT_WINDOWS, distinct - 1) if windows is None else windows
+    try:
+        cut_windows(preds.time, windows + 1)  # the first window fits the stale calibrator
+    except ValueError:
+        raise ConfigError(
+            f"{preds.source}: --windows {asked if asked is not None else windows}: the time "
+            f"column {column!r} holds {distinct} distinct times, which cannot make "
+            f"{windows} test windows after the first (the stale calibrator's); use fewer "
+            "windows"
+        ) from None
+    return windows
 
 
 def gate_metrics(segments: bool) -> list[str]:

@@ -233,4 +233,24 @@ def test_bad_options_answer_before_any_work(tmp_path, capsys):
     assert not (tmp_path / "rep").exists()
     # more windows than the file has time steps: named by the time column
     assert main([*base, "--time", "hour", "--windows", "4", "--calibrator", "label_shift"]) == 2
-    assert "column 'hour': time: 4 distinct times cannot make 5 windows" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--windows 4: the time column 'hour' holds 4 distinct times" in err, err
+    assert not (tmp_path / "rep").exists()  # refused before anything is written
+
+
+def test_default_windows_follow_the_distinct_times(tmp_path):
+    # 10 days and no --windows: the first day fits the stale calibrator, 9 windows are tested
+    rng = np.random.default_rng(0)
+    n = 4000
+    day = np.repeat(np.arange(10), n // 10)
+    p = rng.uniform(0.05, 0.6, n)
+    y = (rng.uniform(size=n) < p).astype(int)
+    path = tmp_path / "preds.csv"
+    path.write_text(
+        "prob,label,day\n" + "".join(f"{a},{b},{c}\n" for a, b, c in zip(p, y, day, strict=True))
+    )
+    out = tmp_path / "rep"
+    args = ["calibration-report", str(path), "--prob", "prob", "--label", "label"]
+    assert main([*args, "--time", "day", "--bootstrap", "20", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert len(metrics["windows"]["table"]) == 9
