@@ -2,6 +2,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_OUT ?= outputs/demo
+# one pytest worker per core (pytest-xdist); the session's shift report is one group, trained
+# once by the worker that runs its tests. PYTEST_WORKERS= runs the suite in one process.
+PYTEST_WORKERS ?= -n auto --dist loadgroup
 
 .PHONY: demo test test-fast env lint clean
 
@@ -15,7 +18,7 @@ test: env
 	$(VENV)/bin/ruff check ctrcal tests scripts
 	$(VENV)/bin/ruff format --check ctrcal tests scripts
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_WORKERS)
 
 # the edit loop: the same lint, every test but those marked slow (end-to-end runs, kills,
 # subprocesses); `make test` (the CI) runs them all
@@ -23,7 +26,7 @@ test-fast: env
 	$(VENV)/bin/ruff check ctrcal tests scripts
 	$(VENV)/bin/ruff format --check ctrcal tests scripts
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest $(PYTEST_WORKERS) -m "not slow"
 
 lint: env
 	$(VENV)/bin/ruff check ctrcal tests scripts

@@ -8,8 +8,8 @@ the session's tiny shift report.
   (``feature_map.json``, ``train/``, ``valid/``, ``test/``). Treat it as read-only.
 * ``criteo_samples``: the shared directory of real Criteo sample rows (skips if absent).
 * ``shift_report``: the tiny shift report of ``tests/shift_report.py`` (every variant kind),
-  run once per session -> ``(config_path, out_dir)``. Treat it as read-only. Its tests are
-  marked ``slow``.
+  run once per test run, in a background process started when collection shows a test needs
+  it -> ``(config_path, out_dir)``. Treat it as read-only. Its tests are marked ``slow``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,11 @@ import os
 # chosen before triton is imported (kernels are wrapped when their module loads). Only those
 # kernels run differently; set TRITON_INTERPRET=0 to keep triton compiled.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# Under pytest-xdist (`make test` runs one worker per core) each worker keeps to one thread:
+# two workers that each spin an OpenMP pool over both cores slow each other down tenfold.
+# Tests that are about thread counts set them explicitly.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from pathlib import Path  # noqa: E402
 
@@ -79,25 +84,66 @@ def criteo_samples() -> Path:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark every test of the session's shift report ``slow`` (the first one trains it), so
+    """Mark every test of the session's shift report ``slow`` (the first one waits for it), so
     that ``make test-fast`` (``-m "not slow"``) never waits for it."""
     for item in items:
         if "shift_report" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
 
 
-@pytest.fixture(scope="session")
-def shift_report(tmp_path_factory):
-    """The tiny shift report of ``tests/shift_report.py``, run once per session through the
-    CLI -> ``(config_path, out_dir)``. Read-only: a test that reruns or edits it works on a copy.
-    """
+def pytest_collection_finish(session):
+    """Start the session's shift report in the background as soon as the selected tests are
+    known to need it: it trains while other tests run, on the other core."""
+    if any("shift_report" in getattr(item, "fixturenames", ()) for item in session.items):
+        _start_shift_report(session.config)
+
+
+def _shared_dir(config) -> Path:
+    """This test run's directory that every pytest-xdist worker shares (the workers' base
+    temporary directories sit side by side in it)."""
+    base = config._tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _start_shift_report(config) -> Path:
+    """Start ``ctrcal run`` of ``tests/shift_report.py`` once per test run, whichever worker
+    asks first -> its directory (``tiny.yaml``, ``out/``; ``rc`` holds the exit status once
+    it has ended, ``log`` what it printed)."""
+    import fcntl
+    import subprocess
+    import sys
+
+    from interrupt import child_env
     from shift_report import CONFIG
 
-    from ctrcal.cli import main
+    root = _shared_dir(config) / "shift_report"
+    root.mkdir(exist_ok=True)
+    with open(root / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "tiny.yaml").exists():
+            (root / "tiny.yaml").write_text(CONFIG)
+            command = (
+                f'"{sys.executable}" -m ctrcal run tiny.yaml --out out > log 2>&1; '
+                "echo $? > rc.tmp && mv rc.tmp rc"
+            )
+            subprocess.Popen(["sh", "-c", command], cwd=root, env=child_env())
+    return root
 
-    root = tmp_path_factory.mktemp("shift_report")
-    cfg = root / "tiny.yaml"
-    cfg.write_text(CONFIG)
-    out = root / "out"
-    assert main(["run", str(cfg), "--out", str(out)]) == 0
-    return cfg, out
+
+@pytest.fixture(scope="session")
+def shift_report(request):
+    """The tiny shift report of ``tests/shift_report.py``, run once per test run (by every
+    pytest-xdist worker together) through the CLI -> ``(config_path, out_dir)``. Read-only: a
+    test that reruns or edits it works on a copy.
+    """
+    import time
+
+    root = _start_shift_report(request.config)
+    deadline = time.monotonic() + 900
+    while not (root / "rc").exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the session's shift report did not end within 900 s: {root}")
+        time.sleep(0.2)
+    if (root / "rc").read_text().strip() != "0":
+        pytest.fail(f"the session's shift report failed:\n{(root / 'log').read_text()[-4000:]}")
+    return root / "tiny.yaml", root / "out"

@@ -460,6 +460,37 @@ def imports_off_home(modules: Modules, files: list[Path]) -> list[str]:
     return found
 
 
+def attributes_off_home(modules: Modules, files: list[Path]) -> list[str]:
+    """Every ``mod.name`` read in ``files``, where ``mod`` is a ctrcal module bound by an
+    import and ``name`` is one it only imports: a second import path in attribute form."""
+    found = []
+    for path in files:
+        tree = ast.parse(path.read_text(), str(path))
+        bound: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                for alias in node.names:
+                    if f"{node.module}.{alias.name}" in modules.trees:
+                        bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname and alias.name in modules.trees:
+                        bound[alias.asname] = alias.name
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in bound
+            ):
+                module = bound[node.value.id]
+                owner = modules.owner(module, node.attr)
+                if owner is not None and not modules.is_home(module, node.attr):
+                    found.append(
+                        f"{path}:{node.lineno}: {node.value.id}.{node.attr} (its home: {owner})"
+                    )
+    return found
+
+
 def test_no_module_re_exports_a_name():
     found = re_exports(_modules())
     assert not found, "re-exports:\n" + "\n".join(found)
@@ -471,6 +502,12 @@ def test_every_name_is_imported_from_the_module_that_defines_it():
     files = [p for d in ("ctrcal", "tests") for p in (root / d).rglob("*.py")]
     found = imports_off_home(_modules(), files)
     assert not found, "names imported off their home:\n" + "\n".join(found)
+
+
+def test_the_package_reads_no_name_through_a_module_that_only_imports_it():
+    # tests may: a monkeypatch replaces a name where it is looked up, not where it is defined
+    found = attributes_off_home(_modules(), sorted(PACKAGE.rglob("*.py")))
+    assert not found, "names read off their home:\n" + "\n".join(found)
 
 
 def test_the_top_level_api_names_each_name_s_home():
@@ -510,6 +547,10 @@ def test_the_re_export_finders_see_a_re_export_and_a_facade(tmp_path):
     found = imports_off_home(modules, [pkg / "c.py"])
     assert len(found) == 2 and "f from ctrcal.b (its home: ctrcal.a)" in found[0]
     assert "_k from ctrcal.sub (its home: ?)" in found[1]  # a name nobody defines
+    (pkg / "d.py").write_text("from ctrcal import b\nimport ctrcal.a as a\nb.f()\nb.g()\na.f()\n")
+    modules = Modules(pkg)
+    found = attributes_off_home(modules, [pkg / "d.py"])
+    assert found == [f"{pkg / 'd.py'}:3: b.f (its home: ctrcal.a)"]
 
 
 def subpackage_graph(graph: dict[str, set[str]], packages: set[str]) -> dict[str, set[str]]:
