@@ -152,10 +152,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     run_dir = args.out if args.out is not None else Path(cfg.out_dir)
     data_dir = prepared_data_dir(cfg, run_dir, args.data)
     if args.nproc > 1:
-        from ctrcal.train.distributed import env_world_size, launch
+        from ctrcal.train.distributed import check_global_batch, env_world_size, launch
 
         if env_world_size() > 1:
             raise CtrcalError("--nproc cannot be used inside torchrun; drop it or torchrun")
+        check_global_batch(cfg.train.batch_size, args.nproc)
         # data is prepared once, here, before the processes start
         argv = ["train", str(args.config), "--data", str(data_dir), "--out", str(run_dir)]
         argv += ["--resume"] * args.resume + ["--debug"] * args.debug + list(args.overrides)

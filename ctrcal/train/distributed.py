@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ctrcal.core.errors import CtrcalError
+from ctrcal.core.errors import ConfigError, CtrcalError
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,20 @@ def env_world_size() -> int:
         return int(os.environ.get("WORLD_SIZE", "1"))
     except ValueError:
         raise CtrcalError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not an integer") from None
+
+
+def check_global_batch(batch_size: int, world: int) -> None:
+    """``train.batch_size`` is the global batch: it must split evenly over the processes.
+    Asked by ``ctrcal train --nproc`` before it starts them, and by each process.
+
+    Raises:
+        ConfigError: naming the key, the batch and the number of processes.
+    """
+    if batch_size % world:
+        raise ConfigError(
+            f"train.batch_size: {batch_size} rows cannot be split evenly over "
+            f"{world} processes (train.batch_size is the global batch)"
+        )
 
 
 def init_distributed(device: torch.device) -> DistContext:

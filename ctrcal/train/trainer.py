@@ -270,11 +270,7 @@ def _train_in_context(
             "train.data_mode: 'stream' does not support multi-process training yet; "
             "use 'memory' or 'device' under torchrun"
         )
-    if tcfg.batch_size % world:
-        raise ConfigError(
-            f"train.batch_size: {tcfg.batch_size} rows cannot be split evenly over "
-            f"{world} processes (train.batch_size is the global batch)"
-        )
+    dist_util.check_global_batch(tcfg.batch_size, world)
     score_test = is_labelled(feature_map, "test")
     test_rows = int(((feature_map.splits or {}).get("test") or {}).get("rows", 0) or 0)
     if main and test_rows and not score_test:

@@ -70,4 +70,8 @@ def test_global_batch_must_split_evenly(prepared_dir, tmp_path, capsys):
         ]
     )
     assert status != 0
-    assert not (tmp_path / "odd" / "result.json").exists()
+    # refused before any process starts, in one line naming the key
+    err = capsys.readouterr().err.strip()
+    assert "train.batch_size: 2047 rows cannot be split evenly over 2 processes" in err
+    assert len(err.splitlines()) == 1
+    assert not (tmp_path / "odd").exists()

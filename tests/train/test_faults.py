@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from interrupt import assert_same_training, child_env, kill_9, tiny_config, wait_for
+from interrupt import assert_same_training, child_env, kill_9, tiny_config
 
 import ctrcal.train.trainer as trainer
 from ctrcal.cli import main
@@ -156,20 +156,6 @@ def test_a_second_train_into_the_same_out_is_refused_naming_the_first(
         if first.poll() is None:
             kill_9(first)
     assert (run / "result.json").is_file() and not lock.exists()
-
-
-@pytest.mark.slow
-def test_the_lock_of_a_killed_train_is_free(prepared_dir, tmp_path):
-    cfg = _config_file(tmp_path, prepared_dir, epochs=2)
-    run = tmp_path / "run"
-    argv = [sys.executable, "-m", "ctrcal", "train", str(cfg), "--out", str(run)]
-    first = subprocess.Popen(
-        argv, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    wait_for(run / "checkpoints" / "best.pt", first)
-    kill_9(first)
-    assert (tmp_path / ".run.lock").exists()  # the kernel released the flock, not the file
-    assert main(["train", str(cfg), "--out", str(run), "--resume"]) == 0
 
 
 # ---------------------------------------------------------------------------------------------
