@@ -50,15 +50,46 @@ def _load(args: argparse.Namespace):
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Load the config with every check: the model is built on the ``meta`` device, so its
-    constructor (and each norm's) decides; each problem is one line naming file and key."""
+    constructor (and each norm's) decides; each problem is one line naming file and key. A
+    data-only config (no model, train or report section) has its data and features checked,
+    what ``prepare --config`` checks, and loads no model (:func:`ctrcal.validate.is_data_only`)."""
+    if args.data is None:
+        from ctrcal.config.load import read_config
+        from ctrcal.validate import is_data_only
+
+        cfg = read_config(args.config, args.overrides)
+        if is_data_only(cfg):
+            return _validate_data_only(args, cfg)
+    return _validate_full(args)
+
+
+def _validate_data_only(args: argparse.Namespace, cfg: Any) -> int:
+    from ctrcal.core.errors import ConfigProblems
+    from ctrcal.validate import MODEL_SECTIONS, validate_config
+
+    try:
+        validate_config(cfg, skip=MODEL_SECTIONS)
+    except ConfigProblems as exc:
+        return _print_problems(exc)
+    print(
+        f"{args.config}: OK (data only: its data and features checked; no model, train or report)"
+    )
+    return 0
+
+
+def _print_problems(exc: Any) -> int:
+    for problem in exc.problems:  # every problem, one per line
+        print(f"ctrcal validate: error: {problem}", file=sys.stderr)
+    return exc.exit_code
+
+
+def _validate_full(args: argparse.Namespace) -> int:
     from ctrcal.core.errors import ConfigProblems
 
     try:
         cfg = _load(args)
     except ConfigProblems as exc:
-        for problem in exc.problems:  # every problem, one per line
-            print(f"ctrcal validate: error: {problem}", file=sys.stderr)
-        return exc.exit_code
+        return _print_problems(exc)
     if args.data is not None:
         from ctrcal.validate import validate_data
 
@@ -99,12 +130,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from ctrcal.config.load import read_config
     from ctrcal.core.errors import ConfigError
     from ctrcal.data.prepare.prepare import prepare
-    from ctrcal.validate import validate_config
+    from ctrcal.validate import MODEL_SECTIONS, validate_config
 
     # preparing needs the data and features sections: only their checks run (no model, no
     # report plan, no torch)
     cfg = read_config(args.config)
-    validate_config(cfg, skip=("model", "train", "report"))
+    validate_config(cfg, skip=MODEL_SECTIONS)
     explicit = {"train": args.train, "valid": args.valid, "test": args.test}
     named = cfg.data.inputs or cfg.data.train or cfg.data.valid or cfg.data.test
     inputs: list[Path] | dict[str, list[Path]] | None = None

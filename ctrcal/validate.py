@@ -26,6 +26,13 @@ Each rule is stated once, beside what it bounds, and this module only asks it:
   the workers' are the sweep's (:func:`ctrcal.sweep.sweep.check_workers`), the noise options'
   are :mod:`ctrcal.train.noise_options`'.
 
+A **data-only** config sets nothing of the ``model``, ``train`` and ``report`` sections
+(:data:`MODEL_SECTIONS`; through ``extends`` and overrides included): it describes data to
+prepare (``ctrcal prepare --config``), and :func:`is_data_only` says so. Only its sections are
+checked, the data and features checks (and the user's): its model is the default, which it
+never asked for, and checking it would import torch, which costs more than preparing a small
+file. ``ctrcal validate`` of a data-only config checks the same as ``ctrcal prepare --config``.
+
 Messages name the file (or override) that set each key: the :class:`~ctrcal.config.Config`
 records it (:meth:`~ctrcal.config.Config.source_of`, :meth:`~ctrcal.config.Config.where`).
 
@@ -63,6 +70,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKS",
+    "MODEL_SECTIONS",
+    "is_data_only",
     "load_config",
     "validate_data",
     "Problem",
@@ -415,6 +424,17 @@ def check_config(cfg: Config, skip: Sequence[str] = ()) -> list[Problem]:
         if normalize_name(name) not in skipped:
             fn(cfg, problems)
     return problems.items
+
+
+# the sections whose checks need the model (and torch): a config that sets none is data-only
+MODEL_SECTIONS = ("model", "train", "report")
+
+
+def is_data_only(cfg: Config) -> bool:
+    """Whether ``cfg``'s files and overrides set nothing of :data:`MODEL_SECTIONS` (a config of
+    data to prepare; module docstring): its checks are then ``validate_config(cfg,
+    skip=MODEL_SECTIONS)``."""
+    return not cfg.sections_set() & set(MODEL_SECTIONS)
 
 
 def validate_config(cfg: Config, skip: Sequence[str] = ()) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import shutil
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ctrcal"
@@ -93,25 +94,47 @@ def reached(graph: dict[str, set[str]], starts: set[str]) -> dict[str, str]:
     return seen
 
 
+def function_imports(
+    path: Path,
+    module: str,
+    entries: set[str],
+    skip: tuple[str, ...] = (),
+    runs: dict[str, set[str]] | None = None,
+) -> tuple[set[str], dict[str, set[str]]]:
+    """What the module-level functions ``entries`` of ``module`` (the file ``path``) import in
+    their bodies, and the functions of the same file they call, followed (but ``skip``; a
+    function in ``runs`` also reaches the functions it names there, which it calls by other
+    means than their names). Returns the modules imported and, per module, the names imported
+    from it (the functions a next module's path starts at)."""
+    tree = ast.parse(path.read_text())
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    found: set[str] = set()
+    names: dict[str, set[str]] = {}
+    todo, done = sorted(entries), set()
+    while todo:
+        name = todo.pop()
+        if name in done or name in skip or name not in functions:
+            continue
+        done.add(name)
+        fn = functions[name]
+        found |= _imports(fn, module, False)
+        for node in ast.walk(fn):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.setdefault(node.module, set()).update(a.name for a in node.names)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                todo.append(node.func.id)
+        todo += sorted((runs or {}).get(name, ()))
+    return found, names
+
+
 def command_imports(command: str, root: Path = PACKAGE, skip: tuple[str, ...] = ()) -> set[str]:
     """What the CLI's handler ``cmd_<command>`` imports in its body and in the CLI's helpers it
     calls (but ``skip``), and the CLI's own top."""
     tree = ast.parse((root / "cli.py").read_text())
-    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     top = ast.Module(body=imports, type_ignores=[])
-    found = _imports(top, "ctrcal.cli", False)
-    todo, done = [f"cmd_{command}"], set()
-    while todo:
-        fn = functions[todo.pop()]
-        done.add(fn.name)
-        found |= _imports(fn, "ctrcal.cli", False)
-        for call in ast.walk(fn):
-            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
-                name = call.func.id
-                if name in functions and name not in done and name not in skip:
-                    todo.append(name)
-    return found
+    found, _ = function_imports(root / "cli.py", "ctrcal.cli", {f"cmd_{command}"}, skip)
+    return found | _imports(top, "ctrcal.cli", False)
 
 
 @functools.cache
@@ -246,45 +269,93 @@ def test_the_finder_sees_a_circle_through_a_function_level_import(tmp_path):
 # What the data commands import. Preparing, generating, checking a data-only config and
 # reporting on a predictions file need neither torch nor pandas, whose imports cost more than
 # preparing a small file. Read from the source: every import, in any function, of every module
-# the command's handler can reach counts, but inside the rule book's functions (each check
-# imports what it checks, and which checks run depends on the config). Names imported by a
-# string (a registry's built-ins) are not seen here; the subprocess smoke test in
-# tests/data/test_pipeline.py runs `prepare` for real.
+# the command's handler can reach counts. In the rule book (ctrcal.validate, where each check
+# imports what it checks) the functions the command's path calls count, followed call by call,
+# and the checks that run on a data-only config (not those of its MODEL_SECTIONS). Names
+# imported by a string (a registry's built-ins) are not seen here; the subprocess smoke test
+# in tests/data/test_pipeline.py runs `prepare` for real.
 
 HEAVY = ("torch", "pandas")
-DATA_COMMANDS = ("prepare", "synth", "calibration_report", "validate")
-RULE_BOOK = frozenset({"ctrcal.validate"})
+# command -> the CLI helpers left out of its path: `validate` of a config with a model section
+# (or with --data) is no data command, and goes on in _validate_full
+DATA_COMMANDS = {
+    "prepare": (),
+    "synth": (),
+    "calibration_report": (),
+    "validate": ("_validate_full",),
+}
+RULE_BOOK = "ctrcal.validate"
+# the rule book's dispatcher: it runs the registered checks, which it calls by no name
+DISPATCH = "check_config"
 # Paths to a heavy package still open: (command, module that imports it, package). None may
 # be added; each must go when its import does (the test fails both ways).
 PENDING: set[tuple[str, str, str]] = {
     # prepared data's feature map carries the numeric codec, whose tensor methods (shifts in
     # model space) import torch when called, never while preparing
     ("prepare", "ctrcal.data.numeric", "torch"),
-    # the calibration report's tables, figures and CSV reader are pandas frames
-    ("calibration_report", "ctrcal.reports.calibration.predictions_file", "pandas"),
-    ("calibration_report", "ctrcal.reports.shift.figures", "pandas"),
-    ("calibration_report", "ctrcal.reports.shift.stats", "pandas"),
-    ("calibration_report", "ctrcal.reports.shift.windows", "pandas"),
 }
 
 
-def _starts(command: str, graph: dict[str, set[str]]) -> set[str]:
-    # `validate --data` checks the config against prepared data: not a data-only run
-    skip = ("validate_data",) if command == "validate" else ()
-    return {m for m in command_imports(command, skip=skip) if m in graph}
+def _module_constant(tree: ast.Module, name: str) -> object:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{RULE_BOOK} defines no {name}: update this test")
 
 
-def heavy_paths(command: str) -> dict[tuple[str, str, str], str]:
+def data_only_checks(root: Path = PACKAGE) -> set[str]:
+    """The rule book's checks that run on data only: the built-in checks (registered in one
+    loop over the functions ``check_<section>``) but those of ``MODEL_SECTIONS``."""
+    tree = ast.parse((root / "validate.py").read_text())
+    skipped = set(_module_constant(tree, "MODEL_SECTIONS"))
+    for node in tree.body:
+        if isinstance(node, ast.For) and isinstance(node.iter, ast.Tuple):
+            checks = [n.id for n in node.iter.elts if isinstance(n, ast.Name)]
+            if checks and all(c.startswith("check_") for c in checks):
+                return {c for c in checks if c.removeprefix("check_") not in skipped}
+    raise AssertionError(f"{RULE_BOOK}'s built-in checks are no longer one loop: update this test")
+
+
+def data_command_imports(command: str, root: Path = PACKAGE) -> set[str]:
+    """What a data command imports: its CLI path (:func:`command_imports`) and, in the rule
+    book, the functions that path calls, followed, with the checks that run on data only."""
+    skip = DATA_COMMANDS[command]
+    found = command_imports(command, root, skip)
+    _, names = function_imports(root / "cli.py", "ctrcal.cli", {f"cmd_{command}"}, skip)
+    rules, _ = function_imports(
+        root / "validate.py",
+        RULE_BOOK,
+        names.get(RULE_BOOK, set()),
+        runs={DISPATCH: data_only_checks(root)},
+    )
+    return found | rules
+
+
+@functools.cache
+def _external_graph(root: Path) -> dict[str, set[str]]:
+    """:func:`import_graph` with the other packages, the rule book's top only (read once)."""
+    return import_graph(root, external=True, top_only=frozenset({RULE_BOOK}))
+
+
+def heavy_paths(command: str, root: Path = PACKAGE) -> dict[tuple[str, str, str], str]:
     """(command, module, package) for every module the command reaches that imports a heavy
-    package itself -> the chain of imports that leads there."""
-    graph = import_graph(external=True, top_only=RULE_BOOK)
-    starts = _starts(command, graph)
+    package itself -> the chain of imports that leads there. The rule book's functions count
+    where the command's path runs them (:func:`data_command_imports`), its top always."""
+    graph = _external_graph(root)
+    found = data_command_imports(command, root)
+    starts = {m for m in found if m in graph}
     seen = reached(graph, starts)
     out = {}
+    for heavy in HEAVY:
+        if heavy in found:  # imported on the path itself (the CLI's or the rule book's)
+            out[(command, RULE_BOOK, heavy)] = f"{command}: a function on its path -> {heavy}"
     for module in seen:
         for heavy in HEAVY:
             if heavy in graph.get(module, ()):
-                out[(command, module, heavy)] = _chain(graph, starts, module) + f" -> {heavy}"
+                chain = _chain(graph, starts, module)
+                out[(command, module, heavy)] = f"{command}: {chain} -> {heavy}"
     return out
 
 
@@ -305,9 +376,47 @@ def test_data_commands_import_neither_torch_nor_pandas():
     assert not new, "heavy imports: " + "; ".join(new)
     assert not gone, f"no longer imported, remove from PENDING: {gone}"
     # --help runs the CLI module's own imports only
-    graph = import_graph(external=True, top_only=RULE_BOOK)
+    graph = _external_graph(PACKAGE)
     top = {m for m in command_imports("synth") if not m.startswith("ctrcal.data")}
     assert not {"torch", "pandas", "numpy", "polars"} & set(reached(graph, top & set(graph)))
+
+
+def test_the_data_paths_reach_what_they_run():
+    # the paths are what runs: validate's data-only path runs the data and features checks
+    # and stops before the model's; calibration-report reads with the predictions reader
+    validate = data_command_imports("validate")
+    assert {"ctrcal.data.splits", "ctrcal.data.feature_bounds"} <= validate
+    assert not {"ctrcal.models.registry", "ctrcal.train.runs"} & validate
+    full = (
+        command_imports("validate")
+        | function_imports(PACKAGE / "validate.py", RULE_BOOK, {"load_config", "check_model"})[0]
+    )
+    assert "torch" in full and "ctrcal.models.registry" in full  # the full path: the model
+    report = data_command_imports("calibration_report")
+    assert "ctrcal.reports.calibration.predictions_file" in report
+    assert data_only_checks() == {"check_data", "check_features"}
+
+
+def test_the_data_path_check_fails_on_a_heavy_import(tmp_path):
+    # a copy of the package with pandas imported by the predictions reader and torch where a
+    # data-only config's features are checked: both found, on the commands that run them
+    pkg = tmp_path / "ctrcal"
+    shutil.copytree(PACKAGE, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    reader = pkg / "reports" / "calibration" / "predictions_file.py"
+    text = reader.read_text()
+    reader.write_text(text.replace("import numpy as np\n", "import numpy as np\nimport pandas\n"))
+    rules = pkg / "validate.py"
+    text = rules.read_text()
+    marker = "    from ctrcal.data.feature_bounds import FEATURE_PARAMETER_CONSTRAINTS\n"
+    assert marker in text
+    rules.write_text(text.replace(marker, marker + "    import torch\n"))
+    found = {path: chain for c in DATA_COMMANDS for path, chain in heavy_paths(c, pkg).items()}
+    assert set(found) - PENDING == {
+        ("calibration_report", "ctrcal.reports.calibration.predictions_file", "pandas"),
+        ("prepare", RULE_BOOK, "torch"),
+        ("validate", RULE_BOOK, "torch"),
+    }
+    assert found[("validate", RULE_BOOK, "torch")] == "validate: a function on its path -> torch"
 
 
 def test_the_reader_sees_imports_in_functions_and_not_under_type_checking(tmp_path):

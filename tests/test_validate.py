@@ -301,3 +301,27 @@ def test_data_bounds_have_one_statement_the_data_code_asks():
     with pytest.raises(DataError, match="on_bad_row must be 'error' or 'skip', got 'drop'"):
         check_on_bad_row("drop")
     assert check_on_bad_row("skip") == "skip"
+
+
+def test_a_data_only_config_has_its_data_checked_and_no_model(tmp_path, capsys):
+    # what `prepare --config` reads: only its sections are checked (the data and features
+    # checks, as prepare checks them); the default model, which it never asked for, is not
+    path = _write(tmp_path, "data: {synthetic: {rows: 2000, seed: 0}}\nfeatures: {min_count: 2}\n")
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out.strip()
+    assert (
+        out == f"{path}: OK (data only: its data and features checked; no model, train or report)"
+    )
+    assert main(["validate", str(path), "features.min_count=0", "data.split=[0.8, 0.3, 0.1]"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(
+        line.startswith("ctrcal validate: error: override") for line in err
+    )
+    assert "features.min_count" in err[1] and "must sum to 1" in err[0]
+    # a model key, from an override or a base file, makes it a config with a model: all checked
+    assert main(["validate", str(path), "model.hidden_units=[8, 0]"]) == 2
+    assert "model.hidden_units[1]" in capsys.readouterr().err
+    _write(tmp_path, BASE, "base.yaml")
+    child = _write(tmp_path, "extends: base.yaml\nfeatures: {min_count: 2}\n", "child.yaml")
+    assert main(["validate", str(child)]) == 0
+    assert capsys.readouterr().out.startswith(f"{child}: OK (model masknet")

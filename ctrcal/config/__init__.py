@@ -481,6 +481,12 @@ class Config:
                 return found
         return self.__dict__.get("_origin", "config")
 
+    def sections_set(self) -> set[str]:
+        """The top-level keys (``data``, ``model``, ...) that its files or overrides set;
+        the others are defaults."""
+        sources: dict[str, str] = self.__dict__.get("_key_sources", {})
+        return {key.split(".")[0].split("[")[0] for key in sources}
+
     def sources(self) -> set[str]:
         """Every file or override this config names as a key's origin."""
         return {self.source_of(), *self.__dict__.get("_key_sources", {}).values()}

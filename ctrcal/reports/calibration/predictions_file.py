@@ -10,6 +10,16 @@ label other than 0/1, a missing column, columns of different lengths (arrays giv
 a time that is not a number or a date. Segment columns become integer codes: categories as
 they are (a missing value is one more category), floating-point columns with many values are
 bucketised into equal-mass buckets, as the report bucketises numeric fields.
+
+A CSV is read by pyarrow the way pandas' ``read_csv`` reads it (pandas is not imported: it
+costs more than reading a small file): blank lines are skipped, pandas' missing-value tokens
+(``NA``, ``null``, an empty field, ...) are missing values, a column's type is that of all its
+values (integers, else numbers, else ``True``/``False``, else text; dates stay text), empty
+header fields are named ``Unnamed: i`` and repeated names ``name.1``, ``name.2``. A row with
+more or fewer fields than the header is refused, naming its line. A time column of text holds
+numbers or ISO 8601 dates and times (``2024-01-31``, ``2024-01-31T10:00:00+01:00``); a date in
+another layout is refused rather than guessed (``01/02/2024`` is a day in January or in
+February depending on who wrote it).
 """
 
 from __future__ import annotations
@@ -178,8 +188,6 @@ def _std(a: np.ndarray, c: str, where) -> np.ndarray:
 
 
 def _times(a: np.ndarray, c: str, where) -> np.ndarray:
-    import pandas as pd
-
     if a.dtype.kind == "M":
         t = a.astype("datetime64[ns]")
         bad = np.isnat(t)
@@ -193,29 +201,60 @@ def _times(a: np.ndarray, c: str, where) -> np.ndarray:
             raise DataError(f"{where(c, _first(bad))}: missing or non-finite time")
         return t
     # text: numbers if most values are numbers (a text value among them is the bad row), else
-    # dates (pandas' note that it parses each date on its own is no news to the user)
-    numbers = pd.to_numeric(pd.Series(a), errors="coerce")
-    if 2 * int(numbers.notna().sum()) >= len(a):
-        t = numbers.to_numpy(dtype=np.float64)
+    # ISO 8601 dates
+    t = _text_numbers(a)
+    if 2 * int(np.count_nonzero(~np.isnan(t))) >= len(a):
         bad = ~np.isfinite(t)
         if bad.any():
             i = _first(bad)
             raise DataError(f"{where(c, i)}: {_show(a[i])} is neither a number nor a date")
         return t
+    parsed = _iso_dates(a)
+    if isinstance(parsed, int):
+        raise DataError(f"{where(c, parsed)}: {_show(a[parsed])} is neither a number nor a date")
+    return parsed.astype(np.int64)
+
+
+def _text_numbers(a: np.ndarray) -> np.ndarray:
+    """[n] float64: each value of a text column as a number, NaN where it is none (surrounding
+    spaces allowed; ``1e3``, ``inf`` and ``nan`` are numbers, ``1_000`` is not)."""
+    import polars as pl
+
+    text = [
+        v.strip()
+        if isinstance(v, str)
+        else repr(float(v))
+        if isinstance(v, (int, float, np.number)) and not isinstance(v, (bool, np.bool_))
+        else None
+        for v in a.tolist()
+    ]
+    numbers = pl.Series(text, dtype=pl.String).cast(pl.Float64, strict=False)
+    return numbers.fill_null(float("nan")).to_numpy()
+
+
+def _iso_dates(a: np.ndarray) -> np.ndarray | int:
+    """[n] datetime64[ns] of ISO 8601 texts (an offset or ``Z`` converted to UTC), or the
+    index of the first value that is none (missing included)."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        parsed = pd.to_datetime(pd.Series(a), errors="coerce")
-    bad = parsed.isna().to_numpy()
-    if bad.any():
-        i = _first(bad)
-        raise DataError(f"{where(c, i)}: {_show(a[i])} is neither a number nor a date")
-    return parsed.to_numpy().astype("datetime64[ns]").astype(np.int64)
+        warnings.simplefilter("ignore")  # numpy's note that offsets are deprecated: UTC is meant
+        try:
+            t = a.astype("datetime64[ns]")
+        except (ValueError, TypeError, OverflowError):
+            t = None
+        if t is not None:
+            bad = np.isnat(t)
+            return _first(bad) if bad.any() else t
+        for i, v in enumerate(a.tolist()):
+            try:
+                if np.isnat(np.datetime64(v, "ns")):
+                    return i
+            except (ValueError, TypeError, OverflowError):
+                return i
+    return 0  # pragma: no cover - the whole column parsed at once above
 
 
 def _codes(a: np.ndarray, c: str, source: str) -> tuple[np.ndarray, list[str]]:
     """Codes of a segment column and the value of each code; DataError above the cap."""
-    import pandas as pd
-
     from ctrcal.metrics import MAX_SEGMENT_VALUES, bucketize
 
     if a.dtype.kind == "f" and np.unique(a[np.isfinite(a)]).size > 2 * NUMERIC_BUCKETS:
@@ -225,13 +264,42 @@ def _codes(a: np.ndarray, c: str, source: str) -> tuple[np.ndarray, list[str]]:
             sel = a[(codes == k) & np.isfinite(a)]
             values.append(f"[{sel.min():.4g}, {sel.max():.4g}]" if sel.size else "missing")
         return codes, values
-    codes, uniques = pd.factorize(pd.Series(a), use_na_sentinel=False)
+    codes, uniques = _factorize(a)
     if len(uniques) > MAX_SEGMENT_VALUES:
         raise DataError(
             f"{source}: segment column {c!r} has {len(uniques):,} distinct values, more than "
             f"the {MAX_SEGMENT_VALUES:,} a segment may have (an identifier, not a segment)"
         )
-    return codes.astype(np.int32), [str(v) for v in uniques]
+    return codes.astype(np.int32), [_value_name(v) for v in uniques]
+
+
+def _factorize(a: np.ndarray) -> tuple[np.ndarray, list[Any]]:
+    """[n] codes numbering the distinct values of ``a`` in order of first appearance, and
+    those values; every missing value (None, NaN) is one value, NaN."""
+    if a.dtype.kind == "O":
+        values = a.tolist()
+        nan = float("nan")
+        values = [nan if v is None or (isinstance(v, float) and v != v) else v for v in values]
+        index: dict[Any, int] = {}
+        for v in values:
+            index.setdefault(v, len(index))  # NaN is one object here: one key
+        codes = np.fromiter(map(index.__getitem__, values), dtype=np.int64, count=len(values))
+        return codes, list(index)
+    uniques, first, inverse = np.unique(a, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(order.size, dtype=np.int64)
+    rank[order] = np.arange(order.size)
+    return rank[inverse.reshape(-1)], [a[i] for i in first[order]]
+
+
+def _value_name(v: Any) -> str:
+    """A segment value as text: a number as Python prints it, a time as ``2024-01-31
+    10:00:00`` (with the fraction of a second where there is one)."""
+    if isinstance(v, np.datetime64):
+        ns = int(v.astype("datetime64[ns]").astype(np.int64))
+        unit = "s" if ns % 10**9 == 0 else "us" if ns % 1000 == 0 else "ns"
+        return str(np.datetime_as_string(v, unit=unit)).replace("T", " ")
+    return str(v)
 
 
 def _csv_separator(path: Path) -> str:
@@ -252,6 +320,151 @@ def _not_utf8(path: Path) -> DataError:
     return error or DataError(f"{path}: not UTF-8 text; save the file as UTF-8")
 
 
+# pandas' read_csv's missing-value tokens: what a file written by pandas, R or a spreadsheet
+# means by "missing"
+_NA_TOKENS = (
+    "",
+    "#N/A",
+    "#N/A N/A",
+    "#NA",
+    "-1.#IND",
+    "-1.#QNAN",
+    "-NaN",
+    "-nan",
+    "1.#IND",
+    "1.#QNAN",
+    "<NA>",
+    "N/A",
+    "NA",
+    "NULL",
+    "NaN",
+    "None",
+    "n/a",
+    "nan",
+    "null",
+)
+_TRUE, _FALSE = ("True", "TRUE", "true"), ("False", "FALSE", "false")
+_FIELDS = re.compile(r"Expected (\d+) columns, got (\d+)")
+
+
+def _column_names(names: Sequence[str]) -> list[str]:
+    """A header's names as pandas gives them: an empty one ``Unnamed: i``, a repeated one
+    ``name.1``, ``name.2``."""
+    out = [name if name else f"Unnamed: {i}" for i, name in enumerate(names)]
+    counts: dict[str, int] = {}
+    for i, name in enumerate(out):
+        count = counts.get(name, 0)
+        while count > 0:
+            counts[name] = count + 1
+            name = f"{name}.{count}"
+            count = counts.get(name, 0)
+        out[i] = name
+        counts[name] = count + 1
+    return out
+
+
+def _ragged_line(path: Path, sep: str) -> tuple[int, int, int] | None:
+    """(line, fields, the header's fields) of the first row whose field count is not the
+    header's (blank lines skipped), or None."""
+    import csv
+
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace", newline="") as fh:
+        reader = csv.reader(fh, delimiter=sep)
+        header = None
+        try:
+            for row in reader:
+                if not row:
+                    continue
+                if header is None:
+                    header = len(row)
+                elif len(row) != header:
+                    return reader.line_num, len(row), header
+        except csv.Error:
+            return None
+    return None
+
+
+def _read_csv(path: Path) -> dict[str, np.ndarray]:
+    """Every column of a CSV file (name -> [n] values), read as pandas reads it (module
+    docstring). DataError for an unreadable file."""
+    import pyarrow as pa
+
+    # pyarrow infers a column's type from all its values, as pandas does (a text value on the
+    # last row makes the column text), but reads dates as dates: those are read again as text
+    table = _arrow_csv(path, {})
+    dates = [f.name for f in table.schema if pa.types.is_temporal(f.type)]
+    if dates:
+        table = _arrow_csv(path, dict.fromkeys(dates, pa.string()))
+    if any(pa.types.is_binary(f.type) for f in table.schema):
+        raise _not_utf8(path)
+    columns = _numpy_columns(table, _column_names(table.column_names))
+    for values in columns.values():
+        if values.dtype.kind == "O":  # text (or True/False) with missing values: NaN, not None
+            values[np.equal(values, None)] = np.nan
+    return columns
+
+
+def _numpy_columns(table: Any, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The columns of a pyarrow table as numpy arrays under ``names``: missing values NaN in
+    numbers (integers become floats), None in text; a column without any value is NaN.
+
+    Converted by polars: pyarrow's own conversion imports pandas, which takes longer than
+    reading a small file.
+    """
+    import polars as pl
+    import pyarrow as pa
+
+    out = {}
+    for name, column in zip(names, table.columns, strict=True):
+        if pa.types.is_null(column.type):
+            out[name] = np.full(len(column), np.nan)
+        else:
+            out[name] = pl.from_arrow(column).to_numpy()
+    return out
+
+
+def _arrow_csv(path: Path, types: dict[str, Any]) -> Any:
+    """The CSV file as a pyarrow table (``types``: column name -> type, instead of inferred).
+
+    Raises:
+        DataError: a row with more or fewer fields than the header (naming its line), text
+            that is not UTF-8, or anything else pyarrow cannot read.
+    """
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    sep = _csv_separator(path)
+    options = pcsv.ConvertOptions(
+        column_types=types,
+        null_values=list(_NA_TOKENS),
+        true_values=list(_TRUE),
+        false_values=list(_FALSE),
+        strings_can_be_null=True,
+        quoted_strings_can_be_null=True,
+    )
+    compression = "gzip" if path.name.lower().endswith(".gz") else None
+    try:
+        with pa.input_stream(path, compression=compression) as stream:
+            return pcsv.read_csv(
+                stream, parse_options=pcsv.ParseOptions(delimiter=sep), convert_options=options
+            )
+    except UnicodeDecodeError:
+        raise _not_utf8(path) from None
+    except pa.ArrowInvalid as exc:
+        text = str(exc)
+        if "Empty CSV file" in text:
+            text = "No columns to parse from file"  # pandas' words, which users know
+        elif _FIELDS.search(text):
+            ragged = _ragged_line(path, sep)
+            if ragged is not None:
+                line, got, expected = ragged
+                raise DataError(
+                    f"{path}: line {line} has {got} fields, the header {expected}"
+                ) from None
+        raise DataError(f"{path}: not a readable CSV file ({text})") from None
+
+
 def read_predictions(
     path: str | Path,
     prob: str,
@@ -268,8 +481,6 @@ def read_predictions(
         DataError: an unreadable file, a missing column or a bad value (naming the column
             and the row).
     """
-    import pandas as pd
-
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
@@ -283,24 +494,14 @@ def read_predictions(
             have = pq.read_schema(path).names
         except Exception as exc:  # noqa: BLE001 - any pyarrow failure is an unreadable file
             raise DataError(f"{path}: not a readable parquet file ({exc})") from None
-        table = pq.read_table(path, columns=[c for c in wanted if c in have])
-        frame = {c: table.column(c).to_numpy(zero_copy_only=False) for c in table.column_names}
+        # one file, read as one (pq.read_table goes through pyarrow's datasets, which import
+        # pandas)
+        with pq.ParquetFile(path) as parquet:
+            table = parquet.read(columns=[c for c in wanted if c in have])
+        frame = _numpy_columns(table, table.column_names)
         columns: Mapping[str, Any] = {c: frame.get(c) for c in have}
     elif name.endswith(_CSV_SUFFIXES):
-        try:
-            df = pd.read_csv(path, sep=_csv_separator(path), low_memory=False)
-        except pd.errors.ParserError as exc:
-            m = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", str(exc))
-            if m:
-                raise DataError(
-                    f"{path}: line {m.group(2)} has {m.group(3)} fields, the header {m.group(1)}"
-                ) from None
-            raise DataError(f"{path}: not a readable CSV file ({exc})") from None
-        except UnicodeDecodeError:
-            raise _not_utf8(path) from None
-        except pd.errors.EmptyDataError as exc:
-            raise DataError(f"{path}: not a readable CSV file ({exc})") from None
-        columns = {str(c): df[c].to_numpy() for c in df.columns}
+        columns = _read_csv(path)
         line_offset = 2
     else:
         raise DataError(f"{path}: expected a .parquet or .csv/.tsv file (optionally .gz)")

@@ -194,7 +194,7 @@ def calibration_report(
     from ctrcal.reports.calibration.gate import GateDecision, decide, parse_gate
     from ctrcal.reports.calibration.gate import gate_segments as gate_per_segment
     from ctrcal.reports.calibration.segment_figure import plot_segments
-    from ctrcal.reports.shift.figures import plot_reliability
+    from ctrcal.reports.figures import plot_reliability
 
     if preds.label is None:
         raise ConfigError("the calibration report needs labels; without them: label_free_report")
@@ -436,21 +436,47 @@ def _windows(
     except ValueError as exc:
         raise DataError(f"{preds.source}: column {preds.names['time']!r}: {exc}") from None
     sentence = decay_sentence(res)
-    wide = res.metrics.pivot_table(
-        index="window", columns=["metric", "calibration"], values="value"
-    )
+    records = res.records()
     result["windows"] = {
         "calibrator": calibrator,
         "fitted_on": res.fitted_on,
         "sentence": sentence,
-        "table": res.windows.to_dict(orient="records"),
-        "metrics": res.metrics.to_dict(orient="records"),
+        "table": records["windows"],
+        "metrics": records["metrics"],
     }
     csv = out / "windows.csv"
-    wide.columns = [f"{m}:{c}" for m, c in wide.columns]
-    res.windows.set_index("window").join(wide).to_csv(csv)
+    write_text_atomic(csv, _windows_csv(res))
     png = plot_windows(res, out / "windows.png", title=sentence.split(":")[0])
     return {"windows_csv": csv, "windows_png": png}
+
+
+def _windows_csv(res: Any) -> str:
+    """``windows.csv``: one line per window, its table's columns and then one column
+    ``metric:calibration`` per measured pair (sorted; a pair never measured is left out, a
+    missing value is empty). Numbers are written as Python writes them (``0.0123``,
+    ``1e-05``)."""
+    values: dict[tuple[str, str], dict[int, float]] = {}
+    for v in res.metrics:
+        if not math.isnan(v.value):
+            values.setdefault((v.metric, v.calibration), {})[v.window] = v.value
+    pairs = sorted(values)
+    fields = ["window", "rows", "time_start", "time_end", "ece_gap", "detectable"]
+    columns: list[list[Any]] = [[getattr(w, f) for w in res.windows] for f in fields]
+    columns += [[values[p].get(w.window, math.nan) for w in res.windows] for p in pairs]
+    text = [_csv_cells(np.asarray(c)) for c in columns]
+    lines = [",".join([*fields, *(f"{m}:{c}" for m, c in pairs)])]
+    lines += [",".join(row) for row in zip(*text, strict=True)]
+    return "\n".join(lines) + "\n"
+
+
+def _csv_cells(column: np.ndarray) -> list[str]:
+    """A column's cells: integers as they are, floating-point numbers in their shortest
+    round-trip form, NaN as an empty cell."""
+    if column.dtype.kind != "f":
+        return [str(v) for v in column.tolist()]
+    cells = column.astype(str)
+    cells[np.isnan(column)] = ""
+    return cells.tolist()
 
 
 def _fmt_p(p: float | None, resolution: float | None) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ctrcal.metrics import SegmentScan
-from ctrcal.reports.shift.figures import _figure, _save
+from ctrcal.reports.figures import new_figure, save_figure
 
 __all__ = ["plot_segments"]
 
@@ -31,7 +31,7 @@ def plot_segments(
     Returns:
         ``path``.
     """
-    fig, (ax, rax) = _figure(2, width=4.8, height=4.4)
+    fig, (ax, rax) = new_figure(2, width=4.8, height=4.4)
     segs = [s for s in scan.segments if s.predicted > 0]
     flagged = np.array([s.pvalue_adjusted < scan.alpha for s in segs], dtype=bool)
     pred = np.array([s.predicted for s in segs])
@@ -87,4 +87,4 @@ def plot_segments(
         a.grid(alpha=0.3)
     if title:
         fig.suptitle(title, fontsize=10)
-    return _save(fig, Path(path))
+    return save_figure(fig, Path(path))

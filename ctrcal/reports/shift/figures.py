@@ -4,8 +4,8 @@ Every function takes the tidy tables of :mod:`ctrcal.reports.shift.stats` and wr
 
 * :func:`plot_metrics_vs_intensity`: metric panels vs shift intensity, mean ± standard error
   over training seeds, one line per variant (with ``["auc", "ece"]`` the paper's Figure 3).
-* :func:`plot_reliability`: reliability diagrams (click rate vs mean predicted probability
-  per bin) at chosen intensities, pooled over seeds.
+* reliability diagrams (click rate vs mean predicted probability per bin) at chosen
+  intensities, pooled over seeds (:func:`ctrcal.reports.figures.plot_reliability`).
 * :func:`plot_field_rce`: Field-RCE by field × intensity for the baseline and the best variant.
 
 :func:`write_figures` draws every figure of a report directory.
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ctrcal.core.utils import atomic_path
+from ctrcal.reports.figures import LINE_STYLES, new_figure, plot_reliability, save_figure
 from ctrcal.reports.shift.stats import CLEAN, format_intensity
 
 __all__ = [
@@ -28,7 +28,6 @@ __all__ = [
     "best_variant",
     "plot_field_rce",
     "plot_metrics_vs_intensity",
-    "plot_reliability",
     "write_figures",
 ]
 
@@ -44,25 +43,6 @@ METRIC_LABELS: dict[str, str] = {
     "pred_std": "mean predictive std (MC)",
     "std_auroc": "AUROC of std: shifted vs clean",
 }
-
-_STYLES = ["o-", "s--", "^-.", "D:", "v-", "P--", "X-.", "*:"]
-
-
-def _figure(n_panels: int, width: float = 4.2, height: float = 3.4):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width * n_panels, height), dpi=110, layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = [fig.add_subplot(1, n_panels, i + 1) for i in range(n_panels)]
-    return fig, axes
-
-
-def _save(fig: Any, path: Path, **kwargs: Any) -> Path:
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", **kwargs)
-    return path
 
 
 def plot_metrics_vs_intensity(
@@ -92,7 +72,7 @@ def plot_metrics_vs_intensity(
     if not metrics:
         raise ValueError("none of the requested metrics is in the summary")
     variants = list(variants) if variants is not None else list(dict.fromkeys(summary["variant"]))
-    fig, axes = _figure(len(metrics))
+    fig, axes = new_figure(len(metrics))
     levels = np.unique(x_scale * summary["intensity"].to_numpy(dtype=float))
     gap = float(np.min(np.diff(levels))) if levels.size > 1 else 1.0
     # dodge the lines sideways a little so overlapping error bars stay readable
@@ -109,7 +89,7 @@ def plot_metrics_vs_intensity(
                 x,
                 sub["mean"].to_numpy(dtype=float),
                 yerr=err,
-                fmt=_STYLES[i % len(_STYLES)],
+                fmt=LINE_STYLES[i % len(LINE_STYLES)],
                 capsize=3,
                 markersize=4,
                 label=variant,
@@ -122,63 +102,7 @@ def plot_metrics_vs_intensity(
     axes[0].legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
-
-
-def plot_reliability(
-    curves: dict[str, dict[float, dict[str, Any]]],
-    path: str | Path,
-    intensities: Sequence[Any],
-    title: str | None = None,
-    min_count: int = 20,
-    panel_titles: Sequence[str] | None = None,
-) -> Path:
-    """Reliability diagrams, one panel per intensity, one line per variant.
-
-    Bins holding fewer than ``min_count`` rows are not drawn (their click rate is noise).
-
-    Args:
-        curves: ``{variant: {intensity: {"mean_prob": [...], "frac_pos": [...],
-            "counts": [...]}}}`` (bins with no rows are skipped).
-        path: PNG to write.
-        intensities: the keys of ``curves[variant]`` to draw, one panel each.
-        title: figure title.
-        min_count: smallest bin drawn.
-        panel_titles: one title per panel (default: "shift <intensity> %").
-
-    Returns:
-        ``path``.
-    """
-    fig, axes = _figure(len(intensities), width=4.0, height=3.8)
-    titles = (
-        list(panel_titles)
-        if panel_titles is not None
-        else [f"shift {100 * float(s):g} %" for s in intensities]
-    )
-    for ax, intensity, panel in zip(axes, intensities, titles, strict=True):
-        top = 0.0
-        for i, (variant, by_intensity) in enumerate(curves.items()):
-            curve = by_intensity.get(intensity)
-            if curve is None:
-                continue
-            counts = np.asarray(curve["counts"], dtype=float)
-            keep = counts >= min_count
-            mp = np.asarray(curve["mean_prob"], dtype=float)[keep]
-            fp = np.asarray(curve["frac_pos"], dtype=float)[keep]
-            top = max(top, float(np.max(mp, initial=0)), float(np.max(fp, initial=0)))
-            ax.plot(mp, fp, _STYLES[i % len(_STYLES)], markersize=4, label=variant)
-        top = min(1.0, top * 1.05 + 0.02)
-        ax.plot([0, top], [0, top], color="grey", lw=0.8, ls=":", label="calibrated")
-        ax.set_xlim(0, top)
-        ax.set_ylim(0, top)
-        ax.set_xlabel("mean predicted click probability")
-        ax.set_ylabel("observed click rate")
-        ax.set_title(panel, fontsize=9)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def best_variant(
@@ -250,7 +174,7 @@ def plot_field_rce(
     fig.suptitle(
         "Field-RCE by field and shift intensity" + (f" ({shift})" if shift else ""), fontsize=9
     )
-    return _save(fig, Path(path), bbox_inches="tight")
+    return save_figure(fig, Path(path), bbox_inches="tight")
 
 
 _XLABEL = {

@@ -146,8 +146,7 @@ class RowLevel:
                     "sentence": w.sentence,
                     "oracle_ece": w.oracle_ece,
                     "first_detectable": w.result.first_detectable(),
-                    "windows": w.result.windows.to_dict(orient="records"),
-                    "metrics": w.result.metrics.to_dict(orient="records"),
+                    **w.result.records(),
                 }
                 for w in self.windows
             ],

@@ -60,18 +60,17 @@ def _bootstrap_lines(row_level: RowLevel) -> list[str]:
 
 
 def _window_table(result, oracle_ece: list[float] | None) -> list[str]:
-    m = result.metrics
     floor = oracle_ece is not None
     header = ["window", "rows", "ECE uncalibrated", "ECE stale", "ECE fresh", "stale − fresh"]
     header += ["detectable", "PCOC stale", "PCOC fresh"]
     header += ["ECE true probabilities"] if floor else []
     rows = []
-    for i, r in enumerate(result.windows.itertuples(index=False)):
+    for i, r in enumerate(result.windows):
         w = int(r.window)
 
         def v(cal: str, metric: str, w: int = w) -> str:
-            sel = (m["window"] == w) & (m["calibration"] == cal) & (m["metric"] == metric)
-            return f"{float(m.loc[sel, 'value'].iloc[0]):.4f}" if sel.any() else "n/a"
+            value = result.value(w, cal, metric)
+            return f"{value:.4f}" if value is not None else "n/a"
 
         det = f"{r.detectable:.4f}" if math.isfinite(r.detectable) else "—"
         rows.append(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ctrcal.reports.shift.figures import _figure, _save
+from ctrcal.reports.figures import new_figure, save_figure
 from ctrcal.reports.shift.windows import CALIBRATIONS, WindowMetrics
 
 __all__ = ["plot_windows"]
@@ -27,20 +27,20 @@ _STYLES = {"uncalibrated": "o:", "stale": "s-", "fresh": "^--"}
 
 def plot_windows(result: WindowMetrics, path: str | Path, title: str | None = None) -> Path:
     """Metrics per time window for the three calibrations (module docstring); returns path."""
-    m = result.metrics
-    metrics = [k for k in _LABELS if k in set(m["metric"])]
-    fig, axes = _figure(len(metrics), width=3.8, height=3.2)
+    metrics = [k for k in _LABELS if any(v.metric == k for v in result.metrics)]
+    fig, axes = new_figure(len(metrics), width=3.8, height=3.2)
     for ax, metric in zip(axes, metrics, strict=True):
         for cal in CALIBRATIONS:
-            sub = m[(m["metric"] == metric) & (m["calibration"] == cal)].sort_values("window")
-            ax.plot(sub["window"], sub["value"], _STYLES[cal], markersize=4, label=cal)
+            x, y = _line(result, metric, cal)
+            ax.plot(x, y, _STYLES[cal], markersize=4, label=cal)
         if metric == "ece":
-            fresh = m[(m["metric"] == "ece") & (m["calibration"] == "fresh")].sort_values("window")
-            det = np.nan_to_num(result.windows.sort_values("window")["detectable"].to_numpy())
+            x, fresh = _line(result, "ece", "fresh")
+            by_window = sorted(result.windows, key=lambda w: w.window)
+            det = np.nan_to_num(np.array([w.detectable for w in by_window], dtype=float))
             ax.fill_between(
-                fresh["window"],
-                fresh["value"] - det,
-                fresh["value"] + det,
+                x,
+                fresh - det,
+                fresh + det,
                 alpha=0.15,
                 color="C2",
                 label="fresh ± detectable",
@@ -53,4 +53,17 @@ def plot_windows(result: WindowMetrics, path: str | Path, title: str | None = No
     axes[0].legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
-    return _save(fig, Path(path))
+    return save_figure(fig, Path(path))
+
+
+def _line(result: WindowMetrics, metric: str, calibration: str) -> tuple[np.ndarray, np.ndarray]:
+    """([k] windows, [k] values) of one metric of one calibration, in window order."""
+    points = sorted(
+        (v.window, v.value)
+        for v in result.metrics
+        if v.metric == metric and v.calibration == calibration
+    )
+    return (
+        np.array([p[0] for p in points], dtype=np.int64),
+        np.array([p[1] for p in points], dtype=float),
+    )

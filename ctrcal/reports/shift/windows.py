@@ -23,6 +23,8 @@ A window's row boundaries never split rows with equal time.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -34,10 +36,49 @@ from ctrcal import metrics as M
 from ctrcal.calibration.base import create_calibrator
 from ctrcal.metrics import as_numpy, paired_bootstrap
 
-__all__ = ["CALIBRATIONS", "WindowMetrics", "calibration_over_time", "decay_sentence", "windows"]
+__all__ = [
+    "CALIBRATIONS",
+    "Window",
+    "WindowMetrics",
+    "WindowValue",
+    "calibration_over_time",
+    "decay_sentence",
+    "windows",
+]
 
 CALIBRATIONS = ("uncalibrated", "stale", "fresh")
 WINDOW_METRICS = ("ece", "pcoc", "ne", "field_rce_mean")
+
+
+@dataclass(frozen=True)
+class Window:
+    """One test window.
+
+    Attributes:
+        window: its number, from 1 = the first window after the stale calibrator's fit.
+        rows: how many rows it holds.
+        time_start, time_end: its first and last time (the time column's type).
+        ece_gap: stale − fresh ECE.
+        detectable: the smallest detectable gap (NaN in the first window, where both are the
+            same calibrator).
+    """
+
+    window: int
+    rows: int
+    time_start: Any
+    time_end: Any
+    ece_gap: float
+    detectable: float
+
+
+@dataclass(frozen=True)
+class WindowValue:
+    """One metric of one calibration in one window."""
+
+    window: int
+    calibration: str
+    metric: str
+    value: float
 
 
 @dataclass(frozen=True)
@@ -45,30 +86,39 @@ class WindowMetrics:
     """Per-window calibration of one model under three calibrations.
 
     Attributes:
-        metrics: long table, columns ``window, calibration, metric, value``; ``window`` counts
-            from 1 = the first window after the stale calibrator's fit.
-        windows: one row per window: ``window, rows, time_start, time_end, ece_gap``
-            (stale − fresh), ``detectable`` (the smallest detectable gap; NaN in the first
-            window, where both are the same calibrator).
+        metrics: every metric of every calibration in every window (window by window, then
+            calibration by calibration).
+        windows: one :class:`Window` per test window, in time order.
         calibrator: the calibrator spec, as given.
         fitted_on: ``"validation"`` or ``"first window"``.
     """
 
-    metrics: Any
-    windows: Any
+    metrics: list[WindowValue]
+    windows: list[Window]
     calibrator: Any
     fitted_on: str
 
-    def value(self, window: int, calibration: str, metric: str) -> float:
-        m = self.metrics
-        sel = (m["window"] == window) & (m["calibration"] == calibration) & (m["metric"] == metric)
-        return float(m.loc[sel, "value"].iloc[0])
+    def value(self, window: int, calibration: str, metric: str) -> float | None:
+        """A metric of one calibration in one window (None: not measured there, such as
+        Field-RCE without a segment that varies)."""
+        for v in self.metrics:
+            if (v.window, v.calibration, v.metric) == (window, calibration, metric):
+                return v.value
+        return None
 
     def first_detectable(self) -> int | None:
         """The first window whose stale − fresh ECE gap exceeds the detectable difference."""
-        w = self.windows
-        hit = w[(w["ece_gap"] > w["detectable"]) & np.isfinite(w["detectable"])]
-        return None if hit.empty else int(hit["window"].iloc[0])
+        for w in self.windows:
+            if math.isfinite(w.detectable) and w.ece_gap > w.detectable:
+                return w.window
+        return None
+
+    def records(self) -> dict[str, list[dict[str, Any]]]:
+        """``{"windows": [...], "metrics": [...]}``: both tables as plain records (JSON)."""
+        return {
+            "windows": [dataclasses.asdict(w) for w in self.windows],
+            "metrics": [dataclasses.asdict(v) for v in self.metrics],
+        }
 
 
 def windows(time: Any, n_windows: int) -> list[np.ndarray]:
@@ -166,8 +216,6 @@ def calibration_over_time(
     Returns:
         A :class:`WindowMetrics`.
     """
-    import pandas as pd
-
     z = as_numpy(logits, "logits").astype(np.float64)
     y = as_numpy(labels, "labels").astype(np.float64)
     if y.shape != z.shape:
@@ -197,7 +245,8 @@ def calibration_over_time(
     stale = _fit(calibrator, fit_z, fit_y, fit_s, f"the {fitted_on}")
     fresh = stale
     z_mult = NormalDist().inv_cdf(1.0 - alpha / 2.0) + NormalDist().inv_cdf(power)
-    rows_m, rows_w = [], []
+    values: list[WindowValue] = []
+    table: list[Window] = []
     for w, rows in enumerate(parts, start=1):
         zw, yw, sw = z[rows], y[rows], _segment_rows(segs, rows)
         probs = {
@@ -207,7 +256,7 @@ def calibration_over_time(
         }
         for cal, p in probs.items():
             for metric, value in _window_metrics(p, yw, sw, min_count).items():
-                rows_m.append((w, cal, metric, value))
+                values.append(WindowValue(w, cal, metric, float(value)))
         gap = M.ece(probs["stale"], yw) - M.ece(probs["fresh"], yw)
         detectable = float("nan")
         if fresh is not stale:
@@ -221,14 +270,10 @@ def calibration_over_time(
             )
             detectable = float(z_mult * ci["ece"].diff.se)
         tw = t_all[rows]
-        rows_w.append((w, rows.size, tw.min(), tw.max(), gap, detectable))
+        table.append(Window(w, int(rows.size), tw.min(), tw.max(), float(gap), detectable))
         if w < len(parts):  # refitted on this window's labels, it serves the next one
             fresh = _fit(calibrator, zw, yw, sw, f"window {w}")
-    metrics = pd.DataFrame(rows_m, columns=["window", "calibration", "metric", "value"])
-    table = pd.DataFrame(
-        rows_w, columns=["window", "rows", "time_start", "time_end", "ece_gap", "detectable"]
-    )
-    return WindowMetrics(metrics, table, calibrator, fitted_on)
+    return WindowMetrics(values, table, calibrator, fitted_on)
 
 
 def decay_sentence(result: WindowMetrics) -> str:
@@ -238,7 +283,7 @@ def decay_sentence(result: WindowMetrics) -> str:
     name = result.calibrator if isinstance(result.calibrator, str) else result.calibrator["name"]
     first = result.first_detectable()
     if first is not None:
-        r = w[w["window"] == first].iloc[0]
+        r = next(x for x in w if x.window == first)
         return (
             f"The {name} calibrator fitted once on the {result.fitted_on} falls detectably "
             f"behind one refitted every window after {first} window{'s' * (first != 1)} (of "
@@ -246,14 +291,15 @@ def decay_sentence(result: WindowMetrics) -> str:
             f"against {result.value(first, 'fresh', 'ece'):.4f}, a gap of {r.ece_gap:.4f} above "
             f"the smallest detectable difference {r.detectable:.4f} (paired row bootstrap)."
         )
-    finite = w[np.isfinite(w["detectable"])]
-    if finite.empty:
+    finite = [x for x in w if math.isfinite(x.detectable)]
+    if not finite:
         return (
             f"With {n} window{'s' * (n != 1)} the {name} calibrator fitted once on the "
             f"{result.fitted_on} and one refitted every window are the same calibrator; use "
             "more windows to compare them."
         )
-    worst = finite.loc[finite["ece_gap"].idxmax()]
+    # the largest gap, the first window holding it (a gap that is NaN is no candidate)
+    worst = max((x for x in finite if not math.isnan(x.ece_gap)), key=lambda x: x.ece_gap)
     return (
         f"In none of {n} windows does the {name} calibrator fitted once on the "
         f"{result.fitted_on} fall detectably behind one refitted every window: its largest "

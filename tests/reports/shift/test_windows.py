@@ -52,8 +52,8 @@ def test_windows_are_consecutive_equal_and_never_split_a_time():
 def test_stale_calibrator_decays_under_drift_and_the_sentence_says_when():
     z, y, t, site = _drifting(60_000, drift=1.5)
     res = calibration_over_time(z, y, t, 5, "test_platt", segments={"site": site}, n_boot=50)
-    assert res.fitted_on == "first window" and list(res.windows["window"]) == [1, 2, 3, 4, 5]
-    assert set(res.metrics["metric"]) == {"ece", "pcoc", "ne", "field_rce_mean"}
+    assert res.fitted_on == "first window" and [w.window for w in res.windows] == [1, 2, 3, 4, 5]
+    assert {v.metric for v in res.metrics} == {"ece", "pcoc", "ne", "field_rce_mean"}
     stale = [res.value(w, "stale", "ece") for w in range(1, 6)]
     fresh = [res.value(w, "fresh", "ece") for w in range(1, 6)]
     assert stale[0] == fresh[0]  # the same calibrator in the first window
@@ -61,8 +61,8 @@ def test_stale_calibrator_decays_under_drift_and_the_sentence_says_when():
     assert res.value(5, "stale", "pcoc") < res.value(5, "fresh", "pcoc") < 1.05
     first = res.first_detectable()
     assert first is not None and 2 <= first <= 5
-    assert np.isnan(res.windows["detectable"].iloc[0])
-    assert (res.windows["detectable"].iloc[1:] > 0).all()
+    assert np.isnan(res.windows[0].detectable)
+    assert all(w.detectable > 0 for w in res.windows[1:])
     text = decay_sentence(res)
     assert f"after {first} windows (of 5)" in text and "test_platt" in text
     # the reported ECE is the metric of the calibrated rows, recomputed here for window 5
@@ -78,7 +78,8 @@ def test_without_drift_nothing_is_detectable_and_validation_is_the_stale_fit():
     assert res.fitted_on == "validation" and len(res.windows) == 4
     assert res.first_detectable() is None
     assert "In none of 4 windows" in decay_sentence(res)
-    assert "field_rce_mean" not in set(res.metrics["metric"])
+    assert "field_rce_mean" not in {v.metric for v in res.metrics}
+    assert res.value(1, "stale", "field_rce_mean") is None
 
 
 def test_a_window_without_clicks_is_named():
