@@ -14,7 +14,7 @@ bucketised into equal-mass buckets, as the report bucketises numeric fields.
 A CSV is read by pyarrow the way pandas' ``read_csv`` reads it (pandas is not imported: it
 costs more than reading a small file): blank lines are skipped, pandas' missing-value tokens
 (``NA``, ``null``, an empty field, ...) are missing values, a column's type is that of all its
-values (integers, else numbers, else ``True``/``False``, else text; dates stay text), empty
+values (integers, numbers, ``True``/``False``, or else text; dates stay text), empty
 header fields are named ``Unnamed: i`` and repeated names ``name.1``, ``name.2``. A row with
 more or fewer fields than the header is refused, naming its line. A time column of text holds
 numbers or ISO 8601 dates and times (``2024-01-31``, ``2024-01-31T10:00:00+01:00``); a date in
@@ -220,16 +220,18 @@ def _text_numbers(a: np.ndarray) -> np.ndarray:
     spaces allowed; ``1e3``, ``inf`` and ``nan`` are numbers, ``1_000`` is not)."""
     import polars as pl
 
-    text = [
-        v.strip()
-        if isinstance(v, str)
-        else repr(float(v))
-        if isinstance(v, (int, float, np.number)) and not isinstance(v, (bool, np.bool_))
-        else None
-        for v in a.tolist()
-    ]
+    text = [_number_text(v) for v in a.tolist()]
     numbers = pl.Series(text, dtype=pl.String).cast(pl.Float64, strict=False)
     return numbers.fill_null(float("nan")).to_numpy()
+
+
+def _number_text(v: Any) -> str | None:
+    """A value of a text column as the text of a number (None: missing, or no number)."""
+    if isinstance(v, str):
+        return v.strip()
+    if isinstance(v, (int, float, np.number)) and not isinstance(v, (bool, np.bool_)):
+        return repr(float(v))
+    return None
 
 
 def _iso_dates(a: np.ndarray) -> np.ndarray | int:
@@ -238,19 +240,22 @@ def _iso_dates(a: np.ndarray) -> np.ndarray | int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # numpy's note that offsets are deprecated: UTC is meant
         try:
-            t = a.astype("datetime64[ns]")
+            t = a.astype("datetime64[ns]")  # all at once; one value at a time finds the bad one
         except (ValueError, TypeError, OverflowError):
             t = None
-        if t is not None:
-            bad = np.isnat(t)
-            return _first(bad) if bad.any() else t
-        for i, v in enumerate(a.tolist()):
-            try:
-                if np.isnat(np.datetime64(v, "ns")):
+        if t is None:
+            values = []
+            for i, v in enumerate(a.tolist()):
+                try:
+                    d = np.datetime64(v, "ns")
+                except (ValueError, TypeError, OverflowError):
                     return i
-            except (ValueError, TypeError, OverflowError):
-                return i
-    return 0  # pragma: no cover - the whole column parsed at once above
+                if np.isnat(d):  # missing
+                    return i
+                values.append(d)
+            t = np.array(values, dtype="datetime64[ns]")
+    bad = np.isnat(t)
+    return _first(bad) if bad.any() else t
 
 
 def _codes(a: np.ndarray, c: str, source: str) -> tuple[np.ndarray, list[str]]:
@@ -295,7 +300,7 @@ def _factorize(a: np.ndarray) -> tuple[np.ndarray, list[Any]]:
 def _value_name(v: Any) -> str:
     """A segment value as text: a number as Python prints it, a time as ``2024-01-31
     10:00:00`` (with the fraction of a second where there is one)."""
-    if isinstance(v, np.datetime64):
+    if isinstance(v, np.datetime64) and not np.isnat(v):
         ns = int(v.astype("datetime64[ns]").astype(np.int64))
         unit = "s" if ns % 10**9 == 0 else "us" if ns % 1000 == 0 else "ns"
         return str(np.datetime_as_string(v, unit=unit)).replace("T", " ")
@@ -344,7 +349,7 @@ _NA_TOKENS = (
     "null",
 )
 _TRUE, _FALSE = ("True", "TRUE", "true"), ("False", "FALSE", "false")
-_FIELDS = re.compile(r"Expected (\d+) columns, got (\d+)")
+_FIELDS = re.compile(r"Expected \d+ columns, got \d+")
 
 
 def _column_names(names: Sequence[str]) -> list[str]:
