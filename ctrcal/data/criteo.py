@@ -1,7 +1,7 @@
 """Criteo layout detection and readers (-> polars LazyFrame).
 
 The column names and counts live in :mod:`ctrcal.core.criteo_schema` (no polars needed to
-name them) and are re-exported here.
+name them).
 
 Supported layouts (``layout=`` names, detected automatically by :func:`detect_format`):
 
@@ -20,16 +20,10 @@ Supported layouts (``layout=`` names, detected automatically by :func:`detect_fo
 ``torchrec``    A header with torchrec's names ``label, int_0..int_12, cat_0..cat_25``.
 ==============  ================================================================================
 
-Files are parsed chunk by chunk by :mod:`ctrcal.data.parse` (the C reader, else polars on
-the strings here): hex categoricals break float parsing (``623049e6``) and lose leading zeros
-(``00018438``); integers may be negative (I2) or written ``260.0``.
-The typed frame has ``label`` float32 (null when the file has no labels), ``I1..I13`` float64
-and ``C1..C26`` uint32 (the 8-hex-digit hash parsed base 16, or the decimal id of Criteo_x1);
-a missing value is null.
-
-Malformed rows (more fields than the layout, a label other than 0/1, a non-integer in an
-``I`` field, a non-hex value in a ``C`` field) are flagged, and either raise
-:class:`~ctrcal.core.errors.DataError` naming the file and line or are skipped and counted.
+Files are parsed chunk by chunk by :mod:`ctrcal.data.parse`: the C reader, else polars on
+the strings of :func:`scan_raw`, typed and checked by the one row validator
+(:mod:`ctrcal.data.row_check`). Hex categoricals would break float parsing (``623049e6``) and
+lose leading zeros (``00018438``); integers may be negative (I2) or written ``260.0``.
 """
 
 from __future__ import annotations
@@ -38,49 +32,25 @@ import gzip
 import re
 import zlib
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
 from ctrcal.core.criteo_schema import (
-    CATEGORICAL_COLUMNS,
     COLUMNS,
     FEATURE_COLUMNS,
     LABEL,
     LAYOUTS,
     NUM_CATEGORICAL,
     NUM_NUMERIC,
-    NUMERIC_COLUMNS,
 )
 from ctrcal.core.errors import DataError
 from ctrcal.data.chunks import BOM
+from ctrcal.data.row_check import EXTRA
 
-# Internal bookkeeping columns carried next to the typed fields.
-ROW_COL = "_row"  # 0-based record index within its file
-BAD_COL = "_bad"  # 0 = ok, else the code of the first problem (see _BAD_REASONS)
-EXTRA_COL = "_extra"  # catches fields beyond the layout's last one
-
-# Bad-row codes: 1 = label, 2..14 = I1..I13, 15..40 = C1..C26, 99 = too many fields.
-_TOO_MANY = 99
 _SNIFF_BYTES = 1 << 16
 _SNIFF_LINES = 200
-
-
-def bad_reason(code: int, layout: str) -> str:
-    """Human-readable description of a bad-row code."""
-    if code == _TOO_MANY:
-        n = 39 if layout == "dac_test" else 40
-        return f"more fields than the {layout} layout's {n}"
-    column = COLUMNS[code - 1]
-    if column == LABEL:
-        return "label is not 0 or 1"
-    if column.startswith("I"):
-        what = "a number" if layout == "x1" else "an integer"
-        return f"{column} is not {what}"
-    what = "a decimal id" if layout == "x1" else "a hex value of at most 8 digits"
-    return f"{column} is not {what}"
 
 
 @dataclass(frozen=True)
@@ -293,29 +263,21 @@ def _looks_like_x1(lines: list[str], canon: list[str | None], sep: str) -> bool:
 # Reading
 
 
-def scan_raw(
-    path: str | Path | bytes,
-    fmt: CriteoFormat,
-    *,
-    row_offset: int = 0,
-    skip_header: bool = True,
-) -> pl.LazyFrame:
-    """The file's fields under canonical names, as strings, plus ``_row`` and ``_extra``.
+def scan_raw(chunk: bytes, fmt: CriteoFormat) -> pl.LazyFrame:
+    """A chunk's fields under canonical names, as strings, plus the validator's extra column.
 
-    Missing fields (short rows) are null; ``_extra`` is non-null where a row has more fields
-    than the layout. ``path`` may also be the bytes of whole lines of a file (a chunk, see
-    :func:`~ctrcal.data.chunks.iter_text_chunks`): ``row_offset`` is then the index of its
-    first record in the
-    file, and ``skip_header=False`` because a chunk has no header.
+    ``chunk`` holds whole lines of a file past its header (see
+    :func:`~ctrcal.data.chunks.iter_text_chunks`). Missing fields (short rows) are null; the
+    :data:`~ctrcal.data.row_check.EXTRA` column is non-null where a row has more fields than
+    the layout.
     """
     schema = {name: pl.Utf8 for name in fmt.columns}
-    schema[EXTRA_COL] = pl.Utf8
-    # Header files are read positionally too (the header is skipped), so that names never
-    # need to match and a row with too many fields lands in ``_extra``.
-    lf = pl.scan_csv(
-        path,
+    schema[EXTRA] = pl.Utf8
+    # Header files are read positionally too (their header is not in a chunk), so that names
+    # never need to match and a row with too many fields lands in the extra column.
+    return pl.scan_csv(
+        chunk,
         has_header=False,
-        skip_lines=fmt.header_lines if skip_header else 0,
         separator=fmt.separator,
         quote_char=None,
         schema=schema,
@@ -323,105 +285,3 @@ def scan_raw(
         truncate_ragged_lines=True,
         raise_if_empty=False,
     )
-    return lf.with_row_index(ROW_COL, offset=row_offset)
-
-
-def _checks(fmt: CriteoFormat, parsed: dict[str, pl.Expr]) -> list[pl.Expr]:
-    """Per canonical column (in ``COLUMNS`` order) a boolean 'this value is malformed'."""
-    x1 = fmt.layout == "x1"
-    checks: list[pl.Expr] = []
-    if fmt.labelled:
-        checks.append(~parsed[LABEL].is_in([0.0, 1.0]).fill_null(False))
-    else:
-        checks.append(pl.lit(False))
-    for name in NUMERIC_COLUMNS:
-        val = parsed[name]
-        # x - floor(x) is 0 for integers only, NaN for NaN and +-inf (polars compares NaN
-        # equal to NaN, never to 0); a value given but not parsed (null) fails too
-        ok = val.is_finite() if x1 else (val - val.floor()) == 0
-        checks.append(pl.col(name).is_not_null() & ~ok.fill_null(False))
-    for name in CATEGORICAL_COLUMNS:
-        checks.append(pl.col(name).is_not_null() & parsed[name].is_null())
-    return checks
-
-
-def _parse_exprs(fmt: CriteoFormat) -> dict[str, pl.Expr]:
-    """Typed expression per canonical column from the strings :func:`scan_raw` gives."""
-    x1 = fmt.layout == "x1"
-    out: dict[str, pl.Expr] = {}
-    if not fmt.labelled:
-        out[LABEL] = pl.lit(None, pl.Float32)
-    else:
-        out[LABEL] = pl.col(LABEL).str.strip_chars().cast(pl.Float32, strict=False)
-    for name in NUMERIC_COLUMNS:
-        out[name] = pl.col(name).cast(pl.Float64, strict=False)
-    for name in CATEGORICAL_COLUMNS:
-        out[name] = pl.col(name).str.to_integer(
-            base=10 if x1 else 16, dtype=pl.UInt32, strict=False
-        )
-    return out
-
-
-def _bad_code(fmt: CriteoFormat) -> pl.Expr:
-    """The code of the first problem of a row (0 = fine); for describing one row."""
-    codes = [
-        pl.when(c).then(pl.lit(k + 1, pl.UInt8))
-        for k, c in enumerate(_checks(fmt, _parse_exprs(fmt)))
-    ]
-    codes.insert(0, pl.when(pl.col(EXTRA_COL).is_not_null()).then(pl.lit(_TOO_MANY, pl.UInt8)))
-    return pl.coalesce(codes).fill_null(0)
-
-
-def scan_typed(
-    path: str | Path | bytes,
-    fmt: CriteoFormat,
-    *,
-    row_offset: int = 0,
-    skip_header: bool = True,
-) -> pl.LazyFrame:
-    """The row validator: typed columns (``COLUMNS``) plus ``_row`` and ``_bad`` (0 = fine,
-    else a malformed row) of a file or of a chunk of its lines (see :func:`scan_raw`)."""
-    parsed = _parse_exprs(fmt)
-    tmp = {name: f"__{name}" for name in CATEGORICAL_COLUMNS}
-    raw = scan_raw(path, fmt, row_offset=row_offset, skip_header=skip_header)
-    lf = raw.with_columns(parsed[name].alias(tmp[name]) for name in CATEGORICAL_COLUMNS)
-    # Checks read the parsed categoricals from their columns, so each is parsed once.
-    staged = {**parsed, **{name: pl.col(tmp[name]) for name in CATEGORICAL_COLUMNS}}
-    checks = [pl.col(EXTRA_COL).is_not_null(), *_checks(fmt, staged)]
-    return lf.select(
-        pl.col(ROW_COL),
-        *(staged[name].alias(name) for name in COLUMNS),
-        pl.any_horizontal(checks).cast(pl.UInt8).alias(BAD_COL),
-    )
-
-
-def read_error(paths: Sequence[Path], exc: Exception) -> DataError:
-    """A one-line DataError for a polars/IO failure while reading ``paths``."""
-    names = ", ".join(str(p) for p in paths[:3]) + (", ..." if len(paths) > 3 else "")
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return DataError(f"{names}: cannot read as Criteo data: {first}")
-
-
-def describe_bad_row(
-    path: Path, fmt: CriteoFormat, row: int, chunk: bytes | None = None, row_offset: int = 0
-) -> str:
-    """``FILE: line N: malformed row: <what> (got <value>)`` for record ``row`` (0-based).
-
-    With ``chunk`` (lines of the file whose first record is ``row_offset``, see
-    :func:`~ctrcal.data.chunks.iter_text_chunks`) the row is looked up there instead of
-    re-reading the file.
-    """
-    line = row + 1 + fmt.header_lines
-    if chunk is not None:
-        lf = scan_raw(chunk, fmt, row_offset=row_offset, skip_header=False)
-    else:
-        lf = scan_raw(path, fmt)
-    one = lf.filter(pl.col(ROW_COL) == row).with_columns(_bad_code(fmt).alias("b")).collect()
-    code = int(one["b"][0]) if one.height else 0
-    if code == 0:
-        return f"{path}: line {line}: malformed row"
-    reason = bad_reason(code, fmt.layout)
-    if code != _TOO_MANY:
-        value = one[COLUMNS[code - 1]][0] if COLUMNS[code - 1] in one.columns else None
-        reason += f" (got {value!r})" if value is not None else " (empty)"
-    return f"{path}: line {line}: malformed row: {reason}"

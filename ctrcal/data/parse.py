@@ -4,9 +4,11 @@
 whole lines (:func:`~ctrcal.data.chunks.iter_text_chunks`; a small file is one chunk) and
 parses each one with the C reader first (:mod:`ctrcal.data.tsv_reader`). A chunk the C reader
 cannot take -- a header CSV layout with an ``Id`` column, decimal ids, a float-written integer,
-a malformed row -- is re-parsed by polars' text parser, that chunk only, and checked row by
-row (:func:`~ctrcal.data.criteo.scan_typed`: the one row validator); the first malformed row is
-named by file, line and column, or malformed rows are skipped and counted.
+a malformed row -- is re-read by polars' text parser, that chunk only, and typed and checked
+row by row by the one row validator (:mod:`ctrcal.data.row_check`), to which this module only
+describes Criteo's columns; the first malformed row is named by file, line and column, or
+malformed rows are skipped and counted. Schema'd files go to
+:mod:`ctrcal.data.schema_reader`, which does the same for its columns.
 
 Both give the same :class:`ParsedChunk`: the label and numerics as float64, categoricals as
 their ``uint32`` values (hex read base 16, or Criteo_x1's decimal ids) widened to ``uint64``,
@@ -29,11 +31,12 @@ from ctrcal.data import criteo, tsv_reader
 from ctrcal.data.chunks import iter_text_chunks
 from ctrcal.data.criteo import CriteoFormat
 from ctrcal.data.parsed import ParsedChunk, not_utf8
+from ctrcal.data.row_check import Column, RowCheck
 
 CHUNK_BYTES = 32 << 20
+"""Text bytes per chunk (~140k Criteo rows): memory is a few chunks whatever the file size."""
 ON_BAD_ROW: tuple[str, ...] = ("error", "skip")
 """What a malformed input row does: stop with its file and line, or be dropped and counted."""
-"""Text bytes per chunk (~140k Criteo rows): memory is a few chunks whatever the file size."""
 
 
 def threads() -> int:
@@ -106,48 +109,25 @@ def _polars(
     error = not_utf8(chunk, path, fmt, offset)
     if error is not None:
         raise error
-    try:
-        df = criteo.scan_typed(chunk, fmt, row_offset=offset, skip_header=False).collect()
-    except (pl.exceptions.PolarsError, OSError) as exc:
-        raise criteo.read_error([path], exc) from None
-    records = df.height
-    bad_rows = df[criteo.BAD_COL] != 0
-    bad = int(bad_rows.sum())
-    if bad:
-        if on_bad_row == "error":
-            row = int(df.filter(bad_rows)[criteo.ROW_COL][0])
-            message = criteo.describe_bad_row(path, fmt, row, chunk, offset)
-            more = (
-                f"; {bad - 1} more malformed rows in the {offset + records:,} rows read so far"
-                if bad > 1
-                else ""
-            )
-            raise DataError(f"{message}{more} (use on_bad_row=skip to drop them)")
-        df = df.filter(~bad_rows)
-    n = df.height
-    label = df[LABEL].cast(pl.Float64).fill_null(float("nan")).to_numpy()
-    numeric = np.empty((len(NUMERIC_COLUMNS), n), dtype=np.float64)
-    numeric_valid = np.empty((len(NUMERIC_COLUMNS), n), dtype=np.uint8)
-    for j, name in enumerate(NUMERIC_COLUMNS):
-        col = df[name]
-        numeric_valid[j] = col.is_not_null().to_numpy()
-        numeric[j] = col.fill_null(0.0).to_numpy()
-    categorical = np.empty((len(CATEGORICAL_COLUMNS), n), dtype=np.uint64)
-    categorical_valid = np.empty((len(CATEGORICAL_COLUMNS), n), dtype=np.uint8)
-    for j, name in enumerate(CATEGORICAL_COLUMNS):
-        col = df[name]
-        categorical_valid[j] = col.is_not_null().to_numpy()
-        categorical[j] = col.fill_null(0).to_numpy()
-    rows = df[criteo.ROW_COL].cast(pl.Int64).to_numpy()
-    return ParsedChunk(
-        rows,
-        label,
-        numeric,
-        numeric_valid,
-        categorical,
-        categorical_valid,
-        records=records,
-        bad=bad,
+    return _row_check(path, fmt, on_bad_row).chunk(criteo.scan_raw(chunk, fmt), offset)
+
+
+def _row_check(path: Path, fmt: CriteoFormat, on_bad_row: str) -> RowCheck:
+    """Criteo's columns for the row validator: the label (if the layout has one), integer
+    fields (Criteo_x1: any number) and hex hashes (Criteo_x1: decimal ids); machine-written,
+    so a blank makes a number malformed."""
+    x1 = fmt.layout == "x1"
+    label = (Column(LABEL, "label"),) if fmt.labelled else ()
+    numeric = tuple(Column(n, "number" if x1 else "integer") for n in NUMERIC_COLUMNS)
+    categorical = tuple(Column(n, "decimal" if x1 else "hex") for n in CATEGORICAL_COLUMNS)
+    return RowCheck(
+        path,
+        fmt.layout,
+        (*label, *numeric, *categorical),
+        on_bad_row,
+        fields=len(fmt.columns),
+        header_lines=fmt.header_lines,
+        blanks=False,
     )
 
 

@@ -1,7 +1,7 @@
 """What a parser gives: the typed columns of one chunk (:class:`ParsedChunk`), and the one
-UTF-8 check of the text parsers. A leaf, so that both parsers (:mod:`ctrcal.data.parse`, the C
-and polars route for Criteo, and :mod:`ctrcal.data.schema_reader`) import it without importing
-each other."""
+UTF-8 check of the text parsers. A leaf, so that the parsers (:mod:`ctrcal.data.parse`, the C
+and polars route for Criteo, and :mod:`ctrcal.data.schema_reader`) and the row validator
+(:mod:`ctrcal.data.row_check`) import it without importing each other."""
 
 from __future__ import annotations
 

@@ -5,9 +5,10 @@ header or the parquet file; a headerless file has the schema's number of fields)
 :func:`iter_chunks` parses it chunk by chunk into the :class:`~ctrcal.data.parsed.ParsedChunk`
 the pipeline codes: text (CSV/TSV, plain or gzip) with polars' text parser, a chunk of whole
 lines at a time; parquet by record batches, its typed columns read as they are (no text round
-trip). Every row is checked -- the label 0/1, numerics finite numbers, hex categoricals hex,
-the time an integer -- and the first malformed row is named by file, line (parquet: row) and
-column, or malformed rows are skipped and counted.
+trip). This module only describes the schema's columns: every row is typed and checked by the
+one row validator (:mod:`ctrcal.data.row_check`) -- the label 0/1, numerics finite numbers,
+hex categoricals hex, the time an integer -- and the first malformed row is named by file,
+line (parquet: row) and column, or malformed rows are skipped and counted.
 
 Categorical values become 64-bit keys: ``hex`` spellings their value read base 16, ``string``
 spellings a 64-bit hash of the text (of the decimal text for an integer parquet column, so a
@@ -20,18 +21,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 
 from ctrcal.core.errors import DataError
 from ctrcal.data.chunks import BOM, is_gzip, iter_text_chunks
 from ctrcal.data.parsed import ParsedChunk, file_not_utf8, not_utf8
+from ctrcal.data.row_check import EXTRA, Column, RowCheck
 from ctrcal.data.schema import DatasetSchema
-
-_ROW = "__row"
-_EXTRA = "__extra"
-_HASH_SEED = 0x5EEDC7C1
-"""The string hash's fixed seed: the same text gets the same key in every run."""
 
 
 @dataclass(frozen=True)
@@ -115,134 +111,24 @@ def detect(path: str | Path, schema: DatasetSchema) -> SchemaFormat:
     return SchemaFormat(schema, parquet, columns, schema.label in columns)
 
 
-# ---------------------------------------------------------------------------------------------
-# Typing and checking one chunk (a polars frame of the needed columns)
-
-
-def _key(col: pl.Expr, spelling: str, dtype: pl.DataType) -> pl.Expr:
-    """A categorical column's uint64 key (null where missing or, for hex, not hex)."""
-    if spelling == "hex":
-        if dtype.is_integer():
-            return col.cast(pl.UInt32, strict=False).cast(pl.UInt64)
-        return col.str.to_integer(base=16, dtype=pl.UInt32, strict=False).cast(pl.UInt64)
-    text = col if dtype == pl.Utf8 else col.cast(pl.Utf8)
-    return pl.when(text.is_not_null()).then(text.hash(_HASH_SEED))
-
-
-def _typed(df: pl.DataFrame, fmt: SchemaFormat) -> tuple[pl.DataFrame, list[tuple[str, str]]]:
-    """(typed frame, per checked column its name and what it should be); the frame has a
-    ``__bad_k`` boolean per check."""
+def _row_check(path: Path, fmt: SchemaFormat, on_bad_row: str) -> RowCheck:
+    """The schema's columns for the row validator: its label (if the file has one), numerics
+    (any finite number), categoricals as the schema spells them, and its time; a text row
+    must not have more fields than the file's header (or the schema's columns)."""
     s = fmt.schema
-    exprs, checks = [], []
-
-    def number(name: str) -> pl.Expr:
-        col = pl.col(name)
-        if df.schema[name] == pl.Utf8:
-            col = col.str.strip_chars()
-        return col.cast(pl.Float64, strict=False)
-
-    if fmt.labelled:
-        label = number(s.label)
-        exprs.append(label.alias("label"))
-        checks.append((s.label, "not 0 or 1", ~label.is_in([0.0, 1.0]).fill_null(False)))
-    else:
-        exprs.append(pl.lit(None, pl.Float64).alias("label"))
-    for name in s.numeric:
-        value = number(name)
-        exprs.append(value.alias(f"n:{name}"))
-        checks.append(
-            (name, "not a number", pl.col(name).is_not_null() & ~value.is_finite().fill_null(False))
-        )
-    for name in s.categorical:
-        key = _key(pl.col(name), s.categorical_spelling, df.schema[name])
-        exprs.append(key.alias(f"c:{name}"))
-        if s.categorical_spelling == "hex":
-            checks.append(
-                (
-                    name,
-                    "not a hex value of at most 8 digits",
-                    pl.col(name).is_not_null() & key.is_null(),
-                )
-            )
-    if s.time is not None:
-        time = pl.col(s.time)
-        time = (time.str.strip_chars() if df.schema[s.time] == pl.Utf8 else time).cast(
-            pl.Int64, strict=False
-        )
-        exprs.append(time.alias("time"))
-        checks.append((s.time, "not an integer time", time.is_null()))
-    if _EXTRA in df.columns:
-        checks.insert(0, ("", "more fields than the header", pl.col(_EXTRA).is_not_null()))
-    typed = df.select(
-        *exprs, pl.col(_ROW), *(c.alias(f"__bad_{k}") for k, (_, _, c) in enumerate(checks))
+    label = (Column(s.label, "label"),) if fmt.labelled else ()
+    numeric = tuple(Column(n, "number") for n in s.numeric)
+    categorical = tuple(Column(n, s.categorical_spelling) for n in s.categorical)
+    time = (Column(s.time, "time", s.time_feature),) if s.time is not None else ()
+    return RowCheck(
+        path,
+        fmt.layout,
+        (*label, *numeric, *categorical, *time),
+        on_bad_row,
+        fields=None if fmt.parquet else len(fmt.columns),
+        header_lines=fmt.header_lines,
+        unit="row" if fmt.parquet else "line",
     )
-    return typed, [(n, what) for n, what, _ in checks]
-
-
-def _to_chunk(typed: pl.DataFrame, fmt: SchemaFormat, records: int, bad: int) -> ParsedChunk:
-    s = fmt.schema
-    n = typed.height
-    numeric = np.empty((len(s.numeric), n), dtype=np.float64)
-    numeric_valid = np.empty((len(s.numeric), n), dtype=np.uint8)
-    for j, name in enumerate(s.numeric):
-        col = typed[f"n:{name}"]
-        numeric_valid[j] = col.is_not_null().to_numpy()
-        numeric[j] = col.fill_null(0.0).to_numpy()
-    fields = s.categorical_fields
-    categorical = np.empty((len(fields), n), dtype=np.uint64)
-    categorical_valid = np.empty((len(fields), n), dtype=np.uint8)
-    for j, name in enumerate(s.categorical):
-        col = typed[f"c:{name}"]
-        categorical_valid[j] = col.is_not_null().to_numpy()
-        categorical[j] = col.fill_null(0).to_numpy()
-    time = typed["time"].to_numpy() if s.time is not None else None
-    if s.time_field:
-        key = time % 100 if s.time_feature == "hour_of_day" else time
-        categorical[-1] = key.astype(np.uint64)
-        categorical_valid[-1] = 1
-    label = typed["label"].fill_null(float("nan")).to_numpy()
-    rows = typed[_ROW].cast(pl.Int64).to_numpy()
-    return ParsedChunk(
-        rows,
-        label,
-        numeric,
-        numeric_valid,
-        categorical,
-        categorical_valid,
-        records=records,
-        bad=bad,
-        time=time,
-    )
-
-
-def _check(
-    df: pl.DataFrame, fmt: SchemaFormat, path: Path, on_bad_row: str, where: str
-) -> ParsedChunk:
-    """Type and check a frame of one chunk's rows (``__row`` = record index in the file)."""
-    typed, checks = _typed(df, fmt)
-    flags = [f"__bad_{k}" for k in range(len(checks))]
-    bad_rows = typed.select(pl.any_horizontal(flags) if flags else pl.lit(False)).to_series()
-    bad = int(bad_rows.sum())
-    if bad:
-        if on_bad_row == "error":
-            first = typed.filter(bad_rows).row(0, named=True)
-            k = next(k for k in range(len(checks)) if first[f"__bad_{k}"])
-            name, what = checks[k]
-            row = int(first[_ROW])
-            number = row + 1 + fmt.header_lines
-            if name:
-                raw = df.filter(pl.col(_ROW) == row)[name][0]
-                got = f" (got {raw!r})" if raw is not None else " (empty)"
-                message = f"{name} is {what}{got}"
-            else:
-                message = what
-            more = f"; {bad - 1} more malformed rows in this chunk" if bad > 1 else ""
-            raise DataError(
-                f"{path}: {where} {number}: malformed row: {message}{more} "
-                "(use on_bad_row=skip to drop them)"
-            )
-        typed = typed.filter(~bad_rows)
-    return _to_chunk(typed, fmt, df.height, bad)
 
 
 def iter_chunks(
@@ -253,31 +139,27 @@ def iter_chunks(
         yield from _parquet_chunks(path, fmt, on_bad_row, chunk_bytes)
         return
 
+    check = _row_check(path, fmt, on_bad_row)
     schema = {c: pl.Utf8 for c in fmt.columns}
-    schema[_EXTRA] = pl.Utf8
+    schema[EXTRA] = pl.Utf8
+    needed = [*fmt.schema.needed_in(fmt.columns), EXTRA]
     offset = 0
     for view in iter_text_chunks(path, chunk_bytes, fmt.header_lines):
         chunk = bytes(view)
         error = not_utf8(chunk, path, fmt, offset)
         if error is not None:
             raise error
-        try:
-            df = pl.read_csv(
-                chunk,
-                has_header=False,
-                separator=fmt.separator,
-                quote_char='"',
-                schema=schema,
-                missing_columns="insert",
-                truncate_ragged_lines=True,
-                raise_if_empty=False,
-            )
-        except pl.exceptions.PolarsError as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise DataError(f"{path}: cannot read as {fmt.layout} data: {first}") from None
-        df = df.select(*fmt.schema.needed_in(fmt.columns), _EXTRA)
-        df = df.with_row_index(_ROW, offset=offset)
-        parsed = _check(df, fmt, path, on_bad_row, "line")
+        raw = pl.scan_csv(
+            chunk,
+            has_header=False,
+            separator=fmt.separator,
+            quote_char='"',
+            schema=schema,
+            missing_columns="insert",
+            truncate_ragged_lines=True,
+            raise_if_empty=False,
+        ).select(needed)
+        parsed = check.chunk(raw, offset)
         offset += parsed.records
         yield parsed
 
@@ -292,10 +174,10 @@ def _parquet_chunks(
         pf = pq.ParquetFile(path)
         # about chunk_bytes of text's worth of rows per batch (~250 bytes a row)
         batches = pf.iter_batches(batch_size=max(1, chunk_bytes // 250), columns=needed)
+        check = _row_check(path, fmt, on_bad_row)
         offset = 0
         for batch in batches:
-            df = pl.from_arrow(batch).with_row_index(_ROW, offset=offset)
-            parsed = _check(df, fmt, path, on_bad_row, "row")
+            parsed = check.chunk(pl.from_arrow(batch), offset)
             offset += parsed.records
             yield parsed
     except DataError:

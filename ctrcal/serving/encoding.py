@@ -169,9 +169,9 @@ class RawRowEncoder:
         if self.spelling == "string":
             import polars as pl
 
-            from ctrcal.data.schema_reader import _HASH_SEED
+            from ctrcal.data.row_check import string_key
 
-            return int(pl.Series([str(value)]).hash(_HASH_SEED)[0])
+            return int(pl.select(string_key(pl.lit(str(value)))).item())
         text = str(value).strip()
         try:
             key = (

@@ -9,15 +9,15 @@ import polars as pl
 from ctrcal.api import prepare
 from ctrcal.config import Config
 from ctrcal.data.feature_map import FeatureMap
-from ctrcal.data.schema_reader import _key
+from ctrcal.data.row_check import string_key
 
-# Found by brute force: the keys of "u0" .. "u299999" (schema_reader._key, string spelling)
+# Found by brute force: the keys of "u0" .. "u299999" (row_check.string_key)
 # sorted by their low 32 bits; these two are the first adjacent pair with equal low halves.
 PAIR = ("u122274", "u299654")
 
 
 def test_the_pair_shares_its_low_32_bits_only():
-    keys = pl.DataFrame({"v": list(PAIR)}).select(_key(pl.col("v"), "string", pl.Utf8))
+    keys = pl.DataFrame({"v": list(PAIR)}).select(string_key(pl.col("v")))
     a, b = keys.to_series().to_numpy()
     assert a != b and (a & 0xFFFFFFFF) == (b & 0xFFFFFFFF)
 
