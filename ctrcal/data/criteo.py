@@ -29,6 +29,7 @@ lose leading zeros (``00018438``); integers may be negative (I2) or written ``26
 from __future__ import annotations
 
 import gzip
+import math
 import re
 import zlib
 from collections import Counter
@@ -253,6 +254,8 @@ def _looks_like_x1(lines: list[str], canon: list[str | None], sep: str) -> bool:
                     v = float(fields[i])
                 except ValueError:
                     return False
+                if not math.isfinite(v):
+                    continue  # malformed in any layout: the row validator names it
                 if v < 0 or v > 1:
                     return False
                 any_fraction |= v != int(v)

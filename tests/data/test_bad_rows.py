@@ -164,3 +164,17 @@ def test_malformed_hash_in_a_held_out_split(tmp_path):
     test = _write(tmp_path / "te.txt", [GOOD_INT] * 3 + [bad] + [GOOD_INT])
     with pytest.raises(DataError, match=rf"{test}: line 4: malformed row: C7 is not a hex"):
         prepare({"train": [train], "valid": [valid], "test": [test]}, tmp_path / "p")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_non_finite_criteo_x1_number_is_named_not_a_traceback(tmp_path, value):
+    header = ",".join(["label", *[f"I{i}" for i in range(1, 14)], *[f"C{i}" for i in range(1, 27)]])
+    good = ["1", *["0.25"] * 13, *["123"] * 26]
+    bad = list(good)
+    bad[3] = value
+    path = _write(tmp_path / "x1.csv", [good, bad, good], header, ",")
+    with pytest.raises(
+        DataError, match=rf"line 3: malformed row: I3 is not a number \(got '{value}'\)"
+    ):
+        read_rows(path)
+    assert read_rows(path, on_bad_row="skip")["C1"].to_list() == [123, 123]  # decimal ids
