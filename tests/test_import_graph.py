@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ctrcal"
 
@@ -417,6 +422,39 @@ def test_the_data_path_check_fails_on_a_heavy_import(tmp_path):
         ("validate", RULE_BOOK, "torch"),
     }
     assert found[("validate", RULE_BOOK, "torch")] == "validate: a function on its path -> torch"
+
+
+SMOKE = """
+import sys
+from ctrcal.cli import main
+from ctrcal.serving.encoding import RawRowEncoder
+out = sys.argv[1]
+assert main(["synth", out + "/s.txt", "--rows", "2000"]) == 0
+with open(out + "/data.yaml", "w") as fh:
+    fh.write("data: {synthetic: {rows: 2000}}\\nfeatures: {min_count: 2}\\n")
+assert main(["validate", out + "/data.yaml"]) == 0
+assert main(["prepare", "--config", out + "/data.yaml", "--out", out + "/p"]) == 0
+RawRowEncoder(out + "/p")
+with open(out + "/preds.csv", "w") as fh:
+    fh.write("prob,label,seg,time\\n")
+    fh.writelines(f"{(k % 9 + 1) / 10},{k % 2},{k % 3},{k // 100}\\n" for k in range(600))
+argv = ["calibration-report", out + "/preds.csv", "--prob", "prob", "--label", "label"]
+argv += ["--segments", "seg"]
+assert main([*argv, "--time", "time", "--out", out + "/r"]) == 0
+print(sorted({"torch", "pandas"} & set(sys.modules)))
+"""
+
+
+@pytest.mark.slow
+def test_the_data_commands_load_neither_torch_nor_pandas_when_they_run(tmp_path):
+    # the one smoke test of the static check above, which cannot see an import a library
+    # makes by name at run time (pyarrow's to_numpy imports pandas)
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    done = subprocess.run(
+        [sys.executable, "-c", SMOKE, str(tmp_path)], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_the_reader_sees_imports_in_functions_and_not_under_type_checking(tmp_path):

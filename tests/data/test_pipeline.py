@@ -338,20 +338,3 @@ def test_coder_keeps_codes_and_train_counts_across_chunks(distinct):
     assert missing == int(((valid == 0) & (train == 1)).sum())
     table = np.arange(len(seen) + 1, dtype=np.int32) * 3 - 1
     np.testing.assert_array_equal(gather(table, codes), table[codes])
-
-
-def test_preparing_generated_data_imports_no_model_or_dataframe_stack(tmp_path):
-    # the smoke test of tests/test_import_graph.py's static check, which cannot see imports
-    # made by name: torch's import costs seconds, more than preparing a small file
-    code = (
-        "import sys\nfrom ctrcal.config import Config\n"
-        "from ctrcal.data.prepare.prepare import prepare\n"
-        "cfg = Config(); cfg.data.synthetic.rows = 2_000\n"
-        f"res = prepare(None, {str(tmp_path / 'p')!r}, cfg.data, cfg.features)\n"
-        "assert 'oracle' in res.summary\n"
-        "print(sorted({'torch', 'pandas', 'sklearn'} & set(sys.modules)))"
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
