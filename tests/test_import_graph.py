@@ -71,7 +71,19 @@ def import_graph(
 ) -> dict[str, set[str]]:
     """Module -> the package modules it imports (``external``: and the top-level names of the
     other packages it imports, ``torch`` for ``torch.nn``; ``top_only``: modules whose imports
-    inside functions are left out)."""
+    inside functions are left out). The package's own graphs are read once per test session;
+    each caller gets its own copy."""
+    if root == PACKAGE:
+        return {k: set(v) for k, v in _package_import_graph(external, top_only).items()}
+    return _read_import_graph(root, external, top_only)
+
+
+@functools.cache
+def _package_import_graph(external: bool, top_only: frozenset[str]) -> dict[str, set[str]]:
+    return _read_import_graph(PACKAGE, external, top_only)
+
+
+def _read_import_graph(root: Path, external: bool, top_only: frozenset[str]) -> dict[str, set[str]]:
     files = {_module_name(p, root): p for p in root.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
