@@ -2,9 +2,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_OUT ?= outputs/demo
-# one pytest worker per core (pytest-xdist); the session's shift report is one group, trained
-# once by the worker that runs its tests. PYTEST_WORKERS= runs the suite in one process.
-PYTEST_WORKERS ?= -n auto --dist loadgroup
+# one pytest worker per core (pytest-xdist); PYTEST_WORKERS= runs the suite in one process
+PYTEST_WORKERS ?= -n auto
 
 .PHONY: demo test test-fast env lint clean
 
