@@ -648,3 +648,28 @@ def test_mc_predict_on_a_batch_equals_the_tensors_and_hides_the_label():
     assert model.labels_seen and all(label is None for label in model.labels_seen)
     with pytest.raises(ValueError, match="same batch size"):
         mc_predict(model, Batch(cat, num[:3], None))
+
+
+def test_cpu_training_does_not_import_triton():
+    """triton is imported only for a CUDA tensor or the interpreter: a CPU process never pays
+    its import."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from ctrcal.models.build import create_model\n"
+        "from ctrcal.config import ModelConfig\n"
+        "class FM:\n"
+        "    vocab_sizes = [7, 9]; numeric_fields = ['I1']; bucket_boundaries = None\n"
+        "m = create_model(ModelConfig('masknet', embedding_dim=4, hidden_units=[8],\n"
+        "    emb_norm='mclayernorm', net_norm='mclayernorm'), FM())\n"
+        "from ctrcal.core.batch import Batch\n"
+        "out = m(Batch(torch.randint(0, 7, (32, 2)), torch.randn(32, 1), None))\n"
+        "out.sum().backward()\n"
+        "assert 'triton' not in sys.modules, 'triton was imported'\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,11 +1,10 @@
 """`ctrcal train --data` and `ctrcal evaluate` load what training and scoring need (torch,
-pyarrow, numpy) and not the preparation or report stack, nor triton on the CPU: the
-training side's smoke test of tests/test_import_graph.py's static checks, which cannot see an
-import made by name at run time."""
+pyarrow, numpy) and not the preparation or report stack: the training side's smoke test of
+tests/test_import_graph.py's static checks, which cannot see an import made by name at run
+time."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +12,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # what preparing data, reports and figures use; training and scoring a run use none of it
 NOT_NEEDED = ("polars", "pandas", "sklearn", "scipy", "matplotlib")
-# the fused MC-LayerNorm imports triton for a CUDA tensor (or its interpreter) only
-NOT_ON_CPU = ("triton",)
 
 
 def test_train_and_evaluate_import_no_preparation_or_report_stack(prepared_dir, tmp_path):
@@ -31,12 +28,9 @@ def test_train_and_evaluate_import_no_preparation_or_report_stack(prepared_dir, 
         "import sys\nfrom ctrcal.cli import main\n"
         f"assert main({train!r}) == 0\n"
         f"assert main({evaluate!r}) == 0\n"
-        f"loaded = [m for m in {NOT_NEEDED + NOT_ON_CPU!r} if m in sys.modules]\n"
+        f"loaded = [m for m in {NOT_NEEDED!r} if m in sys.modules]\n"
         "assert not loaded, loaded\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env
-    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "MC average of 2" in res.stdout and "AUC" in res.stdout
