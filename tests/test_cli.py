@@ -60,6 +60,7 @@ def test_parser_knows_every_subcommand():
     assert set(SUBCOMMANDS) <= set(actions[0].choices)
 
 
+@pytest.mark.slow
 def test_module_entry_point_runs():
     proc = subprocess.run(
         [sys.executable, "-m", "ctrcal", "--help"], capture_output=True, text=True, check=False

@@ -15,6 +15,7 @@ def test_every_exported_name_resolves():
         assert getattr(ctrcal, name) is not None, name
 
 
+@pytest.mark.slow
 def test_import_ctrcal_metrics_works_as_a_module():
     code = (
         "import torch, ctrcal.metrics\n"
@@ -57,6 +58,7 @@ def test_ctrcal_train_checks_the_config_once_then_trains(monkeypatch):
     assert len(calls) == 1  # a bad config never reaches the trainer
 
 
+@pytest.mark.slow
 def test_ctrcal_train_is_the_training_job_whatever_was_imported_first():
     code = (
         "import ctrcal\nassert callable(ctrcal.train)\nimport ctrcal.train.step\n"

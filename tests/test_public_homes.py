@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import ctrcal
 
 
@@ -25,6 +27,7 @@ def test_the_public_names_come_from_their_one_home():
     assert not hasattr(calibration, "create_calibrator")
 
 
+@pytest.mark.slow
 def test_builtin_calibrators_are_listed_by_path_and_load_on_first_use():
     code = (
         "import sys\n"

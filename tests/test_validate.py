@@ -133,6 +133,7 @@ def test_validate_builds_the_model_on_the_meta_device(tmp_path, capsys):
     assert "OK" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_meta_builds_skip_init_there_only_and_load_no_compiler():
     code = (
         "import sys, torch\nfrom ctrcal.cli import main\n"

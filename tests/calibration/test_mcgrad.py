@@ -26,6 +26,7 @@ def _rows(n: int, seed: int):
     return z, y, {"site": seg, "x_bucket": bucketize(x, 8)}
 
 
+@pytest.mark.slow
 def test_mcgrad_improves_multicalibration_on_a_segment_miscalibration():
     z, y, seg = _rows(30_000, 0)
     zt, yt, segt = _rows(30_000, 1)

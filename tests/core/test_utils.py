@@ -177,6 +177,7 @@ def test_json_is_written_strictly_undefined_numbers_as_null(tmp_path):
 # Directory locks
 
 
+@pytest.mark.slow
 def test_a_held_lock_refuses_or_waits_and_names_its_holder(tmp_path):
     import subprocess
     import sys

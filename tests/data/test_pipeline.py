@@ -221,6 +221,7 @@ CAP_BUDGET_MIB = 150
 memory up to ``encode.MEMORY_BYTES``, here less than that) and the coders, not the input."""
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS and /proc/self/status: Linux")
 def test_prepare_under_memory_cap(criteo_frame, tmp_path, monkeypatch):
     frame, _ = criteo_frame
@@ -264,6 +265,7 @@ os._exit(0)  # as if killed: nothing cleaned up
 """
 
 
+@pytest.mark.slow
 def test_stale_temporaries_cleaned_live_ones_kept(generated, tmp_path):
     out = tmp_path / "data"
     env = {**os.environ, "PYTHONPATH": str(REPO)}

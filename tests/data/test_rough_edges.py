@@ -60,6 +60,7 @@ def test_a_truncated_part_is_named_by_its_file(prepared_dir, tmp_path):
             ParquetCTRData(data, "valid", mode=mode)
 
 
+@pytest.mark.slow
 def test_a_killed_synth_leaves_no_temporary_behind(tmp_path):
     out = tmp_path / "train.txt"
     proc = start(ctrcal_argv("synth", str(out), "--rows", "3000000"))

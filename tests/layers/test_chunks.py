@@ -58,6 +58,7 @@ print(before == runtimes(), before, runtimes())
 """
 
 
+@pytest.mark.slow
 def test_kernels_run_on_torchs_openmp_runtime_not_a_second_one(kernels):
     """Built with -fopenmp, the kernel libraries bind to the libgomp torch loaded: a fresh
     process maps no further OpenMP runtime when it loads them."""

@@ -650,6 +650,7 @@ def test_mc_predict_on_a_batch_equals_the_tensors_and_hides_the_label():
         mc_predict(model, Batch(cat, num[:3], None))
 
 
+@pytest.mark.slow
 def test_cpu_training_does_not_import_triton():
     """triton is imported only for a CUDA tensor or the interpreter: a CPU process never pays
     its import."""

@@ -406,6 +406,7 @@ def test_triton_backend_on_cpu_without_interpreter_is_an_error(monkeypatch):
         mc_layer_norm(torch.randn(4, 8), 8, fraction=0.5, backend="triton")
 
 
+@pytest.mark.slow
 def test_everything_works_without_triton(tmp_path):
     # a fresh interpreter where `import triton` fails, as on an install without the extra
     code = """

@@ -290,6 +290,7 @@ def test_replace_norms_leaves_layernorm_subclasses_by_default():
     assert replace_norms(model, "mclayernorm", target=ChannelsFirstLN) == 1
 
 
+@pytest.mark.slow
 def test_builtin_norms_are_listed_by_import_path_not_registered_by_import():
     import subprocess
     import sys

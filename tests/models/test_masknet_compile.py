@@ -40,6 +40,7 @@ def _run(module, model: MaskNet, seed: int = 5):
     return out.detach(), grads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_compiled_masknet_is_one_graph_equal_to_eager(backend):
     from torch._dynamo.testing import CompileCounterWithBackend

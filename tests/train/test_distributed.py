@@ -77,6 +77,7 @@ def _worker(rank: int, world: int, port: int, out: dict) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_gather_rows_with_two_gloo_processes():
     with mp.Manager() as manager:
         out = manager.dict()

@@ -9,11 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 # what preparing data, reports and figures use; training and scoring a run use none of it
 NOT_NEEDED = ("polars", "pandas", "sklearn", "scipy", "matplotlib")
 
 
+@pytest.mark.slow
 def test_train_and_evaluate_import_no_preparation_or_report_stack(prepared_dir, tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text(

@@ -514,6 +514,7 @@ def test_evaluate_names_what_is_wrong_with_the_run_directory(ln_run, tmp_path, c
     assert "no MC-LayerNorm layer" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_wrong_paths_and_configs_answer_before_anything_is_written(tmp_path):
     """A typo is one line on stderr and no run directory (validating a config imports torch:
     the model is built on the meta device, its constructor the one judge)."""

@@ -6,11 +6,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from ctrcal.api import prepare
 from ctrcal.data.prepare.publish import OWNER_FILE, owned_temp_dir
 from ctrcal.validate import load_config
 
 
+@pytest.mark.slow
 def test_reuse_removes_a_dead_runs_temporaries_and_keeps_a_live_ones(tmp_path):
     cfg = load_config(
         None, ["data.synthetic.rows=300", "data.synthetic.seed=0", "features.min_count=1"]
