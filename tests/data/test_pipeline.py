@@ -80,6 +80,7 @@ def _same_bytes_for_every_chunk_size(inputs, tmp_path, cfg, **kw):
     return first
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("order", ["random", "time"])
 def test_chunk_size_and_threads_never_change_the_output_bytes(generated, tmp_path, order):
     cfg = _cfg(min_count=3, buckets=6)
@@ -89,6 +90,7 @@ def test_chunk_size_and_threads_never_change_the_output_bytes(generated, tmp_pat
     assert not list((tmp_path / f"c{CHUNK_SIZES[0]}_t2").glob("_*"))  # no work files published
 
 
+@pytest.mark.slow
 def test_chunk_size_and_threads_never_change_mixed_layouts_and_skipped_rows(criteo_files, tmp_path):
     # header CSV, gzip streamed, an unlabelled test file; malformed rows parsed by polars
     # in chunks between chunks of the C reader

@@ -109,6 +109,7 @@ def test_config_checks(tmp_path):
     assert load_config(cfg).data.synthetic.drift == 0.5
 
 
+@pytest.mark.slow
 def test_drifting_synthetic_data_split_by_time(tmp_path):
     from ctrcal.api import prepare
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pytest
 from parsed_rows import read_rows
 from sklearn.metrics import roc_auc_score
 
@@ -11,6 +12,7 @@ from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, NUMERIC_COLUMNS
 from ctrcal.data import synthetic as syn
 
 
+@pytest.mark.slow
 def test_deterministic_by_seed(tmp_path):
     a = syn.generate(tmp_path / "a.txt", 3000, seed=5)
     b = syn.generate(tmp_path / "b.txt", 3000, seed=5)
@@ -59,6 +61,7 @@ def test_numeric_noise_hurts_the_oracle():
     assert auc_num > 0.65
 
 
+@pytest.mark.slow
 def test_drift_zero_writes_the_stationary_rows():
     a, pa = syn.generate_frame(2000, seed=3)
     b, pb = syn.generate_frame(2000, seed=3, drift=0.0)
@@ -66,6 +69,7 @@ def test_drift_zero_writes_the_stationary_rows():
     assert not syn.generate_frame(2000, seed=3, drift=1.0)[0].equals(a)
 
 
+@pytest.mark.slow
 def test_drift_shifts_first_rows_from_last_and_probabilities_stay_exact(tmp_path):
     rows = 40_000
     res = syn.generate(tmp_path / "d.txt", rows, seed=2, drift=1.5)

@@ -113,6 +113,7 @@ def test_sampler_uniform_over_all_subsets(n, k, backend):
     assert chi2 < _chi2_threshold(math.comb(n, k) - 1)
 
 
+@pytest.mark.slow
 def test_sampler_rows_independent(backend):
     # joint distribution of the subsets of two rows of the same draw: uniform on all pairs
     torch.manual_seed(2)
@@ -178,6 +179,7 @@ def test_layer_uses_exactly_k_per_row(backend):
     assert abs(share - k / n) < 5 * se
 
 
+@pytest.mark.slow
 def test_subset_mean_variance_matches_theory(backend):
     # Var(subset mean) = sigma^2 (N-k) / (k (N-1)) for a uniform k-subset without replacement.
     torch.manual_seed(4)
@@ -481,6 +483,7 @@ def test_kernel_ops_pass_opcheck():
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("per_field", [False, True])
 def test_compiled_graph_keeps_the_kernel_and_equals_eager(monkeypatch, per_field):
     """torch.compile on CPU keeps the C kernel's op in the graph (the traced torch path would

@@ -121,6 +121,7 @@ def test_triton_half_inputs_accumulate_in_float32(dtype):
     torch.testing.assert_close(gx.float(), rx, atol=0.1, rtol=0.05)
 
 
+@pytest.mark.slow
 @needs_triton
 def test_triton_tie_breaking_keeps_k_exact_and_uniform(monkeypatch):
     # Coarse high words (2 bits) force the low-word branch in almost every row; coarse low

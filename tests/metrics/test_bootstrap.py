@@ -41,6 +41,7 @@ def test_estimates_equal_the_metrics(decimals):
         assert ci[m].replicates.shape == (50,)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "n, decimals, max_blocks",
     [

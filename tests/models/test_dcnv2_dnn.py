@@ -143,6 +143,7 @@ def test_dnn_norm_per_hidden_layer_and_none_adds_no_module():
     assert model(Batch(*_inputs(), None)).shape == (6,)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory", [DNN, DCNv2])
 def test_models_learn_a_simple_rule(factory):
     torch.manual_seed(0)

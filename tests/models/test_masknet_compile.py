@@ -59,6 +59,7 @@ def test_compiled_masknet_is_one_graph_equal_to_eager(backend):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["serial", "parallel"])
 def test_compiled_dropout_is_live_and_seeded(variant):
     from torch._dynamo.testing import CompileCounterWithBackend

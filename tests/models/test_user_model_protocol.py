@@ -33,6 +33,7 @@ def _cfg(*extra: str):
     return load_config(None, [*TINY, *extra])
 
 
+@pytest.mark.slow
 def test_train_resume_evaluate_and_mc_on_a_user_model(prepared_dir, tmp_path):
     run = tmp_path / "run"
     cfg = _cfg("model.net_norm={name: mclayernorm, fraction: 0.5}")
@@ -137,6 +138,7 @@ def _as_written_through_the_adapter(path) -> None:
     torch.save(payload, path)
 
 
+@pytest.mark.slow
 def test_a_user_model_run_with_adapter_prefixed_keys_resumes_evaluates_and_finetunes(
     prepared_dir, tmp_path, monkeypatch
 ):

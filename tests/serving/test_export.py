@@ -104,6 +104,7 @@ def _onnx(served, fmap, tmp_path):
     return run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PARITY))
 def test_torchscript_matches_eager(name, prepared_dir, rows, tmp_path):
     served = ServedModel(_model(prepared_dir, PARITY[name]))

@@ -462,6 +462,7 @@ def test_resume_ignores_the_report_section_but_not_training_keys(ln_run, prepare
         train(_cfg("train.lr=0.5"), prepared_dir, run, resume=True)
 
 
+@pytest.mark.slow
 def test_compiled_training_on_cpu_matches_eager(prepared_dir, tmp_path):
     """``train.compile: true`` (inductor, one graph) trains the model eager mode trains: same
     validation scores and weights up to float reordering (dropout off: compiled graphs draw

@@ -194,6 +194,7 @@ def test_non_numeric_value_skipped_in_prepare(raw, tmp_path):
     assert res.bad_rows == 1 and res.total_rows == 2_999
 
 
+@pytest.mark.slow
 def test_synthetic_from_config_reused_until_changed(tmp_path):
     from ctrcal.api import prepare
 
@@ -210,6 +211,7 @@ def test_synthetic_from_config_reused_until_changed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]  # no generated raw file left
 
 
+@pytest.mark.slow
 def test_synthetic_preparations_are_byte_identical(tmp_path):
     """Generated data is written to a temporary file: its path must not reach the outputs."""
     from ctrcal.api import prepare
