@@ -41,7 +41,9 @@ from ctrcal.layers.mc_layernorm.predict import sample_probabilities
 __all__ = [
     "MC_FORWARD_BYTES",
     "Prediction",
+    "ShiftedBatches",
     "dropout_modules",
+    "ensemble_prediction",
     "forward_rows",
     "iter_batches",
     "mc_dropout",
@@ -74,6 +76,59 @@ def iter_batches(data: Any, batch_size: int) -> Iterator[Batch]:
     if not hasattr(data, "batches"):
         raise TypeError(f"expected a Batch or ParquetCTRData, got {type(data).__name__}")
     yield from data.batches(batch_size, shuffle=False)
+
+
+@dataclass(frozen=True)
+class ShiftedBatches:
+    """A split's batches with a shift applied, drawn once and kept for several predictions.
+
+    :func:`predict_split` reads them as they are: the same batches (and so the same numbers) as
+    it would draw from the split and the shift itself, without drawing the shift or copying the
+    rows again for every model that predicts them.
+
+    Attributes:
+        batches: the shifted batches in row order (labels kept).
+        rows: one [B] bool tensor per batch, True = the shift acted on the row.
+        batch_size: rows per batch they were cut into.
+    """
+
+    batches: list[Batch]
+    rows: list[torch.Tensor]
+    batch_size: int
+
+    @classmethod
+    def of(cls, data: Any, batch_size: int, shift: Any = None) -> ShiftedBatches:
+        """The batches of ``data`` (a split or a Batch) of ``batch_size`` rows, each shifted by
+        ``shift`` (``apply(batch) -> (batch, rows)``) when given."""
+        pairs = list(_shifted_batches(data, batch_size, shift))
+        return cls([b for b, _ in pairs], [r for _, r in pairs], batch_size)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes their tensors hold."""
+        tensors = [t for b in self.batches for t in (b.categorical, b.numeric, b.label)]
+        tensors += self.rows
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def _shifted_batches(
+    data: Any, batch_size: int, shift: Any
+) -> Iterator[tuple[Batch, torch.Tensor]]:
+    """(batch, rows the shift acted on) in row order: from kept :class:`ShiftedBatches`, or
+    drawn from a split or a Batch with ``shift`` applied to each batch."""
+    if isinstance(data, ShiftedBatches):
+        if shift is not None or batch_size != data.batch_size:
+            raise ValueError(
+                f"ShiftedBatches are already shifted and cut into {data.batch_size} rows: "
+                f"predict them with shift=None and batch_size={data.batch_size}"
+            )
+        yield from zip(data.batches, data.rows, strict=True)
+        return
+    for batch in iter_batches(data, batch_size):
+        rows = torch.ones(len(batch), dtype=torch.bool)
+        if shift is not None:
+            batch, rows = shift.apply(batch)
+        yield batch, rows
 
 
 @dataclass
@@ -160,7 +215,8 @@ def predict_split(
     Args:
         models: the runs to average (one = a single model), on ``device``; they run in eval
             mode (each one's training flag is restored afterwards).
-        data: a :class:`~ctrcal.data.loader.ParquetCTRData` or a Batch.
+        data: a :class:`~ctrcal.data.loader.ParquetCTRData`, a Batch, or
+            :class:`ShiftedBatches` (then ``shift`` is None and ``batch_size`` theirs).
         batch_size: rows per batch.
         device: where the models run (default: the device of the first one's parameters).
         shift: ``apply(batch) -> (batch, rows [B] bool)`` applied to every batch, e.g. a shift
@@ -190,10 +246,7 @@ def predict_split(
                 stack.enter_context(mc_mode(m))
                 if mc_dropout_on:
                     stack.enter_context(mc_dropout(m))
-        for batch in iter_batches(data, batch_size):
-            rows = torch.ones(len(batch), dtype=torch.bool)
-            if shift is not None:
-                batch, rows = shift.apply(batch)
+        for batch, rows in _shifted_batches(data, batch_size, shift):
             masks.append(rows.cpu())
             label = batch.label
             labels.append(
@@ -207,7 +260,7 @@ def predict_split(
                 continue
             limit = forward_rows(models[0], len(inputs), device) if stochastic else None
             p = torch.cat([sample_probabilities(m, [inputs], passes, limit) for m in models])
-            std, mean = torch.std_mean(p.double(), dim=0, correction=0)
+            std, mean = _spread(p)
             means.append(mean.cpu())
             stds.append(std.cpu())
     return Prediction(
@@ -216,6 +269,41 @@ def predict_split(
         std=torch.cat(stds).numpy() if stds else None,
         rows=torch.cat(masks).numpy() if masks else np.zeros(0, dtype=bool),
         labels=torch.cat(labels).numpy() if labels else np.zeros(0, dtype=np.float32),
+    )
+
+
+def _spread(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row std and mean ``([B], [B])`` float64 of samples ``p`` [S, B] float32."""
+    return torch.std_mean(p.double(), dim=0, correction=0)
+
+
+def ensemble_prediction(members: Sequence[Prediction], batch_size: int) -> Prediction:
+    """The one-shot prediction of a deep ensemble from its members' one-shot predictions.
+
+    The numbers :func:`predict_split` gives the members together (bit for bit: each member's
+    float32 probabilities, spread per batch of ``batch_size`` rows), for a caller that has the
+    members' own predictions already and need not run the models again.
+
+    Args:
+        members: one-shot predictions of single models (``logits`` set) on the same batches.
+        batch_size: the rows per batch they were predicted in.
+    """
+    if len(members) < 2 or any(m.logits is None for m in members):
+        raise ValueError("ensemble_prediction needs the one-shot predictions of 2+ single models")
+    # a member's probs are its float32 sigmoids widened to float64: narrowing is exact
+    p = torch.from_numpy(np.stack([m.probs for m in members])).float()
+    means, stds = [], []
+    for start in range(0, p.shape[1], batch_size):
+        std, mean = _spread(p[:, start : start + batch_size].contiguous())
+        means.append(mean)
+        stds.append(std)
+    first = members[0]
+    return Prediction(
+        probs=torch.cat(means).numpy() if means else np.zeros(0),
+        logits=None,
+        std=torch.cat(stds).numpy() if stds else None,
+        rows=first.rows,
+        labels=first.labels,
     )
 
 

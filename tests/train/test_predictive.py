@@ -3,6 +3,7 @@ pool into one mean and std, and one-shot prediction returns the logits."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -126,3 +127,46 @@ def test_report_and_mc_predict_draw_the_same_passes():
     assert float(std.mean()) > 1e-3  # the passes differ
     torch.testing.assert_close(torch.from_numpy(report.probs).float(), mean, rtol=0, atol=1e-7)
     torch.testing.assert_close(torch.from_numpy(report.std).float(), std, rtol=0, atol=1e-6)
+
+
+class _RowShift:
+    """A seeded shift with its own stream (as the built-in shifts): noise on every other row."""
+
+    def __init__(self, seed: int) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def apply(self, batch: Batch) -> tuple[Batch, torch.Tensor]:
+        rows = torch.arange(len(batch)) % 2 == 0
+        noise = torch.randn(batch.numeric.shape, generator=self.gen) * rows[:, None]
+        return Batch(batch.categorical, batch.numeric + noise, batch.label), rows
+
+
+def test_kept_shifted_batches_predict_as_the_shift_drawn_anew():
+    from ctrcal.train.predict import ShiftedBatches
+
+    members, batch = [_Model(-1.0), _Model(1.0)], _batch(90)
+    kept = ShiftedBatches.of(batch, 32, _RowShift(7))
+    assert [len(b) for b in kept.batches] == [32, 32, 26]
+    for kw in ({}, {"mc_samples": 4}):
+        torch.manual_seed(8)
+        drawn = predict_split(members, batch, batch_size=32, shift=_RowShift(7), **kw)
+        torch.manual_seed(8)
+        again = predict_split(members, kept, batch_size=32, **kw)
+        assert (drawn.probs == again.probs).all() and (drawn.std == again.std).all()
+        assert (drawn.rows == again.rows).all() and drawn.rows.sum() == 45
+    with pytest.raises(ValueError, match="already shifted"):
+        predict_split(members, kept, batch_size=16)
+
+
+def test_an_ensemble_from_its_members_predictions_is_bit_identical():
+    from ctrcal.train.predict import ensemble_prediction
+
+    members, batch = [_Model(-1.0), _Model(0.3), _Model(1.0)], _batch(90)
+    together = predict_split(members, batch, batch_size=32, shift=_RowShift(9))
+    alone = [predict_split([m], batch, batch_size=32, shift=_RowShift(9)) for m in members]
+    pooled = ensemble_prediction(alone, 32)
+    assert pooled.logits is None
+    assert (pooled.probs == together.probs).all() and (pooled.std == together.std).all()
+    assert (pooled.rows == together.rows).all()
+    with pytest.raises(ValueError, match="2\\+ single models"):
+        ensemble_prediction(alone[:1], 32)

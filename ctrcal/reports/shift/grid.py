@@ -13,6 +13,12 @@ shift's time-ordered data):
 A shift's noise depends only on its label and noise seed, never on the variant: all variants
 see the same shifted rows. MC sampling draws from the global RNG, which is seeded per
 evaluation, so every number is reproducible whatever ran before.
+
+What is deterministic is computed once and shared, within :data:`KEEP_BYTES`: the shifted
+batches of each point (every variant and seed reads the same ones), and each run's one-shot
+prediction at each point (the variants made of the same runs -- the calibrated ones, the
+ensembles -- read it instead of running the model again). The numbers are those of running it
+again: the same model on the same batches gives the same logits.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from ctrcal.reports.shift.plan import ShiftPlan, VariantPlan
 from ctrcal.reports.shift.row_level import RowLevel, risk_coverage_values, window_report
 from ctrcal.reports.shift.shift_tables import record_segments
 from ctrcal.reports.shift.stats import CLEAN
-from ctrcal.train.predict import Prediction, predict_split
+from ctrcal.train.predict import Prediction, ShiftedBatches, ensemble_prediction, predict_split
 
 __all__ = [
     "EvalGrid",
@@ -53,6 +59,13 @@ __all__ = [
 
 # (variant, seed index) -> the variant's calibrator fitted for that seed's runs
 Calibrators = dict[tuple[str, int], Any]
+
+# (split, shift label, noise seed, intensity): one point of one split
+Point = tuple[str, str, int, float]
+
+KEEP_BYTES = 512 << 20
+"""Most bytes of shifted batches and of one-shot predictions a grid keeps for reuse (each
+kind); what does not fit is computed again where it is needed (slower, the same numbers)."""
 
 
 def shift_seed(label: str, noise_seed: int) -> int:
@@ -143,6 +156,9 @@ class EvalGrid:
     row_level: RowLevel = field(default_factory=RowLevel)
     kept: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # variant -> fit + evaluation time
+    # what is shared between evaluations (see the module's docstring)
+    shifted: dict[Point, ShiftedBatches] = field(default_factory=dict, repr=False)
+    one_shot: dict[tuple[str, int, Point], Prediction] = field(default_factory=dict, repr=False)
 
     @classmethod
     def open(
@@ -203,16 +219,60 @@ class EvalGrid:
             mix_fraction=self.cfg.report.mix_fraction,
         )
 
-    def predict(self, models: list, plan: VariantPlan, split: Split, shift: Any) -> Prediction:
-        return predict_split(
-            models,
-            split.data,
-            batch_size=self.batch_size,
-            device=self.device,
-            shift=shift,
-            mc_samples=plan.mc_samples,
-            mc_dropout_on=plan.mc_dropout,
+    def batches(self, point: Point) -> ShiftedBatches:
+        """The batches of ``point`` (its split, shifted), drawn once while they fit."""
+        kept = self.shifted.get(point)
+        if kept is not None:
+            return kept
+        split_name, label, noise_seed, s = point
+        split = self.valid if split_name == "valid" else self.test
+        if split is None:  # pragma: no cover - the recipe opens it when needed
+            raise RuntimeError("calibration needs the validation split")
+        sp = next((sp for sp in self.shifts if sp.label == label), None)
+        shift = None if sp is None else self.make_shift(sp, noise_seed, s)
+        out = ShiftedBatches.of(split.data, self.batch_size, shift)
+        used = sum(b.nbytes for b in self.shifted.values())
+        if used + out.nbytes <= KEEP_BYTES:
+            self.shifted[point] = out
+        return out
+
+    def predict(self, models: list, plan: VariantPlan, k: int, point: Point) -> Prediction:
+        """The variant's prediction of seed ``k`` at ``point``; a one-shot run's own
+        prediction is made once and shared by every variant made of that run."""
+        if plan.mc_samples:
+            return predict_split(
+                models,
+                self.batches(point),
+                batch_size=self.batch_size,
+                device=self.device,
+                mc_samples=plan.mc_samples,
+                mc_dropout_on=plan.mc_dropout,
+            )
+        n_seeds = self.cfg.report.seeds
+        members = [
+            self._one_shot(model, plan.run_variant, j, point)
+            for model, j in zip(models, plan.member_seeds(k, n_seeds), strict=True)
+        ]
+        return members[0] if len(members) == 1 else ensemble_prediction(members, self.batch_size)
+
+    def _one_shot(self, model: Any, run_variant: str, j: int, point: Point) -> Prediction:
+        key = (run_variant, j, point)
+        kept = self.one_shot.get(key)
+        if kept is not None:
+            return kept
+        pred = predict_split(
+            [model], self.batches(point), batch_size=self.batch_size, device=self.device
         )
+        for a in (pred.probs, pred.logits, pred.rows, pred.labels):
+            a.flags.writeable = False  # shared by several variants: nobody may change it
+        used = sum(_nbytes(p) for p in self.one_shot.values())
+        if used + _nbytes(pred) <= KEEP_BYTES:
+            self.one_shot[key] = pred
+        return pred
+
+    def forget_predictions(self) -> None:
+        """Drop the kept one-shot predictions (their runs are done with)."""
+        self.one_shot.clear()
 
     def record(self, variant: str, shift: str, k: int, ns: int, s: float, values: dict) -> None:
         self.rows.extend(
@@ -264,7 +324,7 @@ class EvalGrid:
         if self.valid is None:  # pragma: no cover - the recipe opens it when needed
             raise RuntimeError("calibration needs the validation split")
         seed_everything(7919 * (k + 1))
-        pred = self.predict(models, plan, self.valid, None)
+        pred = self.predict(models, plan, k, ("valid", CLEAN, 0, 0.0))
         z = pred.logits if pred.logits is not None else logit(pred.probs)
         if self.cfg.report.windows and k == 0:
             self.kept[(plan.name, "valid")] = np.asarray(z, dtype=np.float64)
@@ -285,8 +345,7 @@ class EvalGrid:
             seed_everything(
                 1_000_003 * (k + 1) + 1009 * noise_seed + int(s * 1e6) + zlib.crc32(label.encode())
             )
-            shift = None if sp is None else self.make_shift(sp, noise_seed, s)
-            pred = self.predict(models, plan, self.test, shift)
+            pred = self.predict(models, plan, k, ("test", label, noise_seed, s))
             probs = pred.probs
             if calibrator is not None:
                 z = pred.logits if pred.logits is not None else logit(pred.probs)
@@ -329,6 +388,11 @@ class EvalGrid:
             bar.update(1)
 
 
+def _nbytes(pred: Prediction) -> int:
+    arrays = (pred.probs, pred.logits, pred.std, pred.rows, pred.labels)
+    return sum(a.nbytes for a in arrays if a is not None)
+
+
 def _seed_models(
     plans: list[VariantPlan], runs_dir: Path, device: Any, n_seeds: int, cfg: Config
 ) -> Iterator[tuple[VariantPlan, int, list]]:
@@ -360,7 +424,11 @@ def fit_calibrators(grid: EvalGrid, plans: list[VariantPlan], runs_dir: Path) ->
     calibrated = [p for p in plans if p.calibration is not None]
     out: Calibrators = {}
     n = grid.cfg.report.seeds
+    runs = None
     for plan, k, members in _seed_models(calibrated, runs_dir, grid.device, n, grid.cfg):
+        if (plan.run_variant, k) != runs:  # the previous runs' predictions are not read again
+            grid.forget_predictions()
+            runs = (plan.run_variant, k)
         t0 = time.perf_counter()
         out[(plan.name, k)] = grid.fit_calibrator(members, plan, k)
         grid.seconds[plan.name] = grid.seconds.get(plan.name, 0.0) + time.perf_counter() - t0
@@ -376,11 +444,17 @@ def evaluate_grid(
 ) -> None:
     """Every variant and seed of one grid (calibrators already fitted), into ``grid.rows``."""
     n = grid.cfg.report.seeds
+    runs = None
     for plan, k, members in _seed_models(plans, runs_dir, grid.device, n, grid.cfg):
+        if (plan.run_variant, k) != runs:  # the previous runs' predictions are not read again
+            grid.forget_predictions()
+            runs = (plan.run_variant, k)
         bar.set_postfix_str(f"{plan.name} seed {k}")
         t0 = time.perf_counter()
         grid.evaluate(members, plan, k, calibrators.get((plan.name, k)), bar)
         grid.seconds[plan.name] = grid.seconds.get(plan.name, 0.0) + time.perf_counter() - t0
+    grid.forget_predictions()
+    grid.shifted.clear()
 
 
 def row_level_windows(

@@ -164,6 +164,40 @@ def test_rerun_reuses_runs_and_is_deterministic(shift_report, tmp_path, capsys):
     assert (out / "results.csv").read_text() == before
 
 
+def test_shared_predictions_are_those_made_anew(shift_report, tmp_path, monkeypatch):
+    """The grid draws each point's shifted batches and each run's one-shot prediction once and
+    shares them (ensemble, calibrators, MC passes); with nothing kept every variant predicts
+    again, and every number is the same bit for bit."""
+    from ctrcal.reports.shift import grid
+
+    _, shared = shift_report
+    cfg = tmp_path / "anew.yaml"
+    head = RERUN.split("  variants:\n")[0].replace("  seeds: 2\n", "  seeds: 2\n  figures: false\n")
+    cfg.write_text(
+        head
+        + "  variants:\n"
+        + "    - {name: layernorm, net_norm: layernorm}\n"
+        + "    - {name: ensemble, ensemble: 2, from_variant: layernorm}\n"
+        + "    - {name: mc_dropout, mc_samples: 3, mc_dropout: true, from_variant: layernorm}\n"
+        + "    - {name: platt, calibration: platt, from_variant: layernorm}\n"
+    )
+    out = tmp_path / "out"
+    shutil.copytree(shared / "runs" / "layernorm", out / "runs" / "layernorm")
+    monkeypatch.setattr(grid, "KEEP_BYTES", 0)
+    args = ["shift-report", str(cfg), "--out", str(out), "--data", str(shared / "data")]
+    assert main(args) == 0
+    keys = ["variant", "shift", "seed", "noise_seed", "intensity", "metric"]
+    anew = pd.read_csv(out / "results.csv").set_index(keys)["value"]
+    kept = pd.read_csv(shared / "results.csv").set_index(keys)["value"]
+    assert set(anew.index.get_level_values("variant")) == {
+        "layernorm",
+        "ensemble",
+        "mc_dropout",
+        "platt",
+    }
+    pd.testing.assert_series_equal(anew, kept.loc[anew.index], check_exact=True)
+
+
 def test_mix_fraction_scores_the_shifted_rows(shift_report, tmp_path, capsys):
     cfg, out = shift_report
     mix_cfg = tmp_path / "mix.yaml"
