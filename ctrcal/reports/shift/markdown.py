@@ -93,16 +93,16 @@ def metric_table(
     sub = _shift_frame(summary, shift)
     sub = sub[sub["metric"] == metric]
     points = sorted(set(zip(sub["shift"], sub["intensity"], strict=True)), key=_point_order)
+    # (variant, shift, intensity) -> its first row's (mean, se): one pass, not one filter a cell
+    found: dict[tuple[Any, Any, Any], tuple[float, float]] = {}
+    for key in zip(sub["variant"], sub["shift"], sub["intensity"], sub["mean"], sub["se"]):
+        found.setdefault(key[:3], (float(key[3]), float(key[4])))
     rows = []
     for v in variants:
         cells = [v]
         for sh, s in points:
-            hit = sub[(sub["variant"] == v) & (sub["shift"] == sh) & (sub["intensity"] == s)]
-            cells.append(
-                _mean_se(float(hit["mean"].iloc[0]), float(hit["se"].iloc[0]))
-                if not hit.empty
-                else "–"
-            )
+            hit = found.get((v, sh, s))
+            cells.append("–" if hit is None else _mean_se(*hit))
         if len(cells) > 1 and any(c != "–" for c in cells[1:]):
             rows.append(cells)
     header = ["clean" if sh == CLEAN else format_intensity(s, unit) for sh, s in points]
