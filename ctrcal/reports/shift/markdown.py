@@ -95,8 +95,9 @@ def metric_table(
     points = sorted(set(zip(sub["shift"], sub["intensity"], strict=True)), key=_point_order)
     # (variant, shift, intensity) -> its first row's (mean, se): one pass, not one filter a cell
     found: dict[tuple[Any, Any, Any], tuple[float, float]] = {}
-    for key in zip(sub["variant"], sub["shift"], sub["intensity"], sub["mean"], sub["se"]):
-        found.setdefault(key[:3], (float(key[3]), float(key[4])))
+    columns = (sub[c] for c in ("variant", "shift", "intensity", "mean", "se"))
+    for v, sh, s, mean, se in zip(*columns, strict=True):
+        found.setdefault((v, sh, s), (float(mean), float(se)))
     rows = []
     for v in variants:
         cells = [v]
