@@ -10,6 +10,7 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     uint64_t key;
@@ -79,22 +80,31 @@ coder_t *coder_new(void) {
 }
 
 /* Code values[0, n) (valid[i] == 0 marks a missing value; valid may be NULL: none missing)
- * into codes[0, n) (0 = missing, else 1 + the value's index among the distinct values seen so
- * far), counting the rows with train[i] != 0 per value (train may be NULL: none).
+ * into codes[at[i]] (at may be NULL: codes[i]): 0 = missing, else 1 + the value's index among
+ * the distinct values seen so far; counting the rows with train[i] != 0 per value (train may
+ * be NULL: none). With numbers != 0 the values are float64 numbers, coded by their bits with
+ * -0.0 made 0.0 first (x + 0.0), so that equal numbers have equal codes.
  *
  * Returns the number of distinct values so far, or -1 when memory runs out (the coder is then
  * unusable) or a code would pass INT32_MAX. */
-int64_t coder_code(coder_t *c, const uint64_t *values, const uint8_t *valid,
-                   const uint8_t *train, int64_t n, int32_t *codes) {
+int64_t coder_code(coder_t *c, const uint64_t *values, int numbers, const uint8_t *valid,
+                   const uint8_t *train, int64_t n, int32_t *codes, const int64_t *at) {
     uint64_t mask = (1ULL << c->bits) - 1;
     for (int64_t i = 0; i < n; i++) {
         const int counted = train && train[i];
+        const int64_t to = at ? at[i] : i;
         if (valid && !valid[i]) {
-            codes[i] = 0;
+            codes[to] = 0;
             c->train_missing += counted;
             continue;
         }
-        const uint64_t key = values[i];
+        uint64_t key = values[i];
+        if (numbers) {
+            double x;
+            memcpy(&x, &key, sizeof x);
+            x += 0.0;
+            memcpy(&key, &x, sizeof key);
+        }
         uint64_t s = slot_of(key, c->bits);
         int64_t index;
         for (;;) {
@@ -115,7 +125,7 @@ int64_t coder_code(coder_t *c, const uint64_t *values, const uint8_t *valid,
                 mask = (1ULL << c->bits) - 1;
             }
         }
-        codes[i] = (int32_t)(index + 1);
+        codes[to] = (int32_t)(index + 1);
         c->counts[index] += counted;
     }
     return c->used;
@@ -131,8 +141,16 @@ void coder_state(const coder_t *c, int64_t d, uint64_t *distinct, int64_t *count
     *train_missing = c->train_missing;
 }
 
-/* out[i] = table[codes[i]] for 4-byte answers (int32 ids, float32 model values): the encoding
- * of a coded column. The caller guarantees 0 <= codes[i] < the table's length. */
-void gather4(const uint32_t *table, const int32_t *codes, int64_t n, uint32_t *out) {
-    for (int64_t i = 0; i < n; i++) out[i] = table[codes[i]];
+/* outs[j][i] = tables[j][codes[j * stride + i]] for the f columns j < f and rows i < n, with
+ * 4-byte answers (int32 ids, float32 model values): the encoding of n rows of coded columns,
+ * straight into the writer's buffers. The caller guarantees 0 <= each code < its table's
+ * length. */
+void gather_columns(int64_t f, const uint32_t *const *tables, const int32_t *codes,
+                    int64_t stride, int64_t n, uint32_t *const *outs) {
+    for (int64_t j = 0; j < f; j++) {
+        const uint32_t *table = tables[j];
+        const int32_t *c = codes + j * stride;
+        uint32_t *out = outs[j];
+        for (int64_t i = 0; i < n; i++) out[i] = table[c[i]];
+    }
 }

@@ -29,17 +29,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
+import polars as pl
 
 from ctrcal.core.errors import DataError
 from ctrcal.data import parse
-from ctrcal.data.coder import ColumnCoder, gather, numeric_bits
+from ctrcal.data.coder import ColumnCoder, gather_columns
 from ctrcal.data.features import MISSING_ID, FeaturePipeline
 from ctrcal.data.fit_stats import FitStats
 from ctrcal.data.parsed import ParsedChunk
 from ctrcal.data.prepare import stages
-from ctrcal.data.prepare.write import PROB_COL, PartWriter, encoded_schema
+from ctrcal.data.prepare.write import PartWriter, encoded_columns
 from ctrcal.data.splits import SPLITS, SplitPlan
 
 MEMORY_BYTES = 256 << 20
@@ -108,28 +107,18 @@ class ProbReader:
     """The true probabilities of a generated file, handed out in record order."""
 
     def __init__(self, path: Path) -> None:
-        self.file = pq.ParquetFile(path)
-        self.rows = self.file.metadata.num_rows
-        self._batches = self.file.iter_batches(batch_size=1 << 16, columns=["prob"])
-        self._held: list[Any] = []
-        self._held_rows = 0
+        self.path = path
+        self.rows = pl.scan_parquet(path).select(pl.len()).collect().item()
+        self._offset = 0
 
     def take(self, n: int) -> np.ndarray | None:
         """The next ``n`` probabilities (float32), or None when the file has fewer left."""
-        while self._held_rows < n:
-            try:
-                batch = next(self._batches)
-            except StopIteration:
-                return None
-            self._held.append(batch.column(0))
-            self._held_rows += len(batch)
-        joined = pa.concat_arrays(self._held) if self._held else pa.array([], pa.float64())
-        out, rest = joined.slice(0, n), joined.slice(n)
-        self._held, self._held_rows = ([rest] if len(rest) else []), len(rest)
-        if out.null_count:
-            out = out.fill_null(float("nan"))
-        # DLPack, not pyarrow's to_numpy: that one imports pandas (seconds, for nothing)
-        return np.from_dlpack(out).astype(np.float32)
+        if self._offset + n > self.rows:
+            return None
+        prob = pl.col("prob").cast(pl.Float32).fill_null(float("nan"))
+        out = pl.scan_parquet(self.path).select(prob).slice(self._offset, n).collect()
+        self._offset += n
+        return out.to_series().to_numpy()
 
 
 @dataclass
@@ -227,15 +216,17 @@ def encode_sources(
         tables = _fit(pipe, coders, tally.rows[0])
         del coders
         clock("fit")
-        schema = encoded_schema(nums, cats, tally.with_prob)
+        columns = encoded_columns(nums, cats, tally.with_prob)
         with ThreadPoolExecutor(workers) as writing:
-            writers = [PartWriter(tmp / name, schema, writing) for name in SPLITS]
+            writers = [
+                PartWriter(tmp / name, columns, tally.rows[k], writing)
+                for k, name in enumerate(SPLITS)
+            ]
             for coded in store:
                 offset = 0
                 for k, size in enumerate(coded.sizes):
                     if size:
-                        rows = _encode_rows(coded, offset, offset + size, tables, schema, pool)
-                        writers[k].write(rows)
+                        _encode_rows(coded, offset, offset + size, tables, writers[k])
                     offset += size
             for w in writers:
                 w.close()
@@ -250,26 +241,33 @@ def _code_chunk(
     coders: list[ColumnCoder],
     pool: ThreadPoolExecutor,
 ) -> _Coded:
-    """Code every column of a chunk, its rows grouped by split (in order within a split)."""
+    """Code every column of a chunk, its rows grouped by split (in order within a split): each
+    coder writes a row's code straight to its place in the split's group."""
     sizes = np.bincount(split, minlength=len(SPLITS)).tolist()
-    order = None if max(sizes) == len(split) else np.argsort(split, kind="stable")
+    at = None
+    if max(sizes) != len(split):
+        at = np.empty(len(split), dtype=np.int64)
+        start = 0
+        for k, size in enumerate(sizes):
+            at[split == k] = np.arange(start, start + size)
+            start += size
     fn = chunk.numeric.shape[0]
     train = (split == 0).view(np.uint8)
     codes = np.empty((len(coders), len(split)), dtype=np.int32)
 
     def code(j: int) -> None:
         if j < fn:
-            values, valid = numeric_bits(chunk.numeric[j]), chunk.numeric_valid[j]
+            values, valid = chunk.numeric[j], chunk.numeric_valid[j]
         else:
             values, valid = chunk.categorical[j - fn], chunk.categorical_valid[j - fn]
-        c = coders[j].code(values, valid, train)
-        codes[j] = c if order is None else c.take(order)
+        coders[j].code(values, valid, train, codes[j], at)
 
     list(pool.map(code, range(len(coders))))
     label = chunk.label.astype(np.float32)
-    if order is not None:
-        label = label.take(order)
-        prob = prob.take(order) if prob is not None else None
+    if at is not None:
+        label[at] = label.copy()
+        if prob is not None:
+            prob[at] = prob.copy()
     return _Coded(codes, label, sizes, prob)
 
 
@@ -314,39 +312,19 @@ def _category_keys(distinct: np.ndarray) -> np.ndarray:
 
 
 def _encode_rows(
-    coded: _Coded,
-    lo: int,
-    hi: int,
-    tables: list[np.ndarray],
-    schema: pa.Schema,
-    pool: ThreadPoolExecutor,
-) -> pa.Table:
-    """Rows ``[lo, hi)`` of a coded chunk encoded (the schema's columns) by one gather per
-    column, in buffers of their own: a split's rows may wait for their part long after the
-    chunk is gone, and must not keep it alive."""
-
-    def column(j: int) -> pa.Array:
-        codes = coded.codes[j, lo:hi]
-        out = gather(tables[j], codes)
-        if out.dtype == np.float32:
-            return _nullable(out, codes != 0)
-        return _nullable(out, None)
-
-    label = coded.label[lo:hi].copy()
-    columns = [_nullable(label, ~np.isnan(label))]
-    columns += list(pool.map(column, range(len(tables))))
-    if PROB_COL in schema.names:
-        columns.append(_nullable(coded.prob[lo:hi].copy(), None))
-    return pa.Table.from_arrays(columns, schema=schema)
-
-
-def _nullable(values: np.ndarray, valid: np.ndarray | None) -> pa.Array:
-    """``values`` as an Arrow array, null where ``valid`` is false (no copy of the values).
-    Built from buffers: ``pa.array`` of a NumPy array imports pandas (seconds, for nothing)."""
-    nulls = 0 if valid is None else len(valid) - int(np.count_nonzero(valid))
-    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
-    dtype = pa.from_numpy_dtype(values.dtype)
-    return pa.Array.from_buffers(dtype, len(values), [bitmap, pa.py_buffer(values)], nulls)
+    coded: _Coded, lo: int, hi: int, tables: list[np.ndarray], writer: PartWriter
+) -> None:
+    """Rows ``[lo, hi)`` of a coded chunk encoded into ``writer``'s part buffers (the columns
+    of :func:`~ctrcal.data.prepare.write.encoded_columns`): the label, one gather per column
+    (a missing numeric's answer is NaN), the true probabilities."""
+    while lo < hi:
+        out = writer.reserve(hi - lo)
+        n = len(out[0])
+        out[0][:] = coded.label[lo : lo + n]
+        gather_columns(tables, coded.codes[:, lo : lo + n], out[1 : 1 + len(tables)])
+        if coded.prob is not None and len(out) > 1 + len(tables):
+            out[-1][:] = coded.prob[lo : lo + n]
+        lo += n
 
 
 __all__ = ["Clock", "Source", "Tally", "check_rows", "encode_sources"]
