@@ -196,16 +196,18 @@ class FeaturePipeline:
         for name in self.categorical_fields:
             counts = stats.counts(name)
             self.distinct_[name] = counts.height
-            kept = counts.filter(pl.col("count") >= self.min_count).sort(
-                ["count", "value"], descending=[True, False]
+            kept = (
+                counts.lazy()
+                .filter(pl.col("count") >= self.min_count)
+                .sort(["count", "value"], descending=[True, False])
+                .with_columns((pl.int_range(pl.len(), dtype=pl.Int32) + NUM_RESERVED).alias("id"))
+                .collect()
             )
             capped = 0 < self.max_vocab < kept.height
             self.hashed_[name] = self.hash_buckets if capped else 0
             if capped:
                 kept = kept.head(self.max_vocab)
-            self.vocab_[name] = kept.with_columns(
-                (pl.int_range(pl.len(), dtype=pl.Int32) + NUM_RESERVED).alias("id")
-            )
+            self.vocab_[name] = kept
             self.categorical_missing_rate_[name] = stats.nulls[name] / rows
         mean, std = [], []
         self.original_mean_, self.original_std_ = [], []
