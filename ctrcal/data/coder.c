@@ -15,6 +15,7 @@
 typedef struct {
     uint64_t key;
     int64_t index; /* -1: empty */
+    int64_t count; /* train rows with this value: beside the key, one cache miss per lookup */
 } slot_t;
 
 typedef struct {
@@ -22,7 +23,6 @@ typedef struct {
     int bits;
     int64_t used, capacity;
     uint64_t *distinct; /* [capacity] values in order of first appearance */
-    int64_t *counts;    /* [capacity] train rows per distinct value */
     int64_t train_missing;
 } coder_t;
 
@@ -36,11 +36,14 @@ static int grow_table(coder_t *c) {
     slot_t *t = malloc(size * sizeof(slot_t));
     if (!t) return -1;
     for (uint64_t i = 0; i < size; i++) t[i].index = -1;
-    for (int64_t d = 0; d < c->used; d++) {
-        uint64_t s = slot_of(c->distinct[d], nbits);
-        while (t[s].index >= 0) s = (s + 1) & mask;
-        t[s].key = c->distinct[d];
-        t[s].index = d;
+    if (c->table) {
+        const uint64_t old = 1ULL << c->bits;
+        for (uint64_t i = 0; i < old; i++) {
+            if (c->table[i].index < 0) continue;
+            uint64_t s = slot_of(c->table[i].key, nbits);
+            while (t[s].index >= 0) s = (s + 1) & mask;
+            t[s] = c->table[i];
+        }
     }
     free(c->table);
     c->table = t;
@@ -53,9 +56,6 @@ static int grow_arrays(coder_t *c) {
     uint64_t *d = realloc(c->distinct, (size_t)cap * sizeof(uint64_t));
     if (!d) return -1;
     c->distinct = d;
-    int64_t *n = realloc(c->counts, (size_t)cap * sizeof(int64_t));
-    if (!n) return -1;
-    c->counts = n;
     c->capacity = cap;
     return 0;
 }
@@ -64,14 +64,13 @@ void coder_free(coder_t *c) {
     if (!c) return;
     free(c->table);
     free(c->distinct);
-    free(c->counts);
     free(c);
 }
 
 coder_t *coder_new(void) {
     coder_t *c = calloc(1, sizeof(coder_t));
     if (!c) return NULL;
-    c->bits = 10;
+    c->bits = 9; /* grown to 10 bits at once */
     if (grow_table(c) || grow_arrays(c)) {
         coder_free(c);
         return NULL;
@@ -89,13 +88,16 @@ coder_t *coder_new(void) {
  * unusable) or a code would pass INT32_MAX. */
 int64_t coder_code(coder_t *c, const uint64_t *values, int numbers, const uint8_t *valid,
                    const uint8_t *train, int64_t n, int32_t *codes, const int64_t *at) {
-    uint64_t mask = (1ULL << c->bits) - 1;
+    slot_t *table = c->table; /* locals: the stores below cannot change them behind our back */
+    int bits = c->bits;
+    uint64_t mask = (1ULL << bits) - 1;
+    int64_t missing = 0;
     for (int64_t i = 0; i < n; i++) {
         const int counted = train && train[i];
         const int64_t to = at ? at[i] : i;
         if (valid && !valid[i]) {
             codes[to] = 0;
-            c->train_missing += counted;
+            missing += counted;
             continue;
         }
         uint64_t key = values[i];
@@ -105,38 +107,40 @@ int64_t coder_code(coder_t *c, const uint64_t *values, int numbers, const uint8_
             x += 0.0;
             memcpy(&key, &x, sizeof key);
         }
-        uint64_t s = slot_of(key, c->bits);
-        int64_t index;
-        for (;;) {
-            index = c->table[s].index;
-            if (index < 0 || c->table[s].key == key) break;
-            s = (s + 1) & mask;
-        }
-        if (index < 0) {
+        uint64_t s = slot_of(key, bits);
+        while (table[s].index >= 0 && table[s].key != key) s = (s + 1) & mask;
+        if (table[s].index < 0) {
             if (c->used >= INT32_MAX - 1) return -1;
             if (c->used == c->capacity && grow_arrays(c)) return -1;
-            index = c->used++;
-            c->table[s].key = key;
-            c->table[s].index = index;
+            const int64_t index = c->used++;
+            table[s].key = key;
+            table[s].index = index;
+            table[s].count = 0;
             c->distinct[index] = key;
-            c->counts[index] = 0;
             if ((uint64_t)c->used * 2 > mask) { /* keep the table at most half full */
                 if (grow_table(c)) return -1;
-                mask = (1ULL << c->bits) - 1;
+                table = c->table;
+                bits = c->bits;
+                mask = (1ULL << bits) - 1;
+                s = slot_of(key, bits);
+                while (table[s].key != key) s = (s + 1) & mask;
             }
         }
-        codes[to] = (int32_t)(index + 1);
-        c->counts[index] += counted;
+        codes[to] = (int32_t)(table[s].index + 1);
+        table[s].count += counted;
     }
+    c->train_missing += missing;
     return c->used;
 }
 
 /* The first d distinct values and their train counts (d <= the number seen). */
 void coder_state(const coder_t *c, int64_t d, uint64_t *distinct, int64_t *counts,
                  int64_t *train_missing) {
-    for (int64_t i = 0; i < d; i++) {
-        distinct[i] = c->distinct[i];
-        counts[i] = c->counts[i];
+    for (int64_t i = 0; i < d; i++) distinct[i] = c->distinct[i];
+    const uint64_t size = 1ULL << c->bits;
+    for (uint64_t s = 0; s < size; s++) {
+        const int64_t index = c->table[s].index;
+        if (index >= 0 && index < d) counts[index] = c->table[s].count;
     }
     *train_missing = c->train_missing;
 }
