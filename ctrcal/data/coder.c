@@ -145,16 +145,16 @@ void coder_state(const coder_t *c, int64_t d, uint64_t *distinct, int64_t *count
     *train_missing = c->train_missing;
 }
 
-/* outs[j][i] = tables[j][codes[j * stride + i]] for the f columns j < f and rows i < n, with
- * 4-byte answers (int32 ids, float32 model values): the encoding of n rows of coded columns,
- * straight into the writer's buffers. The caller guarantees 0 <= each code < its table's
- * length. */
+/* out[j * out_stride + i] = tables[j][codes[j * stride + i]] for the f columns j < f and rows
+ * i < n, with 4-byte answers (int32 ids, float32 model values): the encoding of n rows of coded
+ * columns, straight into the writer's buffers. The caller guarantees 0 <= each code < its
+ * table's length. */
 void gather_columns(int64_t f, const uint32_t *const *tables, const int32_t *codes,
-                    int64_t stride, int64_t n, uint32_t *const *outs) {
+                    int64_t stride, int64_t n, uint32_t *out, int64_t out_stride) {
     for (int64_t j = 0; j < f; j++) {
         const uint32_t *table = tables[j];
         const int32_t *c = codes + j * stride;
-        uint32_t *out = outs[j];
-        for (int64_t i = 0; i < n; i++) out[i] = table[c[i]];
+        uint32_t *o = out + j * out_stride;
+        for (int64_t i = 0; i < n; i++) o[i] = table[c[i]];
     }
 }

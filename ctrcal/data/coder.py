@@ -5,7 +5,7 @@ A :class:`ColumnCoder` (one per field, ``coder.c``) gives every row of each chun
 order of first appearance) and counts each distinct value's train rows. Fitting then needs
 only the distinct values and their counts (:meth:`ColumnCoder.state`: exactly what counting
 the rows gives, whatever the chunking), and encoding a chunk is one gather per column through
-a table of per-value answers indexed by code (:func:`gather_columns`).
+a table of per-value answers indexed by code (:class:`Answers`).
 
 Values are 64-bit: a categorical's key (a Criteo hash widened, or a string's 64-bit hash), or
 a numeric's float64 bits (``-0.0`` made ``0.0`` first, so that equal numbers have equal bits;
@@ -36,7 +36,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.coder_code.restype = i64
     lib.coder_state.argtypes = [ptr, i64, ptr, ptr, ptr]
     lib.coder_state.restype = None
-    lib.gather_columns.argtypes = [i64, ptr, ptr, i64, i64, ptr]
+    lib.gather_columns.argtypes = [i64, ptr, ptr, i64, i64, ptr, i64]
     lib.gather_columns.restype = None
 
 
@@ -123,32 +123,43 @@ class ColumnCoder:
         return distinct, counts, int(missing.value)
 
 
-def gather_columns(tables: list[np.ndarray], codes: np.ndarray, outs: list[np.ndarray]) -> None:
-    """``outs[j][:] = tables[j][codes[j]]`` for every column ``j``, in one call that releases
-    the GIL: ``tables[j]`` [D_j + 1] 4-byte answers (int32 or float32), ``codes`` [F, N] int32
-    in ``[0, D_j]`` as the coders give them (each row contiguous), ``outs[j]`` [N]
-    contiguous, of its table's dtype; without NumPy's widening copy of the indices."""
-    f, n = codes.shape
-    if not (len(tables) == len(outs) == f) or codes.dtype != np.int32:
-        raise ValueError("gather_columns: one table and one output per int32 row of codes")
-    if n == 0:
-        return
-    if codes.strides[1] != 4:
-        raise ValueError("gather_columns: each row of codes must be contiguous")
-    for t, o in zip(tables, outs, strict=True):
-        if t.dtype.itemsize != 4 or o.dtype != t.dtype or len(o) != n:
-            raise ValueError("gather_columns: 4-byte tables and outputs of their dtype, n long")
-        if not (t.flags.c_contiguous and o.flags.c_contiguous):
-            raise ValueError("gather_columns: contiguous tables and outputs")
-    pointers = ctypes.c_void_p * f
-    _library().gather_columns(
-        f,
-        pointers(*(t.ctypes.data for t in tables)),
-        codes.ctypes.data,
-        codes.strides[0] // 4,
-        n,
-        pointers(*(o.ctypes.data for o in outs)),
-    )
+class Answers:
+    """Per column the answer of every code (entry 0: missing), gathered by code in one call.
+
+    Args:
+        tables: per column ``[D_j + 1]`` 4-byte answers (int32 ids or float32 model values),
+            for the codes ``[0, D_j]`` its coder gives.
+    """
+
+    def __init__(self, tables: list[np.ndarray]) -> None:
+        self.tables = [np.ascontiguousarray(t) for t in tables]
+        if any(t.dtype.itemsize != 4 or t.ndim != 1 for t in self.tables):
+            raise ValueError("Answers: tables of 4-byte answers")
+        self._pointers = (ctypes.c_void_p * len(tables))(*(t.ctypes.data for t in self.tables))
+
+    def gather(self, codes: np.ndarray, out: np.ndarray) -> None:
+        """``out[j] = tables[j][codes[j]]`` for every column ``j`` in one call that releases
+        the GIL, without NumPy's widening copy of the indices: ``codes`` [F, N] int32 as the
+        coders give them, ``out`` [F, N] of 4-byte items (each row of both contiguous; the
+        rows of ``out`` hold the bits of their tables' dtypes)."""
+        f, n = codes.shape
+        if f != len(self.tables) or out.shape != (f, n):
+            raise ValueError("Answers.gather: codes and out [F, N] for the F tables")
+        if codes.dtype != np.int32 or out.dtype.itemsize != 4:
+            raise ValueError("Answers.gather: int32 codes, 4-byte out")
+        if n == 0:
+            return
+        if codes.strides[1] != 4 or out.strides[1] != 4:
+            raise ValueError("Answers.gather: the rows of codes and out must be contiguous")
+        _library().gather_columns(
+            f,
+            self._pointers,
+            codes.ctypes.data,
+            codes.strides[0] // 4,
+            n,
+            out.ctypes.data,
+            out.strides[0] // 4,
+        )
 
 
-__all__ = ["ColumnCoder", "gather_columns"]
+__all__ = ["Answers", "ColumnCoder"]

@@ -18,7 +18,7 @@ import pytest
 from ctrcal.api import prepare
 from ctrcal.config import Config
 from ctrcal.core.errors import DataError
-from ctrcal.data.coder import ColumnCoder, gather_columns
+from ctrcal.data.coder import Answers, ColumnCoder
 from ctrcal.data.parse import CHUNK_BYTES
 from ctrcal.data.prepare import publish as publish_mod
 from ctrcal.data.prepare import write as write_mod
@@ -343,8 +343,8 @@ def test_coder_keeps_codes_and_train_counts_across_chunks(distinct):
     ids = np.arange(len(seen) + 1, dtype=np.int32) * 3 - 1
     values = np.linspace(-1, 1, len(seen) + 1, dtype=np.float32)
     block = np.stack([codes, codes[::-1]])[:, 5:-7]  # rows of a wider array, as chunks hold
-    outs = [np.empty(block.shape[1], np.int32), np.empty(block.shape[1], np.float32)]
-    gather_columns([ids, values], block, outs)
-    np.testing.assert_array_equal(outs[0], ids[block[0]])
-    np.testing.assert_array_equal(outs[1], values[block[1]])
+    out = np.empty((3, len(codes)), np.float32)[1:, 3:-9]  # rows of a part's block
+    Answers([ids, values]).gather(block, out)
+    np.testing.assert_array_equal(out[0].view(np.int32), ids[block[0]])
+    np.testing.assert_array_equal(out[1], values[block[1]])
 

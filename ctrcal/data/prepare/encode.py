@@ -33,7 +33,7 @@ import polars as pl
 
 from ctrcal.core.errors import DataError
 from ctrcal.data import parse
-from ctrcal.data.coder import ColumnCoder, gather_columns
+from ctrcal.data.coder import Answers, ColumnCoder
 from ctrcal.data.features import MISSING_ID, FeaturePipeline
 from ctrcal.data.fit_stats import FitStats
 from ctrcal.data.parsed import ParsedChunk
@@ -213,7 +213,7 @@ def encode_sources(
                 tally.with_prob = False
         check_rows(tally, sources)
         clock("parse")
-        tables = _fit(pipe, coders, tally.rows[0])
+        answers = Answers(_fit(pipe, coders, tally.rows[0]))
         del coders
         clock("fit")
         columns = encoded_columns(nums, cats, tally.with_prob)
@@ -226,7 +226,7 @@ def encode_sources(
                 offset = 0
                 for k, size in enumerate(coded.sizes):
                     if size:
-                        _encode_rows(coded, offset, offset + size, tables, writers[k])
+                        _encode_rows(coded, offset, offset + size, answers, writers[k])
                     offset += size
             for w in writers:
                 w.close()
@@ -311,19 +311,18 @@ def _category_keys(distinct: np.ndarray) -> np.ndarray:
     return distinct.astype(np.uint32)
 
 
-def _encode_rows(
-    coded: _Coded, lo: int, hi: int, tables: list[np.ndarray], writer: PartWriter
-) -> None:
-    """Rows ``[lo, hi)`` of a coded chunk encoded into ``writer``'s part buffers (the columns
-    of :func:`~ctrcal.data.prepare.write.encoded_columns`): the label, one gather per column
-    (a missing numeric's answer is NaN), the true probabilities."""
+def _encode_rows(coded: _Coded, lo: int, hi: int, answers: Answers, writer: PartWriter) -> None:
+    """Rows ``[lo, hi)`` of a coded chunk encoded into ``writer``'s part (the columns of
+    :func:`~ctrcal.data.prepare.write.encoded_columns`): the label, one gather per column (a
+    missing numeric's answer is NaN), the true probabilities."""
+    f = len(answers.tables)
     while lo < hi:
         out = writer.reserve(hi - lo)
-        n = len(out[0])
-        out[0][:] = coded.label[lo : lo + n]
-        gather_columns(tables, coded.codes[:, lo : lo + n], out[1 : 1 + len(tables)])
-        if coded.prob is not None and len(out) > 1 + len(tables):
-            out[-1][:] = coded.prob[lo : lo + n]
+        n = out.shape[1]
+        out[0] = coded.label[lo : lo + n]
+        answers.gather(coded.codes[:, lo : lo + n], out[1 : 1 + f])
+        if len(out) > 1 + f:
+            out[1 + f] = coded.prob[lo : lo + n]
         lo += n
 
 

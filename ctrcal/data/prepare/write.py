@@ -54,10 +54,11 @@ class PartWriter:
     """The ``rows`` encoded rows of one split -> ``directory/part-NNNNN.parquet`` (see the
     module docstring); :meth:`close` writes one empty part for a split that got no rows.
 
-    A full part is written by a job of ``pool`` (polars encodes a file's columns on its own
-    threads; parts written side by side keep the cores busy through each file's serial
-    steps); at most ``pool``'s worker count of parts wait, so memory is a few parts whatever
-    the split's size.
+    A part's rows are held in one block, a row of 4-byte items per column (float32, or the
+    bits of an int32 column); a full part is written by a job of ``pool`` (polars encodes a
+    file's columns on its own threads; parts written side by side keep the cores busy through
+    each file's serial steps); at most ``pool``'s worker count of parts wait, so memory is a
+    few parts whatever the split's size.
     """
 
     def __init__(self, directory: Path, columns: list[Column], rows: int, pool: Executor) -> None:
@@ -66,35 +67,36 @@ class PartWriter:
         self.pool = pool
         directory.mkdir()
         self._left = rows  # rows not yet reserved: a split's last part is held at its size
-        self._buffers: list[np.ndarray] | None = None
+        self._block: np.ndarray | None = None
         self._filled = 0
         self._parts = 0
         self._jobs: list[Future] = []
 
-    def reserve(self, rows: int) -> list[np.ndarray]:
-        """Views of the next ``min(rows, room)`` rows of the current part, one per column, for
-        the caller to fill before its next call (a part that is full is written first)."""
-        if self._buffers is not None and self._filled == len(self._buffers[0]):
+    def reserve(self, rows: int) -> np.ndarray:
+        """[C, m] view of the next ``m = min(rows, room)`` rows of the current part (row ``j``:
+        column ``j``), for the caller to fill before its next call; a full part is written
+        first."""
+        if self._block is not None and self._filled == self._block.shape[1]:
             self._submit()
-        if self._buffers is None:
+        if self._block is None:
             size = min(PART_ROWS, self._left)
-            self._buffers = [np.empty(size, dtype=c.dtype) for c in self.columns]
+            self._block = np.empty((len(self.columns), size), dtype=np.float32)
         start = self._filled
-        self._filled = min(len(self._buffers[0]), start + rows)
+        self._filled = min(self._block.shape[1], start + rows)
         if self._filled == start:
             raise ValueError(f"{self.directory}: more rows than the split's {self._left}")
         self._left -= self._filled - start
-        return [b[start : self._filled] for b in self._buffers]
+        return self._block[:, start : self._filled]
 
     def _submit(self) -> None:
-        buffers = [b[: self._filled] for b in self._buffers or []]
+        block = None if self._block is None else self._block[:, : self._filled]
         path = self.directory / f"part-{self._parts:05d}.parquet"
-        self._buffers, self._filled = None, 0
+        self._block, self._filled = None, 0
         self._parts += 1
         limit = getattr(self.pool, "_max_workers", 1)
         while len(self._jobs) >= limit:
             self._jobs.pop(0).result()
-        self._jobs.append(self.pool.submit(_write_part, path, self.columns, buffers))
+        self._jobs.append(self.pool.submit(_write_part, path, self.columns, block))
 
     def close(self) -> None:
         """Write what is held and wait for every part; a split that got no rows gets one
@@ -106,16 +108,16 @@ class PartWriter:
         self._jobs = []
 
 
-def _write_part(path: Path, columns: list[Column], buffers: list[np.ndarray]) -> None:
-    """One part file in row groups of :data:`ROW_GROUP_ROWS` rows."""
-    if buffers:
+def _write_part(path: Path, columns: list[Column], block: np.ndarray | None) -> None:
+    """One part file in row groups of :data:`ROW_GROUP_ROWS` rows (``block``: [C, N], None
+    for an empty part)."""
+    if block is not None:
         frame = pl.DataFrame(
             [
-                pl.Series(c.name, b, nan_to_null=c.nan_is_null)
-                for c, b in zip(columns, buffers, strict=True)
+                pl.Series(c.name, row.view(c.dtype), nan_to_null=c.nan_is_null)
+                for c, row in zip(columns, block, strict=True)
             ]
         )
-        buffers.clear()  # the columns copied (NaN made null) are not held through the write
     else:
         dtypes = {np.dtype(np.float32): pl.Float32, np.dtype(np.int32): pl.Int32}
         frame = pl.DataFrame(schema={c.name: dtypes[c.dtype] for c in columns})
