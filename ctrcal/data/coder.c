@@ -26,6 +26,8 @@ typedef struct {
     int64_t train_missing;
 } coder_t;
 
+enum { KEYS64 = 0, KEYS32 = 1, NUMBERS = 2 };
+
 static inline uint64_t slot_of(uint64_t key, int bits) {
     return (key * 0x9E3779B97F4A7C15ULL) >> (64 - bits);
 }
@@ -81,12 +83,13 @@ coder_t *coder_new(void) {
 /* Code values[0, n) (valid[i] == 0 marks a missing value; valid may be NULL: none missing)
  * into codes[at[i]] (at may be NULL: codes[i]): 0 = missing, else 1 + the value's index among
  * the distinct values seen so far; counting the rows with train[i] != 0 per value (train may
- * be NULL: none). With numbers != 0 the values are float64 numbers, coded by their bits with
- * -0.0 made 0.0 first (x + 0.0), so that equal numbers have equal codes.
+ * be NULL: none). The values are kind's: 64-bit keys (KEYS64), 32-bit keys (KEYS32, Criteo's
+ * hashes: coded as the same number in 64 bits), or float64 numbers (NUMBERS) coded by their bits
+ * with -0.0 made 0.0 first (x + 0.0), so that equal numbers have equal codes.
  *
  * Returns the number of distinct values so far, or -1 when memory runs out (the coder is then
  * unusable) or a code would pass INT32_MAX. */
-int64_t coder_code(coder_t *c, const uint64_t *values, int numbers, const uint8_t *valid,
+int64_t coder_code(coder_t *c, const void *values, int kind, const uint8_t *valid,
                    const uint8_t *train, int64_t n, int32_t *codes, const int64_t *at) {
     slot_t *table = c->table; /* locals: the stores below cannot change them behind our back */
     int bits = c->bits;
@@ -100,12 +103,14 @@ int64_t coder_code(coder_t *c, const uint64_t *values, int numbers, const uint8_
             missing += counted;
             continue;
         }
-        uint64_t key = values[i];
-        if (numbers) {
-            double x;
-            memcpy(&x, &key, sizeof x);
-            x += 0.0;
+        uint64_t key;
+        if (kind == KEYS32) {
+            key = ((const uint32_t *)values)[i];
+        } else if (kind == NUMBERS) {
+            double x = ((const double *)values)[i] + 0.0;
             memcpy(&key, &x, sizeof key);
+        } else {
+            key = ((const uint64_t *)values)[i];
         }
         uint64_t s = slot_of(key, bits);
         while (table[s].index >= 0 && table[s].key != key) s = (s + 1) & mask;

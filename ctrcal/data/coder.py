@@ -41,6 +41,8 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 _LIBRARY = LazyLibrary(_SOURCE, "coder", _declare)
+_KINDS = {np.dtype(np.uint64): 0, np.dtype(np.uint32): 1, np.dtype(np.float64): 2}
+"""The value kinds of ``coder_code`` (``coder.c``): 64-bit keys, 32-bit keys, float64 numbers."""
 
 
 def _library() -> ctypes.CDLL:
@@ -76,13 +78,18 @@ class ColumnCoder:
         out: np.ndarray | None = None,
         at: np.ndarray | None = None,
     ) -> np.ndarray:
-        """[N] int32 codes of ``values`` ([N] uint64 keys, or float64 numbers: their bits are
-        coded, ``-0.0`` as ``0.0``), counting the rows where ``train`` ([N] uint8, optional) is
-        1; ``valid`` ([N] uint8, optional) is 0 where a value is missing. The code of row ``i``
-        goes to ``out[at[i]]`` (``out`` [N] int32, ``at`` [N] int64 distinct positions in
-        ``[0, N)``; default ``out[i]`` of a new array); returns ``out``."""
-        numbers = values.dtype == np.float64
-        values = np.ascontiguousarray(values, dtype=np.float64 if numbers else np.uint64)
+        """[N] int32 codes of ``values`` ([N] uint64 or uint32 keys, a key the same number in
+        either; or float64 numbers, their bits coded with ``-0.0`` as ``0.0``), counting the
+        rows where ``train`` ([N] uint8, optional) is 1; ``valid`` ([N] uint8, optional) is 0
+        where a value is missing. The code of row ``i`` goes to ``out[at[i]]`` (``out`` [N]
+        int32, ``at`` [N] int64 distinct positions in ``[0, N)``; default ``out[i]`` of a new
+        array); returns ``out``."""
+        kind = _KINDS.get(values.dtype)
+        if kind is None:
+            raise ValueError(
+                f"ColumnCoder.code: uint64, uint32 or float64 values, got {values.dtype}"
+            )
+        values = np.ascontiguousarray(values)
         n = len(values)
         if valid is not None:
             valid = np.ascontiguousarray(valid, dtype=np.uint8)
@@ -99,7 +106,7 @@ class ColumnCoder:
         d = self._lib.coder_code(
             self._handle,
             values.ctypes.data,
-            int(numbers),
+            kind,
             None if valid is None else valid.ctypes.data,
             None if train is None else train.ctypes.data,
             n,

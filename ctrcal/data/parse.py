@@ -11,8 +11,8 @@ malformed rows are skipped and counted. Schema'd files go to
 :mod:`ctrcal.data.schema_reader`, which does the same for its columns.
 
 Both give the same :class:`ParsedChunk`: the label and numerics as float64, categoricals as
-their ``uint32`` values (hex read base 16, or Criteo_x1's decimal ids) widened to ``uint64``,
-with 0/1 validity, and each row's record index in its file (for the split).
+their ``uint32`` values (hex read base 16, or Criteo_x1's decimal ids), with 0/1 validity, and
+each row's record index in its file (for the split).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The C reader: a chunk of clean Criteo lines parsed by ``tsv_reader.c``, a piece per thread.
 
 :func:`read_clean` gives a chunk's columns as :class:`~ctrcal.data.parsed.ParsedChunk` wants
-them -- the label and ``I1..I13`` as float64, ``C1..C26`` read base 16 (``uint64`` holding the
-``uint32`` value) with 0/1 validity -- for chunks in the clean form only: fields separated by
+them -- the label and ``I1..I13`` as float64, ``C1..C26`` read base 16 as ``uint32``, with 0/1
+validity -- for chunks in the clean form only: fields separated by
 one byte, the layout's canonical column order (``label, I1..I13, C1..C26`` or without the
 label), integers spelled ``-?[0-9]{1,18}``, hashes of exactly 8 hex digits, every line with
 the layout's fields or ending within its hash fields. For anything else (or where no C
@@ -73,7 +73,7 @@ class Buffers:
             self.arrays = (
                 np.empty((nnum, self.cap), dtype=np.float64),
                 np.empty((nnum, self.cap), dtype=np.uint8),
-                np.empty((ncat, self.cap), dtype=np.uint64),
+                np.empty((ncat, self.cap), dtype=np.uint32),
                 np.empty((ncat, self.cap), dtype=np.uint8),
             )
         return self.arrays, self.cap
@@ -91,7 +91,7 @@ def read_clean(
         buffers: reused output arrays (see :class:`Buffers`); None allocates new ones.
 
     Returns:
-        ``(nums [I, N] float64, nvalid [I, N] uint8, cats [26, N] uint64, cvalid [26, N]
+        ``(nums [I, N] float64, nvalid [I, N] uint8, cats [26, N] uint32, cvalid [26, N]
         uint8)``; ``nums`` holds the label first when ``fmt.labelled``, then ``I1..I13``.
         Each row of each array is contiguous.
     """
