@@ -20,6 +20,7 @@ from ctrcal.config import Config
 from ctrcal.core.errors import DataError
 from ctrcal.data.coder import Answers, ColumnCoder
 from ctrcal.data.parse import CHUNK_BYTES
+from ctrcal.data.prepare import encode as encode_mod
 from ctrcal.data.prepare import publish as publish_mod
 from ctrcal.data.prepare import write as write_mod
 from ctrcal.data.prepare.publish import clean_stale_temporaries
@@ -149,6 +150,28 @@ def test_environment_sets_the_chunk_size_and_row_groups_are_uniform(
     monkeypatch.setenv("CTRCAL_PREPARE_THREADS", "0")
     with pytest.raises(DataError, match="threads must be >= 1, got 0"):
         prepare(generated, tmp_path / "q", _cfg())
+
+
+def test_blocks_grown_and_waiting_on_disk_give_the_same_bytes(generated, tmp_path, monkeypatch):
+    monkeypatch.setattr(write_mod, "ROW_GROUP_ROWS", 300)
+    monkeypatch.setattr(write_mod, "PART_ROWS", 900)
+    cfg = _cfg(min_count=3, buckets=4)
+    prepare(generated, tmp_path / "memory", cfg, chunk_bytes=1 << 16)
+    spilled = []
+    full = encode_mod._Blocks._full
+
+    def spy(self, k):
+        before = len(list(self.work.glob("*.bin")))
+        full(self, k)
+        spilled.append(len(list(self.work.glob("*.bin"))) - before)
+
+    monkeypatch.setattr(encode_mod._Blocks, "_full", spy)
+    monkeypatch.setattr(encode_mod, "MEMORY_BYTES", 0)  # every full block waits on disk
+    monkeypatch.setattr(encode_mod, "FIRST_BLOCK_ROWS", 50)  # first blocks grow 50, 100, ...
+    prepare(generated, tmp_path / "disk", cfg, chunk_bytes=1 << 14, threads=3)
+    assert sum(spilled) >= 6  # train's 7,200 rows: 8 parts, all but its last written out
+    assert _files(tmp_path / "disk") == _files(tmp_path / "memory")
+    assert not list((tmp_path / "disk").rglob("*.bin"))
 
 
 def test_the_chunk_size_follows_the_input_size_and_the_threads():

@@ -23,7 +23,9 @@ rows); the output does not depend on the chunk size.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,12 +39,14 @@ from ctrcal.data.coder import Answers, ColumnCoder
 from ctrcal.data.features import MISSING_ID, FeaturePipeline
 from ctrcal.data.fit_stats import FitStats
 from ctrcal.data.parsed import ParsedChunk
-from ctrcal.data.prepare import stages
-from ctrcal.data.prepare.write import PartWriter, encoded_columns
+from ctrcal.data.prepare import stages, write
 from ctrcal.data.splits import SPLITS, SplitPlan
 
 MEMORY_BYTES = 256 << 20
-"""Coded chunks are kept in memory up to this many bytes, later ones wait on disk."""
+"""Blocks of coded rows are kept in memory up to this many bytes, later ones wait on disk."""
+FIRST_BLOCK_ROWS = 8_192
+"""Rows of a split's first block before it grows (doubling) to a part's rows: a small split
+never holds a part's worth of memory."""
 
 
 @dataclass
@@ -121,51 +125,91 @@ class ProbReader:
         return out.to_series().to_numpy()
 
 
-@dataclass
-class _Coded:
-    """One chunk's rows grouped by split: codes [F, N] int32, label [N] float32 (NaN =
-    unlabelled), per split its number of rows, true probabilities [N] float32 (or None)."""
+class _Blocks:
+    """Each split's coded rows in blocks, one per part to be written, as the part will hold
+    them: a [C, rows] float32 array whose row 0 is the label, rows ``1..F`` the columns' codes
+    (the bits of int32; encoded in place after the fit) and row ``F + 1`` the true
+    probabilities of generated data. A split's blocks hold :data:`~write.PART_ROWS` rows (its
+    first one starts at :data:`FIRST_BLOCK_ROWS` and doubles as it fills), so the parts never
+    depend on how the input was cut. Full blocks are kept in memory up to
+    :data:`MEMORY_BYTES`, later ones are written to raw files in ``work`` (their memory then
+    takes the next rows) and read back to be encoded."""
 
-    codes: np.ndarray
-    label: np.ndarray
-    sizes: list[int]
-    prob: np.ndarray | None
-
-
-class _CodeStore:
-    """Coded chunks in order: in memory up to :data:`MEMORY_BYTES`, then raw files in ``work``."""
-
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, columns: int) -> None:
         self.work = work
-        self.items: list[_Coded | tuple[Path, int, int, list[int], bool]] = []
+        self.columns = columns
+        self.blocks: list[list[np.ndarray | Path]] = [[] for _ in SPLITS]
+        self.fill = [0 for _ in SPLITS]  # rows in each split's last block
         self.held = 0
+        self._spare: np.ndarray | None = None  # the memory of the last block written out
 
-    def add(self, c: _Coded) -> None:
-        size = c.codes.nbytes + c.label.nbytes
-        if self.held + size <= MEMORY_BYTES:
-            self.items.append(c)
-            self.held += size
+    def add(self, k: int, codes: np.ndarray, label: np.ndarray, prob: np.ndarray | None) -> None:
+        """Append rows to split ``k``: codes [F, m] int32, label [m] float32, prob [m]."""
+        f, m = codes.shape
+        pos = 0
+        while pos < m:
+            block = self._room(k, m - pos)
+            at = self.fill[k]
+            n = min(block.shape[1] - at, m - pos)
+            block[0, at : at + n] = label[pos : pos + n]
+            block[1 : 1 + f, at : at + n].view(np.int32)[...] = codes[:, pos : pos + n]
+            if prob is not None:
+                block[1 + f, at : at + n] = prob[pos : pos + n]
+            self.fill[k] += n
+            pos += n
+
+    def _room(self, k: int, rows: int) -> np.ndarray:
+        """Split ``k``'s block with room for at least one row (grown, or a new one)."""
+        blocks, fill, part = self.blocks[k], self.fill[k], write.PART_ROWS
+        block = blocks[-1] if blocks else None
+        if block is not None and fill < block.shape[1]:
+            return block  # type: ignore[return-value]
+        if block is not None and fill < part:  # a first block, doubled (at most a part)
+            size = min(part, max(2 * fill, fill + rows))
+            grown = np.empty((self.columns, size), dtype=np.float32)
+            grown[:, :fill] = block[:, :fill]  # type: ignore[index]
+            blocks[-1] = grown
+            self.held += grown.nbytes - block.nbytes  # type: ignore[union-attr]
+            return grown
+        if block is not None:
+            self._full(k)
+        size = part if block is not None else min(part, max(FIRST_BLOCK_ROWS, rows))
+        if self._spare is not None and self._spare.shape[1] == size:
+            new, self._spare = self._spare, None
+        else:
+            new = np.empty((self.columns, size), dtype=np.float32)
+        blocks.append(new)
+        self.fill[k] = 0
+        self.held += new.nbytes
+        return new
+
+    def _full(self, k: int) -> None:
+        """Split ``k``'s last block is full: over the budget, it waits on disk."""
+        block = self.blocks[k][-1]
+        if self.held <= MEMORY_BYTES:
             return
-        path = self.work / f"coded-{len(self.items):07d}.bin"
-        with open(path, "wb") as fh:
-            for a in (c.codes, c.label, c.prob):
-                if a is not None:
-                    a.tofile(fh)
-        self.items.append((path, *c.codes.shape, c.sizes, c.prob is not None))
+        path = self.work / f"{SPLITS[k]}-{len(self.blocks[k]) - 1:05d}.bin"
+        block.tofile(path)  # type: ignore[union-attr]
+        self.blocks[k][-1] = path
+        self.held -= block.nbytes  # type: ignore[union-attr]
+        self._spare = block  # type: ignore[assignment]
 
-    def __iter__(self):
-        for i, item in enumerate(self.items):
-            if isinstance(item, _Coded):
-                self.items[i] = None  # type: ignore[call-overload]  # memory goes as it is used
-                yield item
-                continue
-            path, f, n, sizes, with_prob = item
-            raw = np.fromfile(path, dtype=np.uint8)
-            path.unlink()
-            codes = raw[: 4 * f * n].view(np.int32).reshape(f, n)
-            label = raw[4 * f * n : 4 * (f + 1) * n].view(np.float32)
-            prob = raw[4 * (f + 1) * n :].view(np.float32) if with_prob else None
-            yield _Coded(codes, label, sizes, prob)
+    def take(self, k: int, spare: list[np.ndarray]) -> Iterator[tuple[int, np.ndarray]]:
+        """Split ``k``'s blocks in order, as they are taken ``(index, [C, rows] block)``: one
+        read back from disk lands in the memory of a block in ``spare`` (written parts')."""
+        blocks = self.blocks[k]
+        for i, item in enumerate(blocks):
+            blocks[i] = None  # type: ignore[call-overload]  # memory goes as it is used
+            rows = self.fill[k] if i == len(blocks) - 1 else write.PART_ROWS
+            if isinstance(item, Path):
+                block = spare.pop() if spare else None
+                if block is None or block.shape != (self.columns, write.PART_ROWS):
+                    block = np.empty((self.columns, write.PART_ROWS), dtype=np.float32)
+                with open(item, "rb") as fh:
+                    fh.readinto(block)
+                item.unlink()
+                item = block
+            yield i, item[:, :rows]
 
 
 def encode_sources(
@@ -185,8 +229,9 @@ def encode_sources(
     workers = threads or parse.threads()
     nums, cats = pipe.numeric_fields, pipe.categorical_fields
     coders = [ColumnCoder() for _ in (*nums, *cats)]
-    store = _CodeStore(tmp / "_work")
     tally = Tally(with_prob=all(s.prob is not None for s in sources))
+    store = _Blocks(tmp / "_work", 1 + len(coders) + int(tally.with_prob))
+    scratch = np.empty((len(coders), 0), dtype=np.int32)
     with ThreadPoolExecutor(workers) as pool:
         for i, s in enumerate(sources):
             probs = ProbReader(s.prob) if tally.with_prob else None
@@ -204,32 +249,31 @@ def encode_sources(
                     else:
                         prob = prob[chunk.rows - records]
                 records += chunk.records
-                store.add(_code_chunk(chunk, split, prob, coders, pool))
+                if scratch.shape[1] < len(chunk):
+                    scratch = np.empty((len(coders), len(chunk)), dtype=np.int32)
+                codes = scratch[:, : len(chunk)]
+                label, sizes = _code_chunk(chunk, split, prob, coders, codes, pool)
+                offset = 0
+                for k, size in enumerate(sizes):
+                    if size:
+                        rows = slice(offset, offset + size)
+                        store.add(
+                            k, codes[:, rows], label[rows], None if prob is None else prob[rows]
+                        )
+                    offset += size
                 tally.add(split, chunk.label)
                 tally.bad += chunk.bad
                 tally.chunks += 1
                 tally.native_chunks += chunk.native
             if tally.with_prob and probs.rows != records:
                 tally.with_prob = False
+        del scratch
         check_rows(tally, sources)
         clock("parse")
         answers = Answers(_fit(pipe, coders, tally.rows[0]))
         del coders
         clock("fit")
-        columns = encoded_columns(nums, cats, tally.with_prob)
-        with ThreadPoolExecutor(workers) as writing:
-            writers = [
-                PartWriter(tmp / name, columns, tally.rows[k], writing)
-                for k, name in enumerate(SPLITS)
-            ]
-            for coded in store:
-                offset = 0
-                for k, size in enumerate(coded.sizes):
-                    if size:
-                        _encode_rows(coded, offset, offset + size, answers, writers[k])
-                    offset += size
-            for w in writers:
-                w.close()
+        _encode(tmp, store, answers, write.encoded_columns(nums, cats, tally.with_prob), workers)
         clock("encode")
     return tally
 
@@ -239,10 +283,12 @@ def _code_chunk(
     split: np.ndarray,
     prob: np.ndarray | None,
     coders: list[ColumnCoder],
+    codes: np.ndarray,
     pool: ThreadPoolExecutor,
-) -> _Coded:
-    """Code every column of a chunk, its rows grouped by split (in order within a split): each
-    coder writes a row's code straight to its place in the split's group."""
+) -> tuple[np.ndarray, list[int]]:
+    """Code every column of a chunk into ``codes`` [F, N], its rows grouped by split (in order
+    within a split; each coder writes a row's code straight to its place); returns the label
+    [N] float32 grouped the same way (``prob`` is regrouped in place) and the splits' sizes."""
     sizes = np.bincount(split, minlength=len(SPLITS)).tolist()
     at = None
     if max(sizes) != len(split):
@@ -253,7 +299,6 @@ def _code_chunk(
             start += size
     fn = chunk.numeric.shape[0]
     train = (split == 0).view(np.uint8)
-    codes = np.empty((len(coders), len(split)), dtype=np.int32)
 
     def code(j: int) -> None:
         if j < fn:
@@ -268,7 +313,40 @@ def _code_chunk(
         label[at] = label.copy()
         if prob is not None:
             prob[at] = prob.copy()
-    return _Coded(codes, label, sizes, prob)
+    return label, sizes
+
+
+def _encode(
+    tmp: Path, store: _Blocks, answers: Answers, columns: list[write.Column], workers: int
+) -> None:
+    """Encode every block in place (one gather per column through the answer tables: a
+    missing numeric's answer is NaN) and write it as its split's next part, ``workers`` parts
+    side by side (polars encodes a file's columns on threads of its own too)."""
+    f = len(answers.tables)
+    with ThreadPoolExecutor(workers) as writing:
+        jobs: deque[tuple[Future, np.ndarray]] = deque()
+        spare: list[np.ndarray] = []
+
+        def submit(path: Path, block: np.ndarray | None) -> None:
+            while len(jobs) >= workers:
+                job, done = jobs.popleft()
+                job.result()
+                if done is not None:
+                    spare.append(done.base if done.base is not None else done)
+            jobs.append((writing.submit(write.write_part, path, columns, block), block))
+
+        for k, name in enumerate(SPLITS):
+            directory = tmp / name
+            directory.mkdir()
+            parts = 0
+            for i, block in store.take(k, spare):
+                answers.gather(block[1 : 1 + f].view(np.int32), block[1 : 1 + f])
+                submit(directory / f"part-{i:05d}.parquet", block[: len(columns)])
+                parts += 1
+            if parts == 0:  # a split that got no rows: one empty part
+                submit(directory / "part-00000.parquet", None)
+        for job, _ in jobs:
+            job.result()
 
 
 def _fit(pipe: FeaturePipeline, coders: list[ColumnCoder], train_rows: int) -> list[np.ndarray]:
@@ -309,21 +387,6 @@ def _category_keys(distinct: np.ndarray) -> np.ndarray:
     if distinct.size and int(distinct.max()) > 0xFFFFFFFF:
         return distinct
     return distinct.astype(np.uint32)
-
-
-def _encode_rows(coded: _Coded, lo: int, hi: int, answers: Answers, writer: PartWriter) -> None:
-    """Rows ``[lo, hi)`` of a coded chunk encoded into ``writer``'s part (the columns of
-    :func:`~ctrcal.data.prepare.write.encoded_columns`): the label, one gather per column (a
-    missing numeric's answer is NaN), the true probabilities."""
-    f = len(answers.tables)
-    while lo < hi:
-        out = writer.reserve(hi - lo)
-        n = out.shape[1]
-        out[0] = coded.label[lo : lo + n]
-        answers.gather(coded.codes[:, lo : lo + n], out[1 : 1 + f])
-        if len(out) > 1 + f:
-            out[1 + f] = coded.prob[lo : lo + n]
-        lo += n
 
 
 __all__ = ["Clock", "Source", "Tally", "check_rows", "encode_sources"]

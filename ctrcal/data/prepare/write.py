@@ -1,15 +1,14 @@
-"""The one writer: encoded rows of each split -> ``part-NNNNN.parquet`` files.
+"""The one writer: a block of encoded rows -> a ``part-NNNNN.parquet`` file.
 
-:class:`PartWriter` holds a split's rows in the buffers of one part of :data:`PART_ROWS` rows
-(the last one of a split may be shorter), which the encoder fills in place
-(:meth:`PartWriter.reserve`), and writes each full part in row groups of
-:data:`ROW_GROUP_ROWS` rows, so the files written never depend on how the input was cut.
-:func:`encoded_columns` is the columns' one definition.
+The encoder (:mod:`ctrcal.data.prepare.encode`) holds each split's rows in blocks of
+:data:`PART_ROWS` rows (the last one of a split may be shorter), one per part, and
+:func:`write_part` writes a block in row groups of :data:`ROW_GROUP_ROWS` rows, so the files
+written never depend on how the input was cut. :func:`encoded_columns` is the columns' one
+definition.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -50,67 +49,10 @@ def encoded_columns(numeric: list[str], categorical: list[str], with_prob: bool)
     return columns
 
 
-class PartWriter:
-    """The ``rows`` encoded rows of one split -> ``directory/part-NNNNN.parquet`` (see the
-    module docstring); :meth:`close` writes one empty part for a split that got no rows.
-
-    A part's rows are held in one block, a row of 4-byte items per column (float32, or the
-    bits of an int32 column); a full part is written by a job of ``pool`` (polars encodes a
-    file's columns on its own threads; parts written side by side keep the cores busy through
-    each file's serial steps); at most ``pool``'s worker count of parts wait, so memory is a
-    few parts whatever the split's size.
-    """
-
-    def __init__(self, directory: Path, columns: list[Column], rows: int, pool: Executor) -> None:
-        self.directory = directory
-        self.columns = columns
-        self.pool = pool
-        directory.mkdir()
-        self._left = rows  # rows not yet reserved: a split's last part is held at its size
-        self._block: np.ndarray | None = None
-        self._filled = 0
-        self._parts = 0
-        self._jobs: list[Future] = []
-
-    def reserve(self, rows: int) -> np.ndarray:
-        """[C, m] view of the next ``m = min(rows, room)`` rows of the current part (row ``j``:
-        column ``j``), for the caller to fill before its next call; a full part is written
-        first."""
-        if self._block is not None and self._filled == self._block.shape[1]:
-            self._submit()
-        if self._block is None:
-            size = min(PART_ROWS, self._left)
-            self._block = np.empty((len(self.columns), size), dtype=np.float32)
-        start = self._filled
-        self._filled = min(self._block.shape[1], start + rows)
-        if self._filled == start:
-            raise ValueError(f"{self.directory}: more rows than the split's {self._left}")
-        self._left -= self._filled - start
-        return self._block[:, start : self._filled]
-
-    def _submit(self) -> None:
-        block = None if self._block is None else self._block[:, : self._filled]
-        path = self.directory / f"part-{self._parts:05d}.parquet"
-        self._block, self._filled = None, 0
-        self._parts += 1
-        limit = getattr(self.pool, "_max_workers", 1)
-        while len(self._jobs) >= limit:
-            self._jobs.pop(0).result()
-        self._jobs.append(self.pool.submit(_write_part, path, self.columns, block))
-
-    def close(self) -> None:
-        """Write what is held and wait for every part; a split that got no rows gets one
-        empty part."""
-        if self._filled or self._parts == 0:
-            self._submit()
-        for job in self._jobs:
-            job.result()
-        self._jobs = []
-
-
-def _write_part(path: Path, columns: list[Column], block: np.ndarray | None) -> None:
-    """One part file in row groups of :data:`ROW_GROUP_ROWS` rows (``block``: [C, N], None
-    for an empty part)."""
+def write_part(path: Path, columns: list[Column], block: np.ndarray | None) -> None:
+    """One part file in row groups of :data:`ROW_GROUP_ROWS` rows: ``block`` [C, N] float32,
+    row ``j`` column ``j`` (the bits of an int32 column; NaN in a column whose ``nan_is_null``
+    is null); None writes an empty part."""
     if block is not None:
         frame = pl.DataFrame(
             [
@@ -152,4 +94,4 @@ class _Sink:
         self.fh.flush()
 
 
-__all__ = ["PART_ROWS", "PROB_COL", "ROW_GROUP_ROWS", "Column", "PartWriter", "encoded_columns"]
+__all__ = ["PART_ROWS", "PROB_COL", "ROW_GROUP_ROWS", "Column", "encoded_columns", "write_part"]
