@@ -80,7 +80,11 @@ class Buffers:
 
 
 def read_clean(
-    chunk: memoryview | bytes, fmt: Any, threads: int, buffers: Buffers | None = None
+    chunk: memoryview | bytes,
+    fmt: Any,
+    threads: int,
+    buffers: Buffers | None = None,
+    pool: ThreadPoolExecutor | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """The chunk's columns, or None when a line is not in the clean form.
 
@@ -89,6 +93,8 @@ def read_clean(
         fmt: the file's format (:func:`takes_layout` must be true).
         threads: pieces parsed in parallel.
         buffers: reused output arrays (see :class:`Buffers`); None allocates new ones.
+        pool: the threads that parse the pieces (a caller reading many chunks keeps one); None
+            starts them for this chunk.
 
     Returns:
         ``(nums [I, N] float64, nvalid [I, N] uint8, cats [26, N] uint32, cvalid [26, N]
@@ -120,7 +126,11 @@ def read_clean(
     def run(pool: ThreadPoolExecutor | None, fn: Any, *args: Any) -> list[int]:
         return list(pool.map(fn, *args)) if pool is not None else list(map(fn, *args))
 
-    pool = ThreadPoolExecutor(len(spans)) if len(spans) > 1 else None
+    own = pool is None and len(spans) > 1
+    if own:
+        pool = ThreadPoolExecutor(len(spans))
+    elif len(spans) == 1:
+        pool = None
     try:
         counts = run(pool, count, spans)
         n = int(sum(counts))
@@ -135,7 +145,7 @@ def read_clean(
 
         parsed = run(pool, parse, spans, firsts)
     finally:
-        if pool is not None:
+        if own:
             pool.shutdown()
     del view
     if parsed != counts:

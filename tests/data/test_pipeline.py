@@ -167,7 +167,9 @@ def test_blocks_grown_and_waiting_on_disk_give_the_same_bytes(generated, tmp_pat
 
     monkeypatch.setattr(encode_mod._Blocks, "_full", spy)
     monkeypatch.setattr(encode_mod, "MEMORY_BYTES", 0)  # every full block waits on disk
-    monkeypatch.setattr(encode_mod, "FIRST_BLOCK_ROWS", 50)  # first blocks grow 50, 100, ...
+    # unforeseen splits: first blocks grow 50, 100, 200, ...
+    monkeypatch.setattr(encode_mod, "FIRST_BLOCK_ROWS", 50)
+    monkeypatch.setattr(encode_mod._Blocks, "expect", lambda self, k, rows: None)
     prepare(generated, tmp_path / "disk", cfg, chunk_bytes=1 << 14, threads=3)
     assert sum(spilled) >= 6  # train's 7,200 rows: 8 parts, all but its last written out
     assert _files(tmp_path / "disk") == _files(tmp_path / "memory")

@@ -140,8 +140,15 @@ class _Blocks:
         self.columns = columns
         self.blocks: list[list[np.ndarray | Path]] = [[] for _ in SPLITS]
         self.fill = [0 for _ in SPLITS]  # rows in each split's last block
+        self.expected = [0.0 for _ in SPLITS]  # each split's rows, as far as foreseen
         self.held = 0
         self._spare: np.ndarray | None = None  # the memory of the last block written out
+
+    def expect(self, k: int, rows: float) -> None:
+        """Foresee ``rows`` more rows of split ``k``: its first block starts at the size they
+        need (a first block that grows is copied, and fresh memory costs as much to touch as
+        to fill)."""
+        self.expected[k] += rows
 
     def add(self, k: int, codes: np.ndarray, label: np.ndarray, prob: np.ndarray | None) -> None:
         """Append rows to split ``k``: codes [F, m] int32, label [m] float32, prob [m]."""
@@ -164,8 +171,8 @@ class _Blocks:
         block = blocks[-1] if blocks else None
         if block is not None and fill < block.shape[1]:
             return block  # type: ignore[return-value]
-        if block is not None and fill < part:  # a first block, doubled (at most a part)
-            size = min(part, max(2 * fill, fill + rows))
+        if block is not None and fill < part:  # a first block, grown (at most a part)
+            size = min(part, max(2 * fill, fill + rows, self._foreseen(k)))
             grown = np.empty((self.columns, size), dtype=np.float32)
             grown[:, :fill] = block[:, :fill]  # type: ignore[index]
             blocks[-1] = grown
@@ -173,7 +180,9 @@ class _Blocks:
             return grown
         if block is not None:
             self._full(k)
-        size = part if block is not None else min(part, max(FIRST_BLOCK_ROWS, rows))
+        size = (
+            part if block is not None else min(part, max(FIRST_BLOCK_ROWS, rows, self._foreseen(k)))
+        )
         if self._spare is not None and self._spare.shape[1] == size:
             new, self._spare = self._spare, None
         else:
@@ -182,6 +191,10 @@ class _Blocks:
         self.fill[k] = 0
         self.held += new.nbytes
         return new
+
+    def _foreseen(self, k: int) -> int:
+        """Split ``k``'s foreseen rows, with a margin."""
+        return int(self.expected[k] * 1.05) + 1_024
 
     def _full(self, k: int) -> None:
         """Split ``k``'s last block is full: over the budget, it waits on disk."""
@@ -236,6 +249,7 @@ def encode_sources(
         for i, s in enumerate(sources):
             probs = ProbReader(s.prob) if tally.with_prob else None
             records = 0
+            foresee = True  # from the first chunk: its splits' shares of the whole file
             chunks = parse.iter_chunks(
                 s.path, s.fmt, on_bad_row, chunk_bytes, workers, ring=stages.AHEAD + 2
             )
@@ -252,7 +266,14 @@ def encode_sources(
                 if scratch.shape[1] < len(chunk):
                     scratch = np.empty((len(coders), len(chunk)), dtype=np.int32)
                 codes = scratch[:, : len(chunk)]
-                label, sizes = _code_chunk(chunk, split, prob, coders, codes, pool)
+                label, sizes = _code_chunk(chunk, split, prob, coders, codes, pool, workers)
+                if foresee:
+                    # chunks are about chunk_bytes of text (a gzip file's are more than its
+                    # size says: its blocks then grow)
+                    scale = max(1.0, s.path.stat().st_size / chunk_bytes)
+                    for k, size in enumerate(sizes):
+                        store.expect(k, size * scale)
+                    foresee = False
                 offset = 0
                 for k, size in enumerate(sizes):
                     if size:
@@ -285,10 +306,12 @@ def _code_chunk(
     coders: list[ColumnCoder],
     codes: np.ndarray,
     pool: ThreadPoolExecutor,
+    tasks: int,
 ) -> tuple[np.ndarray, list[int]]:
     """Code every column of a chunk into ``codes`` [F, N], its rows grouped by split (in order
-    within a split; each coder writes a row's code straight to its place); returns the label
-    [N] float32 grouped the same way (``prob`` is regrouped in place) and the splits' sizes."""
+    within a split; each coder writes a row's code straight to its place), on ``tasks`` of
+    ``pool``'s threads; returns the label [N] float32 grouped the same way (``prob`` is
+    regrouped in place) and the splits' sizes."""
     sizes = np.bincount(split, minlength=len(SPLITS)).tolist()
     at = None
     if max(sizes) != len(split):
@@ -300,14 +323,17 @@ def _code_chunk(
     fn = chunk.numeric.shape[0]
     train = (split == 0).view(np.uint8)
 
-    def code(j: int) -> None:
-        if j < fn:
-            values, valid = chunk.numeric[j], chunk.numeric_valid[j]
-        else:
-            values, valid = chunk.categorical[j - fn], chunk.categorical_valid[j - fn]
-        coders[j].code(values, valid, train, codes[j], at)
+    def code(first: int) -> None:
+        for j in range(first, len(coders), tasks):
+            if j < fn:
+                values, valid = chunk.numeric[j], chunk.numeric_valid[j]
+            else:
+                values, valid = chunk.categorical[j - fn], chunk.categorical_valid[j - fn]
+            coders[j].code(values, valid, train, codes[j], at)
 
-    list(pool.map(code, range(len(coders))))
+    # a task per thread, each every tasks-th column: a task per column would wake a thread per
+    # column of every chunk
+    list(pool.map(code, range(tasks)))
     label = chunk.label.astype(np.float32)
     if at is not None:
         label[at] = label.copy()
