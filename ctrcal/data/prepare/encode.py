@@ -291,7 +291,7 @@ def encode_sources(
         del scratch
         check_rows(tally, sources)
         clock("parse")
-        answers = Answers(_fit(pipe, coders, tally.rows[0]))
+        answers = Answers(_fit(pipe, coders, tally.rows[0], pool))
         del coders
         clock("fit")
         _encode(tmp, store, answers, write.encoded_columns(nums, cats, tally.with_prob), workers)
@@ -375,34 +375,38 @@ def _encode(
             job.result()
 
 
-def _fit(pipe: FeaturePipeline, coders: list[ColumnCoder], train_rows: int) -> list[np.ndarray]:
-    """Fit ``pipe`` on the coders' distinct values and train counts; per column the table of
-    answers by code (entry 0: missing): float32 model values, int32 ids."""
+def _fit(
+    pipe: FeaturePipeline, coders: list[ColumnCoder], train_rows: int, pool: ThreadPoolExecutor
+) -> list[np.ndarray]:
+    """Fit ``pipe`` on the coders' distinct values and train counts, the fields side by side on
+    ``pool``'s threads; per column the table of answers by code (entry 0: missing): float32
+    model values, int32 ids."""
     import polars as pl
 
     nums, cats = pipe.numeric_fields, pipe.categorical_fields
     stats = FitStats(cats, nums)
     stats.add_rows(train_rows)
-    states = [c.state() for c in coders]
     values = []
-    for j, (distinct, counts, missing) in enumerate(states):
+    for j, (distinct, counts, missing) in enumerate(pool.map(ColumnCoder.state, coders)):
         v = distinct.view(np.float64) if j < len(nums) else _category_keys(distinct)
         values.append(v)
         seen = counts > 0
         frame = pl.DataFrame({"value": v[seen], "count": counts[seen].astype(np.uint64)})
         stats.add_counts((*nums, *cats)[j], frame, missing)
-    pipe.fit_stats(stats)
-    tables = []
-    for j, v in enumerate(values):
+    pipe.fit_stats(stats, pool)
+
+    def table(j: int) -> np.ndarray:
+        v = values[j]
         if j < len(nums):
             answers, missing_answer = pipe._model_values(v, j), np.float32(np.nan)
         else:
             answers, missing_answer = pipe.categorical_ids(cats[j - len(nums)], v), MISSING_ID
-        table = np.empty(len(v) + 1, dtype=answers.dtype)
-        table[0] = missing_answer
-        table[1:] = answers
-        tables.append(table)
-    return tables
+        out = np.empty(len(v) + 1, dtype=answers.dtype)
+        out[0] = missing_answer
+        out[1:] = answers
+        return out
+
+    return list(pool.map(table, range(len(values))))
 
 
 def _category_keys(distinct: np.ndarray) -> np.ndarray:
