@@ -14,8 +14,9 @@
 
 typedef struct {
     uint64_t key;
-    int64_t index; /* -1: empty */
-    int64_t count; /* train rows with this value: beside the key, one cache miss per lookup */
+    int32_t index;  /* -1: empty */
+    uint32_t count; /* train rows with this value since the last fold (beside the key: one cache
+                       miss per lookup, in a 16-byte slot) */
 } slot_t;
 
 typedef struct {
@@ -23,6 +24,9 @@ typedef struct {
     int bits;
     int64_t used, capacity;
     uint64_t *distinct; /* [capacity] values in order of first appearance */
+    uint64_t *totals;   /* [capacity] or NULL: the counts folded so far */
+    int64_t since_fold; /* rows coded since the last fold: no slot's count is above it */
+    int64_t fold_at;    /* fold before this many rows (at most 2^32 - 1: no count wraps) */
     int64_t train_missing;
 } coder_t;
 
@@ -58,7 +62,29 @@ static int grow_arrays(coder_t *c) {
     uint64_t *d = realloc(c->distinct, (size_t)cap * sizeof(uint64_t));
     if (!d) return -1;
     c->distinct = d;
+    if (c->totals) {
+        uint64_t *t = realloc(c->totals, (size_t)cap * sizeof(uint64_t));
+        if (!t) return -1;
+        memset(t + c->capacity, 0, (size_t)(cap - c->capacity) * sizeof(uint64_t));
+        c->totals = t;
+    }
     c->capacity = cap;
+    return 0;
+}
+
+/* Move every slot's count into the 64-bit totals (made on first need). */
+static int fold(coder_t *c) {
+    if (!c->totals) {
+        c->totals = calloc((size_t)c->capacity, sizeof(uint64_t));
+        if (!c->totals) return -1;
+    }
+    const uint64_t size = 1ULL << c->bits;
+    for (uint64_t s = 0; s < size; s++) {
+        if (c->table[s].index < 0) continue;
+        c->totals[c->table[s].index] += c->table[s].count;
+        c->table[s].count = 0;
+    }
+    c->since_fold = 0;
     return 0;
 }
 
@@ -66,12 +92,17 @@ void coder_free(coder_t *c) {
     if (!c) return;
     free(c->table);
     free(c->distinct);
+    free(c->totals);
     free(c);
 }
 
-coder_t *coder_new(void) {
+/* A new coder whose slot counts are folded into 64-bit totals every fold_at rows (at most
+ * 2^32 - 1; fewer exercise the folding in tests). */
+coder_t *coder_new(int64_t fold_at) {
+    if (fold_at < 1 || fold_at > (int64_t)UINT32_MAX) return NULL;
     coder_t *c = calloc(1, sizeof(coder_t));
     if (!c) return NULL;
+    c->fold_at = fold_at;
     c->bits = 9; /* grown to 10 bits at once */
     if (grow_table(c) || grow_arrays(c)) {
         coder_free(c);
@@ -89,14 +120,15 @@ coder_t *coder_new(void) {
  *
  * Returns the number of distinct values so far, or -1 when memory runs out (the coder is then
  * unusable) or a code would pass INT32_MAX. */
-int64_t coder_code(coder_t *c, const void *values, int kind, const uint8_t *valid,
-                   const uint8_t *train, int64_t n, int32_t *codes, const int64_t *at) {
+static int64_t code_rows(coder_t *c, const void *values, int kind, const uint8_t *valid,
+                         const uint8_t *train, int64_t lo, int64_t hi, int32_t *codes,
+                         const int64_t *at) {
     slot_t *table = c->table; /* locals: the stores below cannot change them behind our back */
     int bits = c->bits;
     uint64_t mask = (1ULL << bits) - 1;
     int64_t missing = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const int counted = train && train[i];
+    for (int64_t i = lo; i < hi; i++) {
+        const uint32_t counted = train && train[i];
         const int64_t to = at ? at[i] : i;
         if (valid && !valid[i]) {
             codes[to] = 0;
@@ -117,7 +149,7 @@ int64_t coder_code(coder_t *c, const void *values, int kind, const uint8_t *vali
         if (table[s].index < 0) {
             if (c->used >= INT32_MAX - 1) return -1;
             if (c->used == c->capacity && grow_arrays(c)) return -1;
-            const int64_t index = c->used++;
+            const int32_t index = (int32_t)c->used++;
             table[s].key = key;
             table[s].index = index;
             table[s].count = 0;
@@ -131,10 +163,32 @@ int64_t coder_code(coder_t *c, const void *values, int kind, const uint8_t *vali
                 while (table[s].key != key) s = (s + 1) & mask;
             }
         }
-        codes[to] = (int32_t)(table[s].index + 1);
+        codes[to] = table[s].index + 1;
         table[s].count += counted;
     }
     c->train_missing += missing;
+    return 0;
+}
+
+/* Code values[0, n) (valid[i] == 0 marks a missing value; valid may be NULL: none missing)
+ * into codes[at[i]] (at may be NULL: codes[i]): 0 = missing, else 1 + the value's index among
+ * the distinct values seen so far; counting the rows with train[i] != 0 per value (train may
+ * be NULL: none). The values are kind's: 64-bit keys (KEYS64), 32-bit keys (KEYS32, Criteo's
+ * hashes: coded as the same number in 64 bits), or float64 numbers (NUMBERS) coded by their bits
+ * with -0.0 made 0.0 first (x + 0.0), so that equal numbers have equal codes.
+ *
+ * Returns the number of distinct values so far, or -1 when memory runs out (the coder is then
+ * unusable) or a code would pass INT32_MAX. */
+int64_t coder_code(coder_t *c, const void *values, int kind, const uint8_t *valid,
+                   const uint8_t *train, int64_t n, int32_t *codes, const int64_t *at) {
+    for (int64_t lo = 0; lo < n;) { /* in pieces after which no slot's count can wrap */
+        if (c->since_fold == c->fold_at && fold(c)) return -1;
+        const int64_t hi = lo + (n - lo < c->fold_at - c->since_fold ? n - lo
+                                                                      : c->fold_at - c->since_fold);
+        if (code_rows(c, values, kind, valid, train, lo, hi, codes, at)) return -1;
+        c->since_fold += hi - lo;
+        lo = hi;
+    }
     return c->used;
 }
 
@@ -145,7 +199,8 @@ void coder_state(const coder_t *c, int64_t d, uint64_t *distinct, int64_t *count
     const uint64_t size = 1ULL << c->bits;
     for (uint64_t s = 0; s < size; s++) {
         const int64_t index = c->table[s].index;
-        if (index >= 0 && index < d) counts[index] = c->table[s].count;
+        if (index >= 0 && index < d)
+            counts[index] = (int64_t)(c->table[s].count + (c->totals ? c->totals[index] : 0));
     }
     *train_missing = c->train_missing;
 }

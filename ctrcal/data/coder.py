@@ -28,7 +28,7 @@ _SOURCE = Path(__file__).with_name("coder.c")
 
 def _declare(lib: ctypes.CDLL) -> None:
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.coder_new.argtypes = []
+    lib.coder_new.argtypes = [i64]
     lib.coder_new.restype = ptr
     lib.coder_free.argtypes = [ptr]
     lib.coder_free.restype = None
@@ -55,12 +55,20 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
-class ColumnCoder:
-    """One field's codes and train counts over all chunks coded so far."""
+FOLD = 2**32 - 1
+"""Rows after which the coder moves its 32-bit per-value counts into 64-bit totals (so that no
+count wraps); tests fold every few rows."""
 
-    def __init__(self) -> None:
+
+class ColumnCoder:
+    """One field's codes and train counts over all chunks coded so far (``fold``: see
+    :data:`FOLD`)."""
+
+    def __init__(self, fold: int = FOLD) -> None:
+        if not 1 <= fold <= FOLD:
+            raise ValueError(f"ColumnCoder: fold must be in [1, {FOLD}], got {fold}")
         self._lib = _library()
-        self._handle = self._lib.coder_new()
+        self._handle = self._lib.coder_new(fold)
         if not self._handle:
             raise MemoryError("column coder: out of memory")
         self.distinct = 0
@@ -169,4 +177,4 @@ class Answers:
         )
 
 
-__all__ = ["Answers", "ColumnCoder"]
+__all__ = ["FOLD", "Answers", "ColumnCoder"]

@@ -355,6 +355,17 @@ def test_coder_keeps_codes_and_train_counts_across_chunks(distinct):
         ]
     )
     seen, counts, missing = coder.state()
+    # 32-bit counts folded into 64-bit totals every 1,000 rows (every 2^32 - 1 in use)
+    folding = ColumnCoder(fold=1_000)
+    refolded = np.concatenate(
+        [
+            folding.code(values[a:b], valid[a:b], train[a:b])
+            for a, b in ((0, 2_500), (2_500, 100_000))
+        ]
+    )
+    np.testing.assert_array_equal(refolded, codes)
+    for got, want in zip(folding.state(), (seen, counts, missing), strict=True):
+        np.testing.assert_array_equal(got, want)
     # codes number the distinct values in order of first appearance, 0 = missing
     first = {}
     for v in values[valid == 1].tolist():
