@@ -1,4 +1,4 @@
-"""The streaming pipeline: sources -> coded chunks -> fit -> encode by gather -> one writer.
+"""The streaming pipeline: sources -> coded blocks -> fit -> encode in place -> parts.
 
 :func:`encode_sources` is the one route from raw files to encoded splits, whatever their size
 (a small file is one chunk):
@@ -6,18 +6,20 @@
 1. each source is parsed chunk by chunk (:func:`ctrcal.data.parse.iter_chunks`: the C reader
    first, polars for a chunk it refuses), each row is given its split
    (:class:`~ctrcal.data.splits.SplitPlan`), and every column of the chunk is coded by its
-   :class:`~ctrcal.data.coder.ColumnCoder` (a column per thread), which keeps the distinct
-   values and their train counts across chunks; the chunk's codes, grouped by split, wait in
-   a :class:`_CodeStore` (memory, then disk);
+   :class:`~ctrcal.data.coder.ColumnCoder` (the columns shared among the threads), which keeps
+   the distinct values and their train counts across chunks; the chunk's rows, grouped by
+   split, are appended to their split's blocks (:class:`_Blocks`: one per part to be written,
+   in memory, then on disk);
 2. the :class:`~ctrcal.data.features.FeaturePipeline` is fitted on the distinct values and
    their exact train counts (:class:`~ctrcal.data.fit_stats.FitStats`: any chunking gives the
-   same state, bit for bit);
+   same state, bit for bit), the fields side by side;
 3. each column's answer per distinct value (its id, its model value) is computed once, and
-   every chunk is encoded by one gather per column and handed to the split's
-   :class:`~ctrcal.data.prepare.write.PartWriter`.
+   every block is encoded in place by one gather per column
+   (:class:`~ctrcal.data.coder.Answers`) and written as its split's next part
+   (:func:`~ctrcal.data.prepare.write.write_part`), parts side by side.
 
-Memory is a few chunks plus the coders (which grow with the number of distinct values, not
-rows); the output does not depend on the chunk size.
+Memory is a few chunks, the blocks up to :data:`MEMORY_BYTES` and the coders (which grow with
+the number of distinct values, not rows); the output does not depend on the chunk size.
 """
 
 from __future__ import annotations
