@@ -91,6 +91,34 @@ def test_chunk_size_and_threads_never_change_the_output_bytes(generated, tmp_pat
     assert not list((tmp_path / f"c{CHUNK_SIZES[0]}_t2").glob("_*"))  # no work files published
 
 
+POLARS_CHILD = r"""
+import sys
+from ctrcal.config import Config
+from ctrcal.api import prepare
+from ctrcal.data.prepare import write
+write.ROW_GROUP_ROWS, write.PART_ROWS = 300, 900  # parts of several row groups
+cfg = Config()
+cfg.features.min_count, cfg.features.numeric_buckets = 3, 0  # _cfg(min_count=3)
+prepare(sys.argv[1:-1], sys.argv[-1], cfg)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("polars_threads", ["1", "3"])
+def test_polars_threads_never_change_the_output_bytes(
+    generated, tmp_path, monkeypatch, polars_threads
+):
+    # polars encodes a part's columns on its own pool, whose size is fixed per process
+    env = {**os.environ, "PYTHONPATH": str(REPO), "POLARS_MAX_THREADS": polars_threads}
+    child = [sys.executable, "-c", POLARS_CHILD, *map(str, generated[:2])]
+    subprocess.run([*child, str(tmp_path / "child")], env=env, check=True, timeout=120)
+    monkeypatch.setattr(write_mod, "ROW_GROUP_ROWS", 300)
+    monkeypatch.setattr(write_mod, "PART_ROWS", 900)
+    prepare(generated[:2], tmp_path / "here", _cfg(min_count=3))
+    assert len(list((tmp_path / "here" / "train").glob("*.parquet"))) > 3
+    assert _files(tmp_path / "child") == _files(tmp_path / "here")
+
+
 @pytest.mark.slow
 def test_chunk_size_and_threads_never_change_mixed_layouts_and_skipped_rows(criteo_files, tmp_path):
     # header CSV, gzip streamed, an unlabelled test file; malformed rows parsed by polars
@@ -383,4 +411,3 @@ def test_coder_keeps_codes_and_train_counts_across_chunks(distinct):
     Answers([ids, values]).gather(block, out)
     np.testing.assert_array_equal(out[0].view(np.int32), ids[block[0]])
     np.testing.assert_array_equal(out[1], values[block[1]])
-
