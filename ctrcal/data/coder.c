@@ -111,27 +111,20 @@ coder_t *coder_new(int64_t fold_at) {
     return c;
 }
 
-/* Code values[0, n) (valid[i] == 0 marks a missing value; valid may be NULL: none missing)
- * into codes[at[i]] (at may be NULL: codes[i]): 0 = missing, else 1 + the value's index among
- * the distinct values seen so far; counting the rows with train[i] != 0 per value (train may
- * be NULL: none). The values are kind's: 64-bit keys (KEYS64), 32-bit keys (KEYS32, Criteo's
- * hashes: coded as the same number in 64 bits), or float64 numbers (NUMBERS) coded by their bits
- * with -0.0 made 0.0 first (x + 0.0), so that equal numbers have equal codes.
- *
- * Returns the number of distinct values so far, or -1 when memory runs out (the coder is then
- * unusable) or a code would pass INT32_MAX. */
 static int64_t code_rows(coder_t *c, const void *values, int kind, const uint8_t *valid,
-                         const uint8_t *train, int64_t lo, int64_t hi, int32_t *codes,
-                         const int64_t *at) {
+                         const uint8_t *train, int64_t lo, int64_t hi, int32_t *const *outs,
+                         const int64_t *lens, int64_t nseg, const int64_t *at) {
     slot_t *table = c->table; /* locals: the stores below cannot change them behind our back */
     int bits = c->bits;
     uint64_t mask = (1ULL << bits) - 1;
     int64_t missing = 0;
     for (int64_t i = lo; i < hi; i++) {
         const uint32_t counted = train && train[i];
-        const int64_t to = at ? at[i] : i;
+        const int64_t seg = at ? at[i] >> 32 : 0, pos = at ? at[i] & 0xFFFFFFFF : i;
+        if (seg >= nseg || pos >= lens[seg]) return -2;
+        int32_t *const to = outs[seg] + pos;
         if (valid && !valid[i]) {
-            codes[to] = 0;
+            *to = 0;
             missing += counted;
             continue;
         }
@@ -163,29 +156,33 @@ static int64_t code_rows(coder_t *c, const void *values, int kind, const uint8_t
                 while (table[s].key != key) s = (s + 1) & mask;
             }
         }
-        codes[to] = table[s].index + 1;
+        *to = table[s].index + 1;
         table[s].count += counted;
     }
     c->train_missing += missing;
     return 0;
 }
 
-/* Code values[0, n) (valid[i] == 0 marks a missing value; valid may be NULL: none missing)
- * into codes[at[i]] (at may be NULL: codes[i]): 0 = missing, else 1 + the value's index among
- * the distinct values seen so far; counting the rows with train[i] != 0 per value (train may
- * be NULL: none). The values are kind's: 64-bit keys (KEYS64), 32-bit keys (KEYS32, Criteo's
- * hashes: coded as the same number in 64 bits), or float64 numbers (NUMBERS) coded by their bits
- * with -0.0 made 0.0 first (x + 0.0), so that equal numbers have equal codes.
+/* Code values[0, n) (valid[i] == 0 marks a missing value; valid may be NULL: none missing):
+ * 0 = missing, else 1 + the value's index among the distinct values seen so far; counting the
+ * rows with train[i] != 0 per value (train may be NULL: none). Row i's code goes to
+ * outs[at[i] >> 32][at[i] & 0xFFFFFFFF] (nseg segments of lens[...] codes; at may be NULL:
+ * outs[0][i]). The values are kind's: 64-bit keys (KEYS64), 32-bit keys (KEYS32, Criteo's
+ * hashes: coded as the same number in 64 bits), or float64 numbers (NUMBERS) coded by their
+ * bits with -0.0 made 0.0 first (x + 0.0), so that equal numbers have equal codes.
  *
- * Returns the number of distinct values so far, or -1 when memory runs out (the coder is then
- * unusable) or a code would pass INT32_MAX. */
+ * Returns the number of distinct values so far; -1 when memory runs out (the coder is then
+ * unusable) or a code would pass INT32_MAX, -2 when a position is outside its segment. */
 int64_t coder_code(coder_t *c, const void *values, int kind, const uint8_t *valid,
-                   const uint8_t *train, int64_t n, int32_t *codes, const int64_t *at) {
+                   const uint8_t *train, int64_t n, int32_t *const *outs, const int64_t *lens,
+                   int64_t nseg, const int64_t *at) {
     for (int64_t lo = 0; lo < n;) { /* in pieces after which no slot's count can wrap */
         if (c->since_fold == c->fold_at && fold(c)) return -1;
         const int64_t hi = lo + (n - lo < c->fold_at - c->since_fold ? n - lo
                                                                       : c->fold_at - c->since_fold);
-        if (code_rows(c, values, kind, valid, train, lo, hi, codes, at)) return -1;
+        const int64_t err =
+            code_rows(c, values, kind, valid, train, lo, hi, outs, lens, nseg, at);
+        if (err) return err;
         c->since_fold += hi - lo;
         lo = hi;
     }

@@ -16,6 +16,7 @@ Built with the system C compiler; where none is found the pipeline cannot run an
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.coder_new.restype = ptr
     lib.coder_free.argtypes = [ptr]
     lib.coder_free.restype = None
-    lib.coder_code.argtypes = [ptr, ptr, ctypes.c_int, ptr, ptr, i64, ptr, ptr]
+    lib.coder_code.argtypes = [ptr, ptr, ctypes.c_int, ptr, ptr, i64, ptr, ptr, i64, ptr]
     lib.coder_code.restype = i64
     lib.coder_state.argtypes = [ptr, i64, ptr, ptr, ptr]
     lib.coder_state.restype = None
@@ -83,15 +84,22 @@ class ColumnCoder:
         values: np.ndarray,
         valid: np.ndarray | None,
         train: np.ndarray | None,
-        out: np.ndarray | None = None,
+        out: np.ndarray | Sequence[np.ndarray] | None = None,
         at: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """[N] int32 codes of ``values`` ([N] uint64 or uint32 keys, a key the same number in
+    ) -> np.ndarray | Sequence[np.ndarray]:
+        """The int32 codes of ``values`` ([N] uint64 or uint32 keys, a key the same number in
         either; or float64 numbers, their bits coded with ``-0.0`` as ``0.0``), counting the
         rows where ``train`` ([N] uint8, optional) is 1; ``valid`` ([N] uint8, optional) is 0
-        where a value is missing. The code of row ``i`` goes to ``out[at[i]]`` (``out`` [N]
-        int32, ``at`` [N] int64 distinct positions in ``[0, N)``; default ``out[i]`` of a new
-        array); returns ``out``."""
+        where a value is missing.
+
+        Row ``i``'s code goes to ``out[i]`` (``out`` [N] int32; default a new array), or with
+        ``at`` ([N] int64) to ``out[at[i]]``, or, ``out`` being a list of contiguous int32
+        segments, to ``out[at[i] >> 32][at[i] & 0xFFFFFFFF]`` (the pipeline codes a chunk's
+        rows straight into their splits' blocks). Returns ``out``.
+
+        Raises:
+            ValueError: a position outside its segment (the codes written so far stand).
+        """
         kind = _KINDS.get(values.dtype)
         if kind is None:
             raise ValueError(
@@ -105,12 +113,17 @@ class ColumnCoder:
             train = np.ascontiguousarray(train, dtype=np.uint8)
         if out is None:
             out = np.empty(n, dtype=np.int32)
-        if out.dtype != np.int32 or len(out) != n or not out.flags.c_contiguous:
-            raise ValueError("ColumnCoder.code: out must be [N] contiguous int32")
+        segments = [out] if isinstance(out, np.ndarray) else list(out)
+        for o in segments:
+            if o.dtype != np.int32 or o.ndim != 1 or not o.flags.c_contiguous:
+                raise ValueError("ColumnCoder.code: out must be contiguous int32 [N] arrays")
         if at is not None:
             at = np.ascontiguousarray(at, dtype=np.int64)
             if len(at) != n:
                 raise ValueError("ColumnCoder.code: at must be [N]")
+        elif len(segments) != 1 or len(segments[0]) < n:
+            raise ValueError("ColumnCoder.code: without at, out is one [N] array")
+        k = len(segments)
         d = self._lib.coder_code(
             self._handle,
             values.ctypes.data,
@@ -118,9 +131,13 @@ class ColumnCoder:
             None if valid is None else valid.ctypes.data,
             None if train is None else train.ctypes.data,
             n,
-            out.ctypes.data,
+            (ctypes.c_void_p * k)(*(o.ctypes.data for o in segments)),
+            (ctypes.c_int64 * k)(*(len(o) for o in segments)),
+            k,
             None if at is None else at.ctypes.data,
         )
+        if d == -2:
+            raise ValueError("ColumnCoder.code: a position of at is outside its segment")
         if d < 0:
             raise MemoryError("column coder: out of memory for the value table")
         self.distinct = int(d)

@@ -186,14 +186,14 @@ def test_blocks_grown_and_waiting_on_disk_give_the_same_bytes(generated, tmp_pat
     cfg = _cfg(min_count=3, buckets=4)
     prepare(generated, tmp_path / "memory", cfg, chunk_bytes=1 << 16)
     spilled = []
-    full = encode_mod._Blocks._full
+    settle = encode_mod._Blocks.settle
 
-    def spy(self, k):
+    def spy(self):
         before = len(list(self.work.glob("*.bin")))
-        full(self, k)
+        settle(self)
         spilled.append(len(list(self.work.glob("*.bin"))) - before)
 
-    monkeypatch.setattr(encode_mod._Blocks, "_full", spy)
+    monkeypatch.setattr(encode_mod._Blocks, "settle", spy)
     monkeypatch.setattr(encode_mod, "MEMORY_BYTES", 0)  # every full block waits on disk
     # unforeseen splits: first blocks grow 50, 100, 200, ...
     monkeypatch.setattr(encode_mod, "FIRST_BLOCK_ROWS", 50)

@@ -132,10 +132,10 @@ class _Blocks:
     them: a [C, rows] float32 array whose row 0 is the label, rows ``1..F`` the columns' codes
     (the bits of int32; encoded in place after the fit) and row ``F + 1`` the true
     probabilities of generated data. A split's blocks hold :data:`~write.PART_ROWS` rows (its
-    first one starts at :data:`FIRST_BLOCK_ROWS` and doubles as it fills), so the parts never
-    depend on how the input was cut. Full blocks are kept in memory up to
-    :data:`MEMORY_BYTES`, later ones are written to raw files in ``work`` (their memory then
-    takes the next rows) and read back to be encoded."""
+    first one starts at what its file foresees, at least :data:`FIRST_BLOCK_ROWS`, and grows
+    as it must), so the parts never depend on how the input was cut. Full blocks are kept in
+    memory up to :data:`MEMORY_BYTES`, later ones are written to raw files in ``work`` (their
+    memory then takes the next rows) and read back to be encoded."""
 
     def __init__(self, work: Path, columns: int) -> None:
         self.work = work
@@ -145,6 +145,7 @@ class _Blocks:
         self.expected = [0.0 for _ in SPLITS]  # each split's rows, as far as foreseen
         self.held = 0
         self._spare: np.ndarray | None = None  # the memory of the last block written out
+        self._closing: list[tuple[int, int]] = []  # blocks filled by the last reservations
 
     def expect(self, k: int, rows: float) -> None:
         """Foresee ``rows`` more rows of split ``k``: its first block starts at the size they
@@ -152,62 +153,59 @@ class _Blocks:
         to fill)."""
         self.expected[k] += rows
 
-    def add(self, k: int, codes: np.ndarray, label: np.ndarray, prob: np.ndarray | None) -> None:
-        """Append rows to split ``k``: codes [F, m] int32, label [m] float32, prob [m]."""
-        f, m = codes.shape
-        pos = 0
-        while pos < m:
-            block = self._room(k, m - pos)
-            at = self.fill[k]
-            n = min(block.shape[1] - at, m - pos)
-            block[0, at : at + n] = label[pos : pos + n]
-            block[1 : 1 + f, at : at + n].view(np.int32)[...] = codes[:, pos : pos + n]
-            if prob is not None:
-                block[1 + f, at : at + n] = prob[pos : pos + n]
-            self.fill[k] += n
-            pos += n
-
-    def _room(self, k: int, rows: int) -> np.ndarray:
-        """Split ``k``'s block with room for at least one row (grown, or a new one)."""
-        blocks, fill, part = self.blocks[k], self.fill[k], write.PART_ROWS
-        block = blocks[-1] if blocks else None
-        if block is not None and fill < block.shape[1]:
-            return block  # type: ignore[return-value]
-        if block is not None and fill < part:  # a first block, grown (at most a part)
+    def reserve(self, k: int, rows: int) -> list[tuple[np.ndarray, int, int]]:
+        """Room for the next ``rows`` rows of split ``k``: ``(block, start, n)`` segments in
+        order, for the caller to fill; blocks they fill are settled by :meth:`settle`."""
+        blocks, part = self.blocks[k], write.PART_ROWS
+        last = blocks[-1] if blocks else None
+        fill = self.fill[k]
+        if last is not None and fill + rows > last.shape[1] and last.shape[1] < part:
+            # a first block too small for these rows grows once (at most to a part) before any
+            # of them are placed: growing copies the rows it holds
             size = min(part, max(2 * fill, fill + rows, self._foreseen(k)))
             grown = np.empty((self.columns, size), dtype=np.float32)
-            grown[:, :fill] = block[:, :fill]  # type: ignore[index]
+            grown[:, :fill] = last[:, :fill]  # type: ignore[index]
             blocks[-1] = grown
-            self.held += grown.nbytes - block.nbytes  # type: ignore[union-attr]
-            return grown
-        if block is not None:
-            self._full(k)
-        size = (
-            part if block is not None else min(part, max(FIRST_BLOCK_ROWS, rows, self._foreseen(k)))
-        )
-        if self._spare is not None and self._spare.shape[1] == size:
-            new, self._spare = self._spare, None
-        else:
-            new = np.empty((self.columns, size), dtype=np.float32)
-        blocks.append(new)
-        self.fill[k] = 0
-        self.held += new.nbytes
-        return new
+            self.held += grown.nbytes - last.nbytes  # type: ignore[union-attr]
+        segments = []
+        while rows > 0:
+            block = blocks[-1] if blocks else None
+            if block is None or self.fill[k] == block.shape[1]:
+                first = block is None
+                size = min(part, max(FIRST_BLOCK_ROWS, rows, self._foreseen(k))) if first else part
+                if self._spare is not None and self._spare.shape[1] == size:
+                    block, self._spare = self._spare, None
+                else:
+                    block = np.empty((self.columns, size), dtype=np.float32)
+                blocks.append(block)
+                self.fill[k] = 0
+                self.held += block.nbytes
+            start = self.fill[k]
+            n = min(block.shape[1] - start, rows)  # type: ignore[union-attr]
+            segments.append((block, start, n))
+            self.fill[k] += n
+            rows -= n
+            if self.fill[k] == part:
+                self._closing.append((k, len(blocks) - 1))
+        return segments  # type: ignore[return-value]
+
+    def settle(self) -> None:
+        """The reserved rows are in their blocks: full ones over the budget wait on disk, and
+        their memory takes the next rows."""
+        for k, i in self._closing:
+            block = self.blocks[k][i]
+            if self.held <= MEMORY_BYTES:
+                continue
+            path = self.work / f"{SPLITS[k]}-{i:05d}.bin"
+            block.tofile(path)  # type: ignore[union-attr]
+            self.blocks[k][i] = path
+            self.held -= block.nbytes  # type: ignore[union-attr]
+            self._spare = block  # type: ignore[assignment]
+        self._closing = []
 
     def _foreseen(self, k: int) -> int:
-        """Split ``k``'s foreseen rows, with a margin."""
-        return int(self.expected[k] * 1.05) + 1_024
-
-    def _full(self, k: int) -> None:
-        """Split ``k``'s last block is full: over the budget, it waits on disk."""
-        block = self.blocks[k][-1]
-        if self.held <= MEMORY_BYTES:
-            return
-        path = self.work / f"{SPLITS[k]}-{len(self.blocks[k]) - 1:05d}.bin"
-        block.tofile(path)  # type: ignore[union-attr]
-        self.blocks[k][-1] = path
-        self.held -= block.nbytes  # type: ignore[union-attr]
-        self._spare = block  # type: ignore[assignment]
+        """Split ``k``'s foreseen rows, with a margin (0: none foreseen)."""
+        return int(self.expected[k] * 1.05)
 
     def take(self, k: int, spare: list[np.ndarray]) -> Iterator[tuple[int, np.ndarray]]:
         """Split ``k``'s blocks in order, as they are taken ``(index, [C, rows] block)``: one
@@ -246,7 +244,6 @@ def encode_sources(
     coders = [ColumnCoder() for _ in (*nums, *cats)]
     tally = Tally(with_prob=all(s.prob is not None for s in sources))
     store = _Blocks(tmp / "_work", 1 + len(coders) + int(tally.with_prob))
-    scratch = np.empty((len(coders), 0), dtype=np.int32)
     with ThreadPoolExecutor(workers) as pool:
         for i, s in enumerate(sources):
             probs = ProbReader(s.prob) if tally.with_prob else None
@@ -265,10 +262,7 @@ def encode_sources(
                     else:
                         prob = prob[chunk.rows - records]
                 records += chunk.records
-                if scratch.shape[1] < len(chunk):
-                    scratch = np.empty((len(coders), len(chunk)), dtype=np.int32)
-                codes = scratch[:, : len(chunk)]
-                label, sizes = _code_chunk(chunk, split, prob, coders, codes, pool, workers)
+                sizes = _code_chunk(chunk, split, prob, coders, store, pool, workers)
                 if foresee:
                     # chunks are about chunk_bytes of text (a gzip file's are more than its
                     # size says: its blocks then grow)
@@ -276,21 +270,12 @@ def encode_sources(
                     for k, size in enumerate(sizes):
                         store.expect(k, size * scale)
                     foresee = False
-                offset = 0
-                for k, size in enumerate(sizes):
-                    if size:
-                        rows = slice(offset, offset + size)
-                        store.add(
-                            k, codes[:, rows], label[rows], None if prob is None else prob[rows]
-                        )
-                    offset += size
                 tally.add(split, chunk.label)
                 tally.bad += chunk.bad
                 tally.chunks += 1
                 tally.native_chunks += chunk.native
             if tally.with_prob and probs.rows != records:
                 tally.with_prob = False
-        del scratch
         check_rows(tally, sources)
         clock("parse")
         answers = Answers(_fit(pipe, coders, tally.rows[0], pool))
@@ -306,22 +291,29 @@ def _code_chunk(
     split: np.ndarray,
     prob: np.ndarray | None,
     coders: list[ColumnCoder],
-    codes: np.ndarray,
+    store: _Blocks,
     pool: ThreadPoolExecutor,
     tasks: int,
-) -> tuple[np.ndarray, list[int]]:
-    """Code every column of a chunk into ``codes`` [F, N], its rows grouped by split (in order
-    within a split; each coder writes a row's code straight to its place), on ``tasks`` of
-    ``pool``'s threads; returns the label [N] float32 grouped the same way (``prob`` is
-    regrouped in place) and the splits' sizes."""
+) -> list[int]:
+    """Code every column of a chunk straight into its splits' blocks (each split's rows in
+    order), on ``tasks`` of ``pool``'s threads, with the label and true probabilities beside
+    them; returns the splits' sizes."""
     sizes = np.bincount(split, minlength=len(SPLITS)).tolist()
-    at = None
-    if max(sizes) != len(split):
-        at = np.empty(len(split), dtype=np.int64)
-        start = 0
-        for k, size in enumerate(sizes):
-            at[split == k] = np.arange(start, start + size)
-            start += size
+    segments: list[tuple[np.ndarray, int, int]] = []
+    at = np.empty(len(split), dtype=np.int64)  # row i's code -> segment at >> 32, row at & ...
+    for k, size in enumerate(sizes):
+        if not size:
+            continue
+        rows = np.flatnonzero(split == k) if size != len(split) else np.arange(size)
+        done = 0
+        for block, start, n in store.reserve(k, size):
+            mine = rows[done : done + n]
+            at[mine] = np.arange(n, dtype=np.int64) + (len(segments) << 32)
+            block[0, start : start + n] = chunk.label[mine]
+            if prob is not None:
+                block[-1, start : start + n] = prob[mine]
+            segments.append((block, start, n))
+            done += n
     fn = chunk.numeric.shape[0]
     train = (split == 0).view(np.uint8)
 
@@ -331,17 +323,14 @@ def _code_chunk(
                 values, valid = chunk.numeric[j], chunk.numeric_valid[j]
             else:
                 values, valid = chunk.categorical[j - fn], chunk.categorical_valid[j - fn]
-            coders[j].code(values, valid, train, codes[j], at)
+            out = [b[1 + j, s : s + n].view(np.int32) for b, s, n in segments]
+            coders[j].code(values, valid, train, out, at)
 
     # a task per thread, each every tasks-th column: a task per column would wake a thread per
     # column of every chunk
     list(pool.map(code, range(tasks)))
-    label = chunk.label.astype(np.float32)
-    if at is not None:
-        label[at] = label.copy()
-        if prob is not None:
-            prob[at] = prob.copy()
-    return label, sizes
+    store.settle()
+    return sizes
 
 
 def _encode(
