@@ -87,15 +87,19 @@ class Tally:
     chunks: int = 0
     native_chunks: int = 0  # parsed by the C reader
 
-    def add(self, split: np.ndarray, label: np.ndarray) -> None:
-        known = ~np.isnan(label)
-        for k, n in enumerate(np.bincount(split, minlength=len(SPLITS)).tolist()):
-            self.rows[k] += n
-        sums = np.bincount(split, weights=np.where(known, label, 0.0), minlength=len(SPLITS))
-        for k, s in enumerate(sums.tolist()):
-            self.label_sum[k] += s  # exact: sums of 0/1 below 2^53
-        for k, n in enumerate(np.bincount(split[known], minlength=len(SPLITS)).tolist()):
-            self.labelled[k] += n
+    def add(self, split: np.ndarray, sizes: list[int], label: np.ndarray) -> None:
+        """Count a chunk's rows: their splits [N], the splits' sizes, their labels [N]."""
+        unknown = np.isnan(label)
+        if unknown.any():
+            labelled = np.bincount(split[~unknown], minlength=len(SPLITS)).tolist()
+            label = np.where(unknown, 0.0, label)
+        else:
+            labelled = sizes
+        sums = np.bincount(split, weights=label, minlength=len(SPLITS)).tolist()
+        for k in range(len(SPLITS)):
+            self.rows[k] += sizes[k]
+            self.label_sum[k] += sums[k]  # exact: sums of 0/1 below 2^53
+            self.labelled[k] += labelled[k]
 
     def rate(self, k: int) -> float:
         return self.label_sum[k] / self.labelled[k] if self.labelled[k] else float("nan")
@@ -262,7 +266,7 @@ def encode_sources(
                     else:
                         prob = prob[chunk.rows - records]
                 records += chunk.records
-                sizes = _code_chunk(chunk, split, prob, coders, store, pool, workers)
+                sizes = np.bincount(split, minlength=len(SPLITS)).tolist()
                 if foresee:
                     # chunks are about chunk_bytes of text (a gzip file's are more than its
                     # size says: its blocks then grow)
@@ -270,7 +274,8 @@ def encode_sources(
                     for k, size in enumerate(sizes):
                         store.expect(k, size * scale)
                     foresee = False
-                tally.add(split, chunk.label)
+                _code_chunk(chunk, split, sizes, prob, coders, store, pool, workers)
+                tally.add(split, sizes, chunk.label)
                 tally.bad += chunk.bad
                 tally.chunks += 1
                 tally.native_chunks += chunk.native
@@ -289,16 +294,16 @@ def encode_sources(
 def _code_chunk(
     chunk: ParsedChunk,
     split: np.ndarray,
+    sizes: list[int],
     prob: np.ndarray | None,
     coders: list[ColumnCoder],
     store: _Blocks,
     pool: ThreadPoolExecutor,
     tasks: int,
-) -> list[int]:
+) -> None:
     """Code every column of a chunk straight into its splits' blocks (each split's rows in
-    order), on ``tasks`` of ``pool``'s threads, with the label and true probabilities beside
-    them; returns the splits' sizes."""
-    sizes = np.bincount(split, minlength=len(SPLITS)).tolist()
+    order; ``sizes``: how many rows each split has), on ``tasks`` of ``pool``'s threads, with
+    the label and true probabilities beside them."""
     segments: list[tuple[np.ndarray, int, int]] = []
     at = np.empty(len(split), dtype=np.int64)  # row i's code -> segment at >> 32, row at & ...
     for k, size in enumerate(sizes):
@@ -330,7 +335,6 @@ def _code_chunk(
     # column of every chunk
     list(pool.map(code, range(tasks)))
     store.settle()
-    return sizes
 
 
 def _encode(
