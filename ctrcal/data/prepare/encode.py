@@ -44,8 +44,10 @@ from ctrcal.data.parsed import ParsedChunk
 from ctrcal.data.prepare import stages, write
 from ctrcal.data.splits import SPLITS, SplitPlan
 
-MEMORY_BYTES = 256 << 20
-"""Blocks of coded rows are kept in memory up to this many bytes, later ones wait on disk."""
+MEMORY_BYTES = 1 << 30
+"""Blocks of coded rows are kept in memory up to this many bytes (about 6.5M Criteo rows),
+later ones wait on disk: writing a block out and reading it back costs more than the fresh
+memory it would take, so the budget is large, and the peak stays flat beyond it."""
 FIRST_BLOCK_ROWS = 8_192
 """Rows of a split's first block before it grows (doubling) to a part's rows: a small split
 never holds a part's worth of memory."""
