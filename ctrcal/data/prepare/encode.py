@@ -307,7 +307,7 @@ def _code_chunk(
     order; ``sizes``: how many rows each split has), on ``tasks`` of ``pool``'s threads, with
     the label and true probabilities beside them."""
     segments: list[tuple[np.ndarray, int, int]] = []
-    at = np.empty(len(split), dtype=np.int64)  # row i's code -> segment at >> 32, row at & ...
+    at = np.empty(len(split), dtype=np.int64)  # row i -> segment at[i] >> 32, its row at[i] & ...
     for k, size in enumerate(sizes):
         if not size:
             continue
@@ -347,14 +347,14 @@ def _encode(
     side by side (polars encodes a file's columns on threads of its own too)."""
     f = len(answers.tables)
     with ThreadPoolExecutor(workers) as writing:
-        jobs: deque[tuple[Future, np.ndarray]] = deque()
-        spare: list[np.ndarray] = []
+        jobs: deque[tuple[Future, np.ndarray | None]] = deque()
+        spare: list[np.ndarray] = []  # written parts' blocks, for blocks read back from disk
 
         def submit(path: Path, block: np.ndarray | None) -> None:
             while len(jobs) >= workers:
                 job, done = jobs.popleft()
                 job.result()
-                if done is not None:
+                if done is not None and len(spare) < workers:
                     spare.append(done.base if done.base is not None else done)
             jobs.append((writing.submit(write.write_part, path, columns, block), block))
 
