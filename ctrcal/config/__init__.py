@@ -45,8 +45,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-import yaml
-
 from ctrcal.core.constraints import Constraint, Interval, Matches, NotBlank
 from ctrcal.core.criteo_schema import LAYOUTS
 from ctrcal.core.norm_spec import NormSpec, parse_norm_spec
@@ -514,4 +512,6 @@ def config_to_dict(cfg: Any) -> Any:
 
 def dump_config(cfg: Config) -> str:
     """The config as YAML text (a snapshot that :func:`ctrcal.load_config` reads back)."""
+    import yaml
+
     return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)

@@ -18,10 +18,9 @@ the typed :class:`~ctrcal.config.Config` from it. The rules (documented for user
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from ctrcal.config import DEFAULT_MODEL
 from ctrcal.core.errors import ConfigError
@@ -41,24 +40,35 @@ class _Delete:
 DELETE = _Delete()
 
 
-class _Loader(yaml.SafeLoader):
-    """``yaml.safe_load`` plus the one tag ``!delete``."""
+@functools.cache
+def _loader() -> Any:
+    """``yaml.SafeLoader`` plus the one tag ``!delete`` (PyYAML is imported on first use: a
+    command given no config file reads no YAML)."""
+    import yaml
 
+    class _Loader(yaml.SafeLoader):
+        pass
 
-def _construct_delete(loader: yaml.SafeLoader, node: yaml.Node) -> _Delete:
-    if not isinstance(node, yaml.ScalarNode) or node.value not in ("", "~", "null"):
-        raise yaml.constructor.ConstructorError(
-            None, None, "!delete takes no value (write 'key: !delete')", node.start_mark
-        )
-    return DELETE
+    def construct_delete(loader: yaml.SafeLoader, node: yaml.Node) -> _Delete:
+        if not isinstance(node, yaml.ScalarNode) or node.value not in ("", "~", "null"):
+            raise yaml.constructor.ConstructorError(
+                None, None, "!delete takes no value (write 'key: !delete')", node.start_mark
+            )
+        return DELETE
 
-
-_Loader.add_constructor("!delete", _construct_delete)
+    _Loader.add_constructor("!delete", construct_delete)
+    return _Loader
 
 
 def parse_yaml(text: str) -> Any:
-    """YAML as :func:`yaml.safe_load` reads it, with ``!delete`` understood."""
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    """YAML as :func:`yaml.safe_load` reads it, with ``!delete`` understood.
+
+    Raises:
+        yaml.YAMLError: the text is not YAML.
+    """
+    import yaml
+
+    return yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader subclass
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -76,6 +86,8 @@ def _load_with_extends(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     except OSError as exc:
         where = f"{chain[-1]}: extends" if chain else "config"
         raise ConfigError(f"{where}: cannot read {path}: {exc.strerror or exc}") from None
+    import yaml
+
     try:
         raw = parse_yaml(text)
     except yaml.YAMLError as exc:
@@ -198,6 +210,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         if item.startswith("~") and "=" not in item:
             dotted, value = item[1:], DELETE
         elif "=" in item:
+            import yaml
+
             dotted, _, text = item.partition("=")
             try:
                 value = parse_yaml(text) if text.strip() else None

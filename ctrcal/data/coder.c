@@ -10,10 +10,13 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     uint64_t key;
-    int64_t index; /* -1: empty */
+    int32_t index;  /* -1: empty */
+    uint32_t count; /* train rows with this value since the last fold (beside the key: one cache
+                       miss per lookup, in a 16-byte slot) */
 } slot_t;
 
 typedef struct {
@@ -21,9 +24,13 @@ typedef struct {
     int bits;
     int64_t used, capacity;
     uint64_t *distinct; /* [capacity] values in order of first appearance */
-    int64_t *counts;    /* [capacity] train rows per distinct value */
+    uint64_t *totals;   /* [capacity] or NULL: the counts folded so far */
+    int64_t since_fold; /* rows coded since the last fold: no slot's count is above it */
+    int64_t fold_at;    /* fold before this many rows (at most 2^32 - 1: no count wraps) */
     int64_t train_missing;
 } coder_t;
+
+enum { KEYS64 = 0, KEYS32 = 1, NUMBERS = 2 };
 
 static inline uint64_t slot_of(uint64_t key, int bits) {
     return (key * 0x9E3779B97F4A7C15ULL) >> (64 - bits);
@@ -35,11 +42,14 @@ static int grow_table(coder_t *c) {
     slot_t *t = malloc(size * sizeof(slot_t));
     if (!t) return -1;
     for (uint64_t i = 0; i < size; i++) t[i].index = -1;
-    for (int64_t d = 0; d < c->used; d++) {
-        uint64_t s = slot_of(c->distinct[d], nbits);
-        while (t[s].index >= 0) s = (s + 1) & mask;
-        t[s].key = c->distinct[d];
-        t[s].index = d;
+    if (c->table) {
+        const uint64_t old = 1ULL << c->bits;
+        for (uint64_t i = 0; i < old; i++) {
+            if (c->table[i].index < 0) continue;
+            uint64_t s = slot_of(c->table[i].key, nbits);
+            while (t[s].index >= 0) s = (s + 1) & mask;
+            t[s] = c->table[i];
+        }
     }
     free(c->table);
     c->table = t;
@@ -52,10 +62,29 @@ static int grow_arrays(coder_t *c) {
     uint64_t *d = realloc(c->distinct, (size_t)cap * sizeof(uint64_t));
     if (!d) return -1;
     c->distinct = d;
-    int64_t *n = realloc(c->counts, (size_t)cap * sizeof(int64_t));
-    if (!n) return -1;
-    c->counts = n;
+    if (c->totals) {
+        uint64_t *t = realloc(c->totals, (size_t)cap * sizeof(uint64_t));
+        if (!t) return -1;
+        memset(t + c->capacity, 0, (size_t)(cap - c->capacity) * sizeof(uint64_t));
+        c->totals = t;
+    }
     c->capacity = cap;
+    return 0;
+}
+
+/* Move every slot's count into the 64-bit totals (made on first need). */
+static int fold(coder_t *c) {
+    if (!c->totals) {
+        c->totals = calloc((size_t)c->capacity, sizeof(uint64_t));
+        if (!c->totals) return -1;
+    }
+    const uint64_t size = 1ULL << c->bits;
+    for (uint64_t s = 0; s < size; s++) {
+        if (c->table[s].index < 0) continue;
+        c->totals[c->table[s].index] += c->table[s].count;
+        c->table[s].count = 0;
+    }
+    c->since_fold = 0;
     return 0;
 }
 
@@ -63,14 +92,18 @@ void coder_free(coder_t *c) {
     if (!c) return;
     free(c->table);
     free(c->distinct);
-    free(c->counts);
+    free(c->totals);
     free(c);
 }
 
-coder_t *coder_new(void) {
+/* A new coder whose slot counts are folded into 64-bit totals every fold_at rows (at most
+ * 2^32 - 1; fewer exercise the folding in tests). */
+coder_t *coder_new(int64_t fold_at) {
+    if (fold_at < 1 || fold_at > (int64_t)UINT32_MAX) return NULL;
     coder_t *c = calloc(1, sizeof(coder_t));
     if (!c) return NULL;
-    c->bits = 10;
+    c->fold_at = fold_at;
+    c->bits = 9; /* grown to 10 bits at once */
     if (grow_table(c) || grow_arrays(c)) {
         coder_free(c);
         return NULL;
@@ -78,45 +111,80 @@ coder_t *coder_new(void) {
     return c;
 }
 
-/* Code values[0, n) (valid[i] == 0 marks a missing value; valid may be NULL: none missing)
- * into codes[0, n) (0 = missing, else 1 + the value's index among the distinct values seen so
- * far), counting the rows with train[i] != 0 per value (train may be NULL: none).
- *
- * Returns the number of distinct values so far, or -1 when memory runs out (the coder is then
- * unusable) or a code would pass INT32_MAX. */
-int64_t coder_code(coder_t *c, const uint64_t *values, const uint8_t *valid,
-                   const uint8_t *train, int64_t n, int32_t *codes) {
-    uint64_t mask = (1ULL << c->bits) - 1;
-    for (int64_t i = 0; i < n; i++) {
-        const int counted = train && train[i];
+static int64_t code_rows(coder_t *c, const void *values, int kind, const uint8_t *valid,
+                         const uint8_t *train, int64_t lo, int64_t hi, int32_t *const *outs,
+                         const int64_t *lens, int64_t nseg, const int64_t *at) {
+    slot_t *table = c->table; /* locals: the stores below cannot change them behind our back */
+    int bits = c->bits;
+    uint64_t mask = (1ULL << bits) - 1;
+    int64_t missing = 0;
+    for (int64_t i = lo; i < hi; i++) {
+        const uint32_t counted = train && train[i];
+        const int64_t seg = at ? at[i] >> 32 : 0, pos = at ? at[i] & 0xFFFFFFFF : i;
+        if (seg >= nseg || pos >= lens[seg]) return -2;
+        int32_t *const to = outs[seg] + pos;
         if (valid && !valid[i]) {
-            codes[i] = 0;
-            c->train_missing += counted;
+            *to = 0;
+            missing += counted;
             continue;
         }
-        const uint64_t key = values[i];
-        uint64_t s = slot_of(key, c->bits);
-        int64_t index;
-        for (;;) {
-            index = c->table[s].index;
-            if (index < 0 || c->table[s].key == key) break;
-            s = (s + 1) & mask;
+        uint64_t key;
+        if (kind == KEYS32) {
+            key = ((const uint32_t *)values)[i];
+        } else if (kind == NUMBERS) {
+            double x = ((const double *)values)[i] + 0.0;
+            memcpy(&key, &x, sizeof key);
+        } else {
+            key = ((const uint64_t *)values)[i];
         }
-        if (index < 0) {
+        uint64_t s = slot_of(key, bits);
+        while (table[s].index >= 0 && table[s].key != key) s = (s + 1) & mask;
+        if (table[s].index < 0) {
             if (c->used >= INT32_MAX - 1) return -1;
             if (c->used == c->capacity && grow_arrays(c)) return -1;
-            index = c->used++;
-            c->table[s].key = key;
-            c->table[s].index = index;
+            const int32_t index = (int32_t)c->used++;
+            table[s].key = key;
+            table[s].index = index;
+            table[s].count = 0;
             c->distinct[index] = key;
-            c->counts[index] = 0;
             if ((uint64_t)c->used * 2 > mask) { /* keep the table at most half full */
                 if (grow_table(c)) return -1;
-                mask = (1ULL << c->bits) - 1;
+                table = c->table;
+                bits = c->bits;
+                mask = (1ULL << bits) - 1;
+                s = slot_of(key, bits);
+                while (table[s].key != key) s = (s + 1) & mask;
             }
         }
-        codes[i] = (int32_t)(index + 1);
-        c->counts[index] += counted;
+        *to = table[s].index + 1;
+        table[s].count += counted;
+    }
+    c->train_missing += missing;
+    return 0;
+}
+
+/* Code values[0, n) (valid[i] == 0 marks a missing value; valid may be NULL: none missing):
+ * 0 = missing, else 1 + the value's index among the distinct values seen so far; counting the
+ * rows with train[i] != 0 per value (train may be NULL: none). Row i's code goes to
+ * outs[at[i] >> 32][at[i] & 0xFFFFFFFF] (nseg segments of lens[...] codes; at may be NULL:
+ * outs[0][i]). The values are kind's: 64-bit keys (KEYS64), 32-bit keys (KEYS32, Criteo's
+ * hashes: coded as the same number in 64 bits), or float64 numbers (NUMBERS) coded by their
+ * bits with -0.0 made 0.0 first (x + 0.0), so that equal numbers have equal codes.
+ *
+ * Returns the number of distinct values so far; -1 when memory runs out (the coder is then
+ * unusable) or a code would pass INT32_MAX, -2 when a position is outside its segment. */
+int64_t coder_code(coder_t *c, const void *values, int kind, const uint8_t *valid,
+                   const uint8_t *train, int64_t n, int32_t *const *outs, const int64_t *lens,
+                   int64_t nseg, const int64_t *at) {
+    for (int64_t lo = 0; lo < n;) { /* in pieces after which no slot's count can wrap */
+        if (c->since_fold == c->fold_at && fold(c)) return -1;
+        const int64_t hi = lo + (n - lo < c->fold_at - c->since_fold ? n - lo
+                                                                      : c->fold_at - c->since_fold);
+        const int64_t err =
+            code_rows(c, values, kind, valid, train, lo, hi, outs, lens, nseg, at);
+        if (err) return err;
+        c->since_fold += hi - lo;
+        lo = hi;
     }
     return c->used;
 }
@@ -124,15 +192,26 @@ int64_t coder_code(coder_t *c, const uint64_t *values, const uint8_t *valid,
 /* The first d distinct values and their train counts (d <= the number seen). */
 void coder_state(const coder_t *c, int64_t d, uint64_t *distinct, int64_t *counts,
                  int64_t *train_missing) {
-    for (int64_t i = 0; i < d; i++) {
-        distinct[i] = c->distinct[i];
-        counts[i] = c->counts[i];
+    for (int64_t i = 0; i < d; i++) distinct[i] = c->distinct[i];
+    const uint64_t size = 1ULL << c->bits;
+    for (uint64_t s = 0; s < size; s++) {
+        const int64_t index = c->table[s].index;
+        if (index >= 0 && index < d)
+            counts[index] = (int64_t)(c->table[s].count + (c->totals ? c->totals[index] : 0));
     }
     *train_missing = c->train_missing;
 }
 
-/* out[i] = table[codes[i]] for 4-byte answers (int32 ids, float32 model values): the encoding
- * of a coded column. The caller guarantees 0 <= codes[i] < the table's length. */
-void gather4(const uint32_t *table, const int32_t *codes, int64_t n, uint32_t *out) {
-    for (int64_t i = 0; i < n; i++) out[i] = table[codes[i]];
+/* out[j * out_stride + i] = tables[j][codes[j * stride + i]] for the f columns j < f and rows
+ * i < n, with 4-byte answers (int32 ids, float32 model values): the encoding of n rows of coded
+ * columns, straight into the writer's buffers. The caller guarantees 0 <= each code < its
+ * table's length. */
+void gather_columns(int64_t f, const uint32_t *const *tables, const int32_t *codes,
+                    int64_t stride, int64_t n, uint32_t *out, int64_t out_stride) {
+    for (int64_t j = 0; j < f; j++) {
+        const uint32_t *table = tables[j];
+        const int32_t *c = codes + j * stride;
+        uint32_t *o = out + j * out_stride;
+        for (int64_t i = 0; i < n; i++) o[i] = table[c[i]];
+    }
 }

@@ -43,6 +43,7 @@ sources and pipeline config) plus ``vocab.parquet`` (the kept values and their i
 from __future__ import annotations
 
 import math
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -178,45 +179,40 @@ class FeaturePipeline:
 
     # -- fit ------------------------------------------------------------------------------
 
-    def fit_stats(self, stats: FitStats) -> FeaturePipeline:
+    def fit_stats(self, stats: FitStats, executor: Executor | None = None) -> FeaturePipeline:
         """Learn the state from exact train statistics accumulated chunk by chunk.
 
         Since the statistics are exact counts, any chunking of the same rows gives the same
-        fitted state, bit for bit.
+        fitted state, bit for bit. With an ``executor``, the fields are fitted side by side on
+        its threads (the state does not depend on it).
         """
         self._check_params()
         rows = stats.rows
         if rows == 0:
             raise DataError("cannot fit the feature pipeline on an empty train split")
+        run = executor.map if executor is not None else map
         self.rows_ = rows
         self.vocab_ = {}
         self.hashed_ = {}
         self.distinct_ = {}
         self.categorical_missing_rate_ = {}
-        for name in self.categorical_fields:
-            counts = stats.counts(name)
-            self.distinct_[name] = counts.height
-            kept = counts.filter(pl.col("count") >= self.min_count).sort(
-                ["count", "value"], descending=[True, False]
-            )
+        kept_by_field = run(self._kept, (stats.counts(n) for n in self.categorical_fields))
+        for name, (distinct, kept) in zip(self.categorical_fields, kept_by_field, strict=True):
+            self.distinct_[name] = distinct
             capped = 0 < self.max_vocab < kept.height
             self.hashed_[name] = self.hash_buckets if capped else 0
             if capped:
                 kept = kept.head(self.max_vocab)
-            self.vocab_[name] = kept.with_columns(
-                (pl.int_range(pl.len(), dtype=pl.Int32) + NUM_RESERVED).alias("id")
-            )
+            self.vocab_[name] = kept
             self.categorical_missing_rate_[name] = stats.nulls[name] / rows
         mean, std = [], []
         self.original_mean_, self.original_std_ = [], []
-        for name in self.numeric_fields:
-            raw, t, c = self._histogram(stats.counts(name))
-            m, s = weighted_moments(t, c)
+        moments = run(self._moments, (stats.counts(n) for n in self.numeric_fields))
+        for m, s, original_m, original_s in moments:
             mean.append(m)
             std.append(s)
-            m, s = weighted_moments(raw, c)
-            self.original_mean_.append(m)
-            self.original_std_.append(s)
+            self.original_mean_.append(original_m)
+            self.original_std_.append(original_s)
         if self.numeric_transform == "identity":
             self.center_ = [0.0] * len(self.numeric_fields)
             self.scale_ = [1.0] * len(self.numeric_fields)
@@ -232,6 +228,23 @@ class FeaturePipeline:
         self.numeric_missing_rate_ = [stats.nulls[n] / rows for n in self.numeric_fields]
         self._fit_buckets(stats)
         return self
+
+    def _kept(self, counts: pl.DataFrame) -> tuple[int, pl.DataFrame]:
+        """A categorical field's number of distinct train values and its values seen at least
+        ``min_count`` times, most frequent first (ties by value), with their ids."""
+        kept = (
+            counts.lazy()
+            .filter(pl.col("count") >= self.min_count)
+            .sort(["count", "value"], descending=[True, False])
+            .with_columns((pl.int_range(pl.len(), dtype=pl.Int32) + NUM_RESERVED).alias("id"))
+            .collect()
+        )
+        return counts.height, kept
+
+    def _moments(self, counts: pl.DataFrame) -> tuple[float, float, float, float]:
+        """A numeric field's mean and std before standardisation, then of its raw values."""
+        raw, t, c = self._histogram(counts)
+        return (*weighted_moments(t, c), *weighted_moments(raw, c))
 
     def _histogram(self, counts: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(raw value, pre-standardisation value t, count) per distinct raw value, in raw-value

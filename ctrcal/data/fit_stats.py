@@ -27,7 +27,9 @@ class _CountTable:
         self._pending_rows = 0
 
     def add(self, counts: pl.DataFrame) -> None:
-        self._pending.append(counts.with_columns(pl.col("count").cast(pl.UInt64)))
+        if counts.schema["count"] != pl.UInt64:
+            counts = counts.with_columns(pl.col("count").cast(pl.UInt64))
+        self._pending.append(counts)
         self._pending_rows += counts.height
         merged = self._merged.height if self._merged is not None else 0
         if self._pending_rows > max(self.MIN_MERGE_ROWS, merged):

@@ -11,14 +11,15 @@ malformed rows are skipped and counted. Schema'd files go to
 :mod:`ctrcal.data.schema_reader`, which does the same for its columns.
 
 Both give the same :class:`ParsedChunk`: the label and numerics as float64, categoricals as
-their ``uint32`` values (hex read base 16, or Criteo_x1's decimal ids) widened to ``uint64``,
-with 0/1 validity, and each row's record index in its file (for the split).
+their ``uint32`` values (hex read base 16, or Criteo_x1's decimal ids), with 0/1 validity, and
+each row's record index in its file (for the split).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -70,13 +71,14 @@ def iter_chunks(
     native = tsv_reader.takes_layout(fmt) and tsv_reader.available()
     buffers = [tsv_reader.Buffers() for _ in range(max(1, ring))]
     offset = 0
-    for k, chunk in enumerate(iter_text_chunks(path, chunk_bytes, fmt.header_lines)):
-        reused = buffers[k % len(buffers)]
-        parsed = _native(chunk, fmt, offset, workers, reused) if native else None
-        if parsed is None:
-            parsed = _polars(chunk, path, fmt, offset, on_bad_row)
-        offset += parsed.records
-        yield parsed
+    with ThreadPoolExecutor(workers) as pool:
+        for k, chunk in enumerate(iter_text_chunks(path, chunk_bytes, fmt.header_lines)):
+            reused = buffers[k % len(buffers)]
+            parsed = _native(chunk, fmt, offset, workers, reused, pool) if native else None
+            if parsed is None:
+                parsed = _polars(chunk, path, fmt, offset, on_bad_row)
+            offset += parsed.records
+            yield parsed
 
 
 def _native(
@@ -85,8 +87,9 @@ def _native(
     offset: int,
     workers: int,
     buffers: tsv_reader.Buffers | None = None,
+    pool: ThreadPoolExecutor | None = None,
 ) -> ParsedChunk | None:
-    out = tsv_reader.read_clean(chunk, fmt, workers, buffers)
+    out = tsv_reader.read_clean(chunk, fmt, workers, buffers, pool)
     if out is None:
         return None
     nums, nvalid, cats, cvalid = out

@@ -25,7 +25,8 @@ class ParsedChunk:
         rows: [N] int64 record index of each row in its file (0-based, header excluded).
         label: [N] float64 click (0/1), NaN where the file has no labels.
         numeric: [Fn, N] float64 ``I1..I13``; numeric_valid: [Fn, N] uint8, 0 = missing.
-        categorical: [Fc, N] uint64 ``C1..C26`` values; categorical_valid: [Fc, N] uint8.
+        categorical: [Fc, N] ``C1..C26`` values: uint32 where every field is hex or decimal ids
+            (Criteo's), else uint64 (string keys); categorical_valid: [Fc, N] uint8.
         time: [N] int64 the time column's value (schemas with a time column), else None.
         records: records read in the chunk (good and malformed).
         bad: malformed records skipped.

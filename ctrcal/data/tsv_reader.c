@@ -68,13 +68,13 @@ static inline int64_t digits_value(uint64_t x, int k) {
  *
  * nums: [nnum, stride] double (the label, if any, then the integer fields; exact as the
  * float reader reads them: the integer rounded once); nvalid: [nnum, stride] 0/1. cats:
- * [ncat, stride] uint64, each hash read base 16; cvalid: [ncat, stride] 0/1. An empty field
+ * [ncat, stride] uint32, each hash read base 16; cvalid: [ncat, stride] 0/1. An empty field
  * is invalid (value 0). Fields are separated by sep.
  *
  * Returns the number of rows parsed, or -1 - i when line i (0-based, within buf) is not clean.
  */
 int64_t tsv_parse(const char *buf, int64_t len, int sep, int nnum, int ncat, int64_t stride,
-                  int64_t first, double *nums, uint8_t *nvalid, uint64_t *cats,
+                  int64_t first, double *nums, uint8_t *nvalid, uint32_t *cats,
                   uint8_t *cvalid) {
     const unsigned char *p = (const unsigned char *)buf, *end = p + len;
     int64_t line = 0;
@@ -126,7 +126,7 @@ int64_t tsv_parse(const char *buf, int64_t len, int sep, int nnum, int ncat, int
                 p += 8;
                 valid = 1;
             }
-            cats[(int64_t)f * stride + r] = valid ? hex_value(key) : 0;
+            cats[(int64_t)f * stride + r] = valid ? (uint32_t)hex_value(key) : 0;
             cvalid[(int64_t)f * stride + r] = (uint8_t)valid;
             if (p < end ? *p != stop : !last) {
                 if (!last && (p == end || *p == '\n')) { /* the line ends after this field */

@@ -1,8 +1,8 @@
 """The C reader: a chunk of clean Criteo lines parsed by ``tsv_reader.c``, a piece per thread.
 
 :func:`read_clean` gives a chunk's columns as :class:`~ctrcal.data.parsed.ParsedChunk` wants
-them -- the label and ``I1..I13`` as float64, ``C1..C26`` read base 16 (``uint64`` holding the
-``uint32`` value) with 0/1 validity -- for chunks in the clean form only: fields separated by
+them -- the label and ``I1..I13`` as float64, ``C1..C26`` read base 16 as ``uint32``, with 0/1
+validity -- for chunks in the clean form only: fields separated by
 one byte, the layout's canonical column order (``label, I1..I13, C1..C26`` or without the
 label), integers spelled ``-?[0-9]{1,18}``, hashes of exactly 8 hex digits, every line with
 the layout's fields or ending within its hash fields. For anything else (or where no C
@@ -73,14 +73,18 @@ class Buffers:
             self.arrays = (
                 np.empty((nnum, self.cap), dtype=np.float64),
                 np.empty((nnum, self.cap), dtype=np.uint8),
-                np.empty((ncat, self.cap), dtype=np.uint64),
+                np.empty((ncat, self.cap), dtype=np.uint32),
                 np.empty((ncat, self.cap), dtype=np.uint8),
             )
         return self.arrays, self.cap
 
 
 def read_clean(
-    chunk: memoryview | bytes, fmt: Any, threads: int, buffers: Buffers | None = None
+    chunk: memoryview | bytes,
+    fmt: Any,
+    threads: int,
+    buffers: Buffers | None = None,
+    pool: ThreadPoolExecutor | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """The chunk's columns, or None when a line is not in the clean form.
 
@@ -89,9 +93,11 @@ def read_clean(
         fmt: the file's format (:func:`takes_layout` must be true).
         threads: pieces parsed in parallel.
         buffers: reused output arrays (see :class:`Buffers`); None allocates new ones.
+        pool: the threads that parse the pieces (a caller reading many chunks keeps one); None
+            starts them for this chunk.
 
     Returns:
-        ``(nums [I, N] float64, nvalid [I, N] uint8, cats [26, N] uint64, cvalid [26, N]
+        ``(nums [I, N] float64, nvalid [I, N] uint8, cats [26, N] uint32, cvalid [26, N]
         uint8)``; ``nums`` holds the label first when ``fmt.labelled``, then ``I1..I13``.
         Each row of each array is contiguous.
     """
@@ -120,7 +126,11 @@ def read_clean(
     def run(pool: ThreadPoolExecutor | None, fn: Any, *args: Any) -> list[int]:
         return list(pool.map(fn, *args)) if pool is not None else list(map(fn, *args))
 
-    pool = ThreadPoolExecutor(len(spans)) if len(spans) > 1 else None
+    own = pool is None and len(spans) > 1
+    if own:
+        pool = ThreadPoolExecutor(len(spans))
+    elif len(spans) == 1:
+        pool = None
     try:
         counts = run(pool, count, spans)
         n = int(sum(counts))
@@ -135,7 +145,7 @@ def read_clean(
 
         parsed = run(pool, parse, spans, firsts)
     finally:
-        if pool is not None:
+        if own:
             pool.shutdown()
     del view
     if parsed != counts:

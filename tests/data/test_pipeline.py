@@ -18,8 +18,9 @@ import pytest
 from ctrcal.api import prepare
 from ctrcal.config import Config
 from ctrcal.core.errors import DataError
-from ctrcal.data.coder import ColumnCoder, gather
+from ctrcal.data.coder import Answers, ColumnCoder
 from ctrcal.data.parse import CHUNK_BYTES
+from ctrcal.data.prepare import encode as encode_mod
 from ctrcal.data.prepare import publish as publish_mod
 from ctrcal.data.prepare import write as write_mod
 from ctrcal.data.prepare.publish import clean_stale_temporaries
@@ -90,6 +91,34 @@ def test_chunk_size_and_threads_never_change_the_output_bytes(generated, tmp_pat
     assert not list((tmp_path / f"c{CHUNK_SIZES[0]}_t2").glob("_*"))  # no work files published
 
 
+POLARS_CHILD = r"""
+import sys
+from ctrcal.config import Config
+from ctrcal.api import prepare
+from ctrcal.data.prepare import write
+write.ROW_GROUP_ROWS, write.PART_ROWS = 300, 900  # parts of several row groups
+cfg = Config()
+cfg.features.min_count, cfg.features.numeric_buckets = 3, 0  # _cfg(min_count=3)
+prepare(sys.argv[1:-1], sys.argv[-1], cfg)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("polars_threads", ["1", "3"])
+def test_polars_threads_never_change_the_output_bytes(
+    generated, tmp_path, monkeypatch, polars_threads
+):
+    # polars encodes a part's columns on its own pool, whose size is fixed per process
+    env = {**os.environ, "PYTHONPATH": str(REPO), "POLARS_MAX_THREADS": polars_threads}
+    child = [sys.executable, "-c", POLARS_CHILD, *map(str, generated[:2])]
+    subprocess.run([*child, str(tmp_path / "child")], env=env, check=True, timeout=120)
+    monkeypatch.setattr(write_mod, "ROW_GROUP_ROWS", 300)
+    monkeypatch.setattr(write_mod, "PART_ROWS", 900)
+    prepare(generated[:2], tmp_path / "here", _cfg(min_count=3))
+    assert len(list((tmp_path / "here" / "train").glob("*.parquet"))) > 3
+    assert _files(tmp_path / "child") == _files(tmp_path / "here")
+
+
 @pytest.mark.slow
 def test_chunk_size_and_threads_never_change_mixed_layouts_and_skipped_rows(criteo_files, tmp_path):
     # header CSV, gzip streamed, an unlabelled test file; malformed rows parsed by polars
@@ -149,6 +178,30 @@ def test_environment_sets_the_chunk_size_and_row_groups_are_uniform(
     monkeypatch.setenv("CTRCAL_PREPARE_THREADS", "0")
     with pytest.raises(DataError, match="threads must be >= 1, got 0"):
         prepare(generated, tmp_path / "q", _cfg())
+
+
+def test_blocks_grown_and_waiting_on_disk_give_the_same_bytes(generated, tmp_path, monkeypatch):
+    monkeypatch.setattr(write_mod, "ROW_GROUP_ROWS", 300)
+    monkeypatch.setattr(write_mod, "PART_ROWS", 900)
+    cfg = _cfg(min_count=3, buckets=4)
+    prepare(generated, tmp_path / "memory", cfg, chunk_bytes=1 << 16)
+    spilled = []
+    settle = encode_mod._Blocks.settle
+
+    def spy(self):
+        before = len(list(self.work.glob("*.bin")))
+        settle(self)
+        spilled.append(len(list(self.work.glob("*.bin"))) - before)
+
+    monkeypatch.setattr(encode_mod._Blocks, "settle", spy)
+    monkeypatch.setattr(encode_mod, "MEMORY_BYTES", 0)  # every full block waits on disk
+    # unforeseen splits: first blocks grow 50, 100, 200, ...
+    monkeypatch.setattr(encode_mod, "FIRST_BLOCK_ROWS", 50)
+    monkeypatch.setattr(encode_mod._Blocks, "expect", lambda self, k, rows: None)
+    prepare(generated, tmp_path / "disk", cfg, chunk_bytes=1 << 14, threads=3)
+    assert sum(spilled) >= 6  # train's 7,200 rows: 8 parts, all but its last written out
+    assert _files(tmp_path / "disk") == _files(tmp_path / "memory")
+    assert not list((tmp_path / "disk").rglob("*.bin"))
 
 
 def test_the_chunk_size_follows_the_input_size_and_the_threads():
@@ -330,6 +383,17 @@ def test_coder_keeps_codes_and_train_counts_across_chunks(distinct):
         ]
     )
     seen, counts, missing = coder.state()
+    # 32-bit counts folded into 64-bit totals every 1,000 rows (every 2^32 - 1 in use)
+    folding = ColumnCoder(fold=1_000)
+    refolded = np.concatenate(
+        [
+            folding.code(values[a:b], valid[a:b], train[a:b])
+            for a, b in ((0, 2_500), (2_500, 100_000))
+        ]
+    )
+    np.testing.assert_array_equal(refolded, codes)
+    for got, want in zip(folding.state(), (seen, counts, missing), strict=True):
+        np.testing.assert_array_equal(got, want)
     # codes number the distinct values in order of first appearance, 0 = missing
     first = {}
     for v in values[valid == 1].tolist():
@@ -340,5 +404,10 @@ def test_coder_keeps_codes_and_train_counts_across_chunks(distinct):
     in_train = (valid == 1) & (train == 1)
     np.testing.assert_array_equal(counts, np.bincount(want[in_train] - 1, minlength=len(seen)))
     assert missing == int(((valid == 0) & (train == 1)).sum())
-    table = np.arange(len(seen) + 1, dtype=np.int32) * 3 - 1
-    np.testing.assert_array_equal(gather(table, codes), table[codes])
+    ids = np.arange(len(seen) + 1, dtype=np.int32) * 3 - 1
+    values = np.linspace(-1, 1, len(seen) + 1, dtype=np.float32)
+    block = np.stack([codes, codes[::-1]])[:, 5:-7]  # rows of a wider array, as chunks hold
+    out = np.empty((3, len(codes)), np.float32)[1:, 3:-9]  # rows of a part's block
+    Answers([ids, values]).gather(block, out)
+    np.testing.assert_array_equal(out[0].view(np.int32), ids[block[0]])
+    np.testing.assert_array_equal(out[1], values[block[1]])

@@ -80,10 +80,10 @@ def test_a_full_disk_while_writing_names_the_output_and_the_cause(
 ):
     from ctrcal.data.prepare import write
 
-    def full(self, table):
+    def full(path, columns, block):  # a part file's write, in the writer's thread
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(write.PartWriter, "write", full)
+    monkeypatch.setattr(write, "write_part", full)
     out = tmp_path / "p"
     with pytest.raises(DataError, match=rf"{out}: cannot write the prepared data: No space left"):
         prepare([criteo_files["dac"]], out)

@@ -1,4 +1,4 @@
-"""The streaming pipeline: sources -> coded chunks -> fit -> encode by gather -> one writer.
+"""The streaming pipeline: sources -> coded blocks -> fit -> encode in place -> parts.
 
 :func:`encode_sources` is the one route from raw files to encoded splits, whatever their size
 (a small file is one chunk):
@@ -6,44 +6,51 @@
 1. each source is parsed chunk by chunk (:func:`ctrcal.data.parse.iter_chunks`: the C reader
    first, polars for a chunk it refuses), each row is given its split
    (:class:`~ctrcal.data.splits.SplitPlan`), and every column of the chunk is coded by its
-   :class:`~ctrcal.data.coder.ColumnCoder` (a column per thread), which keeps the distinct
-   values and their train counts across chunks; the chunk's codes, grouped by split, wait in
-   a :class:`_CodeStore` (memory, then disk);
+   :class:`~ctrcal.data.coder.ColumnCoder` (the columns shared among the threads), which keeps
+   the distinct values and their train counts across chunks; the chunk's rows, grouped by
+   split, are appended to their split's blocks (:class:`_Blocks`: one per part to be written,
+   in memory, then on disk);
 2. the :class:`~ctrcal.data.features.FeaturePipeline` is fitted on the distinct values and
    their exact train counts (:class:`~ctrcal.data.fit_stats.FitStats`: any chunking gives the
-   same state, bit for bit);
+   same state, bit for bit), the fields side by side;
 3. each column's answer per distinct value (its id, its model value) is computed once, and
-   every chunk is encoded by one gather per column and handed to the split's
-   :class:`~ctrcal.data.prepare.write.PartWriter`.
+   every block is encoded in place by one gather per column
+   (:class:`~ctrcal.data.coder.Answers`) and written as its split's next part
+   (:func:`~ctrcal.data.prepare.write.write_part`), parts side by side.
 
-Memory is a few chunks plus the coders (which grow with the number of distinct values, not
-rows); the output does not depend on the chunk size.
+Memory is a few chunks, the blocks up to :data:`MEMORY_BYTES` and the coders (which grow with
+the number of distinct values, not rows); the output does not depend on the chunk size.
 """
 
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
+import polars as pl
 
 from ctrcal.core.errors import DataError
 from ctrcal.data import parse
-from ctrcal.data.coder import ColumnCoder, gather, numeric_bits
+from ctrcal.data.coder import Answers, ColumnCoder
 from ctrcal.data.features import MISSING_ID, FeaturePipeline
 from ctrcal.data.fit_stats import FitStats
 from ctrcal.data.parsed import ParsedChunk
-from ctrcal.data.prepare import stages
-from ctrcal.data.prepare.write import PROB_COL, PartWriter, encoded_schema
+from ctrcal.data.prepare import stages, write
 from ctrcal.data.splits import SPLITS, SplitPlan
 
-MEMORY_BYTES = 256 << 20
-"""Coded chunks are kept in memory up to this many bytes, later ones wait on disk."""
+MEMORY_BYTES = 1 << 30
+"""Blocks of coded rows are kept in memory up to this many bytes (about 6.5M Criteo rows),
+later ones wait on disk: writing a block out and reading it back costs more than the fresh
+memory it would take, so the budget is large, and the peak stays flat beyond it."""
+FIRST_BLOCK_ROWS = 8_192
+"""Rows of a split's first block before it grows (doubling) to a part's rows: a small split
+never holds a part's worth of memory."""
 
 
 @dataclass
@@ -82,15 +89,19 @@ class Tally:
     chunks: int = 0
     native_chunks: int = 0  # parsed by the C reader
 
-    def add(self, split: np.ndarray, label: np.ndarray) -> None:
-        known = ~np.isnan(label)
-        for k, n in enumerate(np.bincount(split, minlength=len(SPLITS)).tolist()):
-            self.rows[k] += n
-        sums = np.bincount(split, weights=np.where(known, label, 0.0), minlength=len(SPLITS))
-        for k, s in enumerate(sums.tolist()):
-            self.label_sum[k] += s  # exact: sums of 0/1 below 2^53
-        for k, n in enumerate(np.bincount(split[known], minlength=len(SPLITS)).tolist()):
-            self.labelled[k] += n
+    def add(self, split: np.ndarray, sizes: list[int], label: np.ndarray) -> None:
+        """Count a chunk's rows: their splits [N], the splits' sizes, their labels [N]."""
+        unknown = np.isnan(label)
+        if unknown.any():
+            labelled = np.bincount(split[~unknown], minlength=len(SPLITS)).tolist()
+            label = np.where(unknown, 0.0, label)
+        else:
+            labelled = sizes
+        sums = np.bincount(split, weights=label, minlength=len(SPLITS)).tolist()
+        for k in range(len(SPLITS)):
+            self.rows[k] += sizes[k]
+            self.label_sum[k] += sums[k]  # exact: sums of 0/1 below 2^53
+            self.labelled[k] += labelled[k]
 
     def rate(self, k: int) -> float:
         return self.label_sum[k] / self.labelled[k] if self.labelled[k] else float("nan")
@@ -108,75 +119,116 @@ class ProbReader:
     """The true probabilities of a generated file, handed out in record order."""
 
     def __init__(self, path: Path) -> None:
-        self.file = pq.ParquetFile(path)
-        self.rows = self.file.metadata.num_rows
-        self._batches = self.file.iter_batches(batch_size=1 << 16, columns=["prob"])
-        self._held: list[Any] = []
-        self._held_rows = 0
+        self.path = path
+        self.rows = pl.scan_parquet(path).select(pl.len()).collect().item()
+        self._offset = 0
 
     def take(self, n: int) -> np.ndarray | None:
         """The next ``n`` probabilities (float32), or None when the file has fewer left."""
-        while self._held_rows < n:
-            try:
-                batch = next(self._batches)
-            except StopIteration:
-                return None
-            self._held.append(batch.column(0))
-            self._held_rows += len(batch)
-        joined = pa.concat_arrays(self._held) if self._held else pa.array([], pa.float64())
-        out, rest = joined.slice(0, n), joined.slice(n)
-        self._held, self._held_rows = ([rest] if len(rest) else []), len(rest)
-        if out.null_count:
-            out = out.fill_null(float("nan"))
-        # DLPack, not pyarrow's to_numpy: that one imports pandas (seconds, for nothing)
-        return np.from_dlpack(out).astype(np.float32)
+        if self._offset + n > self.rows:
+            return None
+        prob = pl.col("prob").cast(pl.Float32).fill_null(float("nan"))
+        out = pl.scan_parquet(self.path).select(prob).slice(self._offset, n).collect()
+        self._offset += n
+        return out.to_series().to_numpy()
 
 
-@dataclass
-class _Coded:
-    """One chunk's rows grouped by split: codes [F, N] int32, label [N] float32 (NaN =
-    unlabelled), per split its number of rows, true probabilities [N] float32 (or None)."""
+class _Blocks:
+    """Each split's coded rows in blocks, one per part to be written, as the part will hold
+    them: a [C, rows] float32 array whose row 0 is the label, rows ``1..F`` the columns' codes
+    (the bits of int32; encoded in place after the fit) and row ``F + 1`` the true
+    probabilities of generated data. A split's blocks hold :data:`~write.PART_ROWS` rows (its
+    first one starts at what its file foresees, at least :data:`FIRST_BLOCK_ROWS`, and grows
+    as it must), so the parts never depend on how the input was cut. Full blocks are kept in
+    memory up to :data:`MEMORY_BYTES`, later ones are written to raw files in ``work`` (their
+    memory then takes the next rows) and read back to be encoded."""
 
-    codes: np.ndarray
-    label: np.ndarray
-    sizes: list[int]
-    prob: np.ndarray | None
-
-
-class _CodeStore:
-    """Coded chunks in order: in memory up to :data:`MEMORY_BYTES`, then raw files in ``work``."""
-
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, columns: int) -> None:
         self.work = work
-        self.items: list[_Coded | tuple[Path, int, int, list[int], bool]] = []
+        self.columns = columns
+        self.blocks: list[list[np.ndarray | Path]] = [[] for _ in SPLITS]
+        self.fill = [0 for _ in SPLITS]  # rows in each split's last block
+        self.expected = [0.0 for _ in SPLITS]  # each split's rows, as far as foreseen
         self.held = 0
+        self._spare: np.ndarray | None = None  # the memory of the last block written out
+        self._closing: list[tuple[int, int]] = []  # blocks filled by the last reservations
 
-    def add(self, c: _Coded) -> None:
-        size = c.codes.nbytes + c.label.nbytes
-        if self.held + size <= MEMORY_BYTES:
-            self.items.append(c)
-            self.held += size
-            return
-        path = self.work / f"coded-{len(self.items):07d}.bin"
-        with open(path, "wb") as fh:
-            for a in (c.codes, c.label, c.prob):
-                if a is not None:
-                    a.tofile(fh)
-        self.items.append((path, *c.codes.shape, c.sizes, c.prob is not None))
+    def expect(self, k: int, rows: float) -> None:
+        """Foresee ``rows`` more rows of split ``k``: its first block starts at the size they
+        need (a first block that grows is copied, and fresh memory costs as much to touch as
+        to fill)."""
+        self.expected[k] += rows
 
-    def __iter__(self):
-        for i, item in enumerate(self.items):
-            if isinstance(item, _Coded):
-                self.items[i] = None  # type: ignore[call-overload]  # memory goes as it is used
-                yield item
+    def reserve(self, k: int, rows: int) -> list[tuple[np.ndarray, int, int]]:
+        """Room for the next ``rows`` rows of split ``k``: ``(block, start, n)`` segments in
+        order, for the caller to fill; blocks they fill are settled by :meth:`settle`."""
+        blocks, part = self.blocks[k], write.PART_ROWS
+        last = blocks[-1] if blocks else None
+        fill = self.fill[k]
+        if last is not None and fill + rows > last.shape[1] and last.shape[1] < part:
+            # a first block too small for these rows grows once (at most to a part) before any
+            # of them are placed: growing copies the rows it holds
+            size = min(part, max(2 * fill, fill + rows, self._foreseen(k)))
+            grown = np.empty((self.columns, size), dtype=np.float32)
+            grown[:, :fill] = last[:, :fill]  # type: ignore[index]
+            blocks[-1] = grown
+            self.held += grown.nbytes - last.nbytes  # type: ignore[union-attr]
+        segments = []
+        while rows > 0:
+            block = blocks[-1] if blocks else None
+            if block is None or self.fill[k] == block.shape[1]:
+                first = block is None
+                size = min(part, max(FIRST_BLOCK_ROWS, rows, self._foreseen(k))) if first else part
+                if self._spare is not None and self._spare.shape[1] == size:
+                    block, self._spare = self._spare, None
+                else:
+                    block = np.empty((self.columns, size), dtype=np.float32)
+                blocks.append(block)
+                self.fill[k] = 0
+                self.held += block.nbytes
+            start = self.fill[k]
+            n = min(block.shape[1] - start, rows)  # type: ignore[union-attr]
+            segments.append((block, start, n))
+            self.fill[k] += n
+            rows -= n
+            if self.fill[k] == part:
+                self._closing.append((k, len(blocks) - 1))
+        return segments  # type: ignore[return-value]
+
+    def settle(self) -> None:
+        """The reserved rows are in their blocks: full ones over the budget wait on disk, and
+        their memory takes the next rows."""
+        for k, i in self._closing:
+            block = self.blocks[k][i]
+            if self.held <= MEMORY_BYTES:
                 continue
-            path, f, n, sizes, with_prob = item
-            raw = np.fromfile(path, dtype=np.uint8)
-            path.unlink()
-            codes = raw[: 4 * f * n].view(np.int32).reshape(f, n)
-            label = raw[4 * f * n : 4 * (f + 1) * n].view(np.float32)
-            prob = raw[4 * (f + 1) * n :].view(np.float32) if with_prob else None
-            yield _Coded(codes, label, sizes, prob)
+            path = self.work / f"{SPLITS[k]}-{i:05d}.bin"
+            block.tofile(path)  # type: ignore[union-attr]
+            self.blocks[k][i] = path
+            self.held -= block.nbytes  # type: ignore[union-attr]
+            self._spare = block  # type: ignore[assignment]
+        self._closing = []
+
+    def _foreseen(self, k: int) -> int:
+        """Split ``k``'s foreseen rows, with a margin (0: none foreseen)."""
+        return int(self.expected[k] * 1.05)
+
+    def take(self, k: int, spare: list[np.ndarray]) -> Iterator[tuple[int, np.ndarray]]:
+        """Split ``k``'s blocks in order, as they are taken ``(index, [C, rows] block)``: one
+        read back from disk lands in the memory of a block in ``spare`` (written parts')."""
+        blocks = self.blocks[k]
+        for i, item in enumerate(blocks):
+            blocks[i] = None  # type: ignore[call-overload]  # memory goes as it is used
+            rows = self.fill[k] if i == len(blocks) - 1 else write.PART_ROWS
+            if isinstance(item, Path):
+                block = spare.pop() if spare else None
+                if block is None or block.shape != (self.columns, write.PART_ROWS):
+                    block = np.empty((self.columns, write.PART_ROWS), dtype=np.float32)
+                with open(item, "rb") as fh:
+                    fh.readinto(block)
+                item.unlink()
+                item = block
+            yield i, item[:, :rows]
 
 
 def encode_sources(
@@ -196,12 +248,13 @@ def encode_sources(
     workers = threads or parse.threads()
     nums, cats = pipe.numeric_fields, pipe.categorical_fields
     coders = [ColumnCoder() for _ in (*nums, *cats)]
-    store = _CodeStore(tmp / "_work")
     tally = Tally(with_prob=all(s.prob is not None for s in sources))
+    store = _Blocks(tmp / "_work", 1 + len(coders) + int(tally.with_prob))
     with ThreadPoolExecutor(workers) as pool:
         for i, s in enumerate(sources):
             probs = ProbReader(s.prob) if tally.with_prob else None
             records = 0
+            foresee = True  # from the first chunk: its splits' shares of the whole file
             chunks = parse.iter_chunks(
                 s.path, s.fmt, on_bad_row, chunk_bytes, workers, ring=stages.AHEAD + 2
             )
@@ -215,8 +268,16 @@ def encode_sources(
                     else:
                         prob = prob[chunk.rows - records]
                 records += chunk.records
-                store.add(_code_chunk(chunk, split, prob, coders, pool))
-                tally.add(split, chunk.label)
+                sizes = np.bincount(split, minlength=len(SPLITS)).tolist()
+                if foresee:
+                    # chunks are about chunk_bytes of text (a gzip file's are more than its
+                    # size says: its blocks then grow)
+                    scale = max(1.0, s.path.stat().st_size / chunk_bytes)
+                    for k, size in enumerate(sizes):
+                        store.expect(k, size * scale)
+                    foresee = False
+                _code_chunk(chunk, split, sizes, prob, coders, store, pool, workers)
+                tally.add(split, sizes, chunk.label)
                 tally.bad += chunk.bad
                 tally.chunks += 1
                 tally.native_chunks += chunk.native
@@ -224,21 +285,10 @@ def encode_sources(
                 tally.with_prob = False
         check_rows(tally, sources)
         clock("parse")
-        tables = _fit(pipe, coders, tally.rows[0])
+        answers = Answers(_fit(pipe, coders, tally.rows[0], pool))
         del coders
         clock("fit")
-        schema = encoded_schema(nums, cats, tally.with_prob)
-        with ThreadPoolExecutor(workers) as writing:
-            writers = [PartWriter(tmp / name, schema, writing) for name in SPLITS]
-            for coded in store:
-                offset = 0
-                for k, size in enumerate(coded.sizes):
-                    if size:
-                        rows = _encode_rows(coded, offset, offset + size, tables, schema, pool)
-                        writers[k].write(rows)
-                    offset += size
-            for w in writers:
-                w.close()
+        _encode(tmp, store, answers, write.encoded_columns(nums, cats, tally.with_prob), workers)
         clock("encode")
     return tally
 
@@ -246,61 +296,114 @@ def encode_sources(
 def _code_chunk(
     chunk: ParsedChunk,
     split: np.ndarray,
+    sizes: list[int],
     prob: np.ndarray | None,
     coders: list[ColumnCoder],
+    store: _Blocks,
     pool: ThreadPoolExecutor,
-) -> _Coded:
-    """Code every column of a chunk, its rows grouped by split (in order within a split)."""
-    sizes = np.bincount(split, minlength=len(SPLITS)).tolist()
-    order = None if max(sizes) == len(split) else np.argsort(split, kind="stable")
+    tasks: int,
+) -> None:
+    """Code every column of a chunk straight into its splits' blocks (each split's rows in
+    order; ``sizes``: how many rows each split has), on ``tasks`` of ``pool``'s threads, with
+    the label and true probabilities beside them."""
+    segments: list[tuple[np.ndarray, int, int]] = []
+    at = np.empty(len(split), dtype=np.int64)  # row i -> segment at[i] >> 32, its row at[i] & ...
+    for k, size in enumerate(sizes):
+        if not size:
+            continue
+        rows = np.flatnonzero(split == k) if size != len(split) else np.arange(size)
+        done = 0
+        for block, start, n in store.reserve(k, size):
+            mine = rows[done : done + n]
+            at[mine] = np.arange(n, dtype=np.int64) + (len(segments) << 32)
+            block[0, start : start + n] = chunk.label[mine]
+            if prob is not None:
+                block[-1, start : start + n] = prob[mine]
+            segments.append((block, start, n))
+            done += n
     fn = chunk.numeric.shape[0]
     train = (split == 0).view(np.uint8)
-    codes = np.empty((len(coders), len(split)), dtype=np.int32)
 
-    def code(j: int) -> None:
-        if j < fn:
-            values, valid = numeric_bits(chunk.numeric[j]), chunk.numeric_valid[j]
-        else:
-            values, valid = chunk.categorical[j - fn], chunk.categorical_valid[j - fn]
-        c = coders[j].code(values, valid, train)
-        codes[j] = c if order is None else c.take(order)
+    def code(first: int) -> None:
+        for j in range(first, len(coders), tasks):
+            if j < fn:
+                values, valid = chunk.numeric[j], chunk.numeric_valid[j]
+            else:
+                values, valid = chunk.categorical[j - fn], chunk.categorical_valid[j - fn]
+            out = [b[1 + j, s : s + n].view(np.int32) for b, s, n in segments]
+            coders[j].code(values, valid, train, out, at)
 
-    list(pool.map(code, range(len(coders))))
-    label = chunk.label.astype(np.float32)
-    if order is not None:
-        label = label.take(order)
-        prob = prob.take(order) if prob is not None else None
-    return _Coded(codes, label, sizes, prob)
+    # a task per thread, each every tasks-th column: a task per column would wake a thread per
+    # column of every chunk
+    list(pool.map(code, range(tasks)))
+    store.settle()
 
 
-def _fit(pipe: FeaturePipeline, coders: list[ColumnCoder], train_rows: int) -> list[np.ndarray]:
-    """Fit ``pipe`` on the coders' distinct values and train counts; per column the table of
-    answers by code (entry 0: missing): float32 model values, int32 ids."""
+def _encode(
+    tmp: Path, store: _Blocks, answers: Answers, columns: list[write.Column], workers: int
+) -> None:
+    """Encode every block in place (one gather per column through the answer tables: a
+    missing numeric's answer is NaN) and write it as its split's next part, ``workers`` parts
+    side by side (polars encodes a file's columns on threads of its own too)."""
+    f = len(answers.tables)
+    with ThreadPoolExecutor(workers) as writing:
+        jobs: deque[tuple[Future, np.ndarray | None]] = deque()
+        spare: list[np.ndarray] = []  # written parts' blocks, for blocks read back from disk
+
+        def submit(path: Path, block: np.ndarray | None) -> None:
+            while len(jobs) >= workers:
+                job, done = jobs.popleft()
+                job.result()
+                if done is not None and len(spare) < workers:
+                    spare.append(done.base if done.base is not None else done)
+            jobs.append((writing.submit(write.write_part, path, columns, block), block))
+
+        for k, name in enumerate(SPLITS):
+            directory = tmp / name
+            directory.mkdir()
+            parts = 0
+            for i, block in store.take(k, spare):
+                answers.gather(block[1 : 1 + f].view(np.int32), block[1 : 1 + f])
+                submit(directory / f"part-{i:05d}.parquet", block[: len(columns)])
+                parts += 1
+            if parts == 0:  # a split that got no rows: one empty part
+                submit(directory / "part-00000.parquet", None)
+        for job, _ in jobs:
+            job.result()
+
+
+def _fit(
+    pipe: FeaturePipeline, coders: list[ColumnCoder], train_rows: int, pool: ThreadPoolExecutor
+) -> list[np.ndarray]:
+    """Fit ``pipe`` on the coders' distinct values and train counts, the fields side by side on
+    ``pool``'s threads; per column the table of answers by code (entry 0: missing): float32
+    model values, int32 ids."""
     import polars as pl
 
     nums, cats = pipe.numeric_fields, pipe.categorical_fields
     stats = FitStats(cats, nums)
     stats.add_rows(train_rows)
-    states = [c.state() for c in coders]
     values = []
-    for j, (distinct, counts, missing) in enumerate(states):
+    for j, (distinct, counts, missing) in enumerate(pool.map(ColumnCoder.state, coders)):
         v = distinct.view(np.float64) if j < len(nums) else _category_keys(distinct)
         values.append(v)
         seen = counts > 0
         frame = pl.DataFrame({"value": v[seen], "count": counts[seen].astype(np.uint64)})
         stats.add_counts((*nums, *cats)[j], frame, missing)
-    pipe.fit_stats(stats)
-    tables = []
-    for j, v in enumerate(values):
+    pipe.fit_stats(stats, pool)
+
+    def table(j: int) -> np.ndarray:
+        v = values[j]
         if j < len(nums):
             answers, missing_answer = pipe._model_values(v, j), np.float32(np.nan)
         else:
             answers, missing_answer = pipe.categorical_ids(cats[j - len(nums)], v), MISSING_ID
-        table = np.empty(len(v) + 1, dtype=answers.dtype)
-        table[0] = missing_answer
-        table[1:] = answers
-        tables.append(table)
-    return tables
+        out = np.empty(len(v) + 1, dtype=answers.dtype)
+        out[0] = missing_answer
+        out[1:] = answers
+        return out
+
+    return list(pool.map(table, range(len(values))))
 
 
 def _category_keys(distinct: np.ndarray) -> np.ndarray:
@@ -311,42 +414,6 @@ def _category_keys(distinct: np.ndarray) -> np.ndarray:
     if distinct.size and int(distinct.max()) > 0xFFFFFFFF:
         return distinct
     return distinct.astype(np.uint32)
-
-
-def _encode_rows(
-    coded: _Coded,
-    lo: int,
-    hi: int,
-    tables: list[np.ndarray],
-    schema: pa.Schema,
-    pool: ThreadPoolExecutor,
-) -> pa.Table:
-    """Rows ``[lo, hi)`` of a coded chunk encoded (the schema's columns) by one gather per
-    column, in buffers of their own: a split's rows may wait for their part long after the
-    chunk is gone, and must not keep it alive."""
-
-    def column(j: int) -> pa.Array:
-        codes = coded.codes[j, lo:hi]
-        out = gather(tables[j], codes)
-        if out.dtype == np.float32:
-            return _nullable(out, codes != 0)
-        return _nullable(out, None)
-
-    label = coded.label[lo:hi].copy()
-    columns = [_nullable(label, ~np.isnan(label))]
-    columns += list(pool.map(column, range(len(tables))))
-    if PROB_COL in schema.names:
-        columns.append(_nullable(coded.prob[lo:hi].copy(), None))
-    return pa.Table.from_arrays(columns, schema=schema)
-
-
-def _nullable(values: np.ndarray, valid: np.ndarray | None) -> pa.Array:
-    """``values`` as an Arrow array, null where ``valid`` is false (no copy of the values).
-    Built from buffers: ``pa.array`` of a NumPy array imports pandas (seconds, for nothing)."""
-    nulls = 0 if valid is None else len(valid) - int(np.count_nonzero(valid))
-    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
-    dtype = pa.from_numpy_dtype(values.dtype)
-    return pa.Array.from_buffers(dtype, len(values), [bitmap, pa.py_buffer(values)], nulls)
 
 
 __all__ = ["Clock", "Source", "Tally", "check_rows", "encode_sources"]

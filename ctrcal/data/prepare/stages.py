@@ -5,9 +5,9 @@ C reader) and coding the one before it (the column coders) run side by side: :fu
 runs the parser one chunk ahead of the coder in a thread of its own, through a bounded queue,
 so memory stays a few chunks whatever the file's size. Both stages spend their time in C
 (the reader, the coders, numpy), which releases the GIL, so two threads use two cores. The
-fit needs every chunk's values, so encoding starts after the last chunk is coded; encoding a
-chunk then overlaps the writing of the parts before it
-(:class:`~ctrcal.data.prepare.write.PartWriter` writes parts side by side).
+fit needs every chunk's values, so encoding starts after the last chunk is coded; it fits the
+fields side by side, then encodes each part's block while the parts before it are written
+(:func:`ctrcal.data.prepare.encode.encode_sources`).
 
 :func:`chunk_bytes_for` picks the chunk size from the input's size and the threads: a small
 file is cut into enough chunks to overlap the stages, a big one into chunks of
