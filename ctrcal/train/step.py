@@ -19,13 +19,16 @@ restores them before clipping and the optimizer step.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim import optimizer as optim_hooks
 
 from ctrcal.core.batch import Batch
 from ctrcal.layers.embedding import FeatureEmbedding
@@ -38,7 +41,9 @@ __all__ = [
     "embedding_tables",
     "make_optimizer",
     "make_step_context",
+    "optimizer_step",
     "train_step",
+    "without_dynamo_import",
 ]
 
 
@@ -74,7 +79,87 @@ def make_optimizer(model: nn.Module, cfg_train: Any) -> torch.optim.Optimizer:
     devices = {p.device.type for p in model.parameters()}
     # The fused kernels (one per step instead of one per tensor) exist on CPU and CUDA.
     fused = devices <= {"cpu", "cuda"}
-    return cls(groups, lr=cfg_train.lr, fused=fused)
+    with without_dynamo_import():
+        return cls(groups, lr=cfg_train.lr, fused=fused)
+
+
+# torch.optim.Optimizer methods wrapped in ``torch._disable_dynamo`` that a run calls.
+_DYNAMO_GUARDED = ("add_param_group", "zero_grad", "state_dict", "load_state_dict")
+
+
+@contextmanager
+def without_dynamo_import() -> Iterator[None]:
+    """Call torch's optimizer methods without importing ``torch._dynamo`` in a process that
+    has not imported it.
+
+    torch wraps :class:`torch.optim.Optimizer`'s ``add_param_group``, ``zero_grad``,
+    ``state_dict`` and ``load_state_dict`` in ``torch._disable_dynamo``, whose first call
+    imports ``torch._dynamo`` (1.6-2.4 s of CPU here, more than torch itself) only to build a
+    "do not trace this" wrapper, cached on the function as ``__dynamo_disable``. That wrapper
+    changes nothing outside a dynamo trace, and a process without dynamo traces nothing: for
+    the duration of the block the cache holds the plain function (what the wrapper calls
+    outside a trace), and torch's own wrapping is back when the block ends.
+    """
+    if "torch._dynamo" in sys.modules:
+        yield
+        return
+    placed = []
+    for name in _DYNAMO_GUARDED:
+        plain = getattr(torch.optim.Optimizer, name).__wrapped__
+        if getattr(plain, "__dynamo_disable", None) is None:
+            plain.__dynamo_disable = plain
+            placed.append(plain)
+    try:
+        yield
+    finally:
+        for plain in placed:
+            if getattr(plain, "__dynamo_disable", None) is plain:
+                del plain.__dynamo_disable
+
+
+def _plain_step(optimizer: torch.optim.Optimizer) -> Callable[..., object] | None:
+    """The optimizer class's own ``step`` under torch's two wrappers (the hook/profiler one
+    that ``Optimizer.__init__`` installs, and ``_use_grad_for_differentiable``), or None where
+    the wrapping is not the one this module knows."""
+    hooked = type(optimizer).step
+    use_grad = getattr(hooked, "__wrapped__", None)
+    plain = getattr(use_grad, "__wrapped__", None)
+    known = (
+        getattr(hooked, "hooked", False)
+        and getattr(getattr(use_grad, "__code__", None), "co_name", None) == "_use_grad"
+        and callable(plain)
+        and not optimizer.defaults.get("differentiable", False)
+    )
+    return plain if known else None
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer.step()``, without importing ``torch._dynamo`` in a process that has not.
+
+    torch's ``step`` wrapper imports dynamo on every call for a ``graph_break()``, which does
+    nothing outside a trace; the rest of what it does is the grad mode (off, for an optimizer
+    that is not differentiable), step hooks and a profiler label. Where no hook is registered,
+    no profiler runs and ``step`` is the class's, the same update is the class's own step under
+    ``no_grad``; otherwise, or once dynamo is imported, torch's ``step`` runs as it is.
+    """
+    plain = _plain_step(optimizer)
+    hooks = (
+        optim_hooks._global_optimizer_pre_hooks
+        or optim_hooks._global_optimizer_post_hooks
+        or optimizer._optimizer_step_pre_hooks
+        or optimizer._optimizer_step_post_hooks
+    )
+    if (
+        plain is None
+        or "step" in vars(optimizer)  # a step replaced on the instance runs as it is
+        or hooks
+        or "torch._dynamo" in sys.modules
+        or torch.autograd.profiler._is_profiler_enabled
+    ):
+        optimizer.step()
+        return
+    with torch.no_grad():
+        plain(optimizer)
 
 
 def embedding_tables(model: nn.Module) -> list[nn.Parameter]:
@@ -156,7 +241,8 @@ def make_step_context(
 
 def zero_grads(ctx: StepContext) -> None:
     if not ctx.sparse_tables:
-        ctx.optimizer.zero_grad(set_to_none=True)
+        with without_dynamo_import():
+            ctx.optimizer.zero_grad(set_to_none=True)
         return
     table_ids = {id(t) for t in ctx.tables}
     for p in ctx.params:
@@ -203,5 +289,5 @@ def train_step(ctx: StepContext, batch: Batch) -> torch.Tensor:
             torch._foreach_add_([t.grad for t in with_grad], with_grad, alpha=ctx.emb_l2)
     if ctx.grad_clip > 0:
         clip_grads(ctx)
-    ctx.optimizer.step()
+    optimizer_step(ctx.optimizer)
     return loss.detach()

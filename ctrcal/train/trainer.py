@@ -74,7 +74,14 @@ from ctrcal.train.results import (
 )
 from ctrcal.train.runs import BEST, LAST, check_resumable, run_progress, write_run_files
 from ctrcal.train.splits import check_ids, is_labelled, open_split, resolve_data_mode
-from ctrcal.train.step import StepContext, amp_dtype, make_optimizer, make_step_context, train_step
+from ctrcal.train.step import (
+    StepContext,
+    amp_dtype,
+    make_optimizer,
+    make_step_context,
+    train_step,
+    without_dynamo_import,
+)
 
 __all__ = [
     "epoch_seed",
@@ -300,7 +307,8 @@ def _train_in_context(
     if resuming:
         last = load_checkpoint(run_dir / LAST)
         model.load_state_dict(last["model"])
-        optimizer.load_state_dict(last["optimizer"])
+        with without_dynamo_import():
+            optimizer.load_state_dict(last["optimizer"])
         start_epoch = int(last["epoch"])
         history = list(last["history"])
         sched.load(last, run_dir)
@@ -396,11 +404,13 @@ def _train_in_context(
         epoch += 1
         if not main:
             continue
+        with without_dynamo_import():
+            optimizer_state = optimizer.state_dict()
         save_checkpoint(
             run_dir / LAST,
             {
                 "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
+                "optimizer": optimizer_state,
                 "epoch": epoch,
                 **sched.state(),
                 "history": history,

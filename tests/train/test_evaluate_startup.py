@@ -1,5 +1,6 @@
 """`ctrcal train --data` and `ctrcal evaluate` load what training and scoring need (torch,
-pyarrow, numpy) and not the preparation or report stack: the training side's smoke test of
+pyarrow, numpy) and not the preparation or report stack, nor torch's compiler (which torch's
+optimizers import, see ctrcal.train.step): the training side's smoke test of
 tests/test_import_graph.py's static checks, which cannot see an import made by name at run
 time."""
 
@@ -13,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # what preparing data, reports and figures use; training and scoring a run use none of it
-NOT_NEEDED = ("polars", "pandas", "sklearn", "scipy", "matplotlib")
+NOT_NEEDED = ("polars", "pandas", "sklearn", "scipy", "matplotlib", "torch._dynamo")
 
 
 @pytest.mark.slow
