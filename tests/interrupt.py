@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from forked_cli import ForkedCommand, run_forked
 
 REPO = Path(__file__).resolve().parents[1]
 # a training run small enough to interrupt and resume within a test
@@ -43,15 +44,33 @@ def ctrcal_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "ctrcal", *args]
 
 
-def start(argv: Sequence[str], env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
-    """Start ``argv`` quietly (unless ``kwargs`` say otherwise)."""
+def _ctrcal_args(argv: Sequence[str]) -> list[str] | None:
+    """The command's arguments where ``argv`` is :func:`ctrcal_argv`'s, else None."""
+    argv = list(argv)
+    return argv[3:] if argv[:3] == [sys.executable, "-m", "ctrcal"] else None
+
+
+def start(
+    argv: Sequence[str], env: dict[str, str] | None = None, **kwargs
+) -> subprocess.Popen | ForkedCommand:
+    """Start ``argv`` quietly (unless ``kwargs`` say otherwise). A ``ctrcal`` command in the
+    default environment is forked from the preloaded server (see :mod:`forked_cli`)."""
+    args = _ctrcal_args(argv)
+    if args is not None and env is None and not kwargs:
+        return ForkedCommand(args, child_env())
     kwargs.setdefault("stdout", subprocess.DEVNULL)
     kwargs.setdefault("stderr", subprocess.DEVNULL)
     return subprocess.Popen(list(argv), env=env or child_env(), **kwargs)
 
 
 def run(argv: Sequence[str], env: dict[str, str] | None = None, timeout: float = 300) -> str:
-    """Run ``argv`` to its end; fail the test with its stderr unless it exits 0."""
+    """Run ``argv`` to its end; fail the test with its stderr unless it exits 0. A ``ctrcal``
+    command in the default environment is forked from the preloaded server."""
+    args = _ctrcal_args(argv)
+    if args is not None and env is None:
+        code, _, err = run_forked(args, child_env(), timeout)
+        assert code == 0, err[-4000:]
+        return err
     done = subprocess.run(
         list(argv), env=env or child_env(), capture_output=True, text=True, timeout=timeout
     )

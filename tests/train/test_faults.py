@@ -9,13 +9,12 @@ import math
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from forked_cli import ForkedCommand
 from interrupt import assert_same_training, child_env, kill_9, tiny_config
 
 import ctrcal.train.trainer as trainer
@@ -132,15 +131,12 @@ def test_a_second_train_into_the_same_out_is_refused_naming_the_first(
     cfg = _config_file(tmp_path, prepared_dir, epochs=2)
     run = tmp_path / "run"
     lock = tmp_path / ".run.lock"
-    argv = [sys.executable, "-m", "ctrcal", "train", str(cfg), "--out", str(run)]
-    first = subprocess.Popen(
-        argv, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
+    first = ForkedCommand(["train", str(cfg), "--out", str(run)], child_env())
     try:
         # frozen while it holds the lock and has recorded itself in it
         deadline = time.monotonic() + 120
         while not (lock.exists() and lock.read_text()) and time.monotonic() < deadline:
-            assert first.poll() is None, first.stderr.read().decode()
+            assert first.poll() is None, first.output()[1]
             time.sleep(0.01)
         first.send_signal(signal.SIGSTOP)
         assert main(["train", str(cfg), "--out", str(run)]) == 1
