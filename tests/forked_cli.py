@@ -39,7 +39,9 @@ PRELOAD = [
 _server: list[multiprocessing.context.ForkServerContext] = []
 
 
-def _context() -> multiprocessing.context.ForkServerContext:
+def preloaded_context() -> multiprocessing.context.ForkServerContext:
+    """The ``multiprocessing`` context whose processes fork from the preloaded server (for
+    tests that start training processes of their own, such as DDP ranks)."""
     if not _server:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(PRELOAD)
@@ -78,7 +80,7 @@ class ForkedCommand:
         self._dir = tempfile.mkdtemp(prefix="forked-cli-")
         self._out = os.path.join(self._dir, "stdout")
         self._err = os.path.join(self._dir, "stderr")
-        self._process = _context().Process(
+        self._process = preloaded_context().Process(
             target=_command, args=(list(args), dict(env), self._out, self._err, cwd)
         )
         self._process.start()

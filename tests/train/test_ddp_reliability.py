@@ -2,7 +2,8 @@
 ones, and a run killed with -9 and resumed equals the uninterrupted one.
 
 The ranks are started here with the environment torchrun gives them (``ctrcal train --nproc``
-through torchrun itself is covered by test_ddp_training.py), which keeps the three runs fast.
+through torchrun itself is covered by test_ddp_training.py), forked from the server that has
+imported ctrcal already (see forked_cli.py), which keeps the three runs fast.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import socket
 from pathlib import Path
 
 import pytest
-import torch.multiprocessing as mp
+from forked_cli import preloaded_context
 from interrupt import assert_same_training, wait_for
 from rng_probe_model import RECORD_DIR, read_records
 
@@ -59,7 +60,7 @@ def _rank(rank: int, port: int, data: str, run_dir: str, probe: str, resume: boo
 
 def _start(data: Path, run_dir: Path, probe: Path, resume: bool = False) -> list:
     probe.mkdir()
-    ctx = mp.get_context("spawn")
+    ctx = preloaded_context()
     port = _free_port()
     procs = [
         ctx.Process(target=_rank, args=(r, port, str(data), str(run_dir), str(probe), resume))

@@ -8,7 +8,7 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from forked_cli import preloaded_context
 
 from ctrcal.train.distributed import (
     DistContext,
@@ -60,7 +60,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, out: dict) -> None:
+def _worker(rank: int, world: int, port: int, out) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -72,14 +72,20 @@ def _worker(rank: int, world: int, port: int, out: dict) -> None:
     try:
         start, stop = eval_block(11, ctx)
         local = torch.arange(start, stop, dtype=torch.float32).unsqueeze(1) * torch.ones(1, 2)
-        out[rank] = gather_rows(local, ctx)[:, 0].tolist()
+        out.put((rank, gather_rows(local, ctx)[:, 0].tolist()))
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.slow
 def test_gather_rows_with_two_gloo_processes():
-    with mp.Manager() as manager:
-        out = manager.dict()
-        mp.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
-        assert out[0] == out[1] == [float(i) for i in range(11)]
+    context = preloaded_context()  # the ranks fork from a server that imported torch once
+    out, port = context.Queue(), _free_port()
+    ranks = [context.Process(target=_worker, args=(r, 2, port, out)) for r in (0, 1)]
+    for p in ranks:
+        p.start()
+    gathered = dict(out.get(timeout=120) for _ in ranks)
+    for p in ranks:
+        p.join(timeout=120)
+    assert [p.exitcode for p in ranks] == [0, 0]
+    assert gathered[0] == gathered[1] == [float(i) for i in range(11)]
