@@ -97,9 +97,12 @@ def test_ddp_mc_layernorm_streams_and_kill_9_resume(prepared_dir, tmp_path):
     # both ranks killed with -9 once the first epoch is checkpointed, then resumed
     procs = _start(prepared_dir, cut, tmp_path / "probe_killed")
     wait_for(cut / "checkpoints" / "last.pt", procs[0])
+    # both frozen first: a rank killed alone makes its peer fail on the closed connection
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, sig)
     for p in procs:
-        if p.is_alive():
-            os.kill(p.pid, signal.SIGKILL)
         p.join()
     assert [p.exitcode for p in procs] == [-signal.SIGKILL] * 2, "finished before the kill"
     done = load_checkpoint(cut / "checkpoints" / "last.pt")["epoch"]
