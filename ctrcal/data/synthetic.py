@@ -39,6 +39,7 @@ Everything is numpy-vectorised and deterministic by ``seed`` (rows are generated
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,6 +166,18 @@ class ClickModel:
     drift: float = 0.0  # d: how far distributions and click model move from first to last row
     drift_median: np.ndarray = field(default_factory=lambda: np.zeros(NUM_NUMERIC))  # [13]
     drift_slope: np.ndarray = field(default_factory=lambda: np.zeros(NUM_NUMERIC))  # [13]
+    # per field: its values as written (8 hex digits), then a null for "missing"; made once
+    _written: list[pl.Series] = field(default_factory=list, repr=False)
+
+    def written_values(self, j: int) -> pl.Series:
+        """[K + 1] strings of categorical field ``j``: value ``i``'s 8 hex digits at ``i``,
+        null at ``K`` (missing)."""
+        if not self._written:
+            self._written.extend(
+                pl.Series(_hex8(hexes)).append(pl.Series([None], dtype=pl.Utf8))
+                for hexes in self.cat_hex
+            )
+        return self._written[j]
 
     def medians(self, u: np.ndarray) -> np.ndarray:
         """[N, 13] log1p-space medians of the numerics at positions ``u`` [N]."""
@@ -180,6 +193,17 @@ class ClickModel:
             return np.zeros(len(u), dtype=np.int64)
         k = len(self.cat_probs[j])
         return np.floor(self.drift * DRIFT_ROTATION * u * k).astype(np.int64)
+
+
+_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+
+
+def _hex8(values: np.ndarray) -> np.ndarray:
+    """uint32 [K] -> [K] strings of 8 lower-case hex digits (``"%08x"``), without a Python
+    format call per value."""
+    shifts = np.arange(28, -4, -4, dtype=np.uint32)
+    nibbles = (values.astype(np.uint32)[:, None] >> shifts) & 0xF
+    return _HEX_DIGITS[nibbles].view("S8").ravel().astype("U8")
 
 
 def _cardinalities(max_cardinality: int) -> list[int]:
@@ -300,6 +324,18 @@ def _solve_intercept(logit: np.ndarray, rate: float) -> float:
     return 0.5 * (lo + hi)
 
 
+@functools.lru_cache(maxsize=8)
+def calibrated_click_model(
+    seed: int, positive_rate: float, max_cardinality: int, drift: float
+) -> ClickModel:
+    """:func:`make_click_model` with its intercept solved for ``positive_rate``; kept for the
+    process (the pilot sample behind the intercept costs more than a small file's rows), and
+    read-only for every caller."""
+    model = make_click_model(seed, max_cardinality, drift)
+    _calibrate(model, seed, positive_rate)
+    return model
+
+
 def _calibrate(model: ClickModel, seed: int, rate: float) -> None:
     """Set the intercept on a fixed pilot sample (spread over all positions) so the click rate
     is ``rate``."""
@@ -316,10 +352,9 @@ def _chunk_frame(model: ClickModel, chunk: SyntheticChunk, labels: np.ndarray) -
         s = pl.Series(name, np.nan_to_num(v, nan=0.0).astype(np.int64))
         cols[name] = s.scatter(np.flatnonzero(np.isnan(v)), None) if np.isnan(v).any() else s
     for j, name in enumerate(CATEGORICAL_COLUMNS):
-        hexes = model.cat_hex[j]
-        strings = pl.Series(np.char.mod("%08x", hexes)).append(pl.Series([None], dtype=pl.Utf8))
         idx = chunk.categorical[:, j]
-        cols[name] = strings.gather(np.where(idx < 0, len(hexes), idx)).alias(name)
+        missing = len(model.cat_hex[j])
+        cols[name] = model.written_values(j).gather(np.where(idx < 0, missing, idx)).alias(name)
     return pl.DataFrame(cols)
 
 
@@ -380,8 +415,7 @@ def generate(
     out = Path(out)
     # a killed run left its temporaries beside the target: one writer per target at a time
     remove_stale_temporaries(out.parent, [out.name, prob_path(out).name])
-    model = make_click_model(seed, max_cardinality, drift)
-    _calibrate(model, seed, positive_rate)
+    model = calibrated_click_model(seed, positive_rate, max_cardinality, drift)
     n_chunks = -(-rows // CHUNK_ROWS)
     children = np.random.SeedSequence([seed, 0xDA7A]).spawn(n_chunks)
     probs = []
@@ -420,8 +454,7 @@ def generate_frame(
         (frame with ``label`` int8, ``I1..I13`` Int64 (null = missing), ``C1..C26`` hex
         strings (null = missing); prob float64 [N]).
     """
-    model = make_click_model(seed, max_cardinality, drift)
-    _calibrate(model, seed, positive_rate)
+    model = calibrated_click_model(seed, positive_rate, max_cardinality, drift)
     rng = np.random.default_rng([seed, 0xDA7A, 1])
     chunk = _draw_chunk(model, rows, rng, positions(rows))
     p = _sigmoid(chunk.logit_wo_intercept + model.intercept)
@@ -452,8 +485,7 @@ def true_probability(
     Raises:
         DataError: a categorical value the generator never produces.
     """
-    model = make_click_model(seed, max_cardinality, drift)
-    _calibrate(model, seed, positive_rate)
+    model = calibrated_click_model(seed, positive_rate, max_cardinality, drift)
     numeric = frame.select(pl.col(NUMERIC_COLUMNS).cast(pl.Float64).fill_null(float("nan")))
     cats = np.empty((frame.height, NUM_CATEGORICAL), dtype=np.int64)
     for j, name in enumerate(CATEGORICAL_COLUMNS):
