@@ -4,6 +4,9 @@ PY := $(VENV)/bin/python
 DEMO_OUT ?= outputs/demo
 # one pytest worker per core (pytest-xdist); PYTEST_WORKERS= runs the suite in one process
 PYTEST_WORKERS ?= -n auto
+# the tests' many processes (workers, preloaded servers, fresh-interpreter checks) read the
+# package's bytecode from __pycache__ instead of each compiling it again, whatever the shell says
+PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest
 
 .PHONY: demo test test-fast env lint clean
 
@@ -17,7 +20,7 @@ test: env
 	$(VENV)/bin/ruff check ctrcal tests scripts
 	$(VENV)/bin/ruff format --check ctrcal tests scripts
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest $(PYTEST_WORKERS)
+	$(PYTEST) $(PYTEST_WORKERS)
 
 # the edit loop: the same lint, every test but those marked slow (end-to-end runs, kills,
 # subprocesses); `make test` (the CI) runs them all
@@ -25,7 +28,7 @@ test-fast: env
 	$(VENV)/bin/ruff check ctrcal tests scripts
 	$(VENV)/bin/ruff format --check ctrcal tests scripts
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest $(PYTEST_WORKERS) -m "not slow"
+	$(PYTEST) $(PYTEST_WORKERS) -m "not slow"
 
 lint: env
 	$(VENV)/bin/ruff check ctrcal tests scripts
