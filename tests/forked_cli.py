@@ -22,7 +22,7 @@ import shutil
 import sys
 import tempfile
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 # what a command imports before it works: the command line, torch, training, the report
@@ -50,10 +50,16 @@ def preloaded_context() -> multiprocessing.context.ForkServerContext:
 
 
 def _command(
-    args: list[str], env: dict[str, str], stdout: str, stderr: str, cwd: str | None
+    main: Callable[[list[str]], int] | None,
+    args: list[str],
+    env: dict[str, str],
+    stdout: str,
+    stderr: str,
+    cwd: str | None,
 ) -> None:
     """The child: the environment, the output files and the directory of a fresh process,
-    then the command line's ``main``, whose return value is the exit status."""
+    then ``main(args)`` (the command line's by default), whose return value is the exit
+    status."""
     os.environ.clear()
     os.environ.update(env)
     for fd, path in ((1, stdout), (2, stderr)):
@@ -66,7 +72,8 @@ def _command(
 
     # what OMP_NUM_THREADS gives a fresh process (the server read its own at import)
     torch.set_num_threads(max(1, int(env.get("OMP_NUM_THREADS") or os.cpu_count() or 1)))
-    from ctrcal.cli import main
+    if main is None:
+        from ctrcal.cli import main
 
     sys.argv = ["ctrcal", *args]
     sys.exit(main(args))
@@ -74,14 +81,24 @@ def _command(
 
 class ForkedCommand:
     """A running ``ctrcal`` command, with the part of :class:`subprocess.Popen` the tests use
-    (``pid``, ``poll``, ``wait``, ``returncode``) and its captured output once it ended."""
+    (``pid``, ``poll``, ``wait``, ``returncode``) and its captured output once it ended.
 
-    def __init__(self, args: Sequence[str], env: dict[str, str], cwd: str | None = None):
+    ``main``: what runs instead of the command line, a module-level function of the
+    arguments that returns the exit status (a test's own child program).
+    """
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        env: dict[str, str],
+        cwd: str | None = None,
+        main: Callable[[list[str]], int] | None = None,
+    ):
         self._dir = tempfile.mkdtemp(prefix="forked-cli-")
         self._out = os.path.join(self._dir, "stdout")
         self._err = os.path.join(self._dir, "stderr")
         self._process = preloaded_context().Process(
-            target=_command, args=(list(args), dict(env), self._out, self._err, cwd)
+            target=_command, args=(main, list(args), dict(env), self._out, self._err, cwd)
         )
         self._process.start()
         self.pid = self._process.pid

@@ -3,39 +3,39 @@ output; two prepares into one directory at once both end cleanly with one valid 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from forked_cli import ForkedCommand
 from interrupt import child_env, kill_9, snapshot
 
 from ctrcal.data.prepare.publish import is_prepared
 from ctrcal.data.synthetic import generate_frame, write_criteo
 
-CHILD = r"""
-import sys
-from pathlib import Path
-from ctrcal.config import Config
-from ctrcal.api import prepare
-cfg = Config()
-cfg.features.min_count = 2
-Path(sys.argv[3]).write_text("started")
-prepare([sys.argv[1]], sys.argv[2], cfg, chunk_bytes=1 << 15)
-"""
+
+def _prepare(args: list[str]) -> int:
+    """The child: prepare ``raw`` into ``out`` in small chunks, saying when it starts."""
+    from ctrcal.api import prepare
+    from ctrcal.config import Config
+
+    raw, out, flag = args
+    cfg = Config()
+    cfg.features.min_count = 2
+    Path(flag).write_text("started")
+    prepare([raw], out, cfg, chunk_bytes=1 << 15)
+    return 0
 
 
-def _start(raw, out, flag):
-    argv = [sys.executable, "-c", CHILD, str(raw), str(out), str(flag)]
-    return subprocess.Popen(argv, env=child_env(), stderr=subprocess.PIPE, text=True)
+def _start(raw, out, flag) -> ForkedCommand:
+    # forked from the server that imported ctrcal once (see forked_cli.py): the kills land
+    # in the preparing, not in the imports
+    return ForkedCommand([str(raw), str(out), str(flag)], child_env(), main=_prepare)
 
 
 def _run(raw, out, flag):
     proc = _start(raw, out, flag)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
-    return err
+    assert proc.wait(timeout=120) == 0, proc.output()[1]
 
 
 def _leftovers(out: Path) -> list[str]:
@@ -80,8 +80,8 @@ def test_two_prepares_at_once_end_cleanly_with_one_valid_output(raw, tmp_path):
     _run(raw, reference, tmp_path / "f0")
     out = tmp_path / "out"
     procs = [_start(raw, out, tmp_path / f"f{i}") for i in (1, 2)]
-    errs = [p.communicate(timeout=120)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], errs
+    codes = [p.wait(timeout=120) for p in procs]
+    assert codes == [0, 0], [p.output()[1] for p in procs]
     assert is_prepared(out)
     assert snapshot(out) == snapshot(reference)
     assert _leftovers(out) == []
