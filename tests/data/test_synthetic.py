@@ -15,6 +15,7 @@ from ctrcal.data import synthetic as syn
 @pytest.mark.slow
 def test_deterministic_by_seed(tmp_path):
     a = syn.generate(tmp_path / "a.txt", 3000, seed=5)
+    syn.calibrated_click_model.cache_clear()  # the click model drawn again, not reused
     b = syn.generate(tmp_path / "b.txt", 3000, seed=5)
     c = syn.generate(tmp_path / "c.txt", 3000, seed=6)
     assert a.path.read_bytes() == b.path.read_bytes()
@@ -64,6 +65,7 @@ def test_numeric_noise_hurts_the_oracle():
 @pytest.mark.slow
 def test_drift_zero_writes_the_stationary_rows():
     a, pa = syn.generate_frame(2000, seed=3)
+    syn.calibrated_click_model.cache_clear()
     b, pb = syn.generate_frame(2000, seed=3, drift=0.0)
     assert a.equals(b) and np.array_equal(pa, pb)
     assert not syn.generate_frame(2000, seed=3, drift=1.0)[0].equals(a)
