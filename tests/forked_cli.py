@@ -55,19 +55,15 @@ def _command(
     env: dict[str, str],
     stdout: str,
     stderr: str,
-    cwd: str | None,
 ) -> None:
-    """The child: the environment, the output files and the directory of a fresh process,
-    then ``main(args)`` (the command line's by default), whose return value is the exit
-    status."""
+    """The child: the environment and the output files of a fresh process, then
+    ``main(args)`` (the command line's by default), whose return value is the exit status."""
     os.environ.clear()
     os.environ.update(env)
     for fd, path in ((1, stdout), (2, stderr)):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(target, fd)
         os.close(target)
-    if cwd is not None:
-        os.chdir(cwd)
     import torch
 
     # what OMP_NUM_THREADS gives a fresh process (the server read its own at import)
@@ -91,14 +87,13 @@ class ForkedCommand:
         self,
         args: Sequence[str],
         env: dict[str, str],
-        cwd: str | None = None,
         main: Callable[[list[str]], int] | None = None,
     ):
         self._dir = tempfile.mkdtemp(prefix="forked-cli-")
         self._out = os.path.join(self._dir, "stdout")
         self._err = os.path.join(self._dir, "stderr")
         self._process = preloaded_context().Process(
-            target=_command, args=(main, list(args), dict(env), self._out, self._err, cwd)
+            target=_command, args=(main, list(args), dict(env), self._out, self._err)
         )
         self._process.start()
         self.pid = self._process.pid

@@ -167,7 +167,7 @@ class ClickModel:
     drift_median: np.ndarray = field(default_factory=lambda: np.zeros(NUM_NUMERIC))  # [13]
     drift_slope: np.ndarray = field(default_factory=lambda: np.zeros(NUM_NUMERIC))  # [13]
     # per field: its values as written (8 hex digits), then a null for "missing"; made once
-    _written: list[pl.Series] = field(default_factory=list, repr=False)
+    _written: list[pl.Series] = field(default_factory=list, init=False, repr=False)
 
     def written_values(self, j: int) -> pl.Series:
         """[K + 1] strings of categorical field ``j``: value ``i``'s 8 hex digits at ``i``,
