@@ -4,7 +4,7 @@ Usage::
 
     nice python scripts/bench_prepare.py [--sizes 500000,1000000,5000000,12000000,45000000]
                                          [--workdir /tmp/ctrcal-bench-prepare] [--repeat 3]
-                                         [--base /tmp/base]
+                                         [--big-repeat 1] [--base /tmp/base]
 
 Inputs: one synthetic dac file of ``min(largest size, 5M)`` rows is generated once under
 ``--workdir`` (minutes; never in the repository); a smaller size is its first N lines, a larger
@@ -13,14 +13,22 @@ distributions, generating 45M rows would take an hour on 2 cores).
 
 Every measurement is a whole process (interpreter start-up and imports included), run the
 way users run it: ``python -m ctrcal prepare FILE --out DIR`` (default config: random split,
-min_count 10), and the floor of any polars pipeline, a process that parses the file into
-string columns and nothing else. ``--base DIR`` adds ``ctrcal prepare`` from another checkout
-(``git worktree add /tmp/base <commit>``: the previous release), run the same way. For each
-size, ``--repeat`` rounds (one from 5M rows on: big sizes take minutes) alternate floor, base
-and this checkout, so that a change in the machine's load hits all three; medians are
-printed, with each process's peak RSS (``wait4``) and the ratios. The floor holds the whole
-file in memory; where it would not fit (about 3.3 bytes per byte of text) it is skipped. The
-CPU (``lscpu`` model name, family and model) and the load average are printed beside the
+min_count 10), against two floors of any polars pipeline:
+
+- ``parse``: a process that parses the file into string columns, all of it in memory, and
+  nothing else. It needs about 3.3 bytes of memory per byte of text; where that would not fit
+  (45M rows: about 36 GiB) it is skipped.
+- ``stream``: the same parse by polars' streaming engine, batch by batch, each batch dropped
+  (bounded memory). It is measured from 5M rows on, so that the sizes where both floors run
+  show how the two compare, and it is the floor of the sizes the in-memory parse cannot hold.
+
+``--base DIR`` adds ``ctrcal prepare`` from another checkout (``git worktree add /tmp/base
+<commit>``: the previous release), run the same way. For each size, rounds (``--repeat`` below
+5M rows, ``--big-repeat`` from 5M on) alternate the floors, base and this checkout, so that a
+change in the machine's load hits them all alike. Printed per size: the median seconds and
+peak RSS (``wait4``) of each, and the ratios as the median of the rounds' own ratios (each
+round's processes ran side by side in time), with their range when there are several rounds.
+The CPU (``lscpu`` model name, family and model) and the load average are printed beside the
 figures: on a shared machine compare the ratios measured within one run, not absolute times.
 The processes run with Python's bytecode cache on (as after an install), each checkout once
 unmeasured first.
@@ -49,6 +57,16 @@ df = pl.scan_csv(sys.argv[1], has_header=False, separator="\t", quote_char=None,
                  schema={n: pl.Utf8 for n in names}).collect()
 print(df.height)
 """
+
+STREAM = r"""
+import sys
+import polars as pl
+names = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
+lf = pl.scan_csv(sys.argv[1], has_header=False, separator="\t", quote_char=None,
+                 schema={n: pl.Utf8 for n in names})
+print(sum(batch.height for batch in lf.collect_batches()))
+"""
+STREAM_FROM_ROWS = 5_000_000
 
 PARSE_BYTES_PER_TEXT_BYTE = 3.3
 """Peak RSS of the bare parse per byte of text (measured: 0.78 GB for 1M rows, 0.24 GB)."""
@@ -151,13 +169,28 @@ def _inputs(workdir: Path, sizes: list[int]) -> dict[int, Path]:
     return files
 
 
+def _ratios(got: dict[str, list[float]], num: str, den: str) -> list[float]:
+    """The rounds' own ratios ``num / den`` (rounds where both ran)."""
+    return [a / b for a, b in zip(got[num], got[den], strict=False)]
+
+
+def _ratio_text(ratios: list[float], width: int) -> str:
+    if not ratios:
+        return f"{'-':>{width}}"
+    text = f"{statistics.median(ratios):.2f}"
+    if len(ratios) > 1:
+        text += f" ({min(ratios):.2f}-{max(ratios):.2f})"
+    return f"{text:>{width}}"
+
+
 def main() -> int:
     from ctrcal.core.utils import cpu_model_name
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="500000,1000000,5000000,12000000,45000000")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/ctrcal-bench-prepare"))
-    p.add_argument("--repeat", type=int, default=3, help="rounds below 5M rows (medians)")
+    p.add_argument("--repeat", type=int, default=3, help="rounds below 5M rows")
+    p.add_argument("--big-repeat", type=int, default=1, help="rounds from 5M rows on")
     p.add_argument(
         "--base",
         type=Path,
@@ -170,75 +203,70 @@ def main() -> int:
     files = _inputs(args.workdir, sizes)
     print(
         f"CPU: {cpu_model_name()}, {os.cpu_count()} cores; load average "
-        f"{os.getloadavg()[0]:.1f}; whole processes, medians of the rounds"
+        f"{os.getloadavg()[0]:.1f}; whole processes; seconds: medians of the rounds; "
+        "ratios: the median of the rounds' ratios (their range)"
     )
-    runners = {"parse": None, "base": args.base, "now": ROOT}
-    if args.base is None:
-        del runners["base"]
-    elif args.now_first:
-        runners = {"parse": None, "now": ROOT, "base": args.base}
-    head = f"{'rows':>11} {'GB':>5} | {'parse s':>7} {'GiB':>5}"
+    checkouts = {"now": ROOT}
     if args.base is not None:
-        head += f" | {'base s':>7} {'GiB':>5}"
-    head += f" | {'now s':>7} {'GiB':>5} | {'now/parse':>9}"
+        checkouts = {"now": ROOT, "base": args.base}
+        if not args.now_first:
+            checkouts = {"base": args.base, "now": ROOT}
+    floors = {"parse": FLOOR, "stream": STREAM}
+    ratios = [("now", "parse"), ("now", "stream")]
     if args.base is not None:
-        head += f" {'base/parse':>10} {'now/base':>8}"
+        ratios += [("base", "parse"), ("now", "base")]
+    head = f"{'rows':>11} {'GB':>5} |"
+    for name in (*floors, *checkouts):
+        head += f" {name + ' s':>8} {'GiB':>5} |"
+    head += "".join(f" {a + '/' + b:>17}" for a, b in ratios)
     print(head, flush=True)
     # one unmeasured run per checkout first: its bytecode cache and C kernels are built once,
     # as after an install
     warm = args.workdir / "warm.txt"
     with open(files[sizes[0]], "rb") as src:
         warm.write_bytes(b"".join(src.readline() for _ in range(2_000)))
-    for name, root in runners.items():
-        if root is not None:
-            out = args.workdir / f"prepared_{name}_warm"
-            _run(["-m", "ctrcal", "prepare", str(warm), "--out", str(out)], root)
-            shutil.rmtree(out, ignore_errors=True)
+    for name, root in checkouts.items():
+        out = args.workdir / f"prepared_{name}_warm"
+        _run(["-m", "ctrcal", "prepare", str(warm), "--out", str(out)], root)
+        shutil.rmtree(out, ignore_errors=True)
     results = []
     for n in sizes:
         path = files[n]
         text = path.stat().st_size
-        fits = text * PARSE_BYTES_PER_TEXT_BYTE < 0.8 * _available_bytes()
-        got: dict[str, list[tuple[float, float]]] = {k: [] for k in runners}
-        for _ in range(args.repeat if n < 5_000_000 else 1):
-            for name, root in runners.items():
-                if name == "parse":
-                    if fits:
-                        got[name].append(_run(["-c", FLOOR, str(path)], ROOT))
-                    continue
+        runs_floor = {
+            "parse": text * PARSE_BYTES_PER_TEXT_BYTE < 0.8 * _available_bytes(),
+            "stream": n >= STREAM_FROM_ROWS,
+        }
+        secs: dict[str, list[float]] = {k: [] for k in (*floors, *checkouts)}
+        rss: dict[str, list[float]] = {k: [] for k in secs}
+        for _ in range(args.repeat if n < STREAM_FROM_ROWS else args.big_repeat):
+            for name, code in floors.items():
+                if runs_floor[name]:
+                    t, r = _run(["-c", code, str(path)], ROOT)
+                    secs[name].append(t)
+                    rss[name].append(r)
+            for name, root in checkouts.items():
                 out = args.workdir / f"prepared_{name}_{n}"
                 shutil.rmtree(out, ignore_errors=True)
-                got[name].append(
-                    _run(["-m", "ctrcal", "prepare", str(path), "--out", str(out)], root)
-                )
+                t, r = _run(["-m", "ctrcal", "prepare", str(path), "--out", str(out)], root)
                 shutil.rmtree(out, ignore_errors=True)
-        row = {"rows": n, "text_gb": text / 1e9}
-        for name, runs in got.items():
-            if runs:
-                row[f"{name}_s"] = statistics.median(s for s, _ in runs)
-                row[f"{name}_rss_gib"] = max(r for _, r in runs)
-        line = f"{n:>11,} {text / 1e9:>5.2f} | "
-        line += (
-            f"{row['parse_s']:>7.2f} {row['parse_rss_gib']:>5.2f}"
-            if "parse_s" in row
-            else f"{'(no room)':>13}"
-        )
-        if args.base is not None:
-            line += f" | {row['base_s']:>7.2f} {row['base_rss_gib']:>5.2f}"
-        line += f" | {row['now_s']:>7.2f} {row['now_rss_gib']:>5.2f} | "
-        if "parse_s" in row:
-            row["now_vs_parse"] = row["now_s"] / row["parse_s"]
-            line += f"{row['now_vs_parse']:>9.2f}"
-        else:
-            line += f"{'-':>9}"
-        if args.base is not None:
-            if "parse_s" in row:
-                row["base_vs_parse"] = row["base_s"] / row["parse_s"]
-                line += f" {row['base_vs_parse']:>10.2f}"
+                secs[name].append(t)
+                rss[name].append(r)
+        row: dict[str, object] = {"rows": n, "text_gb": text / 1e9}
+        line = f"{n:>11,} {text / 1e9:>5.2f} |"
+        for name in secs:
+            if secs[name]:
+                row[f"{name}_s"] = statistics.median(secs[name])
+                row[f"{name}_rss_gib"] = max(rss[name])
+                line += f" {row[f'{name}_s']:>8.2f} {row[f'{name}_rss_gib']:>5.2f} |"
             else:
-                line += f" {'-':>10}"
-            row["now_vs_base"] = row["now_s"] / row["base_s"]
-            line += f" {row['now_vs_base']:>8.2f}"
+                line += f" {'(no room)' if name == 'parse' else '-':>14} |"
+        for a, b in ratios:
+            got = _ratios(secs, a, b)
+            if got:
+                row[f"{a}_vs_{b}"] = statistics.median(got)
+                row[f"{a}_vs_{b}_rounds"] = got
+            line += f" {_ratio_text(got, 17)}"
         print(line, flush=True)
         results.append(row)
     print(f"load average after: {os.getloadavg()[0]:.1f}")

@@ -80,7 +80,7 @@ def test_a_full_disk_while_writing_names_the_output_and_the_cause(
 ):
     from ctrcal.data.prepare import write
 
-    def full(path, columns, block):  # a part file's write, in the writer's thread
+    def full(path, columns, block, compression):  # a part file's write, in the writer's thread
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(write, "write_part", full)

@@ -240,11 +240,13 @@ def encode_sources(
     clock: Clock,
     chunk_bytes: int = parse.CHUNK_BYTES,
     threads: int | None = None,
+    *,
+    compression: str,
 ) -> Tally:
     """Parse, code, fit and encode ``sources`` into ``tmp/{train,valid,test}`` (see the module
     docstring) on ``threads`` threads (default :func:`ctrcal.data.parse.threads`; more than
-    one also parses a chunk while the one before it is coded: :mod:`ctrcal.data.prepare.stages`);
-    returns what was read."""
+    one also parses a chunk while the one before it is coded: :mod:`ctrcal.data.prepare.stages`),
+    the parts in ``compression`` (``data.parquet_compression``); returns what was read."""
     workers = threads or parse.threads()
     nums, cats = pipe.numeric_fields, pipe.categorical_fields
     coders = [ColumnCoder() for _ in (*nums, *cats)]
@@ -288,7 +290,8 @@ def encode_sources(
         answers = Answers(_fit(pipe, coders, tally.rows[0], pool))
         del coders
         clock("fit")
-        _encode(tmp, store, answers, write.encoded_columns(nums, cats, tally.with_prob), workers)
+        columns = write.encoded_columns(nums, cats, tally.with_prob)
+        _encode(tmp, store, answers, columns, workers, compression)
         clock("encode")
     return tally
 
@@ -340,7 +343,12 @@ def _code_chunk(
 
 
 def _encode(
-    tmp: Path, store: _Blocks, answers: Answers, columns: list[write.Column], workers: int
+    tmp: Path,
+    store: _Blocks,
+    answers: Answers,
+    columns: list[write.Column],
+    workers: int,
+    compression: str,
 ) -> None:
     """Encode every block in place (one gather per column through the answer tables: a
     missing numeric's answer is NaN) and write it as its split's next part, ``workers`` parts
@@ -356,7 +364,9 @@ def _encode(
                 job.result()
                 if done is not None and len(spare) < workers:
                     spare.append(done.base if done.base is not None else done)
-            jobs.append((writing.submit(write.write_part, path, columns, block), block))
+            jobs.append(
+                (writing.submit(write.write_part, path, columns, block, compression), block)
+            )
 
         for k, name in enumerate(SPLITS):
             directory = tmp / name

@@ -197,6 +197,7 @@ def _params(cfg: Any, on_bad_row: str, random_split: bool) -> dict[str, Any]:
         "schema": None if schema is None else schema.to_dict(),
         "layout": data.layout,
         "on_bad_row": on_bad_row,
+        "parquet_compression": data.parquet_compression,
         "min_count": feats.min_count,
         "numeric_transform": feats.numeric_transform,
         "numeric_buckets": feats.numeric_buckets,
@@ -438,7 +439,17 @@ def _prepare_into(
             [s.fmt.header_lines for s in sources],
         )
     clock("detect")
-    tally = encode_sources(tmp, sources, on_bad_row, plan, pipe, clock, chunk_bytes, threads)
+    tally = encode_sources(
+        tmp,
+        sources,
+        on_bad_row,
+        plan,
+        pipe,
+        clock,
+        chunk_bytes,
+        threads,
+        compression=cfg.data.parquet_compression,
+    )
     rows = {name: tally.rows[k] for k, name in enumerate(SPLITS)}
     rates = {name: tally.rate(k) for k, name in enumerate(SPLITS)}
     bad = tally.bad

@@ -66,6 +66,27 @@ def test_reuse_and_invalidation(raw, tmp_path):
     assert not res.reused and res.total_rows == 3_001
 
 
+def test_parquet_compression_sets_the_codec_and_only_the_codec(raw, tmp_path):
+    import pyarrow.parquet as pq
+
+    plain = prepare([raw], tmp_path / "plain", _cfg(min_count=2))
+    cfg = _cfg(min_count=2)
+    cfg.data.parquet_compression = "lz4"
+    packed = prepare([raw], tmp_path / "packed", cfg)
+    assert packed.source_hash != plain.source_hash  # a changed codec is prepared again
+    for out, codec in ((tmp_path / "plain", "UNCOMPRESSED"), (tmp_path / "packed", "LZ4")):
+        meta = pq.ParquetFile(out / "train" / "part-00000.parquet").metadata
+        got = {meta.row_group(0).column(i).compression for i in range(meta.num_columns)}
+        assert got == {codec}
+    for split in ("train", "valid", "test"):
+        a = pl.read_parquet(tmp_path / "plain" / split)
+        b = pl.read_parquet(tmp_path / "packed" / split)
+        assert a.equals(b, null_equal=True) and a.height > 0
+    assert (tmp_path / "plain" / "vocab.parquet").read_bytes() == (
+        tmp_path / "packed" / "vocab.parquet"
+    ).read_bytes()
+
+
 def test_split_is_seeded(raw, tmp_path):
     a = prepare([raw], tmp_path / "a", _cfg(min_count=2))
     b = prepare([raw], tmp_path / "b", _cfg(min_count=2))
