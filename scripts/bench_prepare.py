@@ -101,11 +101,12 @@ def _env(root: Path) -> dict[str, str]:
     return env
 
 
-def _run(argv: list[str], root: Path) -> tuple[float, float]:
-    """Wall seconds and peak RSS (GiB) of one whole process ``python argv`` run in ``root``."""
+def _run(argv: list[str], root: Path) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds (user + system, ``wait4``) and peak RSS (GiB) of one whole
+    process ``python argv`` run in ``root``."""
     env = _env(root)
     start = time.perf_counter()
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-c", WRAP, *argv],
         cwd=root,
         env=env,
@@ -113,13 +114,14 @@ def _run(argv: list[str], root: Path) -> tuple[float, float]:
         stderr=subprocess.PIPE,
         text=True,
     )
+    stderr = proc.stderr.read()  # type: ignore[union-attr]
+    _, status, usage = os.wait4(proc.pid, 0)
     secs = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
-        raise SystemExit(
-            f"{' '.join(argv)} in {root} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
-        )
-    kib = [int(ln.split()[1]) for ln in proc.stderr.splitlines() if ln.startswith("PEAK_RSS")]
-    return secs, kib[-1] / (1 << 20)
+        raise SystemExit(f"{' '.join(argv)} in {root} exited {proc.returncode}:\n{stderr[-3000:]}")
+    kib = [int(ln.split()[1]) for ln in stderr.splitlines() if ln.startswith("PEAK_RSS")]
+    return secs, usage.ru_utime + usage.ru_stime, kib[-1] / (1 << 20)
 
 
 def _available_bytes() -> int:
@@ -204,7 +206,7 @@ def main() -> int:
     print(
         f"CPU: {cpu_model_name()}, {os.cpu_count()} cores; load average "
         f"{os.getloadavg()[0]:.1f}; whole processes; seconds: medians of the rounds; "
-        "ratios: the median of the rounds' ratios (their range)"
+        "ratios: the median of the rounds' ratios (their range); CPU s: user + system"
     )
     checkouts = {"now": ROOT}
     if args.base is not None:
@@ -238,19 +240,22 @@ def main() -> int:
             "stream": n >= STREAM_FROM_ROWS,
         }
         secs: dict[str, list[float]] = {k: [] for k in (*floors, *checkouts)}
+        cpu: dict[str, list[float]] = {k: [] for k in secs}
         rss: dict[str, list[float]] = {k: [] for k in secs}
         for _ in range(args.repeat if n < STREAM_FROM_ROWS else args.big_repeat):
             for name, code in floors.items():
                 if runs_floor[name]:
-                    t, r = _run(["-c", code, str(path)], ROOT)
+                    t, c, r = _run(["-c", code, str(path)], ROOT)
                     secs[name].append(t)
+                    cpu[name].append(c)
                     rss[name].append(r)
             for name, root in checkouts.items():
                 out = args.workdir / f"prepared_{name}_{n}"
                 shutil.rmtree(out, ignore_errors=True)
-                t, r = _run(["-m", "ctrcal", "prepare", str(path), "--out", str(out)], root)
+                t, c, r = _run(["-m", "ctrcal", "prepare", str(path), "--out", str(out)], root)
                 shutil.rmtree(out, ignore_errors=True)
                 secs[name].append(t)
+                cpu[name].append(c)
                 rss[name].append(r)
         row: dict[str, object] = {"rows": n, "text_gb": text / 1e9}
         line = f"{n:>11,} {text / 1e9:>5.2f} |"
@@ -268,6 +273,20 @@ def main() -> int:
                 row[f"{a}_vs_{b}_rounds"] = got
             line += f" {_ratio_text(got, 17)}"
         print(line, flush=True)
+        ran = [k for k in secs if cpu[k]]
+        for name in ran:
+            row[f"{name}_cpu_s"] = statistics.median(cpu[name])
+        cpu_ratios = [
+            f"{a}/{b} {_ratio_text(_ratios(cpu, a, b), 0)}"
+            for a, b in ratios
+            if a in ran and b in ran
+        ]
+        print(
+            f"{'':>11} CPU s: "
+            + ", ".join(f"{k} {row[f'{k}_cpu_s']:.2f}" for k in ran)
+            + ("; " + ", ".join(cpu_ratios) if cpu_ratios else ""),
+            flush=True,
+        )
         results.append(row)
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     print(json.dumps(results))

@@ -189,9 +189,9 @@ def test_blocks_grown_and_waiting_on_disk_give_the_same_bytes(generated, tmp_pat
     settle = encode_mod._Blocks.settle
 
     def spy(self):
-        before = len(list(self.work.glob("*.bin")))
+        before = set(self.work.glob("*.bin"))
         settle(self)
-        spilled.append(len(list(self.work.glob("*.bin"))) - before)
+        spilled.extend(p.stat().st_size for p in set(self.work.glob("*.bin")) - before)
 
     monkeypatch.setattr(encode_mod._Blocks, "settle", spy)
     monkeypatch.setattr(encode_mod, "MEMORY_BYTES", 0)  # every full block waits on disk
@@ -199,9 +199,34 @@ def test_blocks_grown_and_waiting_on_disk_give_the_same_bytes(generated, tmp_pat
     monkeypatch.setattr(encode_mod, "FIRST_BLOCK_ROWS", 50)
     monkeypatch.setattr(encode_mod._Blocks, "expect", lambda self, k, rows: None)
     prepare(generated, tmp_path / "disk", cfg, chunk_bytes=1 << 14, threads=3)
-    assert sum(spilled) >= 6  # train's 7,200 rows: 8 parts, all but its last written out
+    assert len(spilled) >= 6  # train's 7,200 rows: 8 parts, all but its last written out
+    # each column's codes wait narrowed (a few hundred distinct values: uint8 or uint16)
+    assert max(spilled) < 0.6 * (1 + 39) * 900 * 4
     assert _files(tmp_path / "disk") == _files(tmp_path / "memory")
     assert not list((tmp_path / "disk").rglob("*.bin"))
+
+
+def test_a_block_waits_on_disk_in_narrow_codes_and_comes_back_the_same(tmp_path):
+    rows = 1_000
+    rng = np.random.default_rng(0)
+    block = np.empty((5, rows), dtype=np.float32)
+    block[0] = np.where(rng.random(rows) < 0.1, np.nan, rng.integers(0, 2, rows))
+    codes = block[1:4].view(np.int32)
+    codes[0] = rng.integers(0, 256, rows)  # uint8
+    codes[1] = rng.integers(0, 65_536, rows)  # uint16
+    codes[2] = rng.integers(0, 3_000_000, rows)  # int32
+    codes[2, 7] = np.iinfo(np.int32).max
+    block[4] = rng.random(rows, dtype=np.float32)  # true probabilities
+    store = encode_mod._Blocks(tmp_path, columns=5, codes=3)
+    waiting = store._write(block, tmp_path / "b.bin")
+    assert [d.itemsize for d in waiting.dtypes] == [4, 1, 2, 4, 4]
+    assert (tmp_path / "b.bin").stat().st_size == rows * (4 + 1 + 2 + 4 + 4)
+    back = np.full_like(block, 7.0)
+    store._read(waiting, back)
+    assert back.tobytes() == block.tobytes()  # NaN labels and every code bit for bit
+    (tmp_path / "b.bin").write_bytes(b"\0" * 100)
+    with pytest.raises(OSError, match="shorter than the block"):
+        store._read(waiting, back)
 
 
 def test_the_chunk_size_follows_the_input_size_and_the_threads():

@@ -48,6 +48,11 @@ MEMORY_BYTES = 1 << 30
 """Blocks of coded rows are kept in memory up to this many bytes (about 6.5M Criteo rows),
 later ones wait on disk: writing a block out and reading it back costs more than the fresh
 memory it would take, so the budget is large, and the peak stays flat beyond it."""
+CODE_DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.int32))
+"""The widths a column's codes wait on disk in, the narrowest that holds the block's largest
+code: most of Criteo's columns have fewer than 65,536 distinct values, and on this kind of
+machine writing a page to disk costs more than narrowing it (a block of generated rows takes
+about half the bytes)."""
 FIRST_BLOCK_ROWS = 8_192
 """Rows of a split's first block before it grows (doubling) to a part's rows: a small split
 never holds a part's worth of memory."""
@@ -133,6 +138,21 @@ class ProbReader:
         return out.to_series().to_numpy()
 
 
+@dataclass(frozen=True)
+class _Waiting:
+    """A full block waiting on disk: its rows one after the other, each in its dtype (the
+    label and true probabilities float32, each column's codes in one of
+    :data:`CODE_DTYPES`)."""
+
+    path: Path
+    dtypes: tuple[np.dtype, ...]
+
+
+def _narrowest(top: int) -> np.dtype:
+    """The first of :data:`CODE_DTYPES` that holds codes ``0..top``."""
+    return next(d for d in CODE_DTYPES if top <= np.iinfo(d).max)
+
+
 class _Blocks:
     """Each split's coded rows in blocks, one per part to be written, as the part will hold
     them: a [C, rows] float32 array whose row 0 is the label, rows ``1..F`` the columns' codes
@@ -140,13 +160,15 @@ class _Blocks:
     probabilities of generated data. A split's blocks hold :data:`~write.PART_ROWS` rows (its
     first one starts at what its file foresees, at least :data:`FIRST_BLOCK_ROWS`, and grows
     as it must), so the parts never depend on how the input was cut. Full blocks are kept in
-    memory up to :data:`MEMORY_BYTES`, later ones are written to raw files in ``work`` (their
-    memory then takes the next rows) and read back to be encoded."""
+    memory up to :data:`MEMORY_BYTES`; later ones are written to files in ``work``, each
+    column's codes in the narrowest of :data:`CODE_DTYPES` (their memory then takes the next
+    rows), and read back to be encoded."""
 
-    def __init__(self, work: Path, columns: int) -> None:
+    def __init__(self, work: Path, columns: int, codes: int) -> None:
         self.work = work
         self.columns = columns
-        self.blocks: list[list[np.ndarray | Path]] = [[] for _ in SPLITS]
+        self.codes = codes  # F: rows 1..F of a block are codes
+        self.blocks: list[list[np.ndarray | _Waiting]] = [[] for _ in SPLITS]
         self.fill = [0 for _ in SPLITS]  # rows in each split's last block
         self.expected = [0.0 for _ in SPLITS]  # each split's rows, as far as foreseen
         self.held = 0
@@ -202,12 +224,34 @@ class _Blocks:
             block = self.blocks[k][i]
             if self.held <= MEMORY_BYTES:
                 continue
-            path = self.work / f"{SPLITS[k]}-{i:05d}.bin"
-            block.tofile(path)  # type: ignore[union-attr]
-            self.blocks[k][i] = path
+            self.blocks[k][i] = self._write(block, self.work / f"{SPLITS[k]}-{i:05d}.bin")
             self.held -= block.nbytes  # type: ignore[union-attr]
             self._spare = block  # type: ignore[assignment]
         self._closing = []
+
+    def _write(self, block: np.ndarray, path: Path) -> _Waiting:
+        """Write the full ``block`` to ``path``, each column's codes narrowed."""
+        f32 = np.dtype(np.float32)
+        codes = block[1 : 1 + self.codes].view(np.int32)
+        tops = codes.max(axis=1).tolist() if self.codes else []
+        dtypes = (f32, *(_narrowest(t) for t in tops), *[f32] * (self.columns - 1 - self.codes))
+        with open(path, "wb") as fh:
+            for j, dtype in enumerate(dtypes):
+                row = block[j]
+                fh.write(row if dtype == f32 else row.view(np.int32).astype(dtype))
+        return _Waiting(path, dtypes)
+
+    def _read(self, waiting: _Waiting, block: np.ndarray) -> None:
+        """Read a block written by :meth:`_write` into ``block`` (a part's rows)."""
+        rows = block.shape[1]
+        scratch = np.empty(rows, dtype=np.int32).view(np.uint8)  # the narrowed rows' bytes
+        with open(waiting.path, "rb") as fh:
+            for j, dtype in enumerate(waiting.dtypes):
+                into = block[j] if dtype == np.float32 else scratch[: rows * dtype.itemsize]
+                if fh.readinto(into) != into.nbytes:  # type: ignore[attr-defined]
+                    raise OSError(f"{waiting.path}: shorter than the block written to it")
+                if dtype != np.float32:
+                    block[j].view(np.int32)[:] = into.view(dtype)
 
     def _foreseen(self, k: int) -> int:
         """Split ``k``'s foreseen rows, with a margin (0: none foreseen)."""
@@ -215,20 +259,25 @@ class _Blocks:
 
     def take(self, k: int, spare: list[np.ndarray]) -> Iterator[tuple[int, np.ndarray]]:
         """Split ``k``'s blocks in order, as they are taken ``(index, [C, rows] block)``: one
-        read back from disk lands in the memory of a block in ``spare`` (written parts')."""
+        read back from disk lands in the memory of a block in ``spare`` (written parts'), and
+        its file is removed by a thread of its own (removing a file just written waits on the
+        disk: about 12 ms a block)."""
         blocks = self.blocks[k]
-        for i, item in enumerate(blocks):
-            blocks[i] = None  # type: ignore[call-overload]  # memory goes as it is used
-            rows = self.fill[k] if i == len(blocks) - 1 else write.PART_ROWS
-            if isinstance(item, Path):
-                block = spare.pop() if spare else None
-                if block is None or block.shape != (self.columns, write.PART_ROWS):
-                    block = np.empty((self.columns, write.PART_ROWS), dtype=np.float32)
-                with open(item, "rb") as fh:
-                    fh.readinto(block)
-                item.unlink()
-                item = block
-            yield i, item[:, :rows]
+        with ThreadPoolExecutor(1, thread_name_prefix="ctrcal-remove") as removing:
+            removed = []
+            for i, item in enumerate(blocks):
+                blocks[i] = None  # type: ignore[call-overload]  # memory goes as it is used
+                rows = self.fill[k] if i == len(blocks) - 1 else write.PART_ROWS
+                if isinstance(item, _Waiting):
+                    block = spare.pop() if spare else None
+                    if block is None or block.shape != (self.columns, write.PART_ROWS):
+                        block = np.empty((self.columns, write.PART_ROWS), dtype=np.float32)
+                    self._read(item, block)
+                    removed.append(removing.submit(item.path.unlink))
+                    item = block
+                yield i, item[:, :rows]
+            for done in removed:
+                done.result()
 
 
 def encode_sources(
@@ -251,7 +300,7 @@ def encode_sources(
     nums, cats = pipe.numeric_fields, pipe.categorical_fields
     coders = [ColumnCoder() for _ in (*nums, *cats)]
     tally = Tally(with_prob=all(s.prob is not None for s in sources))
-    store = _Blocks(tmp / "_work", 1 + len(coders) + int(tally.with_prob))
+    store = _Blocks(tmp / "_work", 1 + len(coders) + int(tally.with_prob), len(coders))
     with ThreadPoolExecutor(workers) as pool:
         for i, s in enumerate(sources):
             probs = ProbReader(s.prob) if tally.with_prob else None
