@@ -105,10 +105,10 @@ class DataConfig:
     Criteo 1TB ``day_N`` inputs), see :mod:`ctrcal.data.splits`.
 
     ``parquet_compression`` is the codec of the prepared parts. They are a cache that training
-    reads every epoch, so the default stores them uncompressed: the fastest to write and to read.
-    ``lz4``, ``snappy`` or ``zstd`` trade CPU for disk (lz4: about 0.7x the bytes on Criteo,
-    most of the saving in the numeric columns; the categorical ids are dictionary-encoded
-    either way).
+    reads (every epoch, when it streams them), so the default stores them uncompressed: the
+    fastest to write and to read. ``lz4``, ``snappy`` or ``zstd`` trade CPU for disk (lz4:
+    about 0.7x the bytes on generated Criteo rows, most of the saving in the numeric columns;
+    the categorical ids are dictionary-encoded either way).
     """
 
     inputs: list[str] = field(default_factory=list)
