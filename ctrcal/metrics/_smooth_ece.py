@@ -87,16 +87,36 @@ class _Sorted:
 
 
 def _smooth(values: np.ndarray, sigma: float) -> np.ndarray:
-    """Gaussian smoothing of grid values [k, g], the data reflected at both ends."""
-    from scipy.signal import fftconvolve
+    """Gaussian smoothing of grid values [k, g], the data reflected at both ends.
 
+    One FFT convolution of the [k, 3g - 2] reflected rows with the [g] kernel; the g values
+    kept are those of the full convolution from ``g - 1 + g // 2`` on (numpy's FFT: scipy's
+    ``fftconvolve`` gave the same to 1e-15 and cost a 0.8-1.1 s import)."""
     g = values.shape[1]
     t = np.linspace(0.0, 1.0, g)
     kernel = np.exp(-((t - 0.5) ** 2) / (2.0 * sigma**2)) / (np.sqrt(2.0 * np.pi) * sigma)
     flipped = values[:, ::-1]
     ext = np.concatenate([flipped[:, :-1], values, flipped[:, 1:]], axis=1)
-    full = fftconvolve(ext, kernel[None, :], mode="valid", axes=1)
-    return full[:, g // 2 : g // 2 + g]
+    n = _fast_length(ext.shape[1] + g - 1)
+    full = np.fft.irfft(np.fft.rfft(ext, n, axis=1) * np.fft.rfft(kernel, n), n, axis=1)
+    start = g - 1 + g // 2
+    return full[:, start : start + g]
+
+
+def _fast_length(n: int) -> int:
+    """The smallest 2^a 3^b 5^c >= n: an FFT length whose transform is fast."""
+    best = 1 << max(0, (n - 1).bit_length())
+    p5 = 1
+    while p5 < best:
+        p35 = p5
+        while p35 < best:
+            m = p35
+            while m < n:
+                m *= 2
+            best = min(best, m)
+            p35 *= 3
+        p5 *= 5
+    return best
 
 
 def _interpolate(t: np.ndarray, grid: np.ndarray) -> np.ndarray:

@@ -49,3 +49,18 @@ def test_accepts_float32_and_rejects_bad_input():
         smooth_ece(p + 1, y)
     with pytest.raises(ValueError, match="sigma"):
         smooth_ece_at(p, y, 0.0)
+
+
+def test_the_fft_length_is_the_smallest_5_smooth_length_that_holds_the_convolution():
+    from ctrcal.metrics._smooth_ece import _fast_length
+
+    def smooth(m):
+        for f in (2, 3, 5):
+            while m % f == 0:
+                m //= f
+        return m == 1
+
+    for n in range(1, 3_000):
+        got = _fast_length(n)
+        assert got >= n and smooth(got)
+        assert not any(smooth(m) for m in range(n, got))
