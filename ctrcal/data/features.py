@@ -62,6 +62,7 @@ from ctrcal.data.feature_map import (
 )
 from ctrcal.data.fit_stats import FitStats, weighted_moments, weighted_quantiles
 from ctrcal.data.lookup import ValueIndex
+from ctrcal.data.row_check import check_string_keys
 
 VOCAB_FILE = "vocab.parquet"
 
@@ -382,6 +383,8 @@ class FeaturePipeline:
         """Rebuild a fitted pipeline from a prepared directory."""
         directory = Path(directory)
         fmap = FeatureMap.load(directory)
+        # its vocabulary's string keys are only good for the hash that made them
+        check_string_keys(fmap.extra.get("string_keys"), str(directory / FEATURE_MAP_FILE))
         params = fmap.extra["pipeline"]
         pipe = cls(**params)
         try:

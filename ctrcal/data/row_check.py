@@ -50,7 +50,15 @@ import polars as pl
 from ctrcal.core.errors import DataError
 from ctrcal.data.parsed import ParsedChunk
 
-__all__ = ["EXTRA", "KINDS", "Column", "RowCheck", "string_key"]
+__all__ = [
+    "EXTRA",
+    "KINDS",
+    "Column",
+    "RowCheck",
+    "check_string_keys",
+    "string_key",
+    "string_key_probe",
+]
 
 _LABEL = "label"
 _INTEGER = "integer"
@@ -84,6 +92,32 @@ def string_key(text: pl.Expr) -> pl.Expr:
     """The uint64 key of a string categorical: a seeded 64-bit hash of its text (null stays
     null). Prediction on single rows keys their values with this too."""
     return pl.when(text.is_not_null()).then(text.hash(_HASH_SEED))
+
+
+_KEY_PROBE = "ctrcal string key probe 0123456789 \u00fcn\u00efc\u00f8d\u00e9"
+
+
+def string_key_probe() -> str:
+    """The key :func:`string_key` gives a fixed text, 16 hex digits. polars does not promise
+    that its string hash stays the same from version to version: a prepared directory records
+    this probe, and what encodes new rows with its vocabulary checks it
+    (:func:`check_string_keys`), so that a changed hash is an error, not every string value
+    silently out of vocabulary."""
+    return f"{pl.select(string_key(pl.lit(_KEY_PROBE))).item():016x}"
+
+
+def check_string_keys(recorded: dict | None, where: str) -> None:
+    """Raise DataError when ``recorded`` (a feature map's ``string_keys``: the probe and the
+    polars version that made its keys) does not match this polars's string hash; None (data
+    without string categoricals, or prepared before the probe was recorded) passes."""
+    if not recorded or recorded.get("probe") == string_key_probe():
+        return
+    raise DataError(
+        f"{where}: its string categoricals were keyed by the string hash of polars "
+        f"{recorded.get('polars', '?')}, which polars {pl.__version__} computes differently: "
+        "every value would miss the vocabulary. Prepare the data again with this polars, or "
+        f"install polars {recorded.get('polars', '?')}"
+    )
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,28 @@ def test_avazu_by_its_schema_split_by_hour(avazu, tmp_path):
     assert train["label"].sum() == frame["click"][: res.rows["train"]].sum()
 
 
+def test_string_keys_made_by_another_polars_hash_are_refused_not_missed(avazu, tmp_path):
+    import json
+
+    from ctrcal.data.feature_map import FEATURE_MAP_FILE
+    from ctrcal.data.features import FeaturePipeline
+    from ctrcal.data.row_check import string_key_probe
+    from ctrcal.serving.encoding import RawRowEncoder
+
+    _, csv, _, _ = avazu
+    out = tmp_path / "p"
+    prepare([csv], out, _cfg())
+    saved = json.loads((out / FEATURE_MAP_FILE).read_text())
+    assert saved["string_keys"] == {"probe": string_key_probe(), "polars": pl.__version__}
+    FeaturePipeline.load(out)  # the same hash: loads
+    # what a polars whose string hash changed would find
+    saved["string_keys"] = {"probe": "0123456789abcdef", "polars": "0.0.1"}
+    (out / FEATURE_MAP_FILE).write_text(json.dumps(saved))
+    for load in (FeaturePipeline.load, RawRowEncoder):
+        with pytest.raises(DataError, match=r"string hash of polars 0\.0\.1.*computes differently"):
+            load(out)
+
+
 def test_parquet_and_gzip_give_the_csv_result(avazu, tmp_path):
     _, csv, parquet, gz = avazu
     cfg = _cfg(split_order="random")

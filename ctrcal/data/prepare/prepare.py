@@ -69,6 +69,7 @@ from ctrcal.data.prepare.publish import (
 from ctrcal.data.prepare.result import PrepareResult
 from ctrcal.data.prepare.stages import chunk_bytes_for
 from ctrcal.data.prepare.write import PROB_COL
+from ctrcal.data.row_check import string_key_probe
 from ctrcal.data.schema import DatasetSchema, resolve_schema
 from ctrcal.data.splits import (
     SPLITS,
@@ -474,6 +475,8 @@ def _prepare_into(
     }
     if schema is not None:
         extra["schema"] = schema.to_dict()
+        if schema.categorical_spelling == "string" and schema.categorical:
+            extra["string_keys"] = {"probe": string_key_probe(), "polars": pl.__version__}
     if synthetic_info:
         extra["synthetic"] = dict(synthetic_info)
     if oracle:
