@@ -27,7 +27,9 @@ the :data:`EXTRA` column) is malformed as well: ``more fields than the dac layou
 label may carry surrounding blanks, and so may numbers and times where :attr:`RowCheck.blanks`
 says (schema'd files, often written by hand); Criteo's machine-written layouts are read as the
 C reader reads them, where a blank makes a number malformed. Categorical text is taken as
-written.
+written. An empty field is missing whether it is quoted (``""``) or not; a string
+categorical's empty text is a value, and a field of blanks is malformed where a number or an
+id is expected.
 
 The first malformed row of a chunk stops the run with one line (parquet counts rows, not
 lines)::
@@ -215,7 +217,8 @@ class RowCheck:
             what = f"more fields than the {self.layout} layout's {self.fields}"
             checks.append((what, None, pl.col(EXTRA).is_not_null()))
         for k, c in enumerate(self.columns):
-            bad = _bad(c, pl.col(c.name), pl.col(f"__v{k}"))
+            given = _given(pl.col(c.name), dtypes[c.name] == pl.Utf8)
+            bad = _bad(c, given, pl.col(f"__v{k}"))
             if bad is not None:
                 checks.append((f"{c.name} is {_EXPECTED[c.kind]}", c, bad))
         return checks
@@ -309,8 +312,18 @@ def _value(column: Column, dtype: pl.DataType, blanks: bool) -> pl.Expr:
     return string_key(col if text else col.cast(pl.Utf8))
 
 
-def _bad(column: Column, raw: pl.Expr, value: pl.Expr) -> pl.Expr | None:
-    """'This value is malformed' of a column, from its raw and typed values (None: never)."""
+def _given(raw: pl.Expr, text: bool) -> pl.Expr:
+    """'A value is given' of a raw column: not null, and for text not empty (a quoted empty
+    field, ``""``, is as empty as an unquoted one; a field of blanks is given, and malformed
+    where a value must be a number or an id)."""
+    if not text:
+        return raw.is_not_null()
+    return raw.str.len_bytes().fill_null(0) > 0
+
+
+def _bad(column: Column, given: pl.Expr, value: pl.Expr) -> pl.Expr | None:
+    """'This value is malformed' of a column, from whether a value is given (:func:`_given`)
+    and its typed value (None: never)."""
     kind = column.kind
     if kind == _LABEL:
         return ~value.is_in([0.0, 1.0]).fill_null(False)
@@ -319,9 +332,9 @@ def _bad(column: Column, raw: pl.Expr, value: pl.Expr) -> pl.Expr | None:
     if kind == _INTEGER:
         # x - floor(x) is 0 for whole numbers only, NaN for NaN and +-inf (polars compares
         # NaN equal to NaN, never to 0); a value given but not read (null) fails too
-        return raw.is_not_null() & ~((value - value.floor()) == 0).fill_null(False)
+        return given & ~((value - value.floor()) == 0).fill_null(False)
     if kind == _NUMBER:
-        return raw.is_not_null() & ~value.is_finite().fill_null(False)
+        return given & ~value.is_finite().fill_null(False)
     if kind in (_HEX, _DECIMAL):
-        return raw.is_not_null() & value.is_null()
+        return given & value.is_null()
     return None

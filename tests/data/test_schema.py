@@ -193,6 +193,24 @@ def test_a_teams_own_tsv_by_an_inline_or_yaml_schema(tmp_path):
         prepare([wide], tmp_path / "w", cfg)
 
 
+def test_an_empty_field_is_missing_quoted_or_not(tmp_path):
+    spec = {"label": "y", "numeric": ["a"], "categorical": ["h"], "categorical_spelling": "hex"}
+    rows = ["1,1.5,0a", "0,,0b", '1,"",0a', '0,"",""', '1,2,""', "0,3,0b"]
+    data = tmp_path / "quoted.csv"
+    data.write_text("\n".join(["y,a,h", *rows * 50]) + "\n")
+    cfg = Config()
+    cfg.data.schema = spec
+    cfg.features.min_count = 1
+    res = prepare([data], tmp_path / "p", cfg)
+    assert res.bad_rows == 0 and res.total_rows == 300
+    fmap = FeatureMap.load(tmp_path / "p")
+    assert fmap.numeric_missing_rate[0] == pytest.approx(3 / 6, abs=0.1)  # ,, "" ""
+    # a value that is there but not a number is still malformed
+    (tmp_path / "bad.csv").write_text("y,a,h\n1,x,0a\n")
+    with pytest.raises(DataError, match=r"line 2: malformed row: a is not a number \(got 'x'\)"):
+        prepare([tmp_path / "bad.csv"], tmp_path / "q", cfg)
+
+
 @pytest.mark.parametrize(
     ("spec", "match"),
     [
