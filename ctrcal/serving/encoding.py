@@ -64,8 +64,9 @@ def encode_columns(
         num[:, j] = pipe._model_values(raw, j)
     cat = np.empty((n, len(pipe.categorical_fields)), dtype=np.int64)
     for j, name in enumerate(pipe.categorical_fields):
-        # prepare keeps a value's low 32 bits (its coder's key): so does serving
-        ids = pipe.categorical_ids(name, categorical[j].astype(np.uint32))
+        # the whole key, as prepare's vocabulary holds it: 32-bit hashes and ids, 64-bit string
+        # keys (a vocabulary of 32-bit values answers a wider key as absent)
+        ids = pipe.categorical_ids(name, categorical[j])
         ids[categorical_valid[j] == 0] = MISSING_ID
         cat[:, j] = ids
     return cat, num
@@ -158,9 +159,9 @@ class RawRowEncoder:
             wanted = ", ".join([*self.numeric_fields, *self.categorical_fields])
             raise DataError(f"row {i}: no column {name!r} (the model reads {wanted})")
         value = row[name]
-        if value is None or (isinstance(value, str) and not value.strip()):
-            return None
-        return value
+        # missing as prepare reads an empty field; blanks are a string categorical's value and
+        # a malformed number or id, as there
+        return None if value is None or (isinstance(value, str) and not value) else value
 
     def _key(self, value: Any, name: str, i: int) -> int | None:
         """The uint64 key the parsers give ``value`` (None = missing)."""

@@ -106,6 +106,24 @@ def test_string_keys_made_by_another_polars_hash_are_refused_not_missed(avazu, t
             load(out)
 
 
+def test_raw_rows_of_a_string_schema_encode_as_prepare_encoded_them(avazu, tmp_path):
+    from ctrcal.data.features import MISSING_ID
+    from ctrcal.serving.encoding import RawRowEncoder
+
+    frame, csv, _, _ = avazu
+    res = prepare([csv], tmp_path / "p", _cfg())
+    n = min(500, res.rows["train"])  # split by time: the first rows are train's
+    train = pl.read_parquet(tmp_path / "p" / "train").head(n)
+    encoder = RawRowEncoder(tmp_path / "p")
+    rows = frame.head(n).with_columns(pl.all().cast(pl.Utf8)).to_dicts()
+    cat, _ = encoder.encode(rows)
+    assert np.array_equal(cat, train.drop("label").to_numpy())  # 64-bit string keys, whole
+    # an empty value is missing, as prepare reads an empty field; blanks are a string value
+    first = AVAZU_CATEGORICAL[0]
+    cat, _ = encoder.encode([{**rows[0], first: ""}, {**rows[0], first: "  "}])
+    assert cat[0, 0] == MISSING_ID and cat[1, 0] != MISSING_ID
+
+
 def test_parquet_and_gzip_give_the_csv_result(avazu, tmp_path):
     _, csv, parquet, gz = avazu
     cfg = _cfg(split_order="random")
