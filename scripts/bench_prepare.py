@@ -117,9 +117,9 @@ def _run(argv: list[str], root: Path) -> tuple[float, float, float]:
     stderr = proc.stderr.read()  # type: ignore[union-attr]
     _, status, usage = os.wait4(proc.pid, 0)
     secs = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} in {root} exited {proc.returncode}:\n{stderr[-3000:]}")
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"{' '.join(argv)} in {root} exited {code}:\n{stderr[-3000:]}")
     kib = [int(ln.split()[1]) for ln in stderr.splitlines() if ln.startswith("PEAK_RSS")]
     return secs, usage.ru_utime + usage.ru_stime, kib[-1] / (1 << 20)
 
