@@ -201,6 +201,10 @@ def calibration_report(
     rules = _check_gate(preds, gate, gate_segments, segment_pairs, parse_gate)
     if not isinstance(bootstrap, int) or bootstrap < 2:
         raise ConfigError(f"bootstrap: expected at least 2 replicates, got {bootstrap!r}")
+    if not isinstance(min_count, int) or min_count < 1:
+        raise ConfigError(f"min_count: expected at least 1 row, got {min_count!r}")
+    if not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed: expected an integer >= 0, got {seed!r}")
     if preds.time is not None:
         windows = _check_windows(preds, windows)
         create_calibrator(calibrator)  # an unknown name or a missing package, before the work

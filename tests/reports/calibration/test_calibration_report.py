@@ -254,3 +254,23 @@ def test_default_windows_follow_the_distinct_times(tmp_path):
     assert main([*args, "--time", "day", "--bootstrap", "20", "--out", str(out)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert len(metrics["windows"]["table"]) == 9
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--min-count", "0"], "min_count: expected at least 1 row, got 0"),
+        (["--min-count", "-5"], "min_count: expected at least 1 row, got -5"),
+        (["--seed", "-1"], "seed: expected an integer >= 0, got -1"),
+        (["--bootstrap", "-3"], "bootstrap: expected at least 2 replicates, got -3"),
+    ],
+)
+def test_bad_numeric_options_are_one_line_and_exit_2(tmp_path, capsys, option, message):
+    # exit 1 would read as a failed gate in a pipeline
+    path = _hand(tmp_path)
+    args = ["calibration-report", str(path), "--prob", "prob", "--label", "label"]
+    rc = main([*args, "--segments", "site", *option, "--out", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err == f"ctrcal calibration-report: error: {message}\n"
+    assert not (tmp_path / "rep").exists()
