@@ -7,10 +7,11 @@ The exported graph (:class:`ServedModel`) takes the prepared encoding::
     numeric      float32 [B, Fn]   model-space values (NaN = missing)
     ->  probability float32 [B]    click probability (calibrated when a calibrator is folded in)
 
-with a dynamic batch dimension. The model is traced in eval mode: MC-LayerNorm exports in
-its one-shot (deterministic) form, which is LayerNorm with the learned affine. MC integration
-is a serving-time choice (see docs/serving.md). The fused C kernels of ``ctrcal.layers`` are
-never traced: they step aside while a tracer runs and the pure-torch path is recorded.
+with a dynamic batch dimension; an id outside its field's vocabulary is served as the field's
+OOV id. The model is traced in eval mode: MC-LayerNorm exports in its one-shot (deterministic)
+form, which is LayerNorm with the learned affine. MC integration is a serving-time choice (see
+docs/serving.md). The fused C kernels of ``ctrcal.layers`` are never traced: they step aside
+while a tracer runs and the pure-torch path is recorded.
 
 Beside ``FILE`` the export writes ``FILE.encoding/``: ``feature_map.json`` and
 ``vocab.parquet`` of the run's data (the vocabulary and the numeric transform) and
@@ -113,17 +114,32 @@ class ServedModel(nn.Module):
     """The exported graph: ``(categorical [B, Fc] int64, numeric [B, Fn] float32)`` ->
     click probabilities [B] float32.
 
+    An id outside its field's vocabulary (below 0, or at or above the field's vocabulary
+    size) is served as that field's OOV id, the id of a value never seen in training: the
+    model's fields share one embedding table, where such an id would read another field's row
+    (or fail, as the runtime decides). The clamp is part of the served graph only; training
+    and ``ctrcal predict`` build their ids in range.
+
     Args:
         model: a ctrcal model (``model(batch) -> logits [B]``), in eval mode.
+        feature_map: the run's feature map (each field's vocabulary size and OOV id).
         head: a :class:`CalibrationHead`, or None for ``sigmoid``.
     """
 
-    def __init__(self, model: nn.Module, head: CalibrationHead | None = None) -> None:
+    def __init__(
+        self, model: nn.Module, feature_map: Any, head: CalibrationHead | None = None
+    ) -> None:
         super().__init__()
         self.model = model
         self.head = head
+        sizes = torch.tensor(feature_map.vocab_sizes, dtype=torch.int64)
+        self.register_buffer("vocab_sizes", sizes, persistent=False)
+        oov = torch.tensor(feature_map.oov_ids, dtype=torch.int64)
+        self.register_buffer("oov_ids", oov, persistent=False)
 
     def forward(self, categorical: Tensor, numeric: Tensor) -> Tensor:
+        known = (categorical >= 0) & (categorical < self.vocab_sizes)
+        categorical = torch.where(known, categorical, self.oov_ids)
         logits = self.model(Batch(categorical, numeric, None)).reshape(-1).float()
         if self.head is None:
             return torch.sigmoid(logits)
@@ -250,21 +266,17 @@ def export_run(
     from ctrcal.core.utils import atomic_path, json_dumps, write_text_atomic
     from ctrcal.data.feature_map import FEATURE_MAP_FILE
     from ctrcal.data.features import VOCAB_FILE
-    from ctrcal.train.results import load_run
-    from ctrcal.train.runs import check_same_features, require_run_dir, run_data
+    from ctrcal.train.results import open_run
 
-    run_dir = require_run_dir(run_dir)
     check_format(fmt)
-    data_dir = run_data(run_dir, data_dir)
-    check_same_features(run_dir, data_dir, "export")
+    run = open_run(run_dir, "export", data_dir)
+    run_dir, data_dir, model, cfg, fmap = run.run_dir, run.data_dir, run.model, run.config, run.data
     out = Path(out)
-    with torch.random.fork_rng():
-        model, cfg, fmap = load_run(run_dir)
     head = None
     if calibrator is not None:
         fitted = fit_export_calibrator(model, calibrator, data_dir, cfg.train.eval_batch_size)
         head = CalibrationHead(fitted)
-    served = ServedModel(model, head).eval()
+    served = ServedModel(model, fmap, head).eval()
     example = example_inputs(fmap.vocab_sizes, fmap.num_numeric, rows=2)
     export_model(served, out, fmt, example, what=f"{run_dir} ({cfg.model.describe()})")
     encoding = out.with_name(out.name + ENCODING_SUFFIX)
@@ -277,6 +289,9 @@ def export_run(
                 "dtype": "int64",
                 "shape": ["batch", fmap.num_categorical],
                 "fields": list(fmap.categorical_fields),
+                # an id outside [0, vocab_size) is served as its field's OOV id
+                "vocab_sizes": list(fmap.vocab_sizes),
+                "oov_ids": fmap.oov_ids,
             },
             "numeric": {
                 "dtype": "float32",

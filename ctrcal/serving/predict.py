@@ -84,37 +84,32 @@ def predict_run(
         CtrcalError: no such run or no checkpoint, data of another feature map, a model
             without MC layers with ``mc_samples``, an unreadable input or an unwritable output.
     """
-    from ctrcal.core.devices import resolve_device
     from ctrcal.core.utils import atomic_path
-    from ctrcal.data.feature_map import FeatureMap
-    from ctrcal.layers.mc_layernorm.module import has_mc_layers
-    from ctrcal.train.results import load_run
-    from ctrcal.train.runs import check_same_features, require_run_dir, run_data
+    from ctrcal.train.results import open_run
 
-    run_dir = require_run_dir(run_dir)
     if raw_files and split is not None:
         raise ConfigError("give either raw files or --split, not both")
     split = split or "test"
-    data_dir = run_data(run_dir, data_dir)
-    check_same_features(run_dir, data_dir, "predict")
-    feature_map = FeatureMap.load(data_dir)
-    if not raw_files:
-        rows = int(((feature_map.splits or {}).get(split) or {}).get("rows", 0) or 0)
-        if rows == 0:
-            raise DataError(f"{data_dir}: the {split} split is empty or missing")
-    else:
+
+    def inputs(data_dir: Path, feature_map: Any) -> None:
+        if not raw_files:
+            rows = int(((feature_map.splits or {}).get(split) or {}).get("rows", 0) or 0)
+            if rows == 0:
+                raise DataError(f"{data_dir}: the {split} split is empty or missing")
         for path in raw_files:
             if not Path(path).is_file():
                 raise DataError(f"{path}: no such file")
-    dev = resolve_device(device)
+
+    run = open_run(run_dir, "predict", data_dir, device=device, mc_samples=mc_samples, check=inputs)
+    model, cfg, dev, data_dir, feature_map = (
+        run.model,
+        run.config,
+        run.device,
+        run.data_dir,
+        run.data,
+    )
+    # the MC passes are seeded: the caller's RNG is left as it was
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-        model, cfg, _ = load_run(run_dir)
-        if mc_samples > 0 and not has_mc_layers(model):
-            raise ConfigError(
-                f"{run_dir}: its model has no MC-LayerNorm layer, so MC passes would all be "
-                "equal; drop --mc-samples"
-            )
-        model.to(dev)
         batch_size = batch_size or cfg.train.eval_batch_size
         if raw_files:
             formats = _raw_formats(cfg, raw_files)

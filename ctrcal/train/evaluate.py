@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ctrcal.core.errors import ConfigError, DataError
+from ctrcal.core.errors import DataError
 
 __all__ = [
     "EPOCH_METRICS",
@@ -102,30 +102,20 @@ def evaluate_run(
         DataError: the data is encoded with another feature map than the run's, has moved,
             or the split has no labels (checked before the model is loaded).
     """
-    from ctrcal.core.devices import resolve_device
-    from ctrcal.data.feature_map import FeatureMap
-    from ctrcal.layers.mc_layernorm.module import has_mc_layers
-    from ctrcal.train.results import load_run
-    from ctrcal.train.runs import check_same_features, require_run_dir, run_data
+    from ctrcal.train.results import open_run
     from ctrcal.train.splits import open_split, require_labelled, resolve_data_mode
 
-    require_run_dir(run_dir)
-    data_dir = run_data(run_dir, data_dir)
-    current = FeatureMap.load(data_dir)
-    require_labelled(current, split, data_dir, "evaluate")
-    check_same_features(run_dir, data_dir, "evaluate")
-    dev = resolve_device(device)
-    # building the model draws initial weights too: the caller's RNG is left as it was
+    def labelled(data_dir: Path, feature_map: Any) -> None:
+        require_labelled(feature_map, split, data_dir, "evaluate")
+
+    run = open_run(
+        run_dir, "evaluate", data_dir, device=device, mc_samples=mc_samples, check=labelled
+    )
+    dev = run.device
+    # the MC passes are seeded: the caller's RNG is left as it was
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-        model, cfg, _ = load_run(run_dir)
-        if mc_samples > 0 and not has_mc_layers(model):
-            raise ConfigError(
-                f"{run_dir}: its model has no MC-LayerNorm layer, so MC passes would all be "
-                "equal; drop --mc-samples (mc_samples) or evaluate a run trained with "
-                "mclayernorm"
-            )
-        model.to(dev)
-        mode = resolve_data_mode(cfg.train.data_mode, dev, current)
-        data = open_split(data_dir, split, mode, dev)
+        mode = resolve_data_mode(run.config.train.data_mode, dev, run.data)
+        data = open_split(run.data_dir, split, mode, dev)
         torch.manual_seed(seed)
-        return score_split(model, data, batch_size or cfg.train.eval_batch_size, dev, mc_samples)
+        batch_size = batch_size or run.config.train.eval_batch_size
+        return score_split(run.model, data, batch_size, dev, mc_samples)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -20,7 +21,16 @@ from ctrcal.core.utils import json_dumps, write_json_atomic, write_text_atomic
 from ctrcal.data.feature_map import FEATURE_MAP_FILE
 from ctrcal.train.runs import METRICS_FILE, RESULT_FILE, load_run_config, require_run_dir
 
-__all__ = ["Run", "TrainResult", "load_run", "read_result", "write_history", "write_result"]
+__all__ = [
+    "OpenRun",
+    "Run",
+    "TrainResult",
+    "load_run",
+    "open_run",
+    "read_result",
+    "write_history",
+    "write_result",
+]
 
 
 @dataclass
@@ -211,6 +221,84 @@ def load_run(run_dir: str | Path) -> Run:
     model.load_state_dict(state["model"])
     model.eval()
     return Run(model, cfg, feature_map)
+
+
+class OpenRun(NamedTuple):
+    """A run opened to score data with (:func:`open_run`).
+
+    Attributes:
+        run_dir: the run directory.
+        data_dir: the prepared directory it scores (the run's own, or ``--data``).
+        data: the :class:`~ctrcal.data.feature_map.FeatureMap` of ``data_dir`` (the run's
+            feature identity: same vocabularies, transforms and schema).
+        model: the best model, in eval mode, on ``device``: ``model(batch)`` returns logits
+            ``[B]``.
+        config: the run's validated config snapshot.
+        device: where the model is.
+    """
+
+    run_dir: Path
+    data_dir: Path
+    data: Any
+    model: nn.Module
+    config: Config
+    device: Any
+
+
+def open_run(
+    run_dir: str | Path,
+    what: str,
+    data_dir: str | Path | None = None,
+    *,
+    device: str = "cpu",
+    mc_samples: int = 0,
+    check: Callable[[Path, Any], None] | None = None,
+) -> OpenRun:
+    """Open a run to score data with: the one route of ``evaluate``, ``predict`` and ``export``.
+
+    In order, each before anything heavier: the run directory and its best checkpoint, the
+    prepared directory (``data_dir``, else the run's own), that directory's feature identity
+    against the run's, the caller's own ``check``; then the model is built and loaded (the
+    caller's RNG state is left as it was: building draws initial weights) and moved to
+    ``device``.
+
+    Args:
+        run_dir: a run directory written by :func:`~ctrcal.train.trainer.train`.
+        what: the command, for messages (``"evaluate"``).
+        data_dir: the prepared directory to score (default: the one the run was trained on).
+        device: ``auto``, ``cpu``, ``cuda``, ...
+        mc_samples: > 0 requires a model with MC-LayerNorm layers (MC passes of a model
+            without them would all be equal).
+        check: ``check(data_dir, feature_map)``, called before the model is loaded (an empty
+            split, a missing file).
+
+    Raises:
+        CtrcalError: no run or no checkpoint; DataError: data gone, moved or of another
+            feature map; ConfigError: ``mc_samples`` on a model without MC-LayerNorm.
+    """
+    import torch
+
+    from ctrcal.core.devices import resolve_device
+    from ctrcal.core.errors import ConfigError
+    from ctrcal.data.feature_map import FeatureMap
+    from ctrcal.layers.mc_layernorm.module import has_mc_layers
+    from ctrcal.train.runs import check_same_features, run_data
+
+    run_dir = require_run_dir(run_dir)
+    data_dir = run_data(run_dir, data_dir)
+    check_same_features(run_dir, data_dir, what)
+    data = FeatureMap.load(data_dir)
+    if check is not None:
+        check(data_dir, data)
+    dev = resolve_device(device)
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        model, cfg, _ = load_run(run_dir)
+    if mc_samples > 0 and not has_mc_layers(model):
+        raise ConfigError(
+            f"{run_dir}: its model has no MC-LayerNorm layer, so MC passes would all be equal; "
+            "drop --mc-samples (mc_samples) or use a run trained with mclayernorm"
+        )
+    return OpenRun(run_dir, data_dir, data, model.to(dev).eval(), cfg, dev)
 
 
 def write_result(run_dir: Path, result: TrainResult) -> None:

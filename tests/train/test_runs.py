@@ -275,3 +275,59 @@ def test_a_run_without_recorded_identities_is_never_matched_silently(
         evaluate_run(run, "valid", prepared_dir)
     with pytest.raises(DataError, match="records no identity"):
         check_resumable(run, _cfg(), prepared_dir)
+
+
+def test_evaluate_predict_and_export_open_a_run_by_one_route(monkeypatch, tmp_path):
+    import ctrcal.train.results as results
+    from ctrcal.serving.export import export_run
+    from ctrcal.serving.predict import predict_run
+
+    class Opened(Exception):
+        pass
+
+    def open_run(run_dir, what, data_dir=None, **kwargs):
+        raise Opened(what)
+
+    monkeypatch.setattr(results, "open_run", open_run)
+    calls = {
+        "evaluate": lambda: evaluate_run(tmp_path / "run", "test"),
+        "predict": lambda: predict_run(tmp_path / "run", tmp_path / "p.parquet"),
+        "export": lambda: export_run(tmp_path / "run", tmp_path / "m.pt", "torchscript"),
+    }
+    for what, call in calls.items():
+        with pytest.raises(Opened, match=f"^{what}$"):
+            call()
+
+
+def test_open_run_checks_everything_before_the_model_and_keeps_the_callers_rng(
+    started_run, prepared_dir, tmp_path, monkeypatch
+):
+    import torch
+
+    import ctrcal.train.results as results
+    from ctrcal.train.results import open_run
+
+    other = _relabelled_copy(prepared_dir, tmp_path / "other")
+    loaded = []
+    real_load = results.load_run
+    monkeypatch.setattr(results, "load_run", lambda d: loaded.append(d) or real_load(d))
+    with pytest.raises(DataError, match="another feature map"):
+        open_run(started_run, "evaluate", other)
+    checked = []
+
+    def check(data_dir, feature_map):
+        checked.append(feature_map.vocab_sizes)
+        raise DataError("the test split is empty")
+
+    with pytest.raises(DataError, match="the test split is empty"):
+        open_run(started_run, "evaluate", check=check)
+    assert checked and loaded == []  # the caller's check ran, the model was never built
+    with pytest.raises(ConfigError, match="no MC-LayerNorm layer"):
+        open_run(started_run, "predict", mc_samples=3)
+    torch.manual_seed(11)
+    want = torch.rand(3)
+    torch.manual_seed(11)
+    run = open_run(started_run, "evaluate")
+    assert torch.equal(torch.rand(3), want)  # building the model drew nothing from it
+    assert not run.model.training and run.device == torch.device("cpu")
+    assert run.data_dir == prepared_dir and run.config.model.embedding_dim == 4
