@@ -19,6 +19,13 @@ are the parent's artifacts. Under torchrun only rank 0 logs.
 
 The packages are optional extras (``ctrcal[tensorboard]``, ``ctrcal[mlflow]``);
 :func:`missing_logger_extras` names the missing ones for ``validate``.
+
+What ``validate`` cannot know is checked when the run opens its loggers, before training:
+TensorBoard's folder must take a file, and an ``http(s)`` tracking URI must answer within
+:data:`PROBE_TIMEOUT_S` seconds (MLflow's own client retries for minutes). Either failure is
+one line naming the folder or the URI. Tracking is a copy of what the run writes itself: a
+logger that fails during or at the end of training is dropped with a warning, and the
+checkpoint and ``result.json`` are written as without it.
 """
 
 from __future__ import annotations
@@ -26,6 +33,10 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import tempfile
+import urllib.error
+import urllib.request
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +55,8 @@ _PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow",
 PARENT_ENV = "CTRCAL_MLFLOW_PARENT_RUN"
 """Set by a shift report: the MLflow run its training runs are children of."""
 _ALLOW_FILE_STORE = "MLFLOW_ALLOW_FILE_STORE"
+PROBE_TIMEOUT_S = 5.0
+"""How long an http(s) tracking server has to answer before the run refuses to start."""
 
 
 def missing_logger_extras(names: Sequence[str]) -> list[str]:
@@ -65,6 +78,44 @@ def tracking_uri(configured: str | None, run_dir: Path) -> str:
     return (Path(run_dir) / "mlruns").resolve().as_uri()
 
 
+def check_tracking_server(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Raise :class:`~ctrcal.core.errors.OutputError` naming ``uri`` when an http(s) tracking
+    server does not answer within ``timeout`` seconds. Any HTTP answer, an error status
+    included, counts: the server is there. Other schemes (a file store, databricks) pass."""
+    from ctrcal.core.errors import OutputError
+
+    if not uri.lower().startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(uri, timeout=timeout):
+            pass
+    except urllib.error.HTTPError:
+        return
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        cause = str(reason).strip().splitlines()[0] if str(reason).strip() else type(exc).__name__
+        raise OutputError(
+            f"train.tracking_uri: the MLflow tracking server {uri} did not answer within "
+            f"{timeout:g} s ({cause}); start it, or give a reachable URI"
+        ) from None
+
+
+def _check_folder(folder: Path) -> None:
+    """Raise :class:`~ctrcal.core.errors.OutputError` naming ``folder`` unless a file can be
+    created in it (TensorBoard's writer thread would fail later, with a traceback)."""
+    from ctrcal.core.errors import OutputError
+    from ctrcal.core.utils import describe_os_error
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise OutputError(
+            "train.loggers: tensorboard: " + describe_os_error(folder, exc, "write into")
+        ) from None
+
+
 def _flatten(obj: Any, prefix: str = "") -> dict[str, str]:
     if isinstance(obj, Mapping):
         out: dict[str, str] = {}
@@ -75,10 +126,14 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, str]:
 
 
 class _TensorBoard:
+    name = "tensorboard"
+
     def __init__(self, run_dir: Path) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        folder = Path(run_dir) / "tensorboard"
+        _check_folder(folder)
+        self.writer = SummaryWriter(log_dir=str(folder))
 
     def params(self, params: dict[str, str]) -> None:
         text = "\n".join(f"    {k}: {v}" for k, v in sorted(params.items()))
@@ -95,10 +150,14 @@ class _TensorBoard:
 
 
 class _MLflow:
+    name = "mlflow"
+
     def __init__(self, run_dir: Path, uri: str | None, experiment: str, name: str) -> None:
         from mlflow.tracking import MlflowClient
 
-        self.client = MlflowClient(tracking_uri(uri, run_dir))
+        resolved = tracking_uri(uri, run_dir)
+        check_tracking_server(resolved)
+        self.client = MlflowClient(resolved)
         found = self.client.get_experiment_by_name(experiment)
         exp_id = found.experiment_id if found else self.client.create_experiment(experiment)
         tags = {"ctrcal.run_dir": str(Path(run_dir).resolve())}
@@ -169,24 +228,36 @@ class RunLoggers:
     def __bool__(self) -> bool:
         return bool(self.sinks)
 
+    def _each(self, call: str, *args: Any) -> None:
+        """``sink.call(*args)`` on every sink; a sink that fails is dropped with a warning (a
+        tracking server that goes away must not cost the run its checkpoint)."""
+        for sink in list(self.sinks):
+            try:
+                getattr(sink, call)(*args)
+            except Exception as exc:  # any failure of a tracking library
+                self.sinks.remove(sink)
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                warnings.warn(
+                    f"train.loggers: {sink.name} failed ({type(exc).__name__}: {first}); "
+                    "it logs nothing more for this run, the checkpoint and result.json are "
+                    "written as without it",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+
     def params(self, config: Mapping[str, Any]) -> None:
-        flat = _flatten(config)
-        for sink in self.sinks:
-            sink.params(flat)
+        self._each("params", _flatten(config))
 
     def step(self, step: int, loss: float, lr: float, rows_per_s: float) -> None:
         values = {"train/loss": loss, "train/lr": lr, "train/rows_per_s": rows_per_s}
-        for sink in self.sinks:
-            sink.metrics(values, step)
+        self._each("metrics", values, step)
 
     def epoch(self, epoch: int, train_loss: float, valid: Mapping[str, float]) -> None:
         values = {"train/epoch_loss": train_loss, **{f"valid/{k}": v for k, v in valid.items()}}
-        for sink in self.sinks:
-            sink.metrics(values, epoch)
+        self._each("metrics", values, epoch)
 
     def finish(self, checkpoint: Path | None, status: str = "FINISHED") -> None:
-        for sink in self.sinks:
-            sink.finish(checkpoint, status)
+        self._each("finish", checkpoint, status)
         self.sinks = []
 
 

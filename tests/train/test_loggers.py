@@ -78,3 +78,117 @@ def test_validate_names_a_missing_extra(monkeypatch):
     monkeypatch.setattr(loggers.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"pip install 'ctrcal\[mlflow\]'"):
         tiny_config("train.loggers=[mlflow]")
+
+
+def _closed_port() -> int:
+    """A local port nobody listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_tracking_server_is_refused_in_seconds():
+    import time
+
+    from ctrcal.core.errors import OutputError
+    from ctrcal.train.loggers import check_tracking_server
+
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    start = time.perf_counter()
+    with pytest.raises(OutputError) as info:
+        check_tracking_server(uri)
+    assert time.perf_counter() - start < 10
+    message = str(info.value)
+    assert message.startswith(f"train.tracking_uri: the MLflow tracking server {uri} did not")
+    assert "\n" not in message
+    check_tracking_server("file:///nowhere/mlruns")  # a file store is not probed
+
+
+def test_a_tracking_server_that_answers_passes_even_with_an_error_status():
+    import http.server
+    import threading
+
+    from ctrcal.train.loggers import check_tracking_server
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        check_tracking_server(f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_mlflow_with_an_unreachable_uri_fails_before_training(prepared_dir, tmp_path):
+    pytest.importorskip("mlflow")
+    from ctrcal.core.errors import OutputError
+
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    cfg = tiny_config("train.loggers=[mlflow]", f"train.tracking_uri={uri}")
+    with pytest.raises(OutputError, match=f"tracking server {uri} did not answer"):
+        train(cfg, prepared_dir, tmp_path / "run")
+    assert not (tmp_path / "run" / BEST).exists()
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # no epoch was trained
+
+
+def test_a_tensorboard_folder_that_takes_no_file_is_one_line_before_training(
+    prepared_dir, tmp_path
+):
+    pytest.importorskip("tensorboard")
+    from ctrcal.core.errors import OutputError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tensorboard").write_text("a file where the folder goes")
+    with pytest.raises(OutputError) as info:
+        train(tiny_config("train.loggers=[tensorboard]"), prepared_dir, run)
+    message = str(info.value)
+    assert message.startswith(f"train.loggers: tensorboard: {run / 'tensorboard'}: cannot")
+    assert "b'" not in message and "\n" not in message
+    assert not (run / "metrics.jsonl").exists()
+
+
+def test_a_read_only_tensorboard_folder_is_named():
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from ctrcal.core.errors import OutputError
+    from ctrcal.train.loggers import _check_folder
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes into a read-only folder")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "tensorboard"
+        folder.mkdir()
+        folder.chmod(0o500)
+        try:
+            with pytest.raises(OutputError, match="permission denied|read-only"):
+                _check_folder(folder)
+        finally:
+            folder.chmod(0o700)
+
+
+def test_a_logger_failing_at_the_end_keeps_the_checkpoint(prepared_dir, tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from ctrcal.train import loggers
+
+    def broken(self, checkpoint, status):
+        raise RuntimeError("tracking server went away")
+
+    monkeypatch.setattr(loggers._TensorBoard, "finish", broken)
+    run = tmp_path / "run"
+    with pytest.warns(RuntimeWarning, match="tensorboard failed .*went away"):
+        train(tiny_config("train.loggers=[tensorboard]"), prepared_dir, run)
+    assert (run / BEST).exists()
+    assert json.loads((run / "result.json").read_text())["valid"]["auc"] > 0
