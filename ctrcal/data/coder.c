@@ -215,3 +215,98 @@ void gather_columns(int64_t f, const uint32_t *const *tables, const int32_t *cod
         for (int64_t i = 0; i < n; i++) o[i] = table[c[i]];
     }
 }
+
+/* XXH64, xxHash's 64-bit function (Yann Collet, https://github.com/Cyan4973/xxHash, its
+ * specification doc/xxhash_spec.md): the key of a string categorical is XXH64 of the value's
+ * UTF-8 bytes with seed 0. A fixed, published function, so that prepared vocabularies stay
+ * valid whatever library versions read them later. Reads are little-endian, as the
+ * specification defines them, on any machine. */
+#define XXH_P1 0x9E3779B185EBCA87ULL
+#define XXH_P2 0xC2B2AE3D27D4EB4FULL
+#define XXH_P3 0x165667B19E3779F9ULL
+#define XXH_P4 0x85EBCA77C2B2AE63ULL
+#define XXH_P5 0x27D4EB2F165667C5ULL
+
+static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+static inline uint64_t read_le64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
+
+static inline uint32_t read_le32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap32(v);
+#endif
+    return v;
+}
+
+static inline uint64_t xxh64_round(uint64_t acc, uint64_t input) {
+    return rotl64(acc + input * XXH_P2, 31) * XXH_P1;
+}
+
+static inline uint64_t xxh64_merge(uint64_t acc, uint64_t lane) {
+    return (acc ^ xxh64_round(0, lane)) * XXH_P1 + XXH_P4;
+}
+
+static uint64_t xxh64(const uint8_t *p, uint64_t len, uint64_t seed) {
+    const uint8_t *const end = p + len;
+    uint64_t h;
+    if (len >= 32) {
+        uint64_t v1 = seed + XXH_P1 + XXH_P2, v2 = seed + XXH_P2, v3 = seed, v4 = seed - XXH_P1;
+        do {
+            v1 = xxh64_round(v1, read_le64(p));
+            v2 = xxh64_round(v2, read_le64(p + 8));
+            v3 = xxh64_round(v3, read_le64(p + 16));
+            v4 = xxh64_round(v4, read_le64(p + 24));
+            p += 32;
+        } while (end - p >= 32);
+        h = rotl64(v1, 1) + rotl64(v2, 7) + rotl64(v3, 12) + rotl64(v4, 18);
+        h = xxh64_merge(h, v1);
+        h = xxh64_merge(h, v2);
+        h = xxh64_merge(h, v3);
+        h = xxh64_merge(h, v4);
+    } else {
+        h = seed + XXH_P5;
+    }
+    h += len;
+    for (; end - p >= 8; p += 8) h = rotl64(h ^ xxh64_round(0, read_le64(p)), 27) * XXH_P1 + XXH_P4;
+    if (end - p >= 4) {
+        h = rotl64(h ^ (uint64_t)read_le32(p) * XXH_P1, 23) * XXH_P2 + XXH_P3;
+        p += 4;
+    }
+    for (; p < end; p++) h = rotl64(h ^ (uint64_t)*p * XXH_P5, 11) * XXH_P1;
+    h ^= h >> 33;
+    h *= XXH_P2;
+    h ^= h >> 29;
+    h *= XXH_P3;
+    h ^= h >> 32;
+    return h;
+}
+
+/* out[i] = XXH64 (seed 0) of string i of an Arrow string-view array (the Utf8View layout:
+ * 16-byte views, a string of at most 12 bytes inline, a longer one in data[buffer] at its
+ * offset), rows [offset, offset + n) of it; out[i] = 0 where the validity bitmap (may be NULL:
+ * none missing) marks the value null. */
+void hash_string_views(const uint8_t *views, const uint8_t *const *data, const uint8_t *validity,
+                       int64_t offset, int64_t n, uint64_t *out) {
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t j = offset + i;
+        if (validity && !((validity[j >> 3] >> (j & 7)) & 1)) {
+            out[i] = 0;
+            continue;
+        }
+        int32_t len, buffer, at; /* the view's fields, in the machine's byte order */
+        memcpy(&len, views + 16 * j, 4);
+        memcpy(&buffer, views + 16 * j + 8, 4);
+        memcpy(&at, views + 16 * j + 12, 4);
+        const uint8_t *text = len <= 12 ? views + 16 * j + 4 : data[buffer] + at;
+        out[i] = xxh64(text, (uint64_t)len, 0);
+    }
+}

@@ -7,9 +7,16 @@ only the distinct values and their counts (:meth:`ColumnCoder.state`: exactly wh
 the rows gives, whatever the chunking), and encoding a chunk is one gather per column through
 a table of per-value answers indexed by code (:class:`Answers`).
 
-Values are 64-bit: a categorical's key (a Criteo hash widened, or a string's 64-bit hash), or
+Values are 64-bit: a categorical's key (a Criteo hash widened, or a string's key), or
 a numeric's float64 bits (``-0.0`` made ``0.0`` first, so that equal numbers have equal bits;
 the coder does it as it reads them).
+
+A string categorical's key is :data:`STRING_HASH` of its text (:func:`string_keys`): XXH64,
+xxHash's 64-bit function, of the value's UTF-8 bytes with seed 0. It is ours, not a library's
+(polars does not keep its string hash from one version to the next), so a vocabulary keyed by
+it stays valid across upgrades; prepare and serving both key strings here, and a prepared
+directory records the name (:func:`check_string_hash`).
+
 Built with the system C compiler; where none is found the pipeline cannot run and says so.
 """
 
@@ -18,11 +25,15 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ctrcal.core.cbuild import LazyLibrary
 from ctrcal.core.errors import DataError
+
+if TYPE_CHECKING:
+    import polars as pl
 
 _SOURCE = Path(__file__).with_name("coder.c")
 
@@ -39,6 +50,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.coder_state.restype = None
     lib.gather_columns.argtypes = [i64, ptr, ptr, i64, i64, ptr, i64]
     lib.gather_columns.restype = None
+    lib.hash_string_views.argtypes = [ptr, ptr, ptr, i64, i64, ptr]
+    lib.hash_string_views.restype = None
 
 
 _LIBRARY = LazyLibrary(_SOURCE, "coder", _declare)
@@ -50,8 +63,8 @@ def _library() -> ctypes.CDLL:
     lib = _LIBRARY.get()
     if lib is None:
         raise DataError(
-            f"cannot build ctrcal's column coder (a C compiler is needed to "
-            f"prepare data): {_LIBRARY.error}"
+            "cannot build ctrcal's column coder (a C compiler is needed to prepare data "
+            f"and to key string categoricals): {_LIBRARY.error}"
         )
     return lib
 
@@ -194,4 +207,67 @@ class Answers:
         )
 
 
-__all__ = ["FOLD", "Answers", "ColumnCoder"]
+STRING_HASH = "xxh64"
+"""The name of the function that keys string categoricals (XXH64 of the UTF-8 bytes, seed 0;
+``coder.c``), as a prepared directory records it."""
+
+
+def string_keys(texts: pl.Series | Sequence[str | None]) -> np.ndarray:
+    """[N] uint64 keys of string categorical values: :data:`STRING_HASH` of each text's UTF-8
+    bytes, 0 where a value is null (its validity says missing; the key is not read).
+
+    Args:
+        texts: a polars String Series (read in place, without a copy) or a sequence of
+            ``str`` / None.
+    """
+    import polars as pl
+    import pyarrow as pa
+
+    if not isinstance(texts, pl.Series):
+        texts = pl.Series(list(texts), dtype=pl.String)
+    # Arrow's string views are polars' own layout: exported without a copy
+    array: Any = texts.to_arrow(compat_level=pl.CompatLevel.newest())
+    out = np.empty(len(texts), dtype=np.uint64)
+    lib = _library()
+    start = 0
+    for chunk in array.chunks if isinstance(array, pa.ChunkedArray) else [array]:
+        if chunk.type != pa.string_view():
+            chunk = chunk.cast(pa.string_view())
+        validity, views, *data = chunk.buffers()
+        n = len(chunk)
+        if n:
+            lib.hash_string_views(
+                views.address,
+                (ctypes.c_void_p * max(1, len(data)))(*(b.address for b in data)),
+                None if validity is None else validity.address,
+                chunk.offset,
+                n,
+                out[start:].ctypes.data,
+            )
+        start += n
+    return out
+
+
+def check_string_hash(feature_map: dict[str, Any], where: str) -> None:
+    """Raise DataError (one line) when a prepared directory's string categoricals were keyed
+    by another function than :data:`STRING_HASH`: by the name its feature map records, or, with
+    none recorded, by polars' string hash (what ctrcal used before). Their vocabulary would
+    miss every value encoded now. A directory without string categoricals passes."""
+    schema = feature_map.get("schema") or {}
+    if schema.get("categorical_spelling") != "string" or not schema.get("categorical"):
+        return
+    recorded = feature_map.get("string_hash")
+    if recorded == STRING_HASH:
+        return
+    made = (
+        f"keyed by {recorded!r}"
+        if recorded is not None
+        else "keyed by polars' string hash (an earlier ctrcal)"
+    )
+    raise DataError(
+        f"{where}: its string categoricals were {made}, which this ctrcal does not use "
+        f"(it keys them with {STRING_HASH}): re-run prepare"
+    )
+
+
+__all__ = ["FOLD", "STRING_HASH", "Answers", "ColumnCoder", "check_string_hash", "string_keys"]

@@ -54,6 +54,7 @@ from ctrcal.core.constraints import Constraint, check_parameters
 from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.core.errors import DataError
 from ctrcal.core.utils import atomic_path, write_json_atomic
+from ctrcal.data.coder import check_string_hash
 from ctrcal.data.feature_bounds import FEATURE_PARAMETER_CONSTRAINTS
 from ctrcal.data.feature_map import (
     FEATURE_MAP_FILE,
@@ -62,7 +63,6 @@ from ctrcal.data.feature_map import (
 )
 from ctrcal.data.fit_stats import FitStats, weighted_moments, weighted_quantiles
 from ctrcal.data.lookup import ValueIndex
-from ctrcal.data.row_check import check_string_keys
 
 VOCAB_FILE = "vocab.parquet"
 
@@ -384,7 +384,7 @@ class FeaturePipeline:
         directory = Path(directory)
         fmap = FeatureMap.load(directory)
         # its vocabulary's string keys are only good for the hash that made them
-        check_string_keys(fmap.extra.get("string_keys"), str(directory / FEATURE_MAP_FILE))
+        check_string_hash(fmap.extra, str(directory / FEATURE_MAP_FILE))
         params = fmap.extra["pipeline"]
         pipe = cls(**params)
         try:

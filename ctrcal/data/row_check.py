@@ -18,7 +18,8 @@ hex        at most 8 hex digits (a parquet integer         uint32 (read base 16)
            column: its value below 2^32)                   ``C7 is not a hex value of at most
                                                            8 digits``
 decimal    a decimal id below 2^32 (Criteo_x1)             uint32; ``C7 is not a decimal id``
-string     any text (a parquet column: its text form)      uint64 (:func:`string_key`); never bad
+string     any text (a parquet column: its text form)      uint64, its key (XXH64 of the text:
+                                                           :func:`~.coder.string_keys`); never bad
 time       an integer; missing is bad                      int64; ``ts is not an integer time``
 =========  =============================================  =====================================
 
@@ -50,17 +51,10 @@ import numpy as np
 import polars as pl
 
 from ctrcal.core.errors import DataError
+from ctrcal.data.coder import string_keys
 from ctrcal.data.parsed import ParsedChunk
 
-__all__ = [
-    "EXTRA",
-    "KINDS",
-    "Column",
-    "RowCheck",
-    "check_string_keys",
-    "string_key",
-    "string_key_probe",
-]
+__all__ = ["EXTRA", "KINDS", "Column", "RowCheck"]
 
 _LABEL = "label"
 _INTEGER = "integer"
@@ -86,40 +80,6 @@ EXTRA = "_extra"
 """The column a text reader fills with whatever follows a row's last field (null if nothing)."""
 _ROW = "_row"  # record index in the file (0-based, header excluded)
 _BAD = "_bad"
-_HASH_SEED = 0x5EEDC7C1
-"""The string hash's fixed seed: the same text gets the same key in every run."""
-
-
-def string_key(text: pl.Expr) -> pl.Expr:
-    """The uint64 key of a string categorical: a seeded 64-bit hash of its text (null stays
-    null). Prediction on single rows keys their values with this too."""
-    return pl.when(text.is_not_null()).then(text.hash(_HASH_SEED))
-
-
-_KEY_PROBE = "ctrcal string key probe 0123456789 \u00fcn\u00efc\u00f8d\u00e9"
-
-
-def string_key_probe() -> str:
-    """The key :func:`string_key` gives a fixed text, 16 hex digits. polars does not promise
-    that its string hash stays the same from version to version: a prepared directory records
-    this probe, and what encodes new rows with its vocabulary checks it
-    (:func:`check_string_keys`), so that a changed hash is an error, not every string value
-    silently out of vocabulary."""
-    return f"{pl.select(string_key(pl.lit(_KEY_PROBE))).item():016x}"
-
-
-def check_string_keys(recorded: dict | None, where: str) -> None:
-    """Raise DataError when ``recorded`` (a feature map's ``string_keys``: the probe and the
-    polars version that made its keys) does not match this polars's string hash; None (data
-    without string categoricals, or prepared before the probe was recorded) passes."""
-    if not recorded or recorded.get("probe") == string_key_probe():
-        return
-    raise DataError(
-        f"{where}: its string categoricals were keyed by the string hash of polars "
-        f"{recorded.get('polars', '?')}, which polars {pl.__version__} computes differently: "
-        "every value would miss the vocabulary. Prepare the data again with this polars, or "
-        f"install polars {recorded.get('polars', '?')}"
-    )
 
 
 @dataclass(frozen=True)
@@ -254,7 +214,7 @@ class RowCheck:
         n = df.height
         of = {c.kind: f"__v{k}" for k, c in enumerate(self.columns) if c.kind in (_LABEL, _TIME)}
         numerics = [f"__v{k}" for k, c in enumerate(self.columns) if c.kind in _NUMERIC]
-        keys = [f"__v{k}" for k, c in enumerate(self.columns) if c.kind in _CATEGORICAL]
+        keys = [(f"__v{k}", c.kind) for k, c in enumerate(self.columns) if c.kind in _CATEGORICAL]
         time_column = next((c for c in self.columns if c.kind == _TIME), None)
         feature = time_column is not None and time_column.feature != "none"
         numeric = np.empty((len(numerics), n), dtype=np.float64)
@@ -270,10 +230,10 @@ class RowCheck:
         )
         categorical = np.empty((len(keys) + feature, n), dtype=np.uint32 if narrow else np.uint64)
         categorical_valid = np.empty((len(keys) + feature, n), dtype=np.uint8)
-        for j, name in enumerate(keys):
+        for j, (name, kind) in enumerate(keys):
             col = df[name]
             categorical_valid[j] = col.is_not_null().to_numpy()
-            categorical[j] = col.fill_null(0).to_numpy()
+            categorical[j] = string_keys(col) if kind == _STRING else col.fill_null(0).to_numpy()
         time = df[of[_TIME]].to_numpy() if _TIME in of else None
         if feature:
             key = time % 100 if time_column.feature == "hour_of_day" else time
@@ -297,7 +257,8 @@ class RowCheck:
 
 
 def _value(column: Column, dtype: pl.DataType, blanks: bool) -> pl.Expr:
-    """The typed value of a raw column (null where missing or not of its kind)."""
+    """The typed value of a raw column (null where missing or not of its kind); a string
+    categorical's text, keyed when the chunk is handed on (:meth:`RowCheck._to_chunk`)."""
     col = pl.col(column.name)
     text = dtype == pl.Utf8
     kind = column.kind
@@ -309,7 +270,7 @@ def _value(column: Column, dtype: pl.DataType, blanks: bool) -> pl.Expr:
         if not text:
             return col.cast(pl.UInt32, strict=False)
         return col.str.to_integer(base=16 if kind == _HEX else 10, dtype=pl.UInt32, strict=False)
-    return string_key(col if text else col.cast(pl.Utf8))
+    return col if text else col.cast(pl.Utf8)
 
 
 def _given(raw: pl.Expr, text: bool) -> pl.Expr:

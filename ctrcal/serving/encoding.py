@@ -168,11 +168,9 @@ class RawRowEncoder:
         if value is None:
             return None
         if self.spelling == "string":
-            import polars as pl
+            from ctrcal.data.coder import string_keys
 
-            from ctrcal.data.row_check import string_key
-
-            return int(pl.select(string_key(pl.lit(str(value)))).item())
+            return int(string_keys([str(value)])[0])
         text = str(value).strip()
         try:
             key = (

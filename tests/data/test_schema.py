@@ -84,26 +84,67 @@ def test_avazu_by_its_schema_split_by_hour(avazu, tmp_path):
     assert train["label"].sum() == frame["click"][: res.rows["train"]].sum()
 
 
-def test_string_keys_made_by_another_polars_hash_are_refused_not_missed(avazu, tmp_path):
+def test_string_ids_do_not_depend_on_polars_hash(avazu, tmp_path, monkeypatch):
+    from ctrcal.data.coder import string_keys
+    from ctrcal.data.identity import feature_identity
+    from ctrcal.serving.encoding import RawRowEncoder
+
+    frame, csv, _, _ = avazu
+    prepare([csv], tmp_path / "a", _cfg())
+    rows = frame.head(200).with_columns(pl.all().cast(pl.Utf8)).to_dicts()
+    before = RawRowEncoder(tmp_path / "a").encode(rows)[0]
+
+    # a polars whose string hash differs (as a new version's may) changes no id
+    def other(self, *args, **kwargs):
+        return self.cast(pl.Utf8).str.len_bytes().cast(pl.UInt64)
+
+    monkeypatch.setattr(pl.Expr, "hash", other)
+    monkeypatch.setattr(pl.Series, "hash", other)
+    prepare([csv], tmp_path / "b", _cfg())
+    assert feature_identity(tmp_path / "a") == feature_identity(tmp_path / "b")
+    for split in ("train", "valid", "test"):
+        a, b = (pl.read_parquet(tmp_path / d / split) for d in "ab")
+        assert a.equals(b), split
+    assert np.array_equal(RawRowEncoder(tmp_path / "b").encode(rows)[0], before)
+    # the vocabulary holds each value's XXH64 key
+    vocab = pl.read_parquet(tmp_path / "b" / "vocab.parquet").filter(pl.col("field") == "site_id")
+    texts = frame["site_id"].unique().to_list()
+    assert set(vocab["value"].to_list()) <= {int(k) for k in string_keys(texts)}
+
+
+def test_a_directory_keyed_by_another_string_hash_is_refused_in_one_line(avazu, tmp_path):
     import json
 
     from ctrcal.data.feature_map import FEATURE_MAP_FILE
     from ctrcal.data.features import FeaturePipeline
-    from ctrcal.data.row_check import string_key_probe
     from ctrcal.serving.encoding import RawRowEncoder
 
     _, csv, _, _ = avazu
     out = tmp_path / "p"
     prepare([csv], out, _cfg())
     saved = json.loads((out / FEATURE_MAP_FILE).read_text())
-    assert saved["string_keys"] == {"probe": string_key_probe(), "polars": pl.__version__}
-    FeaturePipeline.load(out)  # the same hash: loads
-    # what a polars whose string hash changed would find
-    saved["string_keys"] = {"probe": "0123456789abcdef", "polars": "0.0.1"}
-    (out / FEATURE_MAP_FILE).write_text(json.dumps(saved))
-    for load in (FeaturePipeline.load, RawRowEncoder):
-        with pytest.raises(DataError, match=r"string hash of polars 0\.0\.1.*computes differently"):
-            load(out)
+    assert saved["string_hash"] == "xxh64" and "string_keys" not in saved
+    FeaturePipeline.load(out)  # the same function: loads
+    # what the previous release wrote (polars' hash and its probe), what no record means (a
+    # release before the probe), and a name this code does not know
+    old = {k: v for k, v in saved.items() if k != "string_hash"}
+    cases = {
+        "keyed by polars' string hash": {
+            **old,
+            "string_keys": {"probe": "0123456789abcdef", "polars": "1.31.0"},
+        },
+        "keyed by polars": old,
+        "keyed by 'fnv1a64'": {**saved, "string_hash": "fnv1a64"},
+    }
+    for said, fm in cases.items():
+        (out / FEATURE_MAP_FILE).write_text(json.dumps(fm))
+        for load in (FeaturePipeline.load, RawRowEncoder):
+            with pytest.raises(DataError) as caught:
+                load(out)
+            message = str(caught.value)
+            assert "\n" not in message and said in message, message
+            assert message.startswith(f"{out / FEATURE_MAP_FILE}: ")
+            assert message.endswith("(it keys them with xxh64): re-run prepare")
 
 
 def test_raw_rows_of_a_string_schema_encode_as_prepare_encoded_them(avazu, tmp_path):

@@ -50,6 +50,7 @@ import polars as pl
 from ctrcal.core.criteo_schema import LABEL
 from ctrcal.core.errors import DataError
 from ctrcal.data import criteo, schema_reader
+from ctrcal.data.coder import STRING_HASH
 from ctrcal.data.days import describe_days
 from ctrcal.data.feature_map import FEATURE_MAP_FILE, SCHEMA_VERSION
 from ctrcal.data.features import FeaturePipeline, resolve_numeric_transform
@@ -69,7 +70,6 @@ from ctrcal.data.prepare.publish import (
 from ctrcal.data.prepare.result import PrepareResult
 from ctrcal.data.prepare.stages import chunk_bytes_for
 from ctrcal.data.prepare.write import PROB_COL
-from ctrcal.data.row_check import string_key_probe
 from ctrcal.data.schema import DatasetSchema, resolve_schema
 from ctrcal.data.splits import (
     SPLITS,
@@ -191,6 +191,12 @@ def data_schema(cfg: Any) -> DatasetSchema | None:
     return None if schema is CRITEO else schema
 
 
+def _string_hash(schema: DatasetSchema | None) -> str | None:
+    """The function that keys the schema's string categoricals (None: it has none)."""
+    spelled = schema is not None and schema.categorical_spelling == "string"
+    return STRING_HASH if spelled and schema.categorical else None
+
+
 def _params(cfg: Any, on_bad_row: str, random_split: bool) -> dict[str, Any]:
     data, feats = cfg.data, cfg.features
     schema = data_schema(cfg)
@@ -205,6 +211,9 @@ def _params(cfg: Any, on_bad_row: str, random_split: bool) -> dict[str, Any]:
         "max_vocab": feats.max_vocab,
         "hash_buckets": feats.hash_buckets,
     }
+    if _string_hash(schema):
+        # a directory whose strings another function keyed is prepared again, not reused
+        out["string_hash"] = _string_hash(schema)
     if random_split:
         out["split"] = list(data.split)
         out["split_order"] = data.split_order
@@ -475,8 +484,8 @@ def _prepare_into(
     }
     if schema is not None:
         extra["schema"] = schema.to_dict()
-        if schema.categorical_spelling == "string" and schema.categorical:
-            extra["string_keys"] = {"probe": string_key_probe(), "polars": pl.__version__}
+        if _string_hash(schema):
+            extra["string_hash"] = _string_hash(schema)
     if synthetic_info:
         extra["synthetic"] = dict(synthetic_info)
     if oracle:
