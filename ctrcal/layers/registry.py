@@ -219,8 +219,10 @@ def replace_norms(
         target: which modules to replace: by default exactly ``nn.LayerNorm`` (subclasses
             with their own forward, e.g. channel-first LayerNorm2d, are left alone); a type or
             tuple of types replaces every instance of them.
-        copy_params: copy ``weight``/``bias`` into the new layer where both have them with the
-            same shape (and the new layer inherits eps / elementwise_affine / bias settings).
+        copy_params: keep the old layer's ``weight``/``bias`` where both layers have them with
+            the same shape: the same ``Parameter`` objects, so an optimizer built before the
+            swap keeps updating them (a reshaped one is copied into the new layer's own). The
+            new layer inherits eps / elementwise_affine / bias settings.
         **kwargs: the new layer's own arguments (e.g. ``fraction=0.8``).
 
     Returns:
@@ -266,6 +268,14 @@ def _build_replacement(
                 src = getattr(old, pname, None)
                 dst = getattr(new, pname, None)
                 if (
+                    isinstance(src, nn.Parameter)
+                    and isinstance(dst, nn.Parameter)
+                    and src.shape == dst.shape
+                ):
+                    # the same Parameter object: an optimizer built before the swap (FuxiCTR
+                    # builds it in the model's constructor) keeps training it
+                    setattr(new, pname, src)
+                elif (
                     isinstance(src, torch.Tensor)
                     and isinstance(dst, torch.Tensor)
                     and src.shape == dst.shape
