@@ -76,6 +76,19 @@ class FeatureMap:
     def num_numeric(self) -> int:
         return len(self.numeric_fields)
 
+    @property
+    def oov_ids(self) -> list[int]:
+        """Per categorical field, the id of a value its vocabulary does not hold (the recorded
+        id layout's ``oov``; a capped field hashes such values, and keeps this id unused).
+
+        Raises:
+            DataError: the feature map records no id layout (a placeholder).
+        """
+        oov = (self.extra.get("id_layout") or {}).get("oov")
+        if oov is None:
+            raise DataError(f"{self.source}: records no id layout (prepare the data again)")
+        return [int(oov)] * self.num_categorical
+
     @classmethod
     def placeholder(
         cls,

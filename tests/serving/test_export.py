@@ -107,7 +107,7 @@ def _onnx(served, fmap, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PARITY))
 def test_torchscript_matches_eager(name, prepared_dir, rows, tmp_path):
-    served = ServedModel(_model(prepared_dir, PARITY[name]))
+    served = ServedModel(_model(prepared_dir, PARITY[name]), FeatureMap.load(prepared_dir))
     _check_parity(_torchscript(served, FeatureMap.load(prepared_dir), tmp_path), served, rows)
 
 
@@ -119,7 +119,7 @@ ONNX_PARITY = ["masknet_serial_mcln", "masknet_parallel_ln", "dcnv2", "dnn"]
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ONNX_PARITY)
 def test_onnx_matches_eager(name, prepared_dir, rows, tmp_path):
-    served = ServedModel(_model(prepared_dir, PARITY[name]))
+    served = ServedModel(_model(prepared_dir, PARITY[name]), FeatureMap.load(prepared_dir))
     _check_parity(_onnx(served, FeatureMap.load(prepared_dir), tmp_path), served, rows)
 
 
@@ -128,8 +128,8 @@ def test_every_norm_exports(norm, prepared_dir, rows, tmp_path):
     spec = "{name: contextnorm, field: C14}" if norm == "contextnorm" else norm
     if norm == "groupnorm":
         spec = "{name: groupnorm, num_groups: 2}"
-    served = ServedModel(_model(prepared_dir, [*SERIAL, f"model.net_norm={spec}"]))
     fmap = FeatureMap.load(prepared_dir)
+    served = ServedModel(_model(prepared_dir, [*SERIAL, f"model.net_norm={spec}"]), fmap)
     run = _torchscript(served, fmap, tmp_path)
     cat, num = rows
     ref = _eager(served, cat[:4096], num[:4096])
@@ -168,7 +168,48 @@ def test_calibrators_fold_into_the_graph(name, prepared_dir, rows, tmp_path):
         got = head(torch.from_numpy(logits).float()).double().numpy()
     assert np.abs(got - np.asarray(fitted.predict_proba(logits))).max() <= 1e-6
     # ... and the exported graph computes the head's
-    served = ServedModel(model, head)
+    served = ServedModel(model, fmap, head)
     _check_parity(_torchscript(served, fmap, tmp_path), served, rows)
     if name == "isotonic":  # serving.json ships the table itself
         assert head.params()["x_thresholds"] == fitted.x_thresholds_.tolist()
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+def test_ids_outside_a_fields_vocabulary_are_served_as_its_oov_id(
+    fmt, prepared_dir, rows, tmp_path
+):
+    fmap = FeatureMap.load(prepared_dir)
+    model = _model(prepared_dir, PARITY["dnn"])
+    served = ServedModel(model, fmap)
+    run = (_torchscript if fmt == "torchscript" else _onnx)(served, fmap, tmp_path)
+    cat, num = rows[0][:8], rows[1][:8]
+    sizes = torch.tensor(fmap.vocab_sizes)
+    oov = torch.tensor(fmap.oov_ids)
+
+    def model_probs(ids):
+        with torch.no_grad():
+            return torch.sigmoid(model(Batch(ids, num, None))).numpy()
+
+    # each field's last id is its own; its size (the next field's first row in the shared
+    # table), -1 and a huge id are its OOV id, in every field at once and in the first alone
+    edges = {"last": sizes - 1, "size": sizes, "minus_one": -1, "huge": 1 << 40}
+    for name, value in edges.items():
+        every = torch.as_tensor(value).expand_as(cat).clone()
+        first = cat.clone()
+        first[:, 0] = every[:, 0]
+        for ids in (every, first):
+            known = (ids >= 0) & (ids < sizes)
+            want = model_probs(torch.where(known, ids, oov))
+            got = run(ids, num)
+            assert np.abs(got - want).max() <= TOL, name
+            assert np.abs(_eager(served, ids, num) - want).max() <= TOL, name
+    # the OOV row is not the next field's first row: the clamp changes what is served
+    assert np.abs(model_probs(cat) - run(cat, num)).max() <= TOL
+    shifted = cat.clone()
+    shifted[:, 0] = sizes[0]
+    clamped = cat.clone()
+    clamped[:, 0] = oov[0]
+    assert (
+        np.abs(model_probs(clamped) - model_probs(shifted.clamp(max=int(sizes.sum()) - 1))).max()
+        > 0
+    )

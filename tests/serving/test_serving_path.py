@@ -122,7 +122,7 @@ def _user_model(prepared_dir, tmp_path, monkeypatch, name):
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = load_config(None, [f"model.name=user_models:{name}"], skip_checks=("report", "model"))
     fmap = FeatureMap.load(prepared_dir)
-    served = export_mod.ServedModel(create_model(cfg.model, fmap)).eval()
+    served = export_mod.ServedModel(create_model(cfg.model, fmap), fmap).eval()
     return served, export_mod.example_inputs(fmap.vocab_sizes, fmap.num_numeric, 2)
 
 
