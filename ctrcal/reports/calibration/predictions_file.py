@@ -16,7 +16,9 @@ costs more than reading a small file): blank lines are skipped, pandas' missing-
 (``NA``, ``null``, an empty field, ...) are missing values, a column's type is that of all its
 values (integers, numbers, ``True``/``False``, or else text; dates stay text), empty
 header fields are named ``Unnamed: i`` and repeated names ``name.1``, ``name.2``. A row with
-more or fewer fields than the header is refused, naming its line. A time column of text holds
+more or fewer fields than the header is refused, naming its line; so is a line longer than
+:data:`MAX_CSV_BLOCK` (a longer line than pyarrow's block is read with larger blocks). A time
+column of text holds
 numbers or ISO 8601 dates and times (``2024-01-31``, ``2024-01-31T10:00:00+01:00``); a date in
 another layout is refused rather than guessed (``01/02/2024`` is a day in January or in
 February depending on who wrote it).
@@ -350,6 +352,9 @@ _NA_TOKENS = (
 )
 _TRUE, _FALSE = ("True", "TRUE", "true"), ("False", "FALSE", "false")
 _FIELDS = re.compile(r"Expected \d+ columns, got \d+")
+# pyarrow reads a CSV in blocks (1 MiB by default) and refuses a line longer than a block; a
+# longer line is read again with blocks that hold it, up to this size (memory per thread)
+MAX_CSV_BLOCK = 256 << 20
 
 
 def _column_names(names: Sequence[str]) -> list[str]:
@@ -429,7 +434,46 @@ def _numpy_columns(table: Any, names: Sequence[str]) -> dict[str, np.ndarray]:
     return out
 
 
-def _arrow_csv(path: Path, types: dict[str, Any]) -> Any:
+def _longest_line(path: Path) -> tuple[int, int]:
+    """(1-based line number, bytes) of the file's longest line (its newline not counted)."""
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    best_line, best_len = 1, 0
+    line, length = 1, 0  # the line being read and its bytes so far
+    with opener(path, "rb") as fh:
+        while chunk := fh.read(16 << 20):
+            ends = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
+            if ends.size:
+                sizes = np.diff(ends, prepend=-1) - 1
+                sizes[0] += length
+                i = int(np.argmax(sizes))
+                if sizes[i] > best_len:
+                    best_line, best_len = line + i, int(sizes[i])
+                line += int(ends.size)
+                length = len(chunk) - int(ends[-1]) - 1
+            else:
+                length += len(chunk)
+    if length > best_len:
+        best_line, best_len = line, length
+    return best_line, best_len
+
+
+def _block_size(path: Path) -> int:
+    """A pyarrow block that holds the file's longest line; DataError naming the line when
+    that exceeds :data:`MAX_CSV_BLOCK`."""
+    line, size = _longest_line(path)
+    block = 1 << 20
+    while block <= size:
+        block *= 2
+    if block > MAX_CSV_BLOCK:
+        raise DataError(
+            f"{path}: line {line} is {size / 2**20:.1f} MiB long, more than the "
+            f"{MAX_CSV_BLOCK >> 20} MiB a CSV line may have; check that line (a missing line "
+            "break?), or write the predictions as parquet"
+        )
+    return block
+
+
+def _arrow_csv(path: Path, types: dict[str, Any], block_size: int | None = None) -> Any:
     """The CSV file as a pyarrow table (``types``: column name -> type, instead of inferred).
 
     Raises:
@@ -449,15 +493,21 @@ def _arrow_csv(path: Path, types: dict[str, Any]) -> Any:
         quoted_strings_can_be_null=True,
     )
     compression = "gzip" if path.name.lower().endswith(".gz") else None
+    read = pcsv.ReadOptions(block_size=block_size) if block_size else None
     try:
         with pa.input_stream(path, compression=compression) as stream:
             return pcsv.read_csv(
-                stream, parse_options=pcsv.ParseOptions(delimiter=sep), convert_options=options
+                stream,
+                read_options=read,
+                parse_options=pcsv.ParseOptions(delimiter=sep),
+                convert_options=options,
             )
     except UnicodeDecodeError:
         raise _not_utf8(path) from None
     except pa.ArrowInvalid as exc:
         text = str(exc)
+        if "straddle" in text and block_size is None:
+            return _arrow_csv(path, types, _block_size(path))
         if "Empty CSV file" in text:
             text = "No columns to parse from file"  # pandas' words, which users know
         elif _FIELDS.search(text):

@@ -274,3 +274,31 @@ def test_bad_numeric_options_are_one_line_and_exit_2(tmp_path, capsys, option, m
     assert rc == 2
     assert err == f"ctrcal calibration-report: error: {message}\n"
     assert not (tmp_path / "rep").exists()
+
+
+def _long_line_file(tmp_path):
+    path = tmp_path / "long.csv"
+    with path.open("w") as fh:
+        fh.write("prob,label,site\n0.1,0,a\n0.6,1,b\n")
+        fh.write("0.3,1," + "x" * (20 << 20) + "\n")  # a 20 MiB segment value on line 4
+        fh.write("0.2,0,a\n")
+    return path
+
+
+def test_a_csv_line_longer_than_pyarrows_block_is_read(tmp_path):
+    preds = read_predictions(_long_line_file(tmp_path), "prob", "label", segments=["site"])
+    assert preds.rows == 4
+    assert len(set(preds.segments["site"].tolist())) == 3
+
+
+def test_a_csv_line_longer_than_the_bound_is_named_with_advice(tmp_path, monkeypatch):
+    from ctrcal.reports.calibration import predictions_file
+
+    monkeypatch.setattr(predictions_file, "MAX_CSV_BLOCK", 16 << 20)
+    path = _long_line_file(tmp_path)
+    with pytest.raises(DataError) as info:
+        read_predictions(path, "prob", "label")
+    assert str(info.value) == (
+        f"{path}: line 4 is 20.0 MiB long, more than the 16 MiB a CSV line may have; check "
+        "that line (a missing line break?), or write the predictions as parquet"
+    )
