@@ -5,6 +5,7 @@ Usage::
     nice python scripts/bench_prepare.py [--sizes 500000,1000000,5000000,12000000,45000000]
                                          [--workdir /tmp/ctrcal-bench-prepare] [--repeat 3]
                                          [--big-repeat 1] [--base /tmp/base]
+                                         [--schema avazu]
 
 Inputs: one synthetic dac file of ``min(largest size, 5M)`` rows is generated once under
 ``--workdir`` (minutes; never in the repository); a smaller size is its first N lines, a larger
@@ -21,6 +22,13 @@ min_count 10), against two floors of any polars pipeline:
 - ``stream``: the same parse by polars' streaming engine, batch by batch, each batch dropped
   (bounded memory). It is measured from 5M rows on, so that the sizes where both floors run
   show how the two compare, and it is the floor of the sizes the in-memory parse cannot hold.
+
+``--schema avazu`` measures an Avazu-shaped CSV instead (:func:`_avazu_file`: Avazu's 24
+columns and header, ``hour`` in time order over ten days, 21 categoricals spelled as Avazu
+spells them, 8-hex ids or small integers, ``device_ip`` and ``device_id`` with about a third
+as many distinct values as rows), generated at each size, prepared with the data and features
+of ``configs/avazu.yaml`` (string categoricals, split by hour); the floors parse its columns
+as strings.
 
 ``--base DIR`` adds ``ctrcal prepare`` from another checkout (``git worktree add /tmp/base
 <commit>``: the previous release), run the same way. For each size, rounds (``--repeat`` below
@@ -67,6 +75,45 @@ lf = pl.scan_csv(sys.argv[1], has_header=False, separator="\t", quote_char=None,
 print(sum(batch.height for batch in lf.collect_batches()))
 """
 STREAM_FROM_ROWS = 5_000_000
+
+CSV_FLOOR = r"""
+import sys
+import polars as pl
+print(pl.scan_csv(sys.argv[1], infer_schema=False).collect().height)
+"""
+
+CSV_STREAM = r"""
+import sys
+import polars as pl
+lf = pl.scan_csv(sys.argv[1], infer_schema=False)
+print(sum(batch.height for batch in lf.collect_batches()))
+"""
+
+# Avazu's categoricals after id, click, hour: distinct values (None: a third of the rows) and
+# whether Avazu spells them as 8 hex digits (else small integers)
+AVAZU_FIELDS = {
+    "C1": (7, False),
+    "banner_pos": (7, False),
+    "site_id": (4737, True),
+    "site_domain": (7745, True),
+    "site_category": (26, True),
+    "app_id": (8552, True),
+    "app_domain": (559, True),
+    "app_category": (36, True),
+    "device_id": (None, True),
+    "device_ip": (None, True),
+    "device_model": (8251, True),
+    "device_type": (5, False),
+    "device_conn_type": (4, False),
+    "C14": (2626, False),
+    "C15": (8, False),
+    "C16": (9, False),
+    "C17": (435, False),
+    "C18": (4, False),
+    "C19": (68, False),
+    "C20": (172, False),
+    "C21": (60, False),
+}
 
 PARSE_BYTES_PER_TEXT_BYTE = 3.3
 """Peak RSS of the bare parse per byte of text (measured: 0.78 GB for 1M rows, 0.24 GB)."""
@@ -171,6 +218,56 @@ def _inputs(workdir: Path, sizes: list[int]) -> dict[int, Path]:
     return files
 
 
+def _avazu_file(path: Path, rows: int, seed: int = 0) -> None:
+    """An Avazu-shaped ``train.csv`` of ``rows`` rows (module docstring); each field's values
+    skewed towards its first ones (rank = distinct * u^3)."""
+    import numpy as np
+    import polars as pl
+
+    rng = np.random.default_rng(seed)
+    hours = np.sort(rng.integers(0, 240, rows))
+    cols: dict[str, object] = {
+        "id": rng.integers(0, 2**63, rows, dtype=np.int64),
+        "click": (rng.random(rows) < 0.17).astype(np.int8),
+        "hour": 14102100 + (hours // 24) * 100 + hours % 24,
+    }
+    for k, (name, (distinct, hexed)) in enumerate(AVAZU_FIELDS.items()):
+        distinct = distinct or max(1, rows // 3)
+        ranks = (distinct * rng.random(rows) ** 3).astype(np.int64)
+        if hexed:
+            pool = rng.integers(0, 2**32, distinct, dtype=np.int64)
+            cols[name] = pl.Series([f"{v:08x}" for v in pool]).gather(ranks)
+        else:
+            cols[name] = 1000 * (k + 1) + ranks
+    pl.DataFrame(cols).write_csv(path)
+
+
+def _avazu_inputs(workdir: Path, sizes: list[int]) -> dict[int, Path]:
+    """An Avazu-shaped file of each size (generated once)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for n in sizes:
+        path = files[n] = workdir / f"avazu_{n}.csv"
+        if not path.exists():
+            print(f"generating {n:,} Avazu-shaped rows into {path} (once) ...", flush=True)
+            tmp = path.with_suffix(".part")
+            _avazu_file(tmp, n)
+            tmp.rename(path)
+    return files
+
+
+def _avazu_config(workdir: Path) -> Path:
+    """``configs/avazu.yaml``'s data and features sections without its input file (the
+    command line names it)."""
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "configs" / "avazu.yaml").read_text())
+    cfg["data"].pop("inputs")
+    path = workdir / "avazu.yaml"
+    path.write_text(yaml.safe_dump({"data": cfg["data"], "features": cfg["features"]}))
+    return path
+
+
 def _ratios(got: dict[str, list[float]], num: str, den: str) -> list[float]:
     """The rounds' own ratios ``num / den`` (rounds where both ran)."""
     return [a / b for a, b in zip(got[num], got[den], strict=False)]
@@ -200,9 +297,12 @@ def main() -> int:
         help="another checkout whose `ctrcal prepare` runs alongside",
     )
     p.add_argument("--now-first", action="store_true", help="run this checkout before the base")
+    p.add_argument("--schema", choices=["dac", "avazu"], default="dac", help="the files measured")
     args = p.parse_args()
     sizes = sorted(int(float(s)) for s in args.sizes.split(","))
-    files = _inputs(args.workdir, sizes)
+    avazu = args.schema == "avazu"
+    files = (_avazu_inputs if avazu else _inputs)(args.workdir, sizes)
+    config = ["--config", str(_avazu_config(args.workdir))] if avazu else []
     print(
         f"CPU: {cpu_model_name()}, {os.cpu_count()} cores; load average "
         f"{os.getloadavg()[0]:.1f}; whole processes; seconds: medians of the rounds; "
@@ -213,7 +313,9 @@ def main() -> int:
         checkouts = {"now": ROOT, "base": args.base}
         if not args.now_first:
             checkouts = {"base": args.base, "now": ROOT}
-    floors = {"parse": FLOOR, "stream": STREAM}
+    floors = (
+        {"parse": CSV_FLOOR, "stream": CSV_STREAM} if avazu else {"parse": FLOOR, "stream": STREAM}
+    )
     ratios = [("now", "parse"), ("now", "stream")]
     if args.base is not None:
         ratios += [("base", "parse"), ("now", "base")]
@@ -225,11 +327,14 @@ def main() -> int:
     # one unmeasured run per checkout first: its bytecode cache and C kernels are built once,
     # as after an install
     warm = args.workdir / "warm.txt"
-    with open(files[sizes[0]], "rb") as src:
-        warm.write_bytes(b"".join(src.readline() for _ in range(2_000)))
+    if avazu:  # every hour: a time split needs more than the first ones
+        _avazu_file(warm, 2_000)
+    else:
+        with open(files[sizes[0]], "rb") as src:
+            warm.write_bytes(b"".join(src.readline() for _ in range(2_000)))
     for name, root in checkouts.items():
         out = args.workdir / f"prepared_{name}_warm"
-        _run(["-m", "ctrcal", "prepare", str(warm), "--out", str(out)], root)
+        _run(["-m", "ctrcal", "prepare", str(warm), "--out", str(out), *config], root)
         shutil.rmtree(out, ignore_errors=True)
     results = []
     for n in sizes:
@@ -252,7 +357,8 @@ def main() -> int:
             for name, root in checkouts.items():
                 out = args.workdir / f"prepared_{name}_{n}"
                 shutil.rmtree(out, ignore_errors=True)
-                t, c, r = _run(["-m", "ctrcal", "prepare", str(path), "--out", str(out)], root)
+                argv = ["-m", "ctrcal", "prepare", str(path), "--out", str(out), *config]
+                t, c, r = _run(argv, root)
                 shutil.rmtree(out, ignore_errors=True)
                 secs[name].append(t)
                 cpu[name].append(c)

@@ -212,25 +212,32 @@ STRING_HASH = "xxh64"
 ``coder.c``), as a prepared directory records it."""
 
 
-def string_keys(texts: pl.Series | Sequence[str | None]) -> np.ndarray:
+def string_keys(
+    texts: pl.Series | Sequence[str | None], out: np.ndarray | None = None
+) -> np.ndarray:
     """[N] uint64 keys of string categorical values: :data:`STRING_HASH` of each text's UTF-8
     bytes, 0 where a value is null (its validity says missing; the key is not read).
 
     Args:
-        texts: a polars String Series (read in place, without a copy) or a sequence of
-            ``str`` / None.
+        texts: a polars String Series (read in place, chunk by chunk, without a copy) or a
+            sequence of ``str`` / None.
+        out: a contiguous [N] uint64 array to write the keys into (default a new one).
     """
     import polars as pl
     import pyarrow as pa
 
     if not isinstance(texts, pl.Series):
         texts = pl.Series(list(texts), dtype=pl.String)
-    # Arrow's string views are polars' own layout: exported without a copy
-    array: Any = texts.to_arrow(compat_level=pl.CompatLevel.newest())
-    out = np.empty(len(texts), dtype=np.uint64)
+    if out is None:
+        out = np.empty(len(texts), dtype=np.uint64)
+    if out.dtype != np.uint64 or out.shape != (len(texts),) or not out.flags.c_contiguous:
+        raise ValueError("string_keys: out must be a contiguous uint64 [N] array")
     lib = _library()
     start = 0
-    for chunk in array.chunks if isinstance(array, pa.ChunkedArray) else [array]:
+    # each chunk on its own: a Series exported whole is first copied into one chunk
+    for part in texts.get_chunks():
+        # Arrow's string views are polars' own layout: exported without a copy
+        chunk: Any = part.to_arrow(compat_level=pl.CompatLevel.newest())
         if chunk.type != pa.string_view():
             chunk = chunk.cast(pa.string_view())
         validity, views, *data = chunk.buffers()

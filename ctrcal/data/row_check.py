@@ -233,7 +233,10 @@ class RowCheck:
         for j, (name, kind) in enumerate(keys):
             col = df[name]
             categorical_valid[j] = col.is_not_null().to_numpy()
-            categorical[j] = string_keys(col) if kind == _STRING else col.fill_null(0).to_numpy()
+            if kind == _STRING:
+                string_keys(col, out=categorical[j])
+            else:
+                categorical[j] = col.fill_null(0).to_numpy()
         time = df[of[_TIME]].to_numpy() if _TIME in of else None
         if feature:
             key = time % 100 if time_column.feature == "hour_of_day" else time
