@@ -42,3 +42,19 @@ def test_builtin_calibrators_are_listed_by_path_and_load_on_first_use():
     ).stdout.split("\n")
     assert {"field_aware", "isotonic", "platt", "temperature"} <= set(eval(out[0]))
     assert out[1:3] == ["False", "True"]
+
+
+def test_a_metric_has_one_home_and_one_holm():
+    from ctrcal import metrics
+    from ctrcal.core.registry import Registry
+    from ctrcal.metrics import _registry, _segments
+    from ctrcal.reports.shift import stats
+
+    assert isinstance(metrics.METRICS, Registry) and metrics.METRICS is _registry.METRICS
+    assert metrics.declare_metric is _registry.declare_metric
+    # no second table of names, directions or definitions beside the registry
+    for gone in ("DEFINITIONS", "CALIBRATION_DEFINITIONS", "BRIER_DEFINITIONS"):
+        assert not hasattr(metrics, gone), gone
+    assert not hasattr(metrics, "LABEL_FREE_DEFINITIONS")
+    assert not hasattr(stats, "HIGHER_IS_BETTER")
+    assert metrics.holm is _segments.holm and stats.holm is metrics.holm

@@ -8,6 +8,11 @@ and is defined once, in a private submodule; this package is its one public name
     ctrcal.metrics.smooth_ece(probs, labels).value
     ctrcal.metrics.bootstrap_ci(probs, labels, "ece")
 
+Every metric is declared once, beside its function, in :data:`METRICS` (its function,
+direction, label and definition; :func:`declare_metric` adds one, :func:`metrics_in` lists
+those of a report's table, :func:`metric_of` finds the declaration of a result's key); the
+reports, the deploy gate and the docs read that table.
+
 Two tools of the metrics are public too, because the calibrators share them:
 :func:`as_numpy` (how a metric reads its input: numpy or a tensor on any device) and
 :func:`newton_logistic` (the one logistic fit: the calibration slope here, Platt and
@@ -17,7 +22,7 @@ temperature scaling in :mod:`ctrcal.calibration.scaling`).
 from __future__ import annotations
 
 from ctrcal.metrics._bootstrap import BootstrapCI, PairedCI, bootstrap_ci, paired_bootstrap
-from ctrcal.metrics._brier import BRIER_DEFINITIONS, BrierDecomposition, brier_decomposition
+from ctrcal.metrics._brier import BrierDecomposition, brier_decomposition
 from ctrcal.metrics._ecce import (
     ECCETest,
     Multicalibration,
@@ -36,17 +41,15 @@ from ctrcal.metrics._field import (
 )
 from ctrcal.metrics._inputs import as_numpy
 from ctrcal.metrics._label_free import (
-    LABEL_FREE_DEFINITIONS,
     LABEL_FREE_METRICS,
     expected_auc,
     label_free_errors,
     label_free_estimates,
 )
 from ctrcal.metrics._metrics import (
-    CALIBRATION_DEFINITIONS,
-    DEFINITIONS,
     ReliabilityCurve,
     auc,
+    average_precision,
     brier,
     calibration_free_ne,
     calibration_summary,
@@ -62,6 +65,13 @@ from ctrcal.metrics._recalibration import (
     calibration_slope_intercept,
     newton_logistic,
 )
+from ctrcal.metrics._registry import (
+    METRICS,
+    Metric,
+    declare_metric,
+    metric_of,
+    metrics_in,
+)
 from ctrcal.metrics._risk_coverage import RiskCoverage, risk_coverage
 from ctrcal.metrics._segments import (
     MAX_SEGMENT_VALUES,
@@ -73,16 +83,14 @@ from ctrcal.metrics._segments import (
 from ctrcal.metrics._smooth_ece import SmoothECE, smooth_ece, smooth_ece_at
 
 __all__ = [
-    "BRIER_DEFINITIONS",
-    "CALIBRATION_DEFINITIONS",
-    "DEFINITIONS",
-    "LABEL_FREE_DEFINITIONS",
     "LABEL_FREE_METRICS",
     "MAX_SEGMENT_VALUES",
+    "METRICS",
     "BootstrapCI",
     "BrierDecomposition",
     "ECCETest",
     "FieldCalibration",
+    "Metric",
     "Multicalibration",
     "PairedCI",
     "Recalibration",
@@ -93,6 +101,7 @@ __all__ = [
     "SmoothECE",
     "as_numpy",
     "auc",
+    "average_precision",
     "bootstrap_ci",
     "brier",
     "brier_decomposition",
@@ -101,6 +110,7 @@ __all__ = [
     "calibration_slope_intercept",
     "calibration_summary",
     "compute_all",
+    "declare_metric",
     "ece",
     "ecce",
     "ecce_pvalue_from_sigmas",
@@ -114,6 +124,8 @@ __all__ = [
     "label_free_errors",
     "label_free_estimates",
     "logloss",
+    "metric_of",
+    "metrics_in",
     "multicalibration_error",
     "newton_logistic",
     "normalized_entropy",

@@ -31,19 +31,9 @@ import numpy as np
 
 from ctrcal.metrics._inputs import check_probs_labels
 from ctrcal.metrics._metrics import _uniform_edges
+from ctrcal.metrics._registry import declare_metric
 
-__all__ = ["BRIER_DEFINITIONS", "BrierDecomposition", "brier_decomposition"]
-
-BRIER_DEFINITIONS: dict[str, str] = {
-    "brier_reliability": "Murphy's reliability term of the Brier score, Σ_b (n_b/n)·(mean p_b − "
-    "click rate_b)² over ECE's 15 equal-width bins; 0 is calibrated, lower is better.",
-    "brier_resolution": "Murphy's resolution term, Σ_b (n_b/n)·(click rate_b − click rate)²; "
-    "higher is better.",
-    "brier_uncertainty": "Murphy's uncertainty term, click rate·(1 − click rate): the Brier "
-    "score of the base rate.",
-    "brier_remainder": "Brier − (reliability − resolution + uncertainty): the within-bin "
-    "variance of p minus twice its within-bin covariance with the clicks (the bins' share).",
-}
+__all__ = ["BrierDecomposition", "brier_decomposition"]
 
 
 @dataclass(frozen=True)
@@ -100,3 +90,46 @@ def brier_decomposition(probs: Any, labels: Any, n_bins: int = 15) -> BrierDecom
     res = float(np.sum(w * (my - base) ** 2))
     unc = base * (1.0 - base)
     return BrierDecomposition(brier, rel, res, unc, brier - (rel - res + unc), int(n_bins))
+
+
+# ---- declarations (ctrcal.metrics.METRICS) ---------------------------------------------------
+
+for _term, _label, _better, _definition in (
+    (
+        "reliability",
+        "Brier reliability (calibration term, lower is better)",
+        "lower",
+        "Murphy's reliability term of the Brier score, Σ_b (n_b/n)·(mean p_b − click rate_b)² "
+        "over ECE's 15 equal-width bins; 0 is calibrated, lower is better.",
+    ),
+    (
+        "resolution",
+        "Brier resolution (higher is better)",
+        "higher",
+        "Murphy's resolution term, Σ_b (n_b/n)·(click rate_b − click rate)²; higher is better.",
+    ),
+    (
+        "uncertainty",
+        "Brier uncertainty",
+        None,
+        "Murphy's uncertainty term, click rate·(1 − click rate): the Brier score of the base rate.",
+    ),
+    (
+        "remainder",
+        "Brier remainder",
+        None,
+        "Brier − (reliability − resolution + uncertainty): the within-bin variance of p minus "
+        "twice its within-bin covariance with the clicks (the bins' share).",
+    ),
+):
+    declare_metric(
+        f"brier_{_term}",
+        label=_label,
+        definition=_definition,
+        better=_better,
+        computed_by="brier_decomposition",
+        section="scores",
+        tables=("calibration", "shift")
+        if _term in ("reliability", "resolution")
+        else ("calibration",),
+    )

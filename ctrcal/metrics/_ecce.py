@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from ctrcal.metrics._inputs import as_numpy, check_fields, check_probs_labels, dense_codes
+from ctrcal.metrics._registry import declare_metric
 
 __all__ = [
     "ECCETest",
@@ -401,3 +402,109 @@ def _describe(
         g, code = divmod(g, sizes[f])
         parts.append((keys[f], labels[f][code]))
     return tuple(reversed(parts))
+
+
+# ---- declarations (ctrcal.metrics.METRICS) ---------------------------------------------------
+
+_SUMMARY = "calibration_summary"
+declare_metric(
+    "ecce",
+    label="ECCE (bin-free cumulative calibration error)",
+    definition="bin-free cumulative calibration error (Arrieta-Ibarra et al., JMLR 2022): range "
+    "of (1/n)·Σ_{i≤j}(y−p) over rows sorted by p; lower is better.",
+    better="lower",
+    compute=ecce,
+    section="bin-free",
+    tables=("calibration", "shift", "compared"),
+    bounds=(0.0, 1.0),
+)
+declare_metric(
+    "ecce_std",
+    label="σ of ECCE",
+    definition="σ = sqrt(Σp(1−p))/n: the scale of ECCE under perfect calibration.",
+    better=None,
+    computed_by=_SUMMARY,
+    section="bin-free",
+)
+declare_metric(
+    "ecce_sigmas",
+    label="ECCE / σ (its significance: > 2.5 is detectable at p < 0.05)",
+    definition="ECCE / σ with σ = sqrt(Σp(1−p))/n its scale under perfect calibration; "
+    "above ~2.5 miscalibration is detectable (ecce_pvalue < 0.05).",
+    better=None,
+    computed_by=_SUMMARY,
+    section="bin-free",
+    tables=("calibration", "shift"),
+)
+declare_metric(
+    "ecce_pvalue",
+    label="ECCE p-value",
+    definition="P(ECCE this large | perfectly calibrated): range of Brownian motion.",
+    better=None,
+    computed_by=_SUMMARY,
+    section="bin-free",
+    tables=("calibration",),
+    bounds=(0.0, 1.0),
+)
+declare_metric(
+    "mce",
+    label="Multicalibration error (noise-weighted worst segment)",
+    definition="multicalibration error (MCGrad's noise-weighted definition): max over segments "
+    "(values of up to 3 fields, top-2 values + other per field, >= 10 rows, <= 1000 segments; "
+    "a fixed 250k-row subsample of larger splits) of ECCE_s/σ_s, times the global σ; lower "
+    "is better.",
+    better="lower",
+    computed_by=_SUMMARY,
+    section="segments",
+    tables=("calibration", "shift", "compared"),
+    segments=True,
+)
+declare_metric(
+    "mce_sigmas",
+    label="Multicalibration error / σ",
+    definition="that worst segment's ECCE_s/σ_s.",
+    better=None,
+    computed_by=_SUMMARY,
+    section="segments",
+    tables=("calibration",),
+    segments=True,
+)
+declare_metric(
+    "mce_relative",
+    label="Relative multicalibration error",
+    definition="the multicalibration error over min(click rate, 1 − click rate).",
+    better="lower",
+    computed_by=_SUMMARY,
+    section="segments",
+    segments=True,
+)
+declare_metric(
+    "mce_pvalue",
+    label="Multicalibration error: p-value, Bonferroni-adjusted over the segments",
+    definition="its p-value, Bonferroni-adjusted over the segments tested.",
+    better=None,
+    computed_by=_SUMMARY,
+    section="segments",
+    tables=("calibration", "shift"),
+    segments=True,
+    bounds=(0.0, 1.0),
+)
+declare_metric(
+    "mce_pvalue_unadjusted",
+    label="Multicalibration error: p-value, unadjusted",
+    definition="the worst segment's p-value before the adjustment (as MCGrad reports it).",
+    better=None,
+    computed_by=_SUMMARY,
+    section="segments",
+    segments=True,
+    bounds=(0.0, 1.0),
+)
+declare_metric(
+    "mce_segments",
+    label="Segments tested",
+    definition="the number of segments the multicalibration error was taken over.",
+    better=None,
+    computed_by=_SUMMARY,
+    section="segments",
+    segments=True,
+)

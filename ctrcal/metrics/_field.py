@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ctrcal.metrics._inputs import as_numpy, check_fields, check_probs_labels, dense_codes
+from ctrcal.metrics._registry import declare_metric
 
 __all__ = [
     "FieldCalibration",
@@ -251,3 +252,69 @@ def bucketize(x: Any, n_buckets: int = 10, name: str = "x") -> np.ndarray:
         upper = upper[upper < vals.max()]
         out[finite] = np.searchsorted(upper, vals, side="left")
     return out
+
+
+# ---- declarations (ctrcal.metrics.METRICS) ---------------------------------------------------
+
+_SUMMARY = "calibration_summary"
+declare_metric(
+    "field_rce_mean",
+    label="Field-RCE, mean over fields",
+    definition="Field-RCE (Pan et al., WWW 2020), (1/N)·Σ_v N_v·|Σ_v(y−p)|/Σ_v y over the "
+    "values v of a field (values below min_count rows pooled), mean over fields.",
+    better="lower",
+    computed_by=_SUMMARY,
+    section="fields",
+    tables=("calibration", "shift", "compared"),
+    segments=True,
+)
+declare_metric(
+    "field_rce_max",
+    label="Field-RCE, worst field",
+    definition="Field-RCE of the worst field.",
+    better="lower",
+    computed_by=_SUMMARY,
+    section="fields",
+    tables=("calibration", "shift", "compared"),
+    segments=True,
+)
+declare_metric(
+    "field_ece_mean",
+    label="Field-ECE, mean over fields",
+    definition="Field-ECE, (1/N)·Σ_v |Σ_v(y−p)|, mean over fields.",
+    better="lower",
+    computed_by=_SUMMARY,
+    section="fields",
+    tables=("calibration",),
+    segments=True,
+)
+declare_metric(
+    "field_ece_max",
+    label="Field-ECE, worst field",
+    definition="Field-ECE of the worst field.",
+    better="lower",
+    computed_by=_SUMMARY,
+    section="fields",
+    tables=("calibration",),
+    segments=True,
+)
+declare_metric(
+    "field_rce:<field>",
+    label="Field-RCE of one field",
+    definition="Field-RCE of one field (`field_rce`), per categorical field and, in the shift "
+    "report, per bucketised numeric (report.field_numeric_buckets equal-mass buckets); "
+    "segments use the clean field values of each row.",
+    better="lower",
+    computed_by=_SUMMARY,
+    section="fields",
+    segments=True,
+)
+declare_metric(
+    "field_ece:<field>",
+    label="Field-ECE of one field",
+    definition="Field-ECE of one field (`field_ece`), (1/N)·Σ_v |Σ_v(y−p)| over its values.",
+    better="lower",
+    computed_by=_SUMMARY,
+    section="fields",
+    segments=True,
+)

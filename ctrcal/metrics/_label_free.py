@@ -32,9 +32,9 @@ import numpy as np
 
 from ctrcal.metrics._inputs import as_numpy, check_probs_labels
 from ctrcal.metrics._metrics import DEFAULT_EPS
+from ctrcal.metrics._registry import declare_metric
 
 __all__ = [
-    "LABEL_FREE_DEFINITIONS",
     "LABEL_FREE_METRICS",
     "check_probs",
     "expected_auc",
@@ -43,13 +43,6 @@ __all__ = [
 ]
 
 LABEL_FREE_METRICS = ("auc", "logloss", "ne", "click_rate", "brier")
-LABEL_FREE_DEFINITIONS: dict[str, str] = {
-    "auc_est": "label-free AUC estimate (CBPE): the AUC the predictions expect if calibrated, "
-    "from probabilities alone.",
-    "logloss_est": "label-free logloss estimate: mean entropy of the predicted probabilities.",
-    "auc_est_err": "AUC estimate − measured AUC: the error a label-free monitor makes.",
-    "logloss_est_err": "logloss estimate − measured logloss.",
-}
 
 
 def check_probs(probs: Any) -> np.ndarray:
@@ -138,3 +131,48 @@ def label_free_errors(probs: Any, labels: Any, measured: dict[str, float]) -> di
         t = float(truth.get(m, float("nan")))
         out.update({f"{m}_est": est[m], f"{m}_measured": t, f"{m}_est_err": est[m] - t})
     return out
+
+
+# ---- declarations (ctrcal.metrics.METRICS) ---------------------------------------------------
+
+_NAMES = {
+    "auc": "AUC",
+    "logloss": "logloss",
+    "ne": "NE",
+    "click_rate": "click rate",
+    "brier": "Brier",
+}
+_ESTIMATES = {
+    "auc": (
+        "higher",
+        "label-free AUC estimate (CBPE): the AUC the predictions expect if calibrated, from "
+        "probabilities alone.",
+    ),
+    "logloss": (
+        "lower",
+        "label-free logloss estimate: mean entropy of the predicted probabilities.",
+    ),
+    "ne": ("lower", "label-free NE estimate: the logloss estimate over the entropy of the mean p."),
+    "click_rate": (None, "label-free click rate estimate: the mean predicted probability."),
+    "brier": ("lower", "label-free Brier estimate: mean p·(1 − p)."),
+}
+for _m, (_better, _definition) in _ESTIMATES.items():
+    declare_metric(
+        f"{_m}_est",
+        label=f"{_NAMES[_m]} estimate (no labels)",
+        definition=_definition,
+        better=_better,
+        compute=lambda probs, _m=_m: label_free_estimates(probs)[_m],
+        kind="label_free",
+        section="label-free",
+    )
+    declare_metric(
+        f"{_m}_est_err",
+        label=f"{_NAMES[_m]} estimate − measured",
+        definition=f"{_NAMES[_m]} estimate − measured {_NAMES[_m]}: the error a label-free "
+        "monitor makes.",
+        better=None,
+        computed_by="label_free_errors",
+        kind="derived",
+        section="label-free",
+    )

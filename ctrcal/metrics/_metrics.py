@@ -58,12 +58,12 @@ from ctrcal.metrics._field import (
 from ctrcal.metrics._inputs import as_numpy as _as_numpy  # noqa: F401
 from ctrcal.metrics._inputs import check_fields
 from ctrcal.metrics._inputs import check_probs_labels as _check
+from ctrcal.metrics._registry import declare_metric
 
 __all__ = [
-    "CALIBRATION_DEFINITIONS",
-    "DEFINITIONS",
     "ReliabilityCurve",
     "auc",
+    "average_precision",
     "brier",
     "calibration_free_ne",
     "calibration_summary",
@@ -76,24 +76,6 @@ __all__ = [
 ]
 
 DEFAULT_EPS = 1e-7
-
-# One-line definitions, printed in reports next to the tables.
-DEFINITIONS: dict[str, str] = {
-    "auc": "ROC AUC: probability that a random click is scored above a random non-click "
-    "(ties count ½); higher is better.",
-    "logloss": "mean negative log-likelihood −mean[y·log p + (1−y)·log(1−p)], p clipped to "
-    "[1e-7, 1−1e-7]; lower is better.",
-    "brier": "mean squared error of the probability, mean[(p − y)²]; lower is better.",
-    "ece": "expected calibration error, Σ_b (n_b/n)·|click rate_b − mean p_b| over 15 "
-    "equal-width bins of the predicted click probability p (torchmetrics "
-    "BinaryCalibrationError, norm='l1'); lower is better.",
-    "ece_mass": "the same ECE over 15 equal-mass bins (each holds n/15 rows sorted by p), "
-    "which resolves the low-probability range where CTR predictions live; lower is better.",
-    "pcoc": "predicted over observed clicks, Σp / Σy; 1 is calibrated on average, > 1 "
-    "over-predicts.",
-    "ne": "normalized entropy, logloss / H(base rate): logloss relative to always predicting "
-    "the observed click rate; < 1 beats that constant, lower is better.",
-}
 
 
 def auc(probs: Any, labels: Any) -> float:
@@ -126,6 +108,34 @@ def auc(probs: Any, labels: Any) -> float:
     group = np.cumsum(starts_mask) - 1
     rank_sum_pos = float(np.dot(avg_rank[group], y[order]))
     return (rank_sum_pos - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
+
+
+def average_precision(probs: Any, labels: Any) -> float:
+    """Average precision, the area under the precision-recall curve as a step function:
+    Σ_k (R_k − R_{k−1})·P_k over the distinct scores k from the highest down, with P_k and R_k
+    the precision and recall of the rows scored at least k (tied rows enter together).
+
+    Equals ``sklearn.metrics.average_precision_score``. Unlike AUC it depends on the click
+    rate: a random ranking scores the click rate, a perfect one 1. One sort, O(n log n).
+
+    Args:
+        probs: [n] scores: probabilities, logits or any finite score (only the order counts).
+        labels: [n] 0/1.
+
+    Returns:
+        The average precision, or NaN when there is no click.
+    """
+    p, y = _check(probs, labels, unit=False)
+    clicks = float(y.sum())
+    if clicks == 0:
+        return float("nan")
+    order = np.argsort(-p, kind="stable")
+    sp, sy = p[order], y[order]
+    last = np.append(sp[1:] != sp[:-1], True)  # the last row of each run of equal scores
+    tp = np.cumsum(sy)[last]
+    rows = np.flatnonzero(last) + 1.0
+    recall_step = np.diff(tp, prepend=0.0) / clicks
+    return float(np.dot(recall_step, tp / rows))
 
 
 def logloss(probs: Any, labels: Any, eps: float = DEFAULT_EPS) -> float:
@@ -362,7 +372,7 @@ def ece(
 
 
 def compute_all(probs: Any, labels: Any, n_bins: int = 15) -> dict[str, float]:
-    """Every metric of :data:`DEFINITIONS` for one set of predictions.
+    """The global metrics of one set of predictions (each declared below).
 
     Returns:
         ``{"auc", "logloss", "brier", "ece", "ece_mass", "pcoc", "ne"}`` -> float.
@@ -390,29 +400,6 @@ def _global_metrics(
         ne=ll / h if not np.isnan(h) else float("nan"),
     )
     return out
-
-
-# Definitions of what calibration_summary adds, printed in reports beside DEFINITIONS.
-CALIBRATION_DEFINITIONS: dict[str, str] = {
-    "ecce": "bin-free cumulative calibration error (Arrieta-Ibarra et al., JMLR 2022): range of "
-    "(1/n)·Σ_{i≤j}(y−p) over rows sorted by p; lower is better.",
-    "ecce_sigmas": "ECCE / σ with σ = sqrt(Σp(1−p))/n its scale under perfect calibration; "
-    "above ~2.5 miscalibration is detectable (ecce_pvalue < 0.05).",
-    "ecce_pvalue": "P(ECCE this large | perfectly calibrated): range of Brownian motion.",
-    "mce": "multicalibration error (MCGrad's noise-weighted definition): max over segments "
-    "(values of up to 3 fields, top-2 values + other per field, >= 10 rows, <= 1000 segments; "
-    "a fixed 250k-row subsample of larger splits) of ECCE_s/σ_s, times the global σ; lower "
-    "is better.",
-    "mce_sigmas": "that worst segment's ECCE_s/σ_s.",
-    "mce_pvalue": "its p-value, Bonferroni-adjusted over the segments tested.",
-    "ne_calfree": "calibration-free NE: NE after one logit shift that makes Σp = Σy; the part "
-    "of NE no global recalibration fixes.",
-    "field_rce_mean": "Field-RCE (Pan et al., WWW 2020), (1/N)·Σ_v N_v·|Σ_v(y−p)|/Σ_v y over "
-    "the values v of a field (values below min_count rows pooled), mean over fields.",
-    "field_rce_max": "Field-RCE of the worst field.",
-    "field_ece_mean": "Field-ECE, (1/N)·Σ_v |Σ_v(y−p)|, mean over fields.",
-    "field_ece_max": "Field-ECE of the worst field.",
-}
 
 
 def calibration_summary(
@@ -449,9 +436,12 @@ def calibration_summary(
         mce_max_depth, mce_max_segments, mce_max_rows: see :func:`multicalibration_error`.
 
     Returns:
-        Metric name -> float (keys of :data:`DEFINITIONS` and
-        :data:`CALIBRATION_DEFINITIONS`, plus ``ecce_std``, ``mce_relative``,
-        ``mce_pvalue_unadjusted``, ``mce_segments``, ``ne_train`` and per-field keys).
+        Metric name -> float: :func:`compute_all`'s, ``ecce``, ``ecce_std``, ``ecce_sigmas``,
+        ``ecce_pvalue``, ``ne_calfree`` (``ne_train`` with ``base_rate``) and, with fields,
+        ``field_rce_mean``, ``field_rce_max``, ``field_ece_mean``, ``field_ece_max``,
+        ``field_rce:<field>``, ``field_ece:<field>``, ``mce``, ``mce_sigmas``,
+        ``mce_relative``, ``mce_pvalue``, ``mce_pvalue_unadjusted`` and ``mce_segments``
+        (each declared in :data:`~ctrcal.metrics.METRICS`).
     """
     p, y = _check(probs, labels)
     order = np.argsort(p, kind="stable")  # shared by equal-mass ECE and ECCE
@@ -489,3 +479,132 @@ def calibration_summary(
         mce_segments=float(mc.n_segments),
     )
     return out
+
+
+# ---- declarations (ctrcal.metrics.METRICS) ---------------------------------------------------
+
+_GLOBAL = "compute_all"
+declare_metric(
+    "auc",
+    label="AUC",
+    definition="ROC AUC: probability that a random click is scored above a random non-click "
+    "(ties count ½); higher is better.",
+    better="higher",
+    compute=auc,
+    section="ranking",
+    tables=("calibration", "shift", "compared"),
+    bounds=(0.0, 1.0),
+)
+declare_metric(
+    "auc_retained",
+    label="AUC retained vs clean (AUC_s / AUC_0)",
+    definition="AUC under the shift divided by the clean AUC of the same run (per seed, then "
+    "averaged); higher means more of the clean ranking quality survives.",
+    better="higher",
+    computed_by="the shift report, from the AUC of each seed clean and shifted",
+    kind="derived",
+    section="ranking",
+    tables=("shift", "compared"),
+)
+declare_metric(
+    "prauc",
+    label="PR-AUC (average precision)",
+    definition="average precision, Σ_k (R_k − R_{k−1})·P_k over thresholds k from the highest "
+    "score down (sklearn's average_precision_score): the area under the precision–recall "
+    "curve; a random ranking scores the click rate; higher is better.",
+    better="higher",
+    compute=average_precision,
+    section="ranking",
+    tables=("calibration",),
+    bounds=(0.0, 1.0),
+)
+declare_metric(
+    "ece",
+    label="ECE",
+    definition="expected calibration error, Σ_b (n_b/n)·|click rate_b − mean p_b| over 15 "
+    "equal-width bins of the predicted click probability p (torchmetrics "
+    "BinaryCalibrationError, norm='l1'); lower is better.",
+    better="lower",
+    compute=ece,
+    computed_by=_GLOBAL,
+    tables=("calibration", "shift", "compared"),
+    bounds=(0.0, 1.0),
+)
+declare_metric(
+    "ece_mass",
+    label="ECE (15 equal-mass bins)",
+    definition="the same ECE over 15 equal-mass bins (each holds n/15 rows sorted by p), "
+    "which resolves the low-probability range where CTR predictions live; lower is better.",
+    better="lower",
+    computed_by=_GLOBAL,
+    tables=("calibration", "shift", "compared"),
+    bounds=(0.0, 1.0),
+)
+declare_metric(
+    "pcoc",
+    label="PCOC (Σp / Σy)",
+    definition="predicted over observed clicks, Σp / Σy; 1 is calibrated on average, > 1 "
+    "over-predicts.",
+    better=None,
+    compute=pcoc,
+    tables=("calibration", "shift"),
+)
+declare_metric(
+    "pcoc_error",
+    label="|PCOC − 1|",
+    definition="distance of PCOC from 1, |Σp / Σy − 1|: how PCOC is compared between "
+    "variants; lower is better.",
+    better="lower",
+    computed_by="the shift report, from PCOC",
+    kind="derived",
+    tables=("compared",),
+)
+declare_metric(
+    "logloss",
+    label="Logloss",
+    definition="mean negative log-likelihood −mean[y·log p + (1−y)·log(1−p)], p clipped to "
+    "[1e-7, 1−1e-7]; lower is better.",
+    better="lower",
+    compute=logloss,
+    section="scores",
+    tables=("calibration", "shift", "compared"),
+)
+declare_metric(
+    "brier",
+    label="Brier score",
+    definition="mean squared error of the probability, mean[(p − y)²]; lower is better.",
+    better="lower",
+    compute=brier,
+    section="scores",
+    tables=("calibration", "shift", "compared"),
+    bounds=(0.0, 1.0),
+)
+declare_metric(
+    "ne",
+    label="Normalized entropy",
+    definition="normalized entropy, logloss / H(base rate): logloss relative to always "
+    "predicting the observed click rate; < 1 beats that constant, lower is better.",
+    better="lower",
+    compute=normalized_entropy,
+    section="scores",
+    tables=("calibration", "shift", "compared"),
+)
+declare_metric(
+    "ne_calfree",
+    label="Calibration-free NE",
+    definition="calibration-free NE: NE after one logit shift that makes Σp = Σy; the part "
+    "of NE no global recalibration fixes.",
+    better="lower",
+    compute=calibration_free_ne,
+    section="scores",
+    tables=("calibration",),
+)
+declare_metric(
+    "ne_train",
+    label="NE (training click rate)",
+    definition="He et al. (2014)'s NE: logloss / H(training click rate), whose normaliser does "
+    "not move when a shift moves the evaluated click rate; lower is better.",
+    better="lower",
+    computed_by="calibration_summary(base_rate=...)",
+    section="scores",
+)

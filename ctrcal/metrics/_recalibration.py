@@ -23,17 +23,9 @@ import numpy as np
 
 from ctrcal.metrics._inputs import check_probs_labels
 from ctrcal.metrics._metrics import DEFAULT_EPS, _logit_shift
+from ctrcal.metrics._registry import declare_metric
 
-__all__ = ["DEFINITIONS", "Recalibration", "calibration_slope_intercept"]
-
-# one-line definitions, printed in reports next to the tables
-DEFINITIONS = {
-    "cal_slope": "calibration slope b of sigmoid(a + b·logit p) fitted to the clicks; 1 is "
-    "calibrated, < 1 over-confident, > 1 under-confident.",
-    "cal_intercept": "its intercept a, fitted jointly with b.",
-    "cal_intercept_large": "calibration-in-the-large: a with b fixed at 1 (the logit shift that "
-    "makes Σp = Σy); 0 is calibrated on average, > 0 under-predicts.",
-}
+__all__ = ["Recalibration", "calibration_slope_intercept"]
 
 
 @dataclass(frozen=True)
@@ -118,3 +110,33 @@ def calibration_slope_intercept(probs: Any, labels: Any, eps: float = DEFAULT_EP
     w, _ = newton_logistic(x, y.astype(np.float64), np.array([1.0, 0.0]), 100, 1e-10)
     offset = _logit_shift(z, clicks, 0.0, max_iter=100, tol=1e-10)
     return Recalibration(float(w[0]), float(w[1]), float(offset))
+
+
+# ---- declarations (ctrcal.metrics.METRICS) ---------------------------------------------------
+
+declare_metric(
+    "cal_slope",
+    label="Calibration slope",
+    definition="calibration slope b of sigmoid(a + b·logit p) fitted to the clicks; 1 is "
+    "calibrated, < 1 over-confident, > 1 under-confident.",
+    better=None,
+    computed_by="calibration_slope_intercept",
+    tables=("calibration",),
+)
+declare_metric(
+    "cal_intercept",
+    label="Calibration intercept",
+    definition="its intercept a, fitted jointly with b.",
+    better=None,
+    computed_by="calibration_slope_intercept",
+    tables=("calibration",),
+)
+declare_metric(
+    "cal_intercept_large",
+    label="Calibration-in-the-large",
+    definition="calibration-in-the-large: a with b fixed at 1 (the logit shift that makes "
+    "Σp = Σy); 0 is calibrated on average, > 0 under-predicts.",
+    better=None,
+    computed_by="calibration_slope_intercept",
+    tables=("calibration",),
+)

@@ -18,6 +18,7 @@ import numpy as np
 
 from ctrcal.metrics._inputs import as_numpy, check_probs_labels
 from ctrcal.metrics._metrics import auc, logloss
+from ctrcal.metrics._registry import declare_metric
 
 __all__ = ["COVERAGES", "RiskCoverage", "risk_coverage"]
 
@@ -81,3 +82,39 @@ def risk_coverage(
         aucs.append(auc(p[rows], y[rows]))
         lls.append(logloss(p[rows], y[rows]))
     return RiskCoverage(cov, keep, np.array(aucs), np.array(lls))
+
+
+# ---- declarations (ctrcal.metrics.METRICS) ---------------------------------------------------
+
+declare_metric(
+    "pred_std",
+    label="Mean predictive std",
+    definition="variants with several samples per row (MC passes or ensemble members): mean "
+    "over rows of the per-row standard deviation of the click probability across samples.",
+    better=None,
+    computed_by="the shift report's evaluation grid",
+    kind="derived",
+    section="uncertainty",
+)
+declare_metric(
+    "std_auroc",
+    label="AUROC of the predictive std, shifted vs clean rows",
+    definition="AUROC of the per-row predictive std at telling shifted rows (positive) from "
+    "the same rows clean (negative); 0.5 = no signal.",
+    better="higher",
+    computed_by="the shift report's evaluation grid",
+    kind="derived",
+    section="uncertainty",
+    bounds=(0.0, 1.0),
+)
+for _metric in ("auc", "logloss"):
+    declare_metric(
+        f"{_metric}@<c>%",
+        label=f"{'AUC' if _metric == 'auc' else 'Logloss'} on the most confident c % of rows",
+        definition=f"risk–coverage: {'AUC' if _metric == 'auc' else 'logloss'} on the c % of "
+        "rows with the smallest predictive std (variants with one); useful uncertainty makes "
+        f"it {'higher' if _metric == 'auc' else 'lower'} as c shrinks.",
+        better="higher" if _metric == "auc" else "lower",
+        computed_by="risk_coverage",
+        section="uncertainty",
+    )

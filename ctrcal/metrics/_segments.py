@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ctrcal.metrics._inputs import as_numpy, check_probs_labels
+from ctrcal.metrics._registry import declare_metric
 
 __all__ = ["MAX_SEGMENT_VALUES", "Segment", "SegmentScan", "holm", "worst_segments"]
 
@@ -106,19 +107,29 @@ class SegmentScan:
         }
 
 
-def holm(pvalues: np.ndarray) -> np.ndarray:
-    """Holm's step-down adjusted p-values (same order as ``pvalues``).
+def holm(pvalues: Any) -> np.ndarray:
+    """Holm's step-down adjusted p-values, in the order of ``pvalues``: the one correction
+    for a family of tests in ctrcal (worst segments, the shift report's primary family).
 
-    The k-th smallest of m p-values is multiplied by (m − k + 1), made monotone by a running
-    maximum and capped at 1.
+    The k-th smallest of the m finite p-values is multiplied by (m − k + 1), made monotone by
+    a running maximum and capped at 1. A NaN p-value is a test that could not be made (one
+    seed, a metric undefined on the rows): it stays NaN, it is never a rejection, and it does
+    not count in m, so the tests that were made are not penalised for it.
+
+    Args:
+        pvalues: [m] p-values in [0, 1], NaN for a test not made.
+
+    Returns:
+        [m] adjusted p-values (NaN where ``pvalues`` is NaN).
     """
     p = np.asarray(pvalues, dtype=np.float64)
-    m = p.shape[0]
+    out = np.full(p.shape, np.nan)
+    made = np.flatnonzero(np.isfinite(p))
+    m = made.size
     if m == 0:
-        return p.copy()
-    order = np.argsort(p, kind="stable")
+        return out
+    order = made[np.argsort(p[made], kind="stable")]
     scaled = np.maximum.accumulate(p[order] * (m - np.arange(m)))
-    out = np.empty(m)
     out[order] = np.minimum(scaled, 1.0)
     return out
 
@@ -271,3 +282,25 @@ def worst_segments(
         for i in order
     ]
     return SegmentScan(ranked, m, skipped, int(min_count), alpha, level, flagged_count=flagged)
+
+
+# ---- declarations (ctrcal.metrics.METRICS) ---------------------------------------------------
+
+declare_metric(
+    "segments_flagged",
+    label="Segments flagged",
+    definition="segments (one field = one clean value, at least min_count rows) whose "
+    "observed clicks differ from the predicted ones at a Holm-adjusted 5 %.",
+    better="lower",
+    computed_by="worst_segments",
+    section="segments",
+)
+declare_metric(
+    "segment_sigma_max",
+    label="Largest segment |σ|",
+    definition="the largest |σ| = |observed − predicted clicks| / sqrt(Σp(1−p)) over those "
+    "segments.",
+    better="lower",
+    computed_by="worst_segments",
+    section="segments",
+)

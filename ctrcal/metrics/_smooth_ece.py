@@ -30,15 +30,9 @@ from typing import Any
 import numpy as np
 
 from ctrcal.metrics._inputs import check_probs_labels
+from ctrcal.metrics._registry import declare_metric
 
-__all__ = ["DEFINITIONS", "SmoothECE", "smooth_ece", "smooth_ece_at"]
-
-# one-line definitions, printed in reports next to the tables
-DEFINITIONS = {
-    "smooth_ece": "smooth ECE (Błasiok and Nakkiran 2023; equals relplot.smECE): kernel-"
-    "smoothed |p − y| over p, at the bandwidth σ that equals the error; no bins; lower is better.",
-    "smooth_ece_sigma": "the bandwidth σ that smooth ECE was read at.",
-}
+__all__ = ["SmoothECE", "smooth_ece", "smooth_ece_at"]
 
 _MESH = 200  # points the integral is read on (at least)
 _DENSITY_EPS = 1e-4  # added to the smoothed density before dividing (as relplot does)
@@ -185,3 +179,24 @@ def smooth_ece(probs: Any, labels: Any) -> SmoothECE:
             else:
                 hi = mid
     return SmoothECE(_smooth_ece(rows, hi, cache), hi)
+
+
+# ---- declarations (ctrcal.metrics.METRICS) ---------------------------------------------------
+
+declare_metric(
+    "smooth_ece",
+    label="Smooth ECE",
+    definition="smooth ECE (Błasiok and Nakkiran 2023; equals relplot.smECE): kernel-smoothed "
+    "|p − y| over p, at the bandwidth σ that equals the error; no bins; lower is better.",
+    better="lower",
+    compute=smooth_ece,
+    tables=("calibration",),
+    bounds=(0.0, 1.0),
+)
+declare_metric(
+    "smooth_ece_sigma",
+    label="Smooth ECE's bandwidth",
+    definition="the bandwidth σ that smooth ECE was read at.",
+    better=None,
+    computed_by="smooth_ece (its .sigma)",
+)

@@ -237,8 +237,11 @@ def test_ne_with_the_train_base_rate():
 def test_calibration_summary_holds_every_metric_consistently():
     p, y, fields = _data(n=8000, seed=7)
     out = M.calibration_summary(p, y, fields, names=["a", "b", "c"], base_rate=0.1, min_count=20)
-    for key in [*M.DEFINITIONS, *M.CALIBRATION_DEFINITIONS, "ne_train", "ecce_std"]:
-        assert key in out, key
+    # every value is declared, and every declared value of the summary is there
+    assert all(M.metric_of(k) is not None for k in out), [k for k in out if not M.metric_of(k)]
+    summary = [m.name for m in M.metrics_in() if m.computed_by == "calibration_summary"]
+    for key in [*summary, "auc", "ece", "ne_calfree", "ne_train"]:
+        assert key in out or "<" in key, key
     assert out["ecce"] == pytest.approx(M.ecce(p, y))
     for key, value in M.compute_all(p, y).items():  # the shared sort changes nothing
         assert out[key] == pytest.approx(value, rel=1e-12), key

@@ -53,6 +53,22 @@ def test_holm_by_hand():
     np.testing.assert_allclose(got, [0.03, 0.06, 0.06, 0.02])
 
 
+def test_holm_leaves_a_test_not_made_out_of_the_family():
+    # a NaN p-value is not a rejection and takes no rank: m = 3, not 4
+    got = holm(np.array([0.01, 0.04, 0.03, np.nan]))
+    np.testing.assert_allclose(got[:3], [0.03, 0.06, 0.06])
+    assert np.isnan(got[3])
+    got = holm(np.array([np.nan, 0.02, np.nan]))
+    assert np.isnan(got[0]) and got[1] == 0.02 and np.isnan(got[2])
+    assert np.isnan(holm(np.array([np.nan]))).all() and holm(np.array([])).size == 0
+
+
+def test_one_holm_for_segments_and_the_shift_report():
+    import ctrcal.reports.shift.stats as S
+
+    assert not hasattr(S, "holm") or S.holm is holm
+
+
 def test_minimum_count_pairs_and_the_value_cap():
     p, y, seg = planted(1, rows=300)
     dev = np.tile([0, 1, 1], seg.size // 3)

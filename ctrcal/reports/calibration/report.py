@@ -42,58 +42,27 @@ from ctrcal import metrics as M
 from ctrcal.core.errors import ConfigError
 from ctrcal.core.utils import write_json_atomic, write_text_atomic
 from ctrcal.metrics import (
-    BRIER_DEFINITIONS,
     LABEL_FREE_METRICS,
     bootstrap_ci,
     brier_decomposition,
     calibration_slope_intercept,
     label_free_errors,
     label_free_estimates,
+    metrics_in,
     paired_bootstrap,
     smooth_ece,
 )
-from ctrcal.metrics import DEFINITIONS as RECAL_DEFINITIONS
-from ctrcal.metrics import DEFINITIONS as SMOOTH_DEFINITIONS
 from ctrcal.reports.calibration.predictions_file import Predictions
-from ctrcal.reports.markdown import markdown_table
+from ctrcal.reports.markdown import definition_lines, markdown_table
 
-__all__ = ["CalibrationReportPaths", "calibration_report", "label_free_report", "model_metrics"]
-
-TABLE = [
-    "auc",
-    "logloss",
-    "brier",
-    "brier_reliability",
-    "brier_resolution",
-    "brier_uncertainty",
-    "brier_remainder",
-    "ne",
-    "ne_calfree",
-    "ece",
-    "ece_mass",
-    "smooth_ece",
-    "pcoc",
-    "cal_slope",
-    "cal_intercept",
-    "cal_intercept_large",
-    "ecce",
-    "ecce_sigmas",
-    "ecce_pvalue",
-    "field_rce_mean",
-    "field_rce_max",
-    "field_ece_mean",
-    "field_ece_max",
-    "mce",
-    "mce_sigmas",
-    "mce_pvalue",
+__all__ = [
+    "CalibrationReportPaths",
+    "calibration_report",
+    "label_free_report",
+    "model_metrics",
+    "table_metrics",
 ]
-DEFINITIONS = {
-    **M.DEFINITIONS,
-    **M.CALIBRATION_DEFINITIONS,
-    **SMOOTH_DEFINITIONS,
-    **RECAL_DEFINITIONS,
-    **BRIER_DEFINITIONS,
-}
+
 FLOOR = "perfectly calibrated (simulated)"
 SEGMENTS_LISTED = 20  # segments listed at least (all flagged ones when more)
 GATE_LEVEL = 0.95  # the paired bootstrap's interval whose ends the gate reads
@@ -136,14 +105,25 @@ def model_metrics(
     n_bins: int = 15,
     min_count: int = 100,
 ) -> dict[str, float]:
-    """Every metric of the report for one model's probabilities (on ``rows`` of segments)."""
+    """Every metric of the report's table (:func:`table_metrics`) for one model's
+    probabilities (on ``rows`` of segments): the families computed together, then every other
+    declared metric of the table by its own ``compute``."""
     fields = _usable(segments, rows)
     out = M.calibration_summary(probs, labels, fields or None, n_bins=n_bins, min_count=min_count)
     s = smooth_ece(probs, labels)
     out.update(smooth_ece=float(s), smooth_ece_sigma=s.sigma)
     out.update(calibration_slope_intercept(probs, labels).as_dict())
     out.update(brier_decomposition(probs, labels, n_bins).as_dict())
+    for m in metrics_in("calibration", kind="labelled"):
+        if m.name not in out and m.compute is not None and not m.segments:
+            out[m.name] = float(m.compute(probs, labels))
     return out
+
+
+def table_metrics() -> list[str]:
+    """The rows of the report's metric table: every metric declared for the ``calibration``
+    table (:func:`~ctrcal.metrics.metrics_in`), in listing order."""
+    return [m.name for m in metrics_in("calibration")]
 
 
 def _floor_labels(probs: np.ndarray, seed: int) -> np.ndarray:
@@ -334,8 +314,9 @@ def _check_windows(preds: Predictions, windows: int | None) -> int:
 
 
 def gate_metrics(segments: bool) -> list[str]:
-    """The metrics a gate rule may name (the field-level ones only with segment columns)."""
-    return [k for k in TABLE if segments or not k.startswith(("field_", "mce"))]
+    """The metrics a gate rule may name: the report's table (the field-level ones only with
+    segment columns)."""
+    return [m.name for m in metrics_in("calibration") if segments or not m.segments]
 
 
 def _check_gate(
@@ -511,7 +492,8 @@ def render_markdown(r: dict[str, Any]) -> str:
     ci = r["bootstrap"]
     header = ["metric", f"`{cols['prob']}`", "95% CI (row bootstrap)", "floor"]
     rows = []
-    for k in TABLE:
+    table = table_metrics()
+    for k in table:
         if k not in r["model"]:
             continue
         interval = f"[{_fmt(ci[k]['low'])}, {_fmt(ci[k]['high'])}]" if k in ci else ""
@@ -541,7 +523,7 @@ def render_markdown(r: dict[str, Any]) -> str:
             "",
         ]
         rows = []
-        for k in TABLE:
+        for k in table:
             c = r["compare"].get(k)
             if c is None:
                 continue
@@ -604,7 +586,7 @@ def render_markdown(r: dict[str, Any]) -> str:
     if "gate" in r:
         lines += _gate_lines(r["gate"], cols)
     lines += ["## Reliability", "", "![reliability](reliability.png)", "", "## Definitions", ""]
-    lines += [f"- **{k}**: {DEFINITIONS[k]}" for k in TABLE if k in DEFINITIONS]
+    lines += definition_lines(k for k in table if k in r["model"])
     return "\n".join(lines) + "\n"
 
 

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from ctrcal import metrics as M
-from ctrcal.reports.markdown import markdown_table
+from ctrcal.metrics import metrics_in
+from ctrcal.reports.markdown import definition_lines, markdown_table
 from ctrcal.reports.shift.stats import CLEAN, Summary, format_intensity
 from ctrcal.reports.shift.verdict import exploratory_lines, verdict_lines
 
@@ -34,36 +34,6 @@ RISK_COVERAGE_METRICS = [
     "logloss@50%",
     "logloss@80%",
     "logloss@100%",
-]
-EXTRA_DEFINITIONS = {
-    "auc_retained": "AUC under the shift divided by the clean AUC of the same run "
-    "(per seed, then averaged); higher means more of the clean ranking quality survives.",
-    "pred_std": "variants with several samples per row (MC passes or ensemble members): mean "
-    "over rows of the per-row standard deviation of the click probability across samples.",
-    "std_auroc": "AUROC of the per-row predictive std at telling shifted rows (positive) from "
-    "the same rows clean (negative); 0.5 = no signal.",
-    "auc@c% / logloss@c%": "risk–coverage: AUC / logloss on the c % of rows with the smallest "
-    "predictive std (variants with one); useful uncertainty makes them better as c shrinks.",
-}
-SECTIONS = [
-    ("AUC", "auc"),
-    ("AUC retained vs clean (AUC_s / AUC_0)", "auc_retained"),
-    ("ECE (15 equal-width bins)", "ece"),
-    ("ECE (15 equal-mass bins)", "ece_mass"),
-    ("Logloss", "logloss"),
-    ("Brier score", "brier"),
-    # Murphy's decomposition on the ECE bins (ctrcal.metrics.brier_decomposition)
-    ("Brier reliability (calibration term, lower is better)", "brier_reliability"),
-    ("Brier resolution (higher is better)", "brier_resolution"),
-    ("PCOC (Σp / Σy)", "pcoc"),
-    ("Normalized entropy", "ne"),
-    # field-level and bin-free calibration (ctrcal.reports.shift.calibrate)
-    ("ECCE (bin-free cumulative calibration error)", "ecce"),
-    ("ECCE / σ (its significance: > 2.5 is detectable at p < 0.05)", "ecce_sigmas"),
-    ("Field-RCE, mean over fields", "field_rce_mean"),
-    ("Field-RCE, worst field", "field_rce_max"),
-    ("Multicalibration error (noise-weighted worst segment)", "mce"),
-    ("Multicalibration error: p-value, Bonferroni-adjusted over the segments", "mce_pvalue"),
 ]
 
 
@@ -234,7 +204,8 @@ def render_markdown(
     for info in shifts:
         label, unit = info["label"], info.get("unit", "std")
         lines += [f"## Shift: {label}", ""]
-        for title, metric in SECTIONS:
+        for m in metrics_in("shift"):
+            title, metric = m.label, m.name
             if metric in present:
                 lines += [
                     f"### {title}",
@@ -280,19 +251,7 @@ def render_markdown(
             lines += [f"- [{path.name}]({path.name}): {_caption(key)}"]
         lines += [""]
     lines += ["## Metric definitions", ""]
-    definitions = {
-        **M.DEFINITIONS,
-        **M.CALIBRATION_DEFINITIONS,
-        **EXTRA_DEFINITIONS,
-        **M.BRIER_DEFINITIONS,
-        **M.LABEL_FREE_DEFINITIONS,
-    }
-    lines += [f"- **{k}**: {v}" for k, v in definitions.items()]
-    lines += [
-        "- per field: `results.csv` holds `field_rce:<field>` and `field_ece:<field>` of every "
-        "categorical field and bucketised numeric (report.field_numeric_buckets equal-mass "
-        "buckets) at every point; segments use the clean field values of each row.",
-    ]
+    lines += definition_lines(present)
     lines += [
         "",
         "Predicted probability p = sigmoid(logit); ECE bins the predicted *click* probability "

@@ -36,15 +36,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ctrcal.metrics import METRICS, holm, metrics_in
+
 __all__ = [
     "CLEAN",
-    "HIGHER_IS_BETTER",
     "PRIMARY_METRICS",
     "RESULT_COLUMNS",
     "Summary",
     "detectable_difference",
     "format_intensity",
-    "holm",
     "paired_differences",
     "per_seed_values",
     "summarize",
@@ -58,23 +58,6 @@ PRIMARY_METRICS = ("auc", "ece")
 
 # metrics a strictly increasing map of the predictions cannot change
 _RANK_METRICS = frozenset({"auc", "auc_retained"})
-
-# direction of "better" for the paired comparison; PCOC is compared through |PCOC − 1|
-HIGHER_IS_BETTER: dict[str, bool] = {
-    "auc": True,
-    "auc_retained": True,
-    "ece": False,
-    "ece_mass": False,
-    "logloss": False,
-    "brier": False,
-    "ne": False,
-    "pcoc_error": False,
-    # field-level and bin-free calibration (exploratory; see ctrcal.reports.shift.calibrate)
-    "ecce": False,
-    "field_rce_mean": False,
-    "field_rce_max": False,
-    "mce": False,
-}
 
 _KEY = ["variant", "shift", "seed", "intensity", "metric"]
 
@@ -192,7 +175,8 @@ def paired_differences(
         results: long table with :data:`RESULT_COLUMNS`.
         baseline: the variant everything is compared with.
         alpha: family-wise error rate of the primary family.
-        metrics: which metrics (default: every one in :data:`HIGHER_IS_BETTER`).
+        metrics: which metrics (default: every metric declared ``compared``, in
+            :data:`~ctrcal.metrics.METRICS`; PCOC through ``pcoc_error``).
         primary: the metrics of the primary family (every variant, shift and intensity).
         power: power of the detectable-difference figure.
         same_ranking: variants whose predictions are a strictly increasing map of the
@@ -213,7 +197,9 @@ def paired_differences(
         True/False for a significant improvement / deterioration.
     """
     ps = per_seed_values(results)
-    metrics = list(metrics) if metrics is not None else list(HIGHER_IS_BETTER)
+    if metrics is None:
+        metrics = [m.name for m in metrics_in("compared")]
+    metrics = list(metrics)
     primary = set(primary)
     base = ps[(ps["variant"] == baseline) & ps["metric"].isin(metrics)]
     rows = []
@@ -279,7 +265,7 @@ def paired_differences(
             ]
         test_p = np.where(fam, out["p_holm"], out["p"]).astype(float)
         out["significant"] = test_p < alpha
-        direction = out["metric"].map(lambda x: HIGHER_IS_BETTER.get(x, True))
+        direction = out["metric"].map(_higher_is_better)
         out["better"] = [
             ((d > 0) == up) if sig else None
             for d, up, sig in zip(out["diff"], direction, out["significant"], strict=True)
@@ -297,18 +283,10 @@ def paired_differences(
     return out.drop(columns="_sd")
 
 
-def holm(pvalues: np.ndarray) -> np.ndarray:
-    """Holm-Bonferroni adjusted p-values (NaN stays NaN), controlling the family-wise error."""
-    p = np.asarray(pvalues, dtype=float)
-    out = np.full_like(p, np.nan)
-    ok = np.flatnonzero(np.isfinite(p))
-    m = ok.size
-    if m == 0:
-        return out
-    order = ok[np.argsort(p[ok], kind="stable")]
-    adj = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
-    out[order] = adj
-    return out
+def _higher_is_better(metric: str) -> bool:
+    """The declared direction of ``metric`` (a metric without one reads as higher-is-better)."""
+    found = METRICS.find(metric)
+    return True if found is None or found.better is None else found.higher_is_better
 
 
 @dataclass

@@ -18,12 +18,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ctrcal.metrics import metric_of
 from ctrcal.reports.markdown import markdown_table
 from ctrcal.reports.shift.stats import CLEAN, Summary, format_intensity
 
 __all__ = ["exploratory_lines", "verdict_lines", "verdict_sentence"]
 
-_NAMES = {"auc": "AUC", "ece": "ECE"}
+
+def _label(metric: str) -> str:
+    """A metric's declared label (``AUC``), or its name when it has none."""
+    found = metric_of(metric)
+    return metric if found is None else found.label
 
 
 def _num(x: Any, fmt: str) -> str:
@@ -79,7 +84,7 @@ def verdict_sentence(summary: Summary, units: dict[str, str] | None = None) -> s
             ]
         )
         word = "better" if better else "worse"
-        parts.append(f"{variant} has {word} {_NAMES.get(metric, metric)} at {where}")
+        parts.append(f"{variant} has {word} {_label(metric)} at {where}")
     return f"Only these differ from {base} ({how}): " + "; ".join(parts) + "."
 
 
@@ -114,7 +119,7 @@ def verdict_lines(summary: Summary, units: dict[str, str]) -> list[str]:
             rows.append(
                 [
                     r.variant,
-                    _NAMES.get(r.metric, r.metric),
+                    _label(r.metric),
                     point_label(r, units),
                     f"**{cell} {mark}**" if sig else cell,
                     _num(r.p, ".3g"),

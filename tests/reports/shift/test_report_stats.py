@@ -143,12 +143,6 @@ def test_verdict_names_only_what_survives_the_family():
         assert float(cells[header.index("detectable")]) == pytest.approx(row.detectable, abs=1e-4)
 
 
-def test_holm_adjustment():
-    got = S.holm(np.array([0.01, 0.04, 0.03, np.nan]))
-    np.testing.assert_allclose(got[:3], [0.03, 0.06, 0.06])
-    assert np.isnan(got[3])
-
-
 def _family_table():
     """Two variants, two shifts: per-seed AUC/ECE/logloss with chosen paired differences."""
     rows = []
