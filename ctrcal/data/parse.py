@@ -112,13 +112,22 @@ def _polars(
     error = not_utf8(chunk, path, fmt, offset)
     if error is not None:
         raise error
-    return _row_check(path, fmt, on_bad_row).chunk(criteo.scan_raw(chunk, fmt), offset)
+    return row_check(path, fmt, on_bad_row).chunk(criteo.scan_raw(chunk, fmt), offset)
 
 
-def _row_check(path: Path, fmt: CriteoFormat, on_bad_row: str) -> RowCheck:
-    """Criteo's columns for the row validator: the label (if the layout has one), integer
-    fields (Criteo_x1: any number) and hex hashes (Criteo_x1: decimal ids); machine-written,
-    so a blank makes a number malformed."""
+def row_check(path: Path, fmt: Any, on_bad_row: str) -> RowCheck:
+    """What every row of a file of ``fmt`` is checked against (the one row validator's
+    :class:`~ctrcal.data.row_check.RowCheck`): Criteo's columns, or a schema's
+    (:func:`ctrcal.data.schema_reader.row_check`). Serving's raw-row encoder checks its rows
+    with it too.
+
+    Criteo's columns: the label (if the layout has one), integer fields (Criteo_x1: any
+    number) and hex hashes (Criteo_x1: decimal ids); machine-written, so a blank makes a
+    number malformed."""
+    from ctrcal.data import schema_reader
+
+    if isinstance(fmt, schema_reader.SchemaFormat):
+        return schema_reader.row_check(path, fmt, on_bad_row)
     x1 = fmt.layout == "x1"
     label = (Column(LABEL, "label"),) if fmt.labelled else ()
     numeric = tuple(Column(n, "number" if x1 else "integer") for n in NUMERIC_COLUMNS)
@@ -134,7 +143,7 @@ def _row_check(path: Path, fmt: CriteoFormat, on_bad_row: str) -> RowCheck:
     )
 
 
-__all__ = ["CHUNK_BYTES", "ON_BAD_ROW", "check_on_bad_row", "iter_chunks", "threads"]
+__all__ = ["CHUNK_BYTES", "ON_BAD_ROW", "check_on_bad_row", "iter_chunks", "row_check", "threads"]
 
 
 def check_on_bad_row(on_bad_row: str) -> str:

@@ -117,6 +117,10 @@ class RowCheck:
         header_lines: lines before the first record (messages count lines from the top).
         unit: ``line`` (text) or ``row`` (parquet), as messages count records.
         blanks: whether numbers and times may carry surrounding blanks.
+        first_number: what messages number the first record: 1 in a file, 0 in a list of
+            rows (its index).
+        skip: how the caller asks to drop malformed rows, as the message's advice; None where
+            it cannot.
     """
 
     path: Path
@@ -127,6 +131,8 @@ class RowCheck:
     header_lines: int = 0
     unit: str = "line"
     blanks: bool = True
+    first_number: int = 1
+    skip: str | None = "on_bad_row=skip"
 
     def chunk(self, raw: pl.LazyFrame | pl.DataFrame, offset: int) -> ParsedChunk:
         """The good rows of one chunk's raw frame (``offset``: records of the file before it).
@@ -204,10 +210,9 @@ class RowCheck:
         more = (
             f"; {bad - 1} more malformed rows in the {read:,} rows read so far" if bad > 1 else ""
         )
-        return (
-            f"{self.path}: {self.unit} {row + 1 + self.header_lines}: malformed row: "
-            f"{what}{more} (use on_bad_row=skip to drop them)"
-        )
+        advice = f" (use {self.skip} to drop them)" if self.skip else ""
+        number = row + self.first_number + self.header_lines
+        return f"{self.path}: {self.unit} {number}: malformed row: {what}{more}{advice}"
 
     def _to_chunk(self, df: pl.DataFrame, records: int, bad: int) -> ParsedChunk:
         """The typed frame's columns as the coder takes them."""

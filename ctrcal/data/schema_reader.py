@@ -111,7 +111,7 @@ def detect(path: str | Path, schema: DatasetSchema) -> SchemaFormat:
     return SchemaFormat(schema, parquet, columns, schema.label in columns)
 
 
-def _row_check(path: Path, fmt: SchemaFormat, on_bad_row: str) -> RowCheck:
+def row_check(path: Path, fmt: SchemaFormat, on_bad_row: str) -> RowCheck:
     """The schema's columns for the row validator: its label (if the file has one), numerics
     (any finite number), categoricals as the schema spells them, and its time; a text row
     must not have more fields than the file's header (or the schema's columns)."""
@@ -139,7 +139,7 @@ def iter_chunks(
         yield from _parquet_chunks(path, fmt, on_bad_row, chunk_bytes)
         return
 
-    check = _row_check(path, fmt, on_bad_row)
+    check = row_check(path, fmt, on_bad_row)
     schema = {c: pl.Utf8 for c in fmt.columns}
     schema[EXTRA] = pl.Utf8
     needed = [*fmt.schema.needed_in(fmt.columns), EXTRA]
@@ -174,7 +174,7 @@ def _parquet_chunks(
         pf = pq.ParquetFile(path)
         # about chunk_bytes of text's worth of rows per batch (~250 bytes a row)
         batches = pf.iter_batches(batch_size=max(1, chunk_bytes // 250), columns=needed)
-        check = _row_check(path, fmt, on_bad_row)
+        check = row_check(path, fmt, on_bad_row)
         offset = 0
         for batch in batches:
             parsed = check.chunk(pl.from_arrow(batch), offset)
@@ -228,4 +228,4 @@ def time_counts(path: Path, fmt: SchemaFormat) -> pl.DataFrame:
     return col.value_counts(name="count").rename({name: "time"})
 
 
-__all__ = ["SchemaFormat", "detect", "iter_chunks", "time_counts"]
+__all__ = ["SchemaFormat", "detect", "iter_chunks", "row_check", "time_counts"]

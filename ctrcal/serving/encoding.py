@@ -24,6 +24,7 @@ Example (a server, with the ONNX file of ``ctrcal export``)::
 from __future__ import annotations
 
 import json
+import numbers
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -81,8 +82,11 @@ class RawRowEncoder:
 
     A row is a mapping from column name to its raw value as the input file spells it: a
     number or its text for numeric fields (``""`` or ``None`` = missing), the text for
-    categorical fields (Criteo: 8 hex digits; Criteo_x1: the decimal id; a schema with
-    ``categorical_spelling: string``: any text). Columns the model does not read are ignored.
+    categorical fields (Criteo: 8 hex digits, or an integer as its value; Criteo_x1: the
+    decimal id; a schema with ``categorical_spelling: string``: any text). Columns the model
+    does not read are ignored. The rows are checked by ``prepare``'s own row checks
+    (:func:`ctrcal.data.parse.row_check`, the rows as one chunk): a row ``prepare`` would
+    refuse is refused here, with the same words.
     """
 
     def __init__(self, directory: str | Path) -> None:
@@ -91,15 +95,7 @@ class RawRowEncoder:
         self.directory = Path(directory)
         self.pipe_ = FeaturePipeline.load(self.directory)
         saved = json.loads((self.directory / FEATURE_MAP_FILE).read_text())
-        schema = saved.get("schema")
-        if schema is not None:
-            self.spelling = schema.get("categorical_spelling", "string")
-        else:
-            self.spelling = "decimal" if saved.get("layout") == "x1" else "hex"
-        # a schema whose time column is also a feature: that field's key is the time value
-        feature = (schema or {}).get("time_feature", "none")
-        self.time_field = (schema or {}).get("time") if feature != "none" else None
-        self.hour_of_day = feature == "hour_of_day"
+        self.check_ = _row_check(saved, self.directory / FEATURE_MAP_FILE)
 
     @property
     def categorical_fields(self) -> list[str]:
@@ -114,73 +110,76 @@ class RawRowEncoder:
         of an exported model.
 
         Raises:
-            DataError: a row lacks a column, or a value cannot be read (row and column named).
+            DataError: a row that is not a mapping, lacks a column, or has a value ``prepare``
+                would refuse (row, column and value named, rows counted from 0).
         """
-        nums, cats = self.numeric_fields, self.categorical_fields
-        b = len(rows)
-        numeric = np.zeros((len(nums), b), dtype=np.float64)
-        numeric_valid = np.zeros((len(nums), b), dtype=np.uint8)
-        categorical = np.zeros((len(cats), b), dtype=np.uint64)
-        categorical_valid = np.zeros((len(cats), b), dtype=np.uint8)
-        for i, row in enumerate(rows):
-            for j, name in enumerate(nums):
-                value = self._value(row, name, i)
-                if value is None:
-                    continue
-                try:
-                    x = float(value)
-                except ValueError:
-                    raise DataError(
-                        f"row {i}: column {name}: expected a number, got {value!r}"
-                    ) from None
-                if not np.isfinite(x):
-                    raise DataError(
-                        f"row {i}: column {name}: expected a finite number, got {value!r}"
-                    )
-                numeric[j, i], numeric_valid[j, i] = x, 1
-            for j, name in enumerate(cats):
-                value = self._value(row, name, i)
-                if name == self.time_field:
-                    key = (
-                        None
-                        if value is None
-                        else int(value) % 100
-                        if self.hour_of_day
-                        else int(value)
-                    )
-                else:
-                    key = self._key(value, name, i)
-                if key is not None:
-                    categorical[j, i], categorical_valid[j, i] = key, 1
-        return encode_columns(self.pipe_, numeric, numeric_valid, categorical, categorical_valid)
+        import polars as pl
 
-    def _value(self, row: Mapping[str, Any], name: str, i: int) -> Any:
-        if name not in row:
-            wanted = ", ".join([*self.numeric_fields, *self.categorical_fields])
-            raise DataError(f"row {i}: no column {name!r} (the model reads {wanted})")
-        value = row[name]
-        # missing as prepare reads an empty field; blanks are a string categorical's value and
-        # a malformed number or id, as there
-        return None if value is None or (isinstance(value, str) and not value) else value
-
-    def _key(self, value: Any, name: str, i: int) -> int | None:
-        """The uint64 key the parsers give ``value`` (None = missing)."""
-        if value is None:
-            return None
-        if self.spelling == "string":
-            from ctrcal.data.coder import string_keys
-
-            return int(string_keys([str(value)])[0])
-        text = str(value).strip()
-        try:
-            key = (
-                int(text, 16)
-                if self.spelling == "hex" and not isinstance(value, int)
-                else int(text)
+        if isinstance(rows, Mapping):
+            raise DataError(
+                f"{_ROWS}: expected a list of rows, got one row (a mapping); pass [row]"
             )
-        except ValueError:
-            what = "hex digits" if self.spelling == "hex" else "an integer id"
-            raise DataError(f"row {i}: column {name}: expected {what}, got {value!r}") from None
-        if not 0 <= key < 1 << 32:
-            raise DataError(f"row {i}: column {name}: {value!r} is outside 32 bits")
-        return key
+        columns = self.check_.columns
+        text: dict[str, list[str | None]] = {c.name: [] for c in columns}
+        for i, row in enumerate(rows):
+            if not isinstance(row, Mapping):
+                raise DataError(
+                    f"{_ROWS}: row {i}: expected a mapping of column to value, got {_short(row)}"
+                )
+            for c in columns:
+                text[c.name].append(self._text(row, c.name, c.kind, i))
+        raw = pl.DataFrame(text, schema={c.name: pl.Utf8 for c in columns})
+        chunk = self.check_.chunk(raw, 0)
+        return encode_columns(
+            self.pipe_,
+            chunk.numeric,
+            chunk.numeric_valid,
+            chunk.categorical,
+            chunk.categorical_valid,
+        )
+
+    def _text(self, row: Mapping[str, Any], name: str, kind: str, i: int) -> str | None:
+        """A value as a file's reader gives it to the row checks: text, or None where missing
+        (``None``, or empty as an empty field is); an integer given for a hex field is its
+        value, as a parquet column's."""
+        if name not in row:
+            wanted = ", ".join(c.name for c in self.check_.columns)
+            raise DataError(f"{_ROWS}: row {i}: no column {name!r} (the model reads {wanted})")
+        value = row[name]
+        if value is None or (isinstance(value, str) and not value):
+            return None
+        if kind == "hex" and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return f"{int(value):x}"
+        return value if isinstance(value, str) else str(value)
+
+
+_ROWS = "rows"
+"""What the encoder's messages call the rows it was given."""
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _row_check(saved: dict[str, Any], source: Path) -> Any:
+    """``prepare``'s row checks for the data a feature map describes, on the columns the model
+    reads: without the label, and without a time column that is not a feature."""
+    from dataclasses import replace
+
+    from ctrcal.core.criteo_schema import FEATURE_COLUMNS
+    from ctrcal.data import parse
+    from ctrcal.data.criteo import CriteoFormat
+    from ctrcal.data.schema import schema_from_mapping
+    from ctrcal.data.schema_reader import SchemaFormat
+
+    if saved.get("schema") is not None:
+        schema = schema_from_mapping(saved["schema"], str(source))
+        fmt: Any = SchemaFormat(schema, False, schema.needed, labelled=False)
+    else:
+        fmt = CriteoFormat(saved.get("layout") or "dac", "\t", False, FEATURE_COLUMNS, False)
+    check = parse.row_check(Path(_ROWS), fmt, "error")
+    kept = tuple(c for c in check.columns if c.kind != "time" or c.feature != "none")
+    return replace(
+        check, columns=kept, fields=None, header_lines=0, unit="row", first_number=0, skip=None
+    )

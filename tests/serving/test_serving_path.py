@@ -13,6 +13,7 @@ import torch
 
 from ctrcal.cli import main
 from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
+from ctrcal.core.errors import DataError
 from ctrcal.serving import export as export_mod
 from ctrcal.serving import formats as formats_mod
 from ctrcal.serving.encoding import RawRowEncoder
@@ -84,9 +85,11 @@ def test_onnx_on_raw_rows_with_isotonic_folded_in(raw_run, tmp_path):
 def test_encoder_names_a_bad_value(raw_run):
     enc = RawRowEncoder(raw_run["data"])
     row = _raw_rows(raw_run["test"])[0]
-    with pytest.raises(Exception, match=r"row 0: column C3: expected hex digits"):
+    with pytest.raises(
+        DataError, match=r"^rows: row 0: malformed row: C3 is not a hex value .* \(got 'not-hex'\)$"
+    ):
         enc.encode([{**row, "C3": "not-hex"}])
-    with pytest.raises(Exception, match=r"row 0: no column 'I1'"):
+    with pytest.raises(DataError, match=r"^rows: row 0: no column 'I1'"):
         enc.encode([{k: v for k, v in row.items() if k != "I1"}])
 
 
