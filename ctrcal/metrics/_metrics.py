@@ -55,7 +55,7 @@ from ctrcal.metrics._ecce import (
 from ctrcal.metrics._field import (
     field_calibration,
 )
-from ctrcal.metrics._inputs import as_numpy as _as_numpy  # noqa: F401
+from ctrcal.metrics._inputs import as_numpy as _as_numpy
 from ctrcal.metrics._inputs import check_fields
 from ctrcal.metrics._inputs import check_probs_labels as _check
 from ctrcal.metrics._registry import declare_metric
@@ -110,7 +110,7 @@ def auc(probs: Any, labels: Any) -> float:
     return (rank_sum_pos - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
 
 
-def average_precision(probs: Any, labels: Any) -> float:
+def average_precision(probs: Any, labels: Any, sample_weight: Any = None) -> float:
     """Average precision, the area under the precision-recall curve as a step function:
     Σ_k (R_k − R_{k−1})·P_k over the distinct scores k from the highest down, with P_k and R_k
     the precision and recall of the rows scored at least k (tied rows enter together).
@@ -121,21 +121,28 @@ def average_precision(probs: Any, labels: Any) -> float:
     Args:
         probs: [n] scores: probabilities, logits or any finite score (only the order counts).
         labels: [n] 0/1.
+        sample_weight: optional [n] weights >= 0 (a row counted w times, as a bootstrap
+            replicate counts its rows).
 
     Returns:
-        The average precision, or NaN when there is no click.
+        The average precision, or NaN when there is no (weighted) click.
     """
     p, y = _check(probs, labels, unit=False)
-    clicks = float(y.sum())
+    w = np.ones_like(y) if sample_weight is None else _as_numpy(sample_weight, "sample_weight")
+    if w.shape != y.shape or not np.all(np.isfinite(w) & (w >= 0)):
+        raise ValueError(f"sample_weight: expected {y.shape[0]} finite weights >= 0")
+    w = w.astype(np.float64, copy=False)
+    clicks = float(np.dot(w, y))
     if clicks == 0:
         return float("nan")
     order = np.argsort(-p, kind="stable")
-    sp, sy = p[order], y[order]
+    sp = p[order]
     last = np.append(sp[1:] != sp[:-1], True)  # the last row of each run of equal scores
-    tp = np.cumsum(sy)[last]
-    rows = np.flatnonzero(last) + 1.0
+    tp = np.cumsum(w[order] * y[order])[last]
+    rows = np.cumsum(w[order])[last]
     recall_step = np.diff(tp, prepend=0.0) / clicks
-    return float(np.dot(recall_step, tp / rows))
+    precision = np.divide(tp, rows, out=np.zeros_like(tp), where=rows > 0)
+    return float(np.dot(recall_step, precision))
 
 
 def logloss(probs: Any, labels: Any, eps: float = DEFAULT_EPS) -> float:
@@ -514,6 +521,7 @@ declare_metric(
     "curve; a random ranking scores the click rate; higher is better.",
     better="higher",
     compute=average_precision,
+    weighted=True,
     section="ranking",
     tables=("calibration",),
     bounds=(0.0, 1.0),

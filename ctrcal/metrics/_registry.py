@@ -92,6 +92,9 @@ class Metric:
             best value is 1; a p-value; a term of a decomposition).
         compute: the function that computes it alone (signature by ``kind``), or None.
         computed_by: what computes it when ``compute`` is None (a family's function).
+        weighted: ``compute`` also takes ``sample_weight=`` ([n] weights >= 0, a row counted
+            w times), so a bootstrap can evaluate it from a replicate's row counts without
+            materialising the rows.
         kind: one of :data:`KINDS`.
         section: one of :data:`SECTIONS` (the listing order).
         tables: the :data:`TABLES` that list it.
@@ -105,6 +108,7 @@ class Metric:
     better: Better | None
     compute: Callable[..., float] | None = None
     computed_by: str = ""
+    weighted: bool = False
     kind: str = "labelled"
     section: str = "calibration"
     tables: tuple[str, ...] = ()
@@ -128,6 +132,7 @@ def declare_metric(
     better: Better | None,
     compute: Callable[..., float] | None = None,
     computed_by: str = "",
+    weighted: bool = False,
     kind: str = "labelled",
     section: str = "calibration",
     tables: Iterable[str] = (),
@@ -160,6 +165,8 @@ def declare_metric(
             raise ValueError(f"{where}: unknown {what} {value!r} (valid: {', '.join(valid)})")
     if compute is None and not computed_by:
         raise ValueError(f"{where}: give the function that computes it (compute or computed_by)")
+    if weighted and compute is None:
+        raise ValueError(f"{where}: weighted=True needs the function (compute)")
     if "compared" in tables and better is None:
         raise ValueError(f"{where}: a compared metric needs a direction (better=...)")
     metric = Metric(
@@ -169,6 +176,7 @@ def declare_metric(
         better,
         compute,
         computed_by,
+        weighted,
         kind,
         section,
         tables,

@@ -37,6 +37,20 @@ def test_average_precision_equals_sklearn_with_ties():
     assert METRICS.get("prauc").compute(p, y) == M.average_precision(p, y)
 
 
+def test_average_precision_of_row_counts_is_that_of_the_repeated_rows():
+    rng = np.random.default_rng(4)
+    p = np.round(rng.uniform(0, 0.3, 300), 2)
+    y = (rng.uniform(size=p.size) < p).astype(np.int64)
+    counts = rng.integers(0, 4, p.size)  # a bootstrap replicate's row counts
+    rows = np.repeat(np.arange(p.size), counts)
+    want = M.average_precision(p[rows], y[rows])
+    assert M.average_precision(p, y, sample_weight=counts) == pytest.approx(want, rel=1e-12)
+    assert want == pytest.approx(average_precision_score(y, p, sample_weight=counts), rel=1e-12)
+    assert METRICS.get("prauc").weighted
+    with pytest.raises(ValueError, match="sample_weight"):
+        M.average_precision(p, y, sample_weight=-counts)
+
+
 def test_every_metric_of_the_reports_is_declared_once_with_a_direction_where_compared():
     assert len({normalize(m.name) for m in metrics_in()}) == len(metrics_in())
     for m in metrics_in():
