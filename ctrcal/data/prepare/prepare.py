@@ -73,6 +73,7 @@ from ctrcal.data.prepare.write import PROB_COL
 from ctrcal.data.schema import DatasetSchema, resolve_schema
 from ctrcal.data.splits import (
     SPLITS,
+    SplitPlan,
     check_fractions,
     check_split_sources,
     plan_splits,
@@ -389,65 +390,13 @@ def _prepare_into(
     chunk_bytes: int,
     threads: int,
 ) -> PrepareResult:
-    from ctrcal.data.synthetic import prob_path
-
-    work = tmp / "_work"
-    work.mkdir()
+    """One preparation into ``tmp``: detect the sources, plan the splits, encode, save."""
+    (tmp / "_work").mkdir()
     clock = Clock()
-    # -- detect every source ----------------------------------------------------------------
     schema = data_schema(cfg)
-    for s in sources:
-        if schema is None:
-            s.fmt = criteo.detect_format(s.path, cfg.data.layout)
-            p = prob_path(s.path)
-            s.prob = p if p.exists() else None
-        else:
-            s.fmt = schema_reader.detect(s.path, schema)
-        if not s.fmt.labelled and (s.split is None or s.split < 2):
-            raise DataError(
-                f"{s.path}: has no labels ({s.fmt.layout} layout); training and validation "
-                "need labelled rows (an unlabelled file can only be the explicit test split)"
-            )
-    layouts = sorted({s.fmt.layout for s in sources if s.fmt})
-    families = {"x1" if lay == "x1" else "raw" for lay in layouts}
-    if len(families) > 1:
-        raise DataError(
-            "cannot mix Criteo_x1 (already encoded) with raw layouts: " + ", ".join(layouts)
-        )
-    layout = layouts[0] if len(layouts) == 1 else "+".join(layouts)
-    transform = resolve_numeric_transform(
-        cfg.features.numeric_transform, "x1" if families == {"x1"} else layout
-    )
-    fields = (
-        {}
-        if schema is None
-        else {"categorical_fields": schema.categorical_fields, "numeric_fields": schema.numeric}
-    )
-    pipe = FeaturePipeline(
-        min_count=cfg.features.min_count,
-        numeric_transform=transform,
-        numeric_buckets=cfg.features.numeric_buckets,
-        max_vocab=cfg.features.max_vocab,
-        hash_buckets=cfg.features.hash_buckets,
-        **fields,
-    )
-    if (
-        schema is not None
-        and schema.time
-        and sources[0].split is None
-        and cfg.data.split_order == "time"
-    ):
-        counts = pl.concat([schema_reader.time_counts(s.path, s.fmt) for s in sources])
-        plan = plan_time_column(counts, cfg.data.split)
-    else:
-        plan = plan_splits(
-            [s.path for s in sources],
-            [s.split for s in sources],
-            cfg.data.split,
-            cfg.data.split_seed,
-            cfg.data.split_order,
-            [s.fmt.header_lines for s in sources],
-        )
+    layout = _detect(sources, schema, cfg.data.layout)
+    pipe = _pipeline(cfg.features, schema, layout)
+    plan = _plan(sources, schema, cfg.data)
     clock("detect")
     tally = encode_sources(
         tmp,
@@ -462,8 +411,6 @@ def _prepare_into(
     )
     rows = {name: tally.rows[k] for k, name in enumerate(SPLITS)}
     rates = {name: tally.rate(k) for k, name in enumerate(SPLITS)}
-    bad = tally.bad
-
     oracle = _oracle(tmp) if tally.with_prob else None
     extra: dict[str, Any] = {
         "source_hash": key,
@@ -480,7 +427,7 @@ def _prepare_into(
         ],
         "split": plan.describe(),
         "splits": {n: {"rows": rows[n], "positive_rate": _nan_to_none(rates[n])} for n in SPLITS},
-        "bad_rows_skipped": bad,
+        "bad_rows_skipped": tally.bad,
     }
     if schema is not None:
         extra["schema"] = schema.to_dict()
@@ -498,8 +445,8 @@ def _prepare_into(
         "num_numeric": len(pipe.numeric_fields),
         "vocab_total": sum(pipe.vocab_sizes_),
         "min_count": pipe.min_count,
-        "numeric_transform": transform,
-        "read_rows": sum(rows.values()) + bad,
+        "numeric_transform": pipe.numeric_transform,
+        "read_rows": sum(rows.values()) + tally.bad,
         "chunks": tally.chunks,
         "native_chunks": tally.native_chunks,
         "timings": clock.laps,
@@ -517,9 +464,79 @@ def _prepare_into(
         key,
         rows=rows,
         positive_rate=rates,
-        bad_rows=bad,
+        bad_rows=tally.bad,
         layout=layout,
         summary=summary,
+    )
+
+
+def _detect(sources: list[Source], schema: DatasetSchema | None, configured: str) -> str:
+    """Detect each source's format (``s.fmt``; Criteo files also their true probabilities'
+    file, ``s.prob``) and return the layout the feature map records (``configured``: the
+    config's ``data.layout``, for Criteo files).
+
+    Raises:
+        DataError: a file that does not match, an unlabelled file outside the test split, or
+            Criteo_x1 (already encoded) mixed with raw layouts.
+    """
+    from ctrcal.data.synthetic import prob_path
+
+    for s in sources:
+        if schema is None:
+            s.fmt = criteo.detect_format(s.path, configured)
+            p = prob_path(s.path)
+            s.prob = p if p.exists() else None
+        else:
+            s.fmt = schema_reader.detect(s.path, schema)
+        if not s.fmt.labelled and (s.split is None or s.split < 2):
+            raise DataError(
+                f"{s.path}: has no labels ({s.fmt.layout} layout); training and validation "
+                "need labelled rows (an unlabelled file can only be the explicit test split)"
+            )
+    layouts = sorted({s.fmt.layout for s in sources if s.fmt})
+    if len({"x1" if lay == "x1" else "raw" for lay in layouts}) > 1:
+        raise DataError(
+            "cannot mix Criteo_x1 (already encoded) with raw layouts: " + ", ".join(layouts)
+        )
+    return layouts[0] if len(layouts) == 1 else "+".join(layouts)
+
+
+def _pipeline(features: Any, schema: DatasetSchema | None, layout: str) -> FeaturePipeline:
+    """The unfitted feature pipeline of the config's ``features`` for these fields (the
+    schema's; Criteo's without one) and layout (``auto`` transforms resolve by it)."""
+    fields = (
+        {}
+        if schema is None
+        else {"categorical_fields": schema.categorical_fields, "numeric_fields": schema.numeric}
+    )
+    return FeaturePipeline(
+        min_count=features.min_count,
+        numeric_transform=resolve_numeric_transform(features.numeric_transform, layout),
+        numeric_buckets=features.numeric_buckets,
+        max_vocab=features.max_vocab,
+        hash_buckets=features.hash_buckets,
+        **fields,
+    )
+
+
+def _plan(sources: list[Source], schema: DatasetSchema | None, data: Any) -> SplitPlan:
+    """Which row goes to which split: by the time column's values where a schema has one and
+    ``split_order`` is ``time`` over pooled files, else by :func:`plan_splits`."""
+    if (
+        schema is not None
+        and schema.time
+        and sources[0].split is None
+        and (data.split_order == "time")
+    ):
+        counts = pl.concat([schema_reader.time_counts(s.path, s.fmt) for s in sources])
+        return plan_time_column(counts, data.split)
+    return plan_splits(
+        [s.path for s in sources],
+        [s.split for s in sources],
+        data.split,
+        data.split_seed,
+        data.split_order,
+        [s.fmt.header_lines for s in sources],
     )
 
 
