@@ -98,7 +98,7 @@ declare_metric(
 )
 declare_metric(
     "std_auroc",
-    label="AUROC of the predictive std, shifted vs clean rows",
+    label="AUROC of std: shifted vs clean",
     definition="AUROC of the per-row predictive std at telling shifted rows (positive) from "
     "the same rows clean (negative); 0.5 = no signal.",
     better="higher",

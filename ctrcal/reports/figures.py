@@ -13,10 +13,23 @@ import numpy as np
 
 from ctrcal.core.utils import atomic_path
 
-__all__ = ["LINE_STYLES", "new_figure", "plot_reliability", "save_figure"]
+__all__ = ["LINE_STYLES", "axis_label", "new_figure", "plot_reliability", "save_figure"]
 
 # one marker and dash pattern per line of a panel, in order (cycled)
 LINE_STYLES = ["o-", "s--", "^-.", "D:", "v-", "P--", "X-.", "*:"]
+
+
+def axis_label(metric: str) -> str:
+    """A metric's axis label: its declared label and which way is better (``AUC (↑)``,
+    ``ECE (↓)``); PCOC, best at 1, says so; an undeclared metric is its name."""
+    from ctrcal.metrics import metric_of
+
+    m = metric_of(metric)
+    if m is None:
+        return metric
+    if m.better is not None:
+        return f"{m.label} ({'↑' if m.better == 'higher' else '↓'})"
+    return f"{m.label} (1 = calibrated)" if m.name == "pcoc" else m.label
 
 
 def new_figure(n_panels: int, width: float = 4.2, height: float = 3.4):

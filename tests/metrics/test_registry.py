@@ -171,3 +171,11 @@ def test_the_docs_list_the_declared_metrics():
     assert listed.strip() == metric_list().strip(), (
         "docs/calibration.md's metric list is not the registry's: run scripts/metric_docs.py"
     )
+
+
+def test_figures_label_their_axes_from_the_declarations():
+    from ctrcal.reports.figures import axis_label
+
+    assert axis_label("auc") == "AUC (↑)" and axis_label("ece") == "ECE (↓)"
+    assert axis_label("field_rce_mean") == "Field-RCE, mean over fields (↓)"
+    assert axis_label("pcoc").endswith("(1 = calibrated)") and axis_label("nope") == "nope"

@@ -20,29 +20,21 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ctrcal.reports.figures import LINE_STYLES, new_figure, plot_reliability, save_figure
+from ctrcal.reports.figures import (
+    LINE_STYLES,
+    axis_label,
+    new_figure,
+    plot_reliability,
+    save_figure,
+)
 from ctrcal.reports.shift.stats import CLEAN, format_intensity
 
 __all__ = [
-    "METRIC_LABELS",
     "best_variant",
     "plot_field_rce",
     "plot_metrics_vs_intensity",
     "write_figures",
 ]
-
-METRIC_LABELS: dict[str, str] = {
-    "auc": "AUC (↑)",
-    "auc_retained": "AUC retained vs clean (↑)",
-    "ece": "ECE, 15 equal-width bins (↓)",
-    "ece_mass": "ECE, 15 equal-mass bins (↓)",
-    "logloss": "logloss (↓)",
-    "brier": "Brier score (↓)",
-    "pcoc": "PCOC Σp/Σy (1 = calibrated)",
-    "ne": "normalized entropy (↓)",
-    "pred_std": "mean predictive std (MC)",
-    "std_auroc": "AUROC of std: shifted vs clean",
-}
 
 
 def plot_metrics_vs_intensity(
@@ -95,7 +87,7 @@ def plot_metrics_vs_intensity(
                 label=variant,
             )
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(METRIC_LABELS.get(metric, metric))
+        ax.set_ylabel(axis_label(metric))
         ax.grid(alpha=0.3)
         if metric == "pcoc":
             ax.axhline(1.0, color="grey", lw=0.8, ls=":")

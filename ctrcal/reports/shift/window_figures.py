@@ -11,23 +11,18 @@ from pathlib import Path
 
 import numpy as np
 
-from ctrcal.reports.figures import new_figure, save_figure
+from ctrcal.reports.figures import axis_label, new_figure, save_figure
 from ctrcal.reports.shift.windows import CALIBRATIONS, WindowMetrics
 
 __all__ = ["plot_windows"]
 
-_LABELS = {
-    "ece": "ECE, 15 equal-width bins (↓)",
-    "pcoc": "PCOC Σp/Σy (1 = calibrated)",
-    "field_rce_mean": "Field-RCE, mean over fields (↓)",
-    "ne": "normalized entropy (↓)",
-}
+_PANELS = ("ece", "pcoc", "field_rce_mean", "ne")  # the metrics drawn, when measured
 _STYLES = {"uncalibrated": "o:", "stale": "s-", "fresh": "^--"}
 
 
 def plot_windows(result: WindowMetrics, path: str | Path, title: str | None = None) -> Path:
     """Metrics per time window for the three calibrations (module docstring); returns path."""
-    metrics = [k for k in _LABELS if any(v.metric == k for v in result.metrics)]
+    metrics = [k for k in _PANELS if any(v.metric == k for v in result.metrics)]
     fig, axes = new_figure(len(metrics), width=3.8, height=3.2)
     for ax, metric in zip(axes, metrics, strict=True):
         for cal in CALIBRATIONS:
@@ -48,7 +43,7 @@ def plot_windows(result: WindowMetrics, path: str | Path, title: str | None = No
         if metric == "pcoc":
             ax.axhline(1.0, color="grey", lw=0.8, ls=":")
         ax.set_xlabel(f"time window (stale: fitted on the {result.fitted_on})")
-        ax.set_ylabel(_LABELS[metric])
+        ax.set_ylabel(axis_label(metric))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     if title:
