@@ -23,7 +23,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ctrcal.metrics import SegmentScan, brier_decomposition, label_free_errors, worst_segments
+from ctrcal.metrics import (
+    METRICS,
+    SegmentScan,
+    brier_decomposition,
+    label_free_errors,
+    worst_segments,
+)
 from ctrcal.reports.markdown import markdown_table
 from ctrcal.reports.shift.stats import CLEAN, format_intensity
 
@@ -98,16 +104,7 @@ def label_free_lines(
         "",
     ]
     metrics = ["auc_est", "auc", "auc_est_err", "logloss_est", "logloss", "logloss_est_err"]
-    header = [
-        "variant",
-        "point",
-        "AUC est.",
-        "AUC",
-        "AUC error",
-        "logloss est.",
-        "logloss",
-        "logloss error",
-    ]
+    header = ["variant", "point", *(METRICS.get(m).label for m in metrics)]
     for info in shifts:
         label, unit = info["label"], info.get("unit", "std")
         sub = table[table["shift"].isin([CLEAN, label])]
