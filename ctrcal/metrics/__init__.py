@@ -23,6 +23,14 @@ from __future__ import annotations
 
 from ctrcal.metrics._bootstrap import BootstrapCI, PairedCI, bootstrap_ci, paired_bootstrap
 from ctrcal.metrics._brier import BrierDecomposition, brier_decomposition
+from ctrcal.metrics._drift import (
+    TRUST_RULE,
+    ChunkDrift,
+    DriftMonitor,
+    DriftScore,
+    feature_kind,
+    js_distance,
+)
 from ctrcal.metrics._ecce import (
     ECCETest,
     Multicalibration,
@@ -41,8 +49,13 @@ from ctrcal.metrics._field import (
 )
 from ctrcal.metrics._inputs import as_numpy
 from ctrcal.metrics._label_free import (
+    ESTIMATED_METRICS,
+    LABEL_FREE_ESTIMATORS,
     LABEL_FREE_METRICS,
+    doc_estimates,
+    estimate_key,
     expected_auc,
+    importance_weighted_estimates,
     label_free_errors,
     label_free_estimates,
 )
@@ -88,6 +101,11 @@ __all__ = [
     "METRICS",
     "BootstrapCI",
     "BrierDecomposition",
+    "ESTIMATED_METRICS",
+    "LABEL_FREE_ESTIMATORS",
+    "ChunkDrift",
+    "DriftMonitor",
+    "DriftScore",
     "ECCETest",
     "FieldCalibration",
     "Metric",
@@ -99,6 +117,7 @@ __all__ = [
     "Segment",
     "SegmentScan",
     "SmoothECE",
+    "TRUST_RULE",
     "as_numpy",
     "auc",
     "average_precision",
@@ -110,6 +129,8 @@ __all__ = [
     "calibration_slope_intercept",
     "calibration_summary",
     "compute_all",
+    "doc_estimates",
+    "estimate_key",
     "declare_metric",
     "ece",
     "ecce",
@@ -117,10 +138,13 @@ __all__ = [
     "ecce_std",
     "ecce_test",
     "expected_auc",
+    "feature_kind",
     "field_calibration",
     "field_ece",
     "field_rce",
     "holm",
+    "importance_weighted_estimates",
+    "js_distance",
     "label_free_errors",
     "label_free_estimates",
     "logloss",

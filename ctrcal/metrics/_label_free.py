@@ -22,6 +22,28 @@ NannyML's CBPE):
 
 The estimates are only as good as the calibration: the gap ``estimate − measured`` is the
 error a label-free monitor would make, and a shift that breaks calibration shows up there.
+
+**Estimators** (:data:`LABEL_FREE_ESTIMATORS`, each with its assumption). Garg et al. (ICLR
+2022) prove that none works under every shift, so each is paired with a drift verdict
+(:mod:`ctrcal.metrics._drift`):
+
+* ``cbpe``: the estimates above, from the analysis' probabilities alone.
+* ``iw_cbpe`` (:func:`importance_weighted_estimates`): CBPE on probabilities recalibrated on
+  the labelled reference, each reference row weighted by the density ratio
+  p_analysis(x) / p_reference(x) (from the domain classifier). Under a covariate shift
+  (P(y | x) unchanged) the weighted reference has the analysis' joint law of (p, y), so the
+  recalibrated probabilities are calibrated on the analysis and CBPE is right again, even
+  where the model ignores a feature that moved. Weights are normalised to mean 1 and clipped
+  at :data:`MAX_WEIGHT`: a few reference rows with a huge ratio would otherwise carry the
+  whole estimate; the clip pulls the estimate towards the reference's where the analysis
+  leaves the reference's support, which the drift alarm reports.
+* ``doc`` (:func:`doc_estimates`): difference of confidences (Guillory et al., ICCV 2021):
+  the reference's measured value plus the change of the model's self-expectation,
+  measured_ref + CBPE(analysis) − CBPE(reference). DoC is stated for accuracy, with the mean
+  confidence as the self-expectation; CBPE's estimate is that self-expectation for any metric,
+  AUC included. ATC (Garg et al.) is not offered: it counts rows above a confidence threshold,
+  which estimates a per-row accuracy, and AUC is a property of pairs with no per-row
+  correctness whose mean it is.
 """
 
 from __future__ import annotations
@@ -35,14 +57,33 @@ from ctrcal.metrics._metrics import DEFAULT_EPS
 from ctrcal.metrics._registry import declare_metric
 
 __all__ = [
+    "ESTIMATED_METRICS",
+    "LABEL_FREE_ESTIMATORS",
     "LABEL_FREE_METRICS",
+    "MAX_WEIGHT",
     "check_probs",
+    "doc_estimates",
+    "estimate_key",
     "expected_auc",
+    "importance_weighted_estimates",
     "label_free_errors",
     "label_free_estimates",
 ]
 
 LABEL_FREE_METRICS = ("auc", "logloss", "ne", "click_rate", "brier")
+
+# estimator -> its assumption (what must hold for the estimate to be right)
+LABEL_FREE_ESTIMATORS: dict[str, str] = {
+    "cbpe": "the probabilities are calibrated on the analysis rows (no concept shift, no "
+    "rows outside the training support).",
+    "iw_cbpe": "P(y | x) is the reference's (a covariate shift), the analysis lies inside the "
+    "reference's support, and the domain classifier's density ratios are right.",
+    "doc": "the gap between the model's self-expected and measured value is the reference's "
+    "(the miscalibration does not change with the shift).",
+}
+# metrics every estimator estimates
+ESTIMATED_METRICS = ("auc", "logloss")
+MAX_WEIGHT = 20.0  # importance weights clipped at 20 × their mean
 
 
 def check_probs(probs: Any) -> np.ndarray:
@@ -69,13 +110,20 @@ def expected_auc(probs: Any) -> float:
         The estimate, or NaN when Σp or Σ(1−p) is 0 (all rows certain).
     """
     p = check_probs(probs)
-    ps = np.sort(p)
+    return _expected_auc(p, p)
+
+
+def _expected_auc(scores: np.ndarray, q: np.ndarray) -> float:
+    """The expected AUC of rows ranked by ``scores`` whose clicks are coins of probability
+    ``q`` (module docstring, with A_g = Σ q and B_g = Σ (1 − q) over equal scores)."""
+    order = np.argsort(scores, kind="stable")
+    ps, qs = scores[order], q[order]
     start = np.empty(ps.shape[0], dtype=bool)
     start[0] = True
     np.not_equal(ps[1:], ps[:-1], out=start[1:])
     first = np.flatnonzero(start)
-    a = np.add.reduceat(ps, first)  # expected clicks per group of equal p
-    b = np.add.reduceat(1.0 - ps, first)  # expected non-clicks
+    a = np.add.reduceat(qs, first)  # expected clicks per group of equal score
+    b = np.add.reduceat(1.0 - qs, first)  # expected non-clicks
     total_a, total_b = float(a.sum()), float(b.sum())
     if total_a <= 0.0 or total_b <= 0.0:
         return float("nan")
@@ -133,6 +181,66 @@ def label_free_errors(probs: Any, labels: Any, measured: dict[str, float]) -> di
     return out
 
 
+def _expected_logloss(probs: np.ndarray, q: np.ndarray) -> float:
+    """Expected logloss of ``probs`` when the clicks are coins of probability ``q``."""
+    pc = np.clip(probs, DEFAULT_EPS, 1.0 - DEFAULT_EPS)
+    return float(-np.mean(q * np.log(pc) + (1.0 - q) * np.log1p(-pc)))
+
+
+def importance_weighted_estimates(
+    reference_probs: Any, reference_labels: Any, weights: Any, probs: Any
+) -> dict[str, float]:
+    """``iw_cbpe``: CBPE after a recalibration fitted on the importance-weighted reference
+    (module docstring).
+
+    Args:
+        reference_probs: [r] the model's probabilities on labelled reference rows.
+        reference_labels: [r] their clicks, 0/1.
+        weights: [r] density ratios p_analysis(x) / p_reference(x) of those rows (any
+            scale: normalised to mean 1, then clipped at :data:`MAX_WEIGHT`).
+        probs: [n] the model's probabilities on the analysis rows.
+
+    Returns:
+        ``{"auc", "logloss"}``: the analysis rows ranked by ``probs``, their clicks coins of
+        the recalibrated probabilities (weighted isotonic regression of the reference's clicks
+        on its probabilities).
+    """
+    from sklearn.isotonic import IsotonicRegression
+
+    rp, ry = check_probs_labels(reference_probs, reference_labels)
+    w = as_numpy(weights, "weights").astype(np.float64)
+    if w.shape != rp.shape:
+        raise ValueError(f"weights: expected {rp.shape[0]} values, got {w.shape[0]}")
+    if not np.all(np.isfinite(w) & (w >= 0)) or w.sum() <= 0:
+        raise ValueError("weights: expected finite values >= 0, not all 0")
+    w = np.minimum(w / w.mean(), MAX_WEIGHT)
+    p = check_probs(probs)
+    iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip")
+    iso.fit(rp, ry, sample_weight=w)
+    q = np.clip(iso.predict(p), 0.0, 1.0)
+    return {"auc": _expected_auc(p, q), "logloss": _expected_logloss(p, q)}
+
+
+def doc_estimates(reference_probs: Any, reference_labels: Any, probs: Any) -> dict[str, float]:
+    """``doc``: measured on the reference plus the change of CBPE's estimate (module
+    docstring).
+
+    Args:
+        reference_probs: [r] the model's probabilities on labelled reference rows.
+        reference_labels: [r] their clicks, 0/1.
+        probs: [n] the model's probabilities on the analysis rows.
+
+    Returns:
+        ``{"auc", "logloss"}``.
+    """
+    from ctrcal.metrics._metrics import auc, logloss
+
+    rp, ry = check_probs_labels(reference_probs, reference_labels)
+    ref, ana = label_free_estimates(rp), label_free_estimates(probs)
+    measured = {"auc": auc(rp, ry), "logloss": logloss(rp, ry)}
+    return {m: measured[m] + ana[m] - ref[m] for m in ESTIMATED_METRICS}
+
+
 # ---- declarations (ctrcal.metrics.METRICS) ---------------------------------------------------
 
 _NAMES = {
@@ -176,3 +284,28 @@ for _m, (_better, _definition) in _ESTIMATES.items():
         kind="derived",
         section="label-free",
     )
+
+
+def estimate_key(metric: str, estimator: str) -> str:
+    """The result key of ``estimator``'s estimate of ``metric``: CBPE's is ``auc_est``,
+    another's ``auc_est_<estimator>`` (``auc_est_iw_cbpe``)."""
+    if estimator not in LABEL_FREE_ESTIMATORS:
+        raise ValueError(
+            f"unknown estimator {estimator!r} (valid: {', '.join(LABEL_FREE_ESTIMATORS)})"
+        )
+    return f"{metric}_est" if estimator == "cbpe" else f"{metric}_est_{estimator}"
+
+
+_ESTIMATOR_NAMES = {"iw_cbpe": "importance-weighted CBPE", "doc": "DoC"}
+for _e, _title in _ESTIMATOR_NAMES.items():
+    for _m in ESTIMATED_METRICS:
+        declare_metric(
+            estimate_key(_m, _e),
+            label=f"{_NAMES[_m]} estimate ({_title})",
+            definition=f"label-free {_NAMES[_m]} estimate by {_title}; assumes "
+            + LABEL_FREE_ESTIMATORS[_e],
+            better=_ESTIMATES[_m][0],
+            computed_by="importance_weighted_estimates" if _e == "iw_cbpe" else "doc_estimates",
+            kind="label_free",
+            section="label-free",
+        )
