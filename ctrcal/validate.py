@@ -482,13 +482,15 @@ def load_config(
 
 def validate_data(cfg: Config, data_dir: Path) -> None:
     """What ``ctrcal validate --data`` adds: every shift the config evaluates or trains under
-    can apply to that prepared data (its feature kinds, original-space statistics), and the
-    model's embedding tables fit ``train.max_embedding_gib``.
+    can apply to that prepared data (its feature kinds, original-space statistics), its
+    ``data.layout`` reads the data's sources, and the model's embedding tables fit
+    ``train.max_embedding_gib``.
 
     Raises:
         DataError: naming the config's file and key, the shift and the data.
         ConfigError: tables above the limit, naming the key and the size.
     """
+    from ctrcal.data.criteo import check_prepared_layout
     from ctrcal.data.feature_map import FeatureMap
     from ctrcal.reports.shift.jobs import check_data_for_shifts
     from ctrcal.reports.shift.plan import plan_shifts
@@ -498,4 +500,5 @@ def validate_data(cfg: Config, data_dir: Path) -> None:
     feature_map = FeatureMap.load(data_dir)
     check_data_for_shifts(plan_shifts(cfg), feature_map, data_dir, cfg)
     check_training_data(cfg, feature_map, data_dir)
+    check_prepared_layout(cfg, feature_map, data_dir)
     check_table_size(cfg, feature_map)

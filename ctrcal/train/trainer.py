@@ -261,6 +261,7 @@ def _train_in_context(
     loggers: Any = None,
 ) -> TrainResult:
     from ctrcal.data.feature_map import FeatureMap
+    from ctrcal.data.criteo import check_prepared_layout
     from ctrcal.shifts.data_check import check_training_data
     from ctrcal.train.finetune import finetune_model
     from ctrcal.train.table_limit import check_table_size
@@ -270,6 +271,7 @@ def _train_in_context(
     feature_map = FeatureMap.load(data_dir)
     # what validate --data refuses is refused here too, before anything is built
     check_training_data(cfg, feature_map, data_dir, report=False)
+    check_prepared_layout(cfg, feature_map, data_dir)
     check_table_size(cfg, feature_map)
     mode = resolve_data_mode(tcfg.data_mode, device, feature_map)
     if dctx.is_distributed and mode == "stream":

@@ -1,6 +1,7 @@
 """What `train` refuses of the prepared data before anything is allocated, with the one line
 `validate --data` gives: embedding tables above train.max_embedding_gib, a training shift with
-nothing to act on, an original-space shift without original-space statistics."""
+nothing to act on, an original-space shift without original-space statistics, a data.layout
+that would refuse the data's own files."""
 
 from __future__ import annotations
 
@@ -110,3 +111,48 @@ def test_an_original_space_shift_without_its_statistics_names_the_key(
     for err in errs:
         assert "has no original-space numeric statistics" in err
         assert "or set space: model" in err and err.strip().endswith("train.train_shift.space]")
+
+
+@pytest.fixture(scope="module")
+def by_layout(criteo_files, tmp_path_factory) -> dict[str, Path]:
+    """The dac and Criteo_x1 files prepared with the layout detected."""
+    root = tmp_path_factory.mktemp("by_layout")
+    cfg = Config()
+    cfg.features.min_count = 2
+    return {k: prepare([criteo_files[k]], root / k, cfg).out_dir for k in ("dac", "x1")}
+
+
+@pytest.mark.parametrize(
+    ("data", "layout", "found"),
+    [("dac", "x1", "dac"), ("x1", "x4", "x1"), ("x1", "dac", "x1")],
+)
+def test_a_layout_the_datas_files_were_not_read_as_is_refused(
+    by_layout, criteo_files, tmp_path, capsys, data, layout, found
+):
+    text = MODEL + TRAIN + f"}}\ndata: {{layout: {layout}}}\n"
+    codes, errs = _run(tmp_path, by_layout[data], text, capsys)
+    assert codes[0] != 0 and codes[1] != 0
+    said = f"configured layout {layout!r} but the file was read as {found!r}"
+    for err in errs:
+        assert f"{by_layout[data]}: prepared from {criteo_files[data]}: {said}" in err, err
+        assert err.strip().endswith(f"{tmp_path / 'c.yaml'}: data.layout]")
+
+
+@pytest.mark.parametrize(("data", "layout"), [("dac", "auto"), ("dac", "dac"), ("x1", "x1")])
+def test_the_layout_the_data_was_read_as_passes(by_layout, tmp_path, data, layout):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(MODEL + TRAIN + f"}}\ndata: {{layout: {layout}}}\n")
+    assert main(["validate", str(cfg), "--data", str(by_layout[data])]) == 0
+
+
+def test_predict_refuses_a_raw_file_in_the_same_words(criteo_files):
+    from ctrcal.core.errors import DataError
+    from ctrcal.data.criteo import detect_format
+
+    with pytest.raises(DataError) as err:
+        detect_format(criteo_files["dac"], "x1")
+    assert (
+        str(err.value)
+        == f"{criteo_files['dac']}: configured layout 'x1' but the file looks like 'dac'"
+    )
+    assert detect_format(criteo_files["x1"], "x4").layout == "x4"  # a guess a config overrules
