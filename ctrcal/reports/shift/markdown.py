@@ -1,8 +1,9 @@
-"""The text of ``report.md``: the shifts, the verdict, the tables per shift, the definitions.
+"""The text of ``report.md``: a one-screen summary, then the appendix (the design and its
+shifts, the verdict table, the tables per shift, the definitions).
 
 :func:`render_markdown` words a :class:`~ctrcal.reports.shift.stats.Summary` and a
-:class:`~ctrcal.reports.shift.render.ReportMeta`; the verdict's table and sentence are
-:mod:`ctrcal.reports.shift.verdict`'s.
+:class:`~ctrcal.reports.shift.render.ReportMeta`; the summary, the verdict's table and
+sentence are :mod:`ctrcal.reports.shift.verdict`'s.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pandas as pd
 from ctrcal.metrics import metrics_in
 from ctrcal.reports.markdown import definition_lines, markdown_table
 from ctrcal.reports.shift.stats import CLEAN, Summary, format_intensity
-from ctrcal.reports.shift.verdict import exploratory_lines, verdict_lines
+from ctrcal.reports.shift.verdict import exploratory_lines, summary_lines, verdict_lines
 
 if TYPE_CHECKING:
     from ctrcal.reports.shift.render import ReportMeta
@@ -136,6 +137,15 @@ def _shift_paragraph(info: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _shift_grid(info: dict[str, Any]) -> str:
+    """``gaussian_numeric at 6.25 %, 12.5 %`` (a shift and its levels, in a phrase)."""
+    unit = info.get("unit", "std")
+    if unit == "natural":
+        return info["label"]
+    levels = ", ".join(format_intensity(s, unit) for s in info.get("intensities", []))
+    return f"{info['label']} at {levels}" if levels else info["label"]
+
+
 def _cells(values: Sequence[float] | None, n: int) -> list[str]:
     if not values:
         return ["n/a"] * n
@@ -163,8 +173,29 @@ def render_markdown(
     variants, n = summary.variants, summary.n_seeds
     shifts = list(shifts) if shifts is not None else shift_infos(meta.shifts, table)
     units = {i["label"]: i.get("unit", "std") for i in shifts}
+    main = next((p for k, p in figures.items() if k.startswith("auc_ece")), None)
     lines = [
         "# Shift-robustness report",
+        "",
+        f"{', '.join(variants)} against {summary.baseline}, paired by training seed ({n} "
+        f"seed(s)); the {meta.split} split ({meta.rows:,} rows) clean and under "
+        + "; ".join(_shift_grid(info) for info in shifts)
+        + f"; wall time {meta.elapsed}.",
+        "",
+        "## Summary",
+        "",
+        *summary_lines(summary, units),
+    ]
+    if main is not None:
+        lines += [f"![AUC and ECE vs shift intensity]({main.name})", ""]
+    lines += [
+        "The appendix below holds the design, the full verdict table, every point's mean ± SE "
+        "and the exploratory metrics; `results.csv` holds every value of every seed, "
+        "`summary.json` the paired tests.",
+        "",
+        "# Appendix",
+        "",
+        "## Design",
         "",
         f"The {meta.split} split ({meta.rows:,} rows) evaluated clean and under "
         f"{len(shifts)} shift(s)"
@@ -178,7 +209,7 @@ def render_markdown(
         f"{n} training seed(s) × {meta.noise_seeds} noise seed(s); tables show mean ± "
         f"standard error over training seeds (after averaging noise seeds). Every variant "
         f"sees the same shifted rows (the noise depends on the shift's seed only). "
-        f"Device: {meta.device}; wall time {meta.elapsed}.",
+        f"Device: {meta.device}.",
         "",
         "## Shifts",
         "",
@@ -197,9 +228,6 @@ def render_markdown(
     lines += _oracle_calibration_lines(meta.oracle_calibration)
     lines += [f"## Verdict: each variant vs {summary.baseline}", ""]
     lines += verdict_lines(summary, units)
-    main = next((p for k, p in figures.items() if k.startswith("auc_ece")), None)
-    if main is not None:
-        lines += [f"![AUC and ECE vs shift intensity]({main.name})", ""]
     present = set(table["metric"])
     for info in shifts:
         label, unit = info["label"], info.get("unit", "std")

@@ -23,8 +23,9 @@ module is the recipe: it reads top to bottom and calls one component per step.
 5. **Statistics** (:mod:`ctrcal.reports.shift.stats`): mean ± SE over seeds, paired tests against
    the baseline with the family-wise correction and the detectable difference: a ``Summary``.
 6. **Rendering** (:mod:`ctrcal.reports.shift.render`): ``results.csv`` (long: variant, shift, seed,
-   noise_seed, intensity, metric, value), ``summary.json``, ``report.md`` (the verdict table
-   and sentence, tables per shift, uncertainty quality, definitions) and the PNG figures.
+   noise_seed, intensity, metric, value), ``summary.json``, ``report.md`` (a one-screen
+   summary: what differs, the detectable difference per metric, the figure; then an appendix:
+   the verdict table, tables per shift, uncertainty quality, definitions) and the PNG figures.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -139,13 +141,7 @@ def shift_report(
     Returns:
         The paths written (report.md, results.csv, summary.json, figures).
     """
-    from tqdm.auto import tqdm
-
     from ctrcal.core.devices import resolve_device
-    from ctrcal.core.utils import remove_stale_temporaries
-    from ctrcal.data.feature_map import FeatureMap
-    from ctrcal.train.runs import prepared_data_dir
-    from ctrcal.train.splits import require_labelled
 
     t_start = time.perf_counter()
     out_dir = Path(out_dir)
@@ -163,23 +159,7 @@ def shift_report(
     calibrated = any(p.calibration for p in plans)
 
     # 2. jobs: the data sets (prepared if needed, temporal copies included) and their runs
-    # (a killed report may have left its outputs' temporaries; the data's and the runs' own
-    # temporaries beside them are cleaned by their owners)
-    remove_stale_temporaries(out_dir, REPORT_OUTPUTS)
-    data_dir = prepared_data_dir(cfg, out_dir, data_dir)
-    feature_map = FeatureMap.load(data_dir)
-    check_data_for_shifts(shift_plans, feature_map, data_dir, cfg)
-    require_labelled(feature_map, r.split, data_dir, f"the shift report (report.split: {r.split})")
-    if calibrated:
-        require_labelled(feature_map, "valid", data_dir, "the calibrators")
-        if r.split == "valid":
-            log(
-                "note: report.split is 'valid', the split the calibrators are fitted on; their "
-                "clean numbers are in-sample"
-            )
-    if r.windows:
-        check_time_ordered(data_dir, cfg)
-    jobs = data_jobs(cfg, shift_plans, feature_map, data_dir, out_dir, log)
+    data_dir, jobs = _data_jobs(cfg, shift_plans, out_dir, data_dir, calibrated, log)
 
     # 3. training
     t_train = time.perf_counter()
@@ -190,25 +170,10 @@ def shift_report(
     t_eval = time.perf_counter()
     # explicit report.devices: evaluate on the first of them, as a sequential run would train
     device = resolve_device(slots[0] if r.devices else cfg.train.device)
-    bs = cfg.train.eval_batch_size
-    fields = r.field_metrics or bool(r.windows) or any(p.needed_fields() for p in plans)
-    grids = [
-        EvalGrid.open(job, shift_plans, device, bs, fields=fields, valid=calibrated) for job in jobs
-    ]
-    total = len(plans) * r.seeds * sum(len(g.points()) for g in grids)
-    bar = tqdm(total=total, desc="shift report", unit="eval", disable=not progress, file=sys.stderr)
-    rows, curves = [], {}
-    for grid, job in zip(grids, jobs, strict=True):
-        calibrators = fit_calibrators(grid, plans, job.runs_dir)
-        evaluate_grid(grid, plans, job.runs_dir, calibrators, bar)
-        if r.windows and job.natural is None:
-            row_level_windows(grid, plans, oracle_probs(job.data_dir, r.split, grid.test.labels))
-        rows += grid.rows
-        for variant, by_point in grid.curves().items():
-            curves.setdefault(variant, {}).update(by_point)
-    bar.close()
+    grids, rows, curves, by_variant = _evaluate(
+        cfg, jobs, plans, shift_plans, device, valid=calibrated, progress=progress
+    )
     eval_s = time.perf_counter() - t_eval
-    by_variant = {p.name: sum(g.seconds.get(p.name, 0.0) for g in grids) for p in plans}
 
     # 5. statistics: numbers only
     baseline = r.baseline or plans[0].name
@@ -223,27 +188,11 @@ def shift_report(
     )
 
     # 6. rendering: every word and figure
-    main, test = grids[0], grids[0].test
     total_s = time.perf_counter() - t_start
-    device_note = str(device)
-    if len(slots) > 1:
-        device_note += f"; training in {len(slots)} parallel processes ({', '.join(slots)})"
-    meta = ReportMeta(
-        split=r.split,
-        rows=int(test.labels.shape[0]),
-        mix_fraction=r.mix_fraction,
-        noise_seeds=r.noise_seeds,
-        device=device_note,
-        variant_descriptions=[describe_variant(p, cfg) for p in plans],
-        shifts=[shift_info(sp, main) for sp in shift_plans],
-        oracle=oracle_metrics(data_dir, r.split),
-        oracle_calibration=oracle_calibration(data_dir, r.split, test.labels, test.fields, r),
-        timing=Timing(train=train_s, eval=eval_s, total=total_s, eval_by_variant=by_variant),
-        training=TrainingInfo(slots, training_threads(cfg, slots), outcomes),
-        runs_dir=str(out_dir / "runs"),
-        data_dir=str(data_dir),
-        train_seeds=[cfg.train.seed + k for k in range(r.seeds)],
-        config=config_to_dict(cfg),
+    timing = Timing(train=train_s, eval=eval_s, total=total_s, eval_by_variant=by_variant)
+    training = TrainingInfo(slots, training_threads(cfg, slots), outcomes)
+    meta = _report_meta(
+        cfg, plans, shift_plans, grids[0], data_dir, out_dir, device, timing, training
     )
     reliability = {p.name: curves[p.name] for p in plans if p.name in curves}
     paths = write_report(
@@ -254,9 +203,121 @@ def shift_report(
         figures=r.figures,
         row_level=grids[0].row_level,
     )
+    total = len(plans) * r.seeds * sum(len(g.points()) for g in grids)
     log(f"shift report: {total} evaluations, total time {fmt_seconds(total_s)}")
     log(
         "evaluation time by variant (calibrator fits included): "
         + ", ".join(f"{v} {s:.1f}s" for v, s in by_variant.items())
     )
     return paths
+
+
+def _data_jobs(
+    cfg: Config,
+    shift_plans: list[Any],
+    out_dir: Path,
+    data_dir: str | Path | None,
+    calibrated: bool,
+    log: Callable[[str], None],
+) -> tuple[Path, list[Any]]:
+    """The report's prepared data, checked against what the shifts and calibrators need, and
+    its data jobs -> (data_dir, jobs)."""
+    from ctrcal.core.utils import remove_stale_temporaries
+    from ctrcal.data.feature_map import FeatureMap
+    from ctrcal.train.runs import prepared_data_dir
+    from ctrcal.train.splits import require_labelled
+
+    r = cfg.report
+    # a killed report may have left its outputs' temporaries; the data's and the runs' own
+    # temporaries beside them are cleaned by their owners
+    remove_stale_temporaries(out_dir, REPORT_OUTPUTS)
+    data_dir = prepared_data_dir(cfg, out_dir, data_dir)
+    feature_map = FeatureMap.load(data_dir)
+    check_data_for_shifts(shift_plans, feature_map, data_dir, cfg)
+    require_labelled(feature_map, r.split, data_dir, f"the shift report (report.split: {r.split})")
+    if calibrated:
+        require_labelled(feature_map, "valid", data_dir, "the calibrators")
+        if r.split == "valid":
+            log(
+                "note: report.split is 'valid', the split the calibrators are fitted on; their "
+                "clean numbers are in-sample"
+            )
+    if r.windows:
+        check_time_ordered(data_dir, cfg)
+    return data_dir, data_jobs(cfg, shift_plans, feature_map, data_dir, out_dir, log)
+
+
+def _evaluate(
+    cfg: Config,
+    jobs: list[Any],
+    plans: list[Any],
+    shift_plans: list[Any],
+    device: Any,
+    *,
+    valid: bool,
+    progress: bool,
+) -> tuple[list[EvalGrid], list[list[Any]], dict[str, dict[Any, Any]], dict[str, float]]:
+    """Every data set's grid: its calibrators fitted on clean validation, then every variant
+    and seed at every point -> (grids, result rows, reliability curves by variant, evaluation
+    seconds by variant, calibrator fits included)."""
+    from tqdm.auto import tqdm
+
+    r = cfg.report
+    fields = r.field_metrics or bool(r.windows) or any(p.needed_fields() for p in plans)
+    bs = cfg.train.eval_batch_size
+    grids = [
+        EvalGrid.open(job, shift_plans, device, bs, fields=fields, valid=valid) for job in jobs
+    ]
+    total = len(plans) * r.seeds * sum(len(g.points()) for g in grids)
+    bar = tqdm(total=total, desc="shift report", unit="eval", disable=not progress, file=sys.stderr)
+    rows: list[list[Any]] = []
+    curves: dict[str, dict[Any, Any]] = {}
+    for grid, job in zip(grids, jobs, strict=True):
+        calibrators = fit_calibrators(grid, plans, job.runs_dir)
+        evaluate_grid(grid, plans, job.runs_dir, calibrators, bar)
+        if r.windows and job.natural is None:
+            row_level_windows(grid, plans, oracle_probs(job.data_dir, r.split, grid.test.labels))
+        rows += grid.rows
+        for variant, by_point in grid.curves().items():
+            curves.setdefault(variant, {}).update(by_point)
+    bar.close()
+    by_variant = {p.name: sum(g.seconds.get(p.name, 0.0) for g in grids) for p in plans}
+    return grids, rows, curves, by_variant
+
+
+def _report_meta(
+    cfg: Config,
+    plans: list[Any],
+    shift_plans: list[Any],
+    main: EvalGrid,
+    data_dir: Path,
+    out_dir: Path,
+    device: Any,
+    timing: Timing,
+    training: TrainingInfo,
+) -> ReportMeta:
+    """How the report was made, in the words :mod:`ctrcal.reports.shift.render` writes."""
+    r, test = cfg.report, main.test
+    device_note = str(device)
+    if len(training.workers) > 1:
+        device_note += (
+            f"; training in {len(training.workers)} parallel processes "
+            f"({', '.join(training.workers)})"
+        )
+    return ReportMeta(
+        split=r.split,
+        rows=int(test.labels.shape[0]),
+        mix_fraction=r.mix_fraction,
+        noise_seeds=r.noise_seeds,
+        device=device_note,
+        variant_descriptions=[describe_variant(p, cfg) for p in plans],
+        shifts=[shift_info(sp, main) for sp in shift_plans],
+        oracle=oracle_metrics(data_dir, r.split),
+        oracle_calibration=oracle_calibration(data_dir, r.split, test.labels, test.fields, r),
+        timing=timing,
+        training=training,
+        runs_dir=str(out_dir / "runs"),
+        data_dir=str(data_dir),
+        train_seeds=[cfg.train.seed + k for k in range(r.seeds)],
+        config=config_to_dict(cfg),
+    )

@@ -47,9 +47,11 @@ __all__ = [
     "format_intensity",
     "paired_differences",
     "per_seed_values",
+    "seeds_needed",
     "summarize",
     "summarize_report",
     "with_shift",
+    "within_range",
 ]
 
 RESULT_COLUMNS = ["variant", "shift", "seed", "noise_seed", "intensity", "metric", "value"]
@@ -60,6 +62,18 @@ PRIMARY_METRICS = ("auc", "ece")
 _RANK_METRICS = frozenset({"auc", "auc_retained"})
 
 _KEY = ["variant", "shift", "seed", "intensity", "metric"]
+
+
+def within_range(metric: str, difference: float) -> bool:
+    """Whether ``|difference|`` is a difference ``metric`` can show at all: finite and no
+    larger than the width of the values it can take (its declared ``bounds``: a true
+    difference can be no larger, so a detectable difference beyond it is no difference at
+    all); any finite value for an unbounded metric."""
+    if not math.isfinite(difference):
+        return False
+    found = METRICS.find(metric)
+    low, high = found.bounds if found is not None and found.bounds else (-math.inf, math.inf)
+    return abs(difference) <= high - low
 
 
 def format_intensity(s: float, unit: str = "std") -> str:
@@ -157,6 +171,27 @@ def detectable_difference(sd: float, n: int, alpha: float, power: float = 0.8) -
     dof = n - 1
     z = special.stdtrit(dof, 1.0 - alpha / 2.0) + special.stdtrit(dof, power)  # t quantiles
     return float(z * sd / math.sqrt(n))
+
+
+def seeds_needed(
+    sd: float, target: float, alpha: float, power: float = 0.8, *, most: int = 1000
+) -> int:
+    """The fewest pairs n at which :func:`detectable_difference` reaches ``target``.
+
+    The design question of a report, answered by the calculation its verdict table uses:
+    with a pilot's std ``sd`` of the paired differences and the family's level ``alpha``
+    (Holm's strictest, alpha / m), how many training seeds make a true difference of
+    ``target`` detectable with this power.
+
+    Returns:
+        n ≥ 2; ``most + 1`` when even ``most`` pairs would not do (or ``sd`` is not finite).
+    """
+    if not math.isfinite(sd):
+        return most + 1
+    for n in range(2, most + 1):
+        if detectable_difference(sd, n, alpha, power) <= target:
+            return n
+    return most + 1
 
 
 def paired_differences(
@@ -332,6 +367,27 @@ class Summary:
     def tests(self) -> int:
         """The size m of the primary family (comparisons with a p-value)."""
         return int(np.isfinite(self.primary["p"].to_numpy(dtype=float)).sum())
+
+    def detectable_by_metric(self) -> pd.DataFrame:
+        """The detectable differences of the primary family, per metric.
+
+        Returns:
+            columns ``metric, comparisons, smallest, median, largest, beyond``: over the
+            metric's comparisons with a finite detectable difference, its smallest, median
+            and largest value, and ``beyond`` how many of them exceed the metric's range
+            (:func:`within_range`): those the design cannot detect at all.
+        """
+        cols = ["metric", "comparisons", "smallest", "median", "largest", "beyond"]
+        prim = self.primary
+        rows = []
+        for metric, grp in prim.groupby("metric", sort=False) if not prim.empty else ():
+            d = grp["detectable"].to_numpy(dtype=float)
+            d = d[np.isfinite(d)]
+            if d.size == 0:
+                continue
+            beyond = sum(not within_range(str(metric), x) for x in d)
+            rows.append([metric, d.size, d.min(), float(np.median(d)), d.max(), beyond])
+        return pd.DataFrame(rows, columns=cols)
 
 
 def summarize_report(

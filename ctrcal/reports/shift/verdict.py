@@ -6,6 +6,11 @@ the cells that survive the family-wise (Holm) correction are marked. The sentenc
 survives, and says "no significant difference" when that is the truth. Comparisons outside
 the primary family are listed after it as exploratory hints, never as findings.
 
+:func:`summary_lines` is the report's first screen: what differs significantly and in
+which direction, and the smallest difference the design detects per metric. A detectable
+difference larger than the metric's whole range is written "cannot detect at this design",
+never as a number.
+
 Numbers come from a :class:`~ctrcal.reports.shift.stats.Summary`; this module only words them.
 """
 
@@ -20,15 +25,25 @@ import pandas as pd
 
 from ctrcal.metrics import metric_of
 from ctrcal.reports.markdown import markdown_table
-from ctrcal.reports.shift.stats import CLEAN, Summary, format_intensity
+from ctrcal.reports.shift.stats import CLEAN, Summary, format_intensity, within_range
 
-__all__ = ["exploratory_lines", "verdict_lines", "verdict_sentence"]
+__all__ = [
+    "CANNOT_DETECT",
+    "detectable_text",
+    "exploratory_lines",
+    "summary_lines",
+    "verdict_lines",
+    "verdict_sentence",
+]
 
 
 def _label(metric: str) -> str:
     """A metric's declared label (``AUC``), or its name when it has none."""
     found = metric_of(metric)
     return metric if found is None else found.label
+
+
+CANNOT_DETECT = "cannot detect at this design"
 
 
 def _num(x: Any, fmt: str) -> str:
@@ -41,6 +56,15 @@ def point_label(row: Any, units: dict[str, str]) -> str:
     if row.shift == CLEAN:
         return "clean"
     return f"{row.shift} {format_intensity(row.intensity, units.get(row.shift, 'std'))}"
+
+
+def detectable_text(metric: str, value: Any) -> str:
+    """A detectable difference as the report writes it: four decimals, or
+    :data:`CANNOT_DETECT` when it exceeds the metric's range (``n/a`` without one)."""
+    value = float(value)
+    if not math.isfinite(value):
+        return "n/a"
+    return f"{value:.4f}" if within_range(metric, value) else CANNOT_DETECT
 
 
 def _join(items: Sequence[str]) -> str:
@@ -72,20 +96,76 @@ def verdict_sentence(summary: Summary, units: dict[str, str] | None = None) -> s
         )
     parts = []
     for (variant, metric, better), grp in sig.groupby(["variant", "metric", "better"], sort=False):
-        # one group per shift: "clean and gaussian_numeric 25 %, 50 %"
-        by_shift: dict[str, list[str]] = {}
-        for r in grp.itertuples():
-            level = format_intensity(r.intensity, units.get(r.shift, "std"))
-            by_shift.setdefault(r.shift, []).append("" if r.shift == CLEAN else level)
-        where = _join(
+        word = "better" if better else "worse"
+        parts.append(f"{variant} has {word} {_label(metric)} at {_where(grp, units)}")
+    return f"Only these differ from {base} ({how}): " + "; ".join(parts) + "."
+
+
+def _where(grp: pd.DataFrame, units: dict[str, str]) -> str:
+    """The points of some paired-difference rows, one group per shift: "clean and
+    gaussian_numeric 25 %, 50 %"."""
+    by_shift: dict[str, list[str]] = {}
+    for r in grp.itertuples():
+        level = format_intensity(r.intensity, units.get(r.shift, "std"))
+        by_shift.setdefault(r.shift, []).append("" if r.shift == CLEAN else level)
+    return _join(
+        [
+            "clean" if shift == CLEAN else f"{shift} {', '.join(levels)}"
+            for shift, levels in by_shift.items()
+        ]
+    )
+
+
+def summary_lines(summary: Summary, units: dict[str, str]) -> list[str]:
+    """The first screen of the report: what differs significantly from the baseline and in
+    which direction (Δ range over the points), then the detectable difference per metric."""
+    base, m, n = summary.baseline, summary.tests, summary.n_seeds
+    if n < 2 or m == 0:
+        return [verdict_sentence(summary, units), ""]
+    how = (
+        f"{m} paired tests on AUC and ECE over {n} training seeds, Holm-adjusted at "
+        f"α = {summary.alpha:g}"
+    )
+    sig = summary.significant
+    if sig.empty:
+        lines = [f"**Nothing differs significantly from {base}** at any point ({how}).", ""]
+    else:
+        lines = [f"**What differs from {base}** ({how}; Δ = variant − {base}):", ""]
+        groups = sig.groupby(["variant", "metric", "better"], sort=False)
+        for (variant, metric, better), grp in groups:
+            word = "better" if better else "worse"
+            lo, hi = float(grp["diff"].min()), float(grp["diff"].max())
+            delta = f"Δ {lo:+.4f}" if lo == hi else f"Δ {lo:+.4f} to {hi:+.4f}"
+            lines.append(
+                f"- **{variant}**: {word} {_label(metric)} at {_where(grp, units)} ({delta})"
+            )
+        lines += ["", "Every other comparison of the family: no significant difference.", ""]
+    by_metric = summary.detectable_by_metric()
+    if by_metric.empty:
+        return lines
+    lines += [
+        f"**The smallest difference this design detects** with {100 * summary.power:g} % "
+        f"power, per metric (paired t-test over {n} seeds at Holm's strictest level α/m = "
+        f"{summary.alpha / m:.2g}): a difference smaller than these could have been missed.",
+        "",
+    ]
+    rows = []
+    for r in by_metric.itertuples():
+        metric = str(r.metric)
+        worst = detectable_text(metric, r.largest)
+        if r.beyond:
+            worst += f" ({r.beyond} of {r.comparisons})"
+        rows.append(
             [
-                "clean" if shift == CLEAN else f"{shift} {', '.join(levels)}"
-                for shift, levels in by_shift.items()
+                _label(metric),
+                str(r.comparisons),
+                worst,
+                detectable_text(metric, r.median),
+                detectable_text(metric, r.smallest),
             ]
         )
-        word = "better" if better else "worse"
-        parts.append(f"{variant} has {word} {_label(metric)} at {where}")
-    return f"Only these differ from {base} ({how}): " + "; ".join(parts) + "."
+    header = ["metric", "comparisons", "at every point", "median point", "best point"]
+    return lines + [markdown_table(header, rows), ""]
 
 
 def verdict_lines(summary: Summary, units: dict[str, str]) -> list[str]:
@@ -98,7 +178,8 @@ def verdict_lines(summary: Summary, units: dict[str, str]) -> list[str]:
         f"from a two-sided paired t-test; p_Holm adjusted over all {m} comparisons of the "
         f"table (every variant × {{AUC, ECE}} × shift point). *Detectable*: the smallest true "
         f"|Δ| this design detects with {100 * power:g} % power at α/m = "
-        f"{alpha / max(m, 1):.2g}. **Bold ✓ / ✗**: better / worse at p_Holm < {alpha:g}.",
+        f"{alpha / max(m, 1):.2g} (*{CANNOT_DETECT}*: larger than the metric's whole "
+        f"range). **Bold ✓ / ✗**: better / worse at p_Holm < {alpha:g}.",
         "",
     ]
     fixed = _by_construction(summary.paired)
@@ -124,7 +205,7 @@ def verdict_lines(summary: Summary, units: dict[str, str]) -> list[str]:
                     f"**{cell} {mark}**" if sig else cell,
                     _num(r.p, ".3g"),
                     _num(r.p_holm, ".3g"),
-                    _num(r.detectable, ".4f"),
+                    detectable_text(r.metric, r.detectable),
                 ]
             )
         header = ["variant", "metric", "point", "Δ ± SE", "p", "p_Holm", "detectable"]

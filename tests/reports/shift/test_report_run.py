@@ -126,15 +126,18 @@ def test_report_tables_parse_and_verdict_present(shift_report):
     assert "## Verdict" in text and "Holm" in text and "## Shift: categorical_corruption" in text
     assert "Space: **original**" in text
     tables = _tables(text)
-    assert tables[0][0][0] == "space"  # the stds of the gaussian shift in both spaces
+    # the first screen: the detectable difference per metric, then the appendix
+    assert tables[0][0] == ["metric", "comparisons", "at every point", "median point", "best point"]
+    assert text.index("## Summary") < text.index("\n# Appendix\n") < text.index("## Verdict")
+    assert tables[1][0][0] == "space"  # the stds of the gaussian shift in both spaces
     # the verdict: the primary family as one table, then one sentence
-    assert tables[1][0] == ["variant", "metric", "point", "Δ ± SE", "p", "p_Holm", "detectable"]
-    assert len(tables[1]) == 2 + (len(VARIANTS) - 1) * 2 * POINTS
+    assert tables[2][0] == ["variant", "metric", "point", "Δ ± SE", "p", "p_Holm", "detectable"]
+    assert len(tables[2]) == 2 + (len(VARIANTS) - 1) * 2 * POINTS
     verdict = text.split("## Verdict")[1].split("\n## ")[0].strip().splitlines()
     after = verdict[max(i for i, line in enumerate(verdict) if line.startswith("|")) + 1 :]
     sentence = next(line for line in after if line.strip())
     assert sentence.startswith(("No variant differs", "Only these differ"))
-    assert tables[2][0] == ["variant", "clean", "12.5 %", "50 %"]
+    assert tables[3][0] == ["variant", "clean", "12.5 %", "50 %"]
     assert ["variant", "clean", "probability 0.2", "probability 0.6"] in [t[0] for t in tables]
     for table in tables:
         assert len({len(r) for r in table}) == 1
@@ -144,6 +147,28 @@ def test_report_tables_parse_and_verdict_present(shift_report):
     # the primary family: every variant but the baseline x {AUC, ECE} x every point
     primary = [r for r in summary["paired"] if r["primary"]]
     assert len(primary) == (len(VARIANTS) - 1) * 2 * POINTS
+
+
+def test_report_opens_with_a_summary_and_no_detectable_beyond_its_range(shift_report):
+    """2 seeds at Holm's α/m detect nothing a metric in [0, 1] can show: every such cell says
+    so in words, in the summary and in the appendix's verdict table, never as a number > 1."""
+    _, out = shift_report
+    text = (out / "report.md").read_text()
+    first = text.split("\n# Appendix\n")[0]
+    assert "## Summary" in first and "_auc_ece.png)" in first
+    assert first.count("\n") < 60  # one screen
+    assert "Nothing differs significantly" in first or "What differs from" in first
+    summary = json.loads((out / "summary.json").read_text())
+    beyond = [r for r in summary["paired"] if r["primary"] and (r["detectable"] or 0) > 1]
+    assert beyond  # the tiny design cannot detect everything
+    tables = _tables(text)
+    for table, column in ((tables[0], "at every point"), (tables[2], "detectable")):
+        cells = [row[table[0].index(column)] for row in table[2:]]
+        for cell in cells:
+            assert cell.startswith("cannot detect at this design") or float(cell) <= 1.0
+    verdict = tables[2]
+    said = sum(row[-1] == "cannot detect at this design" for row in verdict[2:])
+    assert said == len(beyond)
 
 
 def test_rerun_reuses_runs_and_is_deterministic(shift_report, tmp_path, capsys):

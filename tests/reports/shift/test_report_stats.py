@@ -214,6 +214,54 @@ def test_detectable_difference_by_hand():
     assert r["detectable"] == pytest.approx(S.detectable_difference(sd, 4, 0.05 / 4), rel=1e-9)
 
 
+def test_seeds_needed_is_the_detectable_calculation_solved_for_n():
+    # sd 0.002 of the paired ΔAUC, target 0.005 at α/m = 0.05/35
+    level = 0.05 / 35
+    n = S.seeds_needed(0.002, 0.005, level)
+    assert S.detectable_difference(0.002, n, level) <= 0.005
+    assert S.detectable_difference(0.002, n - 1, level) > 0.005
+    assert S.seeds_needed(0.0, 0.005, level) == 2
+    assert S.seeds_needed(1.0, 1e-6, level, most=50) == 51
+    assert S.seeds_needed(math.nan, 0.005, level) == 1001
+
+
+def test_a_detectable_difference_beyond_the_metric_range_is_said_in_words():
+    assert S.within_range("ece", 1.0) and not S.within_range("ece", 1.01)
+    assert not S.within_range("auc", -1.5) and not S.within_range("auc", math.nan)
+    assert S.within_range("logloss", 7.0)  # unbounded above
+    assert V.detectable_text("ece", 1.01) == V.CANNOT_DETECT == "cannot detect at this design"
+    assert V.detectable_text("auc", 0.00412) == "0.0041"
+    assert V.detectable_text("auc", math.nan) == "n/a"
+
+
+def test_summary_names_what_differs_and_the_detectable_difference_per_metric():
+    summary = S.summarize_report(_results(n_seeds=6, mc_gain=0.03, noise=0.0005))
+    lines = V.summary_lines(summary, {})
+    text = "\n".join(lines)
+    assert text.startswith("**What differs from layernorm** (10 paired tests")
+    sig = summary.significant
+    names = {"auc": "AUC", "ece": "ECE"}
+    for (variant, metric), grp in sig.groupby(["variant", "metric"]):
+        head = f"- **{variant}**: better {names[metric]} at "
+        bullet = next(line for line in lines if line.startswith(head))
+        assert f"(Δ {grp['diff'].min():+.4f}" in bullet and f"{grp['diff'].max():+.4f})" in bullet
+    table = _parse_markdown_tables(text)[0]
+    assert table[0] == ["metric", "comparisons", "at every point", "median point", "best point"]
+    by_metric = summary.detectable_by_metric().set_index("metric")
+    for row in table[2:]:
+        metric = {"AUC": "auc", "ECE": "ece"}[row[0]]
+        assert int(row[1]) == by_metric.loc[metric, "comparisons"] == 5
+        assert float(row[2]) == pytest.approx(by_metric.loc[metric, "largest"], abs=1e-4)
+        assert float(row[4]) == pytest.approx(by_metric.loc[metric, "smallest"], abs=1e-4)
+    # nothing significant: said in one line; 2 seeds at α/m detect no ECE difference at all
+    noisy = S.summarize_report(_results(n_seeds=2, mc_gain=0.0, noise=0.3, seed=1))
+    text = "\n".join(V.summary_lines(noisy, {}))
+    assert "**Nothing differs significantly from layernorm** at any point" in text
+    ece = next(r for r in _parse_markdown_tables(text)[0] if r[0] == "ECE")
+    beyond = int(noisy.detectable_by_metric().set_index("metric").loc["ece", "beyond"])
+    assert beyond > 0 and ece[2] == f"cannot detect at this design ({beyond} of 5)"
+
+
 def test_verdict_single_seed():
     summary = S.summarize_report(_results(n_seeds=1))
     assert summary.paired["significant"].sum() == 0
@@ -291,11 +339,18 @@ def test_write_report_files_tables_and_figures(tmp_path):
     text = paths.report_md.read_text()
     assert "## Verdict" in text and "## Metric definitions" in text
     assert "Space: **original**" in text and "40" in text  # the space and both stds
+    # one screen first: the detectable difference per metric and the figure, then the appendix
+    first, appendix = text.split("\n# Appendix\n")
+    assert "## Summary" in first and "fig_gaussian_numeric_auc_ece.png" in first
+    assert "## Verdict" in appendix and "## Shift: gaussian_numeric" in appendix
     tables = _parse_markdown_tables(text)
-    assert len(tables) >= 8
-    std_table = tables[0]
+    assert len(tables) >= 9
+    detect = tables[0]
+    assert detect[0] == ["metric", "comparisons", "at every point", "median point", "best point"]
+    assert [r[0] for r in detect[2:]] == ["AUC", "ECE"]
+    std_table = tables[1]
     assert std_table[0] == ["space", "I1", "I2"] and std_table[2] == ["original (used)", "3", "40"]
-    auc_table = tables[2]
+    auc_table = tables[3]
     assert auc_table[0] == ["variant", "clean", "6.25 %", "12.5 %", "25 %", "50 %"]
     assert [r[0] for r in auc_table[2:]] == ["layernorm", "mclayernorm"]
     mean, se = (float(x) for x in auc_table[2][1].split("±"))
@@ -303,7 +358,7 @@ def test_write_report_files_tables_and_figures(tmp_path):
     for table in tables:
         assert len({len(r) for r in table}) == 1  # every row has the header's width
     assert "## Verdict: each variant vs layernorm" in text and "## Exploratory" in text
-    verdict = tables[1]
+    verdict = tables[2]
     assert verdict[0][-1] == "detectable" and len(verdict) == 2 + 10
 
     summary = json.loads(paths.summary_json.read_text())
