@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ctrcal.cli import main
 from ctrcal.core.errors import ConfigError
@@ -15,7 +16,13 @@ from ctrcal.core.norm_spec import NormSpec, is_no_norm
 from ctrcal.validate import CHECKS, Problems, check_config, load_config, register_check
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = sorted((ROOT / "configs").glob("*.yaml"))
+# every whole config: configs/*.yaml, and the protocols that name their data (the others,
+# such as configs/protocols/paper.yaml, are fragments other configs extend)
+SHIPPED = sorted((ROOT / "configs").glob("*.yaml")) + sorted(
+    p
+    for p in (ROOT / "configs" / "protocols").glob("*.yaml")
+    if "data" in (yaml.safe_load(p.read_text()) or {})
+)
 BASE = """\
 model:
   embedding_dim: 8
