@@ -20,7 +20,9 @@ Subcommands::
     ctrcal calibration-report FILE --prob COL --label COL [--segments COLS] [--time COL
                         [--windows N]] [--compare COL2 [--gate SPEC [--gate-segments]]]
                         [--std COL] [--out DIR]  calibration report of any predictions file
-                                               (--no-labels: label-free estimates alone)
+                                               (--no-labels: label-free estimates alone;
+                                               --reference REF: drift and estimates with
+                                               trust flags per chunk, labels in REF only)
 
 User errors print one line on stderr and exit non-zero (2 for configs and usage);
 ``--debug`` shows the traceback instead.
@@ -302,6 +304,43 @@ def cmd_shift_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _monitoring(args: argparse.Namespace, segments: list[str]) -> tuple[dict | None, str | None]:
+    """``--reference``: the monitor's arguments (the reference read with its features), and
+    the analysis' label column (None where the analysis has none: labels are needed in the
+    reference only)."""
+    import dataclasses
+
+    from ctrcal.core.errors import ConfigError, DataError
+    from ctrcal.reports.calibration.predictions_file import column_names, read_predictions
+
+    if args.reference is None:
+        for flag, given in (("--chunk-rows", args.chunk_rows), ("--features", args.features)):
+            if given:
+                raise ConfigError(f"{flag}: needs --reference REF")
+        return None, args.label
+    if args.label is None:
+        raise ConfigError("--reference: needs --label COL (the reference's clicks)")
+    features = [c.strip() for part in args.features for c in part.split(",") if c.strip()]
+    roles = [args.prob, args.label, args.time, args.compare, args.std, *segments]
+    if args.label not in column_names(args.reference):
+        raise DataError(
+            f"{args.reference}: no label column {args.label!r}: the reference needs labels"
+        )
+    reference = read_predictions(args.reference, args.prob, args.label, features=True)
+    drop = {c for c in roles if c}
+    reference = dataclasses.replace(
+        reference, features={c: v for c, v in reference.features.items() if c not in drop}
+    )
+    label = args.label if args.label in column_names(args.file) else None
+    monitoring = {
+        "reference": reference,
+        "chunk_rows": args.chunk_rows,
+        "alarm_rate": args.alarm_rate,
+        "features": features or None,
+    }
+    return monitoring, label
+
+
 def cmd_calibration_report(args: argparse.Namespace) -> int:
     """Exit 0, or with ``--gate`` 0 on pass and 1 on fail; bad input exits 2 (a pipeline must
     not read a malformed file as a failed gate)."""
@@ -330,17 +369,19 @@ def cmd_calibration_report(args: argparse.Namespace) -> int:
         raise ConfigError("--label COL is required (or --no-labels for label-free estimates)")
     out = args.out if args.out is not None else args.file.with_name(args.file.name + ".calibration")
     try:
+        monitoring, label = _monitoring(args, segments)
         preds = read_predictions(
             args.file,
             args.prob,
-            args.label,
+            label,
             segments=segments,
             time=args.time,
             compare=args.compare,
             std=args.std,
+            features=monitoring is not None,
         )
-        if args.no_labels:
-            paths = label_free_report(preds, out)
+        if args.no_labels or label is None:
+            paths = label_free_report(preds, out, monitoring)
         else:
             paths = calibration_report(
                 preds,
@@ -353,6 +394,7 @@ def cmd_calibration_report(args: argparse.Namespace) -> int:
                 segment_pairs=pairs,
                 gate=args.gate,
                 gate_segments=args.gate_segments,
+                monitoring=monitoring,
             )
     except DataError as exc:
         exc.exit_code = 2
@@ -635,6 +677,35 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="test windows (10, or as many as the distinct times allow)",
+    )
+    p.add_argument(
+        "--reference",
+        type=Path,
+        default=None,
+        metavar="REF",
+        help="labelled reference predictions with the same feature columns: input drift "
+        "and label-free estimates with trust flags per chunk of FILE (labels in REF only)",
+    )
+    p.add_argument(
+        "--chunk-rows",
+        type=int,
+        default=None,
+        metavar="N",
+        help="rows per monitored chunk (FILE in 10 chunks, at most REF's rows / 20)",
+    )
+    p.add_argument(
+        "--alarm-rate",
+        type=float,
+        default=0.05,
+        metavar="R",
+        help="false-alarm rate per clean chunk, all drift scores together (0.05)",
+    )
+    p.add_argument(
+        "--features",
+        action="append",
+        default=[],
+        metavar="COLS",
+        help="feature columns to monitor, comma-separated (default: every column without a role)",
     )
     p.add_argument(
         "--compare",

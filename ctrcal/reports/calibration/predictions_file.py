@@ -26,6 +26,7 @@ February depending on who wrote it).
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import re
 import warnings
@@ -38,7 +39,7 @@ import numpy as np
 
 from ctrcal.core.errors import DataError
 
-__all__ = ["Predictions", "read_predictions"]
+__all__ = ["Predictions", "column_names", "read_predictions"]
 
 NUMERIC_BUCKETS = 10
 _CSV_SUFFIXES = (".csv", ".tsv", ".txt")
@@ -59,6 +60,8 @@ class Predictions:
         segment_values: segment name -> the value of each code, as text (a bucket of a
             floating-point column is its range).
         names: role (``prob``, ``label``, ``compare``, ``std``, ``time``) -> column name.
+        features: the model's input columns (name -> [n] values as read), read with
+            ``features=True``: every column of the file that has no role.
     """
 
     source: str
@@ -70,6 +73,7 @@ class Predictions:
     segments: dict[str, np.ndarray] = field(default_factory=dict)
     names: dict[str, str] = field(default_factory=dict)
     segment_values: dict[str, list[str]] = field(default_factory=dict)
+    features: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -520,6 +524,28 @@ def _arrow_csv(path: Path, types: dict[str, Any], block_size: int | None = None)
         raise DataError(f"{path}: not a readable CSV file ({text})") from None
 
 
+def column_names(path: str | Path) -> list[str]:
+    """The column names of a parquet or CSV predictions file (a CSV's header as pandas names
+    its columns), without reading its rows."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    name = path.name.lower().removesuffix(".gz")
+    if name.endswith((".parquet", ".pq")):
+        import pyarrow.parquet as pq
+
+        try:
+            return list(pq.read_schema(path).names)
+        except Exception as exc:  # noqa: BLE001 - any pyarrow failure is an unreadable file
+            raise DataError(f"{path}: not a readable parquet file ({exc})") from None
+    import csv
+
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace", newline="") as fh:
+        header = next(csv.reader(fh, delimiter=_csv_separator(path)), [])
+    return _column_names(header)
+
+
 def read_predictions(
     path: str | Path,
     prob: str,
@@ -529,8 +555,10 @@ def read_predictions(
     time: str | None = None,
     compare: str | None = None,
     std: str | None = None,
+    features: bool = False,
 ) -> Predictions:
-    """Read and check the named columns of a parquet or CSV predictions file.
+    """Read and check the named columns of a parquet or CSV predictions file (with
+    ``features``, every other column too, as :attr:`Predictions.features`).
 
     Raises:
         DataError: an unreadable file, a missing column or a bad value (naming the column
@@ -552,7 +580,7 @@ def read_predictions(
         # one file, read as one (pq.read_table goes through pyarrow's datasets, which import
         # pandas)
         with pq.ParquetFile(path) as parquet:
-            table = parquet.read(columns=[c for c in wanted if c in have])
+            table = parquet.read(columns=None if features else [c for c in wanted if c in have])
         frame = _numpy_columns(table, table.column_names)
         columns: Mapping[str, Any] = {c: frame.get(c) for c in have}
     elif name.endswith(_CSV_SUFFIXES):
@@ -560,7 +588,7 @@ def read_predictions(
         line_offset = 2
     else:
         raise DataError(f"{path}: expected a .parquet or .csv/.tsv file (optionally .gz)")
-    return Predictions.from_columns(
+    preds = Predictions.from_columns(
         columns,
         prob,
         label,
@@ -571,3 +599,7 @@ def read_predictions(
         source=str(path),
         line_offset=line_offset,
     )
+    if not features:
+        return preds
+    rest = {str(c): np.asarray(v) for c, v in columns.items() if c not in wanted}
+    return dataclasses.replace(preds, features=rest)

@@ -150,6 +150,7 @@ def calibration_report(
     segment_pairs: Sequence[tuple[str, str]] = (),
     gate: str | None = None,
     gate_segments: bool = False,
+    monitoring: dict[str, Any] | None = None,
 ) -> CalibrationReportPaths:
     """Write the calibration report of a predictions file into ``out_dir`` (module docstring).
 
@@ -168,6 +169,9 @@ def calibration_report(
         segment_pairs: pairs of segment columns whose value combinations are segments too.
         gate: a deploy-gate SPEC (:mod:`ctrcal.reports.calibration.gate`); needs ``preds.compare``.
         gate_segments: decide the gate's rules per segment value as well.
+        monitoring: with a reference, :func:`~ctrcal.reports.calibration.monitor.monitor`'s
+            keyword arguments (``reference``, ``chunk_rows``, ``alarm_rate``, ``features``):
+            drift and label-free estimates with trust flags per chunk.
     """
     from ctrcal.calibration.base import create_calibrator
     from ctrcal.metrics import worst_segments
@@ -190,6 +194,7 @@ def calibration_report(
         create_calibrator(calibrator)  # an unknown name or a missing package, before the work
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    watched = _monitor(preds, out, monitoring, seed)
     p, y, segs = preds.prob, preds.label, preds.segments
     names = preds.names
     opts = {"n_bins": n_bins, "min_count": min_count}
@@ -208,7 +213,10 @@ def calibration_report(
         "bootstrap": {k: c.as_dict() for k, c in ci.items()},
         "floor": floor,
         "label_free": label_free_errors(p, y, model),
+        **_monitored(watched),
     }
+    if watched is not None:
+        result["label_free"].update(watched.label_free)
     paths: dict[str, Path] = {}
     if segs:
         scan = worst_segments(
@@ -341,20 +349,40 @@ def _check_gate(
     return parse(gate, gate_metrics(bool(preds.segments)))
 
 
-def label_free_report(preds: Predictions, out_dir: str | Path) -> CalibrationReportPaths:
-    """``--no-labels``: the label-free estimates alone, for monitoring (no clicks needed).
+def _monitor(preds: Predictions, out: Path, monitoring: dict[str, Any] | None, seed: int):
+    """Drift and estimates against a reference (None without one)."""
+    if monitoring is None:
+        return None
+    from ctrcal.reports.calibration.monitor import monitor
+
+    return monitor(analysis=preds, out_dir=out, seed=seed, **monitoring)
+
+
+def _monitored(watched: Any) -> dict[str, Any]:
+    return {} if watched is None else {"drift": watched.drift}
+
+
+def label_free_report(
+    preds: Predictions, out_dir: str | Path, monitoring: dict[str, Any] | None = None
+) -> CalibrationReportPaths:
+    """``--no-labels``: the label-free estimates alone, for monitoring (no clicks needed);
+    with ``monitoring`` (:func:`calibration_report`'s), drift and estimates per chunk too.
 
     Writes ``report.md`` and ``metrics.json`` into ``out_dir``.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    watched = _monitor(preds, out, monitoring, 0)
     est = label_free_estimates(preds.prob)
     result = {
         "source": preds.source,
         "rows": preds.rows,
         "columns": preds.names,
         "label_free": {f"{k}_est": v for k, v in est.items()},
+        **_monitored(watched),
     }
+    if watched is not None:
+        result["label_free"].update(watched.label_free)
     lines = [
         f"# Label-free estimates: {Path(preds.source).name}",
         "",
@@ -364,6 +392,7 @@ def label_free_report(preds: Predictions, out_dir: str | Path) -> CalibrationRep
         "",
         markdown_table(["metric", "estimate"], [[k, _fmt(est[k])] for k in LABEL_FREE_METRICS]),
         "",
+        *_monitor_lines(result),
     ]
     write_json_atomic(out / "metrics.json", result)
     write_text_atomic(out / "report.md", "\n".join(lines) + "\n")
@@ -580,7 +609,7 @@ def render_markdown(r: dict[str, Any]) -> str:
         ]
         lines += [markdown_table(header, rows)]
         lines += ["", "Per-window PCOC, NE and Field-RCE as well: `windows.csv`.", ""]
-    lines += _brier_lines(r["model"]) + _label_free_lines(r["label_free"])
+    lines += _brier_lines(r["model"]) + _label_free_lines(r["label_free"]) + _monitor_lines(r)
     if "worst_segments" in r:
         lines += _segment_lines(r["worst_segments"])
     if "gate" in r:
@@ -588,6 +617,14 @@ def render_markdown(r: dict[str, Any]) -> str:
     lines += ["## Reliability", "", "![reliability](reliability.png)", "", "## Definitions", ""]
     lines += definition_lines(k for k in table if k in r["model"])
     return "\n".join(lines) + "\n"
+
+
+def _monitor_lines(r: dict[str, Any]) -> list[str]:
+    if "drift" not in r:
+        return []
+    from ctrcal.reports.calibration.monitor import monitor_lines
+
+    return monitor_lines(r["drift"], r["label_free"])
 
 
 def _brier_lines(m: dict[str, Any]) -> list[str]:
