@@ -257,6 +257,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         mc_samples=args.mc_samples,
         seed=args.seed,
         on_bad_row=args.on_bad_row,
+        with_features=args.with_features,
     )
     print(res.describe())
     return 0
@@ -577,6 +578,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["error", "skip"],
         default="error",
         help="a malformed row of a raw file: stop (error) or drop it (skip)",
+    )
+    p.add_argument(
+        "--with-features",
+        action="store_true",
+        help="also write the model's inputs (numerics in the original space, categorical "
+        "ids): calibration-report --reference compares them for drift",
     )
 
     p = add("export", cmd_export, "export a run's model for serving (ONNX or TorchScript)")

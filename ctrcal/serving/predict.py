@@ -7,8 +7,14 @@ The output has a row per input row, in input order::
     prob_std    float64  with mc_samples only: the std of the passes
     label       float64  the click, where the input has labels (null for an unlabelled row)
     <time>      int64    the schema's time column, for raw files of a schema that has one
+    <numeric>   float64  with_features: each numeric input in the original space (the
+                         values as the input file holds them; NaN: missing)
+    <category>  int64    with_features: each categorical input as the model reads it (its
+                         id in the run's vocabulary, as prepared)
 
-so it goes straight into ``ctrcal calibration-report FILE --prob prob --label label``.
+so it goes straight into ``ctrcal calibration-report FILE --prob prob --label label``, and
+with features into ``ctrcal calibration-report FILE --reference REF`` (drift against
+another such file, e.g. the test split's).
 
 Memory stays flat: prepared splits are read in ``stream`` mode, raw files chunk by chunk by
 the parser of ``prepare`` (:func:`ctrcal.data.parse.iter_chunks`) and encoded with the run's
@@ -64,6 +70,7 @@ def predict_run(
     batch_size: int | None = None,
     device: str = "auto",
     on_bad_row: str = "error",
+    with_features: bool = False,
 ) -> PredictResult:
     """Score ``run_dir``'s best model and write the probabilities to ``out`` (parquet).
 
@@ -79,6 +86,7 @@ def predict_run(
         batch_size: rows per forward pass (default: the run's ``train.eval_batch_size``).
         device: ``auto``, ``cpu``, ``cuda``, ...
         on_bad_row: for raw files, ``error`` or ``skip`` a malformed row.
+        with_features: also write the model's input columns (module docstring).
 
     Raises:
         CtrcalError: no such run or no checkpoint, data of another feature map, a model
@@ -121,6 +129,9 @@ def predict_run(
             time_name = None
             labelled = (feature_map.splits.get(split) or {}).get("positive_rate") is not None
         schema = _schema(mc_samples > 0, labelled, time_name)
+        features = _feature_columns(feature_map, schema) if with_features else None
+        if features is not None:
+            schema = features[1]
         torch.manual_seed(seed)
         total = 0
         with atomic_path(out) as tmp, pq.ParquetWriter(tmp, schema) as writer:
@@ -133,6 +144,8 @@ def predict_run(
                     columns.append(batch.label.double().numpy())
                 if time_name is not None:
                     columns.append(time)
+                if features is not None:
+                    columns += _features(batch, features)
                 writer.write_table(
                     pa.Table.from_arrays(
                         [pa.array(c, from_pandas=True) for c in columns], schema=schema
@@ -151,6 +164,31 @@ def _schema(mc: bool, labelled: bool, time_name: str | None) -> pa.Schema:
     if time_name is not None:
         fields.append(pa.field(time_name, pa.int64()))
     return pa.schema(fields)
+
+
+def _feature_columns(feature_map: Any, schema: pa.Schema) -> tuple[Any, pa.Schema]:
+    """(the numeric codec, ``schema`` with a column per input: the numerics' original values
+    as float64, then the categorical ids as int64); ConfigError where an input's name is
+    taken by an output column."""
+    taken = set(schema.names)
+    names = [*feature_map.numeric_fields, *feature_map.categorical_fields]
+    clash = [n for n in names if n in taken]
+    if clash:
+        raise ConfigError(
+            f"--with-features: the input column {clash[0]!r} has the name of an output column"
+        )
+    fields = [pa.field(n, pa.float64()) for n in feature_map.numeric_fields]
+    fields += [pa.field(n, pa.int64()) for n in feature_map.categorical_fields]
+    return feature_map.numeric_codec(), pa.schema([*schema, *fields])
+
+
+def _features(batch: Batch, features: tuple[Any, pa.Schema]) -> list[np.ndarray]:
+    """A batch's inputs as written by ``with_features``: original-space numerics, then ids."""
+    codec = features[0]
+    numeric = codec.to_original(batch.numeric.double()).numpy() if batch.numeric.numel() else None
+    out = [] if numeric is None else [numeric[:, j] for j in range(numeric.shape[1])]
+    ids = batch.categorical.numpy().astype(np.int64)
+    return out + [ids[:, j] for j in range(ids.shape[1])]
 
 
 def _score(

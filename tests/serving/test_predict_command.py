@@ -128,3 +128,22 @@ def test_an_unlabelled_raw_file_gets_no_label_column(raw_run, tmp_path):
     df = _read(out)
     assert res.columns == ["prob"] == list(df.columns) and len(df) == 200
     assert df["prob"].between(0, 1).all()
+
+
+def test_with_features_writes_the_inputs_in_the_original_space(raw_run, tmp_path):
+    from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS as CATEGORICAL_COLS
+    from ctrcal.core.criteo_schema import NUMERIC_COLUMNS as NUMERIC_COLS
+
+    split, raw = tmp_path / "split.parquet", tmp_path / "raw.parquet"
+    run = str(raw_run["run"])
+    assert main(["predict", run, "--with-features", "--out", str(split)]) == 0
+    assert main(["predict", run, str(raw_run["test"]), "--with-features", "--out", str(raw)]) == 0
+    a, b = pq.read_table(split), pq.read_table(raw)
+    assert a.schema.names == ["prob", "label", *NUMERIC_COLS, *CATEGORICAL_COLS]
+    assert str(a.schema.field(NUMERIC_COLS[0]).type) == "double"
+    assert str(a.schema.field(CATEGORICAL_COLS[0]).type) == "int64"
+    assert a.equals(b)  # the split and its raw file: the same inputs, the same probabilities
+    # the raw file's own integers come back (up to the float32 the split stores)
+    raw_values = np.genfromtxt(raw_run["test"], delimiter="\t", usecols=range(1, 14))
+    got = np.stack([a.column(c).to_numpy() for c in NUMERIC_COLS], 1)
+    np.testing.assert_allclose(got, raw_values, rtol=1e-5, atol=1e-3)
