@@ -290,23 +290,106 @@ static uint64_t xxh64(const uint8_t *p, uint64_t len, uint64_t seed) {
     return h;
 }
 
-/* out[i] = XXH64 (seed 0) of string i of an Arrow string-view array (the Utf8View layout:
- * 16-byte views, a string of at most 12 bytes inline, a longer one in data[buffer] at its
- * offset), rows [offset, offset + n) of it; out[i] = 0 where the validity bitmap (may be NULL:
- * none missing) marks the value null. */
-void hash_string_views(const uint8_t *views, const uint8_t *const *data, const uint8_t *validity,
-                       int64_t offset, int64_t n, uint64_t *out) {
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t j = offset + i;
+/* The Arrow C data interface (arrow.apache.org/docs/format/CDataInterface.html): what
+ * polars exports through the Arrow PyCapsule interface, read here without pyarrow. */
+struct ArrowSchema {
+    const char *format;
+    const char *name;
+    const char *metadata;
+    int64_t flags;
+    int64_t n_children;
+    struct ArrowSchema **children;
+    struct ArrowSchema *dictionary;
+    void (*release)(struct ArrowSchema *);
+    void *private_data;
+};
+
+struct ArrowArray {
+    int64_t length;
+    int64_t null_count;
+    int64_t offset;
+    int64_t n_buffers;
+    int64_t n_children;
+    const void **buffers;
+    struct ArrowArray **children;
+    struct ArrowArray *dictionary;
+    void (*release)(struct ArrowArray *);
+    void *private_data;
+};
+
+struct ArrowArrayStream {
+    int (*get_schema)(struct ArrowArrayStream *, struct ArrowSchema *);
+    int (*get_next)(struct ArrowArrayStream *, struct ArrowArray *);
+    const char *(*get_last_error)(struct ArrowArrayStream *);
+    void (*release)(struct ArrowArrayStream *);
+    void *private_data;
+};
+
+enum { VIEWS = 0, OFFSETS64 = 1, OFFSETS32 = 2 };
+
+/* out[i] = XXH64 (seed 0) of string i of one Arrow array of kind (string views: 16-byte
+ * views, a string of at most 12 bytes inline, a longer one in a data buffer at an offset; or
+ * 64- / 32-bit offsets into one data buffer); 0 where its validity bitmap marks it null. */
+static void hash_array(const struct ArrowArray *a, int kind, uint64_t *out) {
+    const uint8_t *validity = a->null_count != 0 ? (const uint8_t *)a->buffers[0] : NULL;
+    const uint8_t *body = (const uint8_t *)a->buffers[1];
+    const uint8_t *const *data = (const uint8_t *const *)a->buffers + 2;
+    for (int64_t i = 0; i < a->length; i++) {
+        const int64_t j = a->offset + i;
         if (validity && !((validity[j >> 3] >> (j & 7)) & 1)) {
             out[i] = 0;
             continue;
         }
-        int32_t len, buffer, at; /* the view's fields, in the machine's byte order */
-        memcpy(&len, views + 16 * j, 4);
-        memcpy(&buffer, views + 16 * j + 8, 4);
-        memcpy(&at, views + 16 * j + 12, 4);
-        const uint8_t *text = len <= 12 ? views + 16 * j + 4 : data[buffer] + at;
-        out[i] = xxh64(text, (uint64_t)len, 0);
+        const uint8_t *text;
+        uint64_t len;
+        if (kind == VIEWS) {
+            int32_t n, buffer, at; /* the view's fields, in the machine's byte order */
+            memcpy(&n, body + 16 * j, 4);
+            memcpy(&buffer, body + 16 * j + 8, 4);
+            memcpy(&at, body + 16 * j + 12, 4);
+            text = n <= 12 ? body + 16 * j + 4 : data[buffer] + at;
+            len = (uint64_t)n;
+        } else if (kind == OFFSETS64) {
+            int64_t lo, hi;
+            memcpy(&lo, body + 8 * j, 8);
+            memcpy(&hi, body + 8 * j + 8, 8);
+            text = data[0] + lo;
+            len = (uint64_t)(hi - lo);
+        } else {
+            int32_t lo, hi;
+            memcpy(&lo, body + 4 * j, 4);
+            memcpy(&hi, body + 4 * j + 4, 4);
+            text = data[0] + lo;
+            len = (uint64_t)(hi - lo);
+        }
+        out[i] = xxh64(text, len, 0);
+    }
+}
+
+/* out[i] = XXH64 (seed 0) of the UTF-8 bytes of string i of an Arrow stream of strings
+ * (string views, large strings or strings: formats "vu", "U", "u"), 0 where it is null; the
+ * stream's arrays are released as they are read, the stream itself is left to its owner.
+ * Returns the number of strings (at most n); -1: not a stream of strings, or it failed; -2:
+ * more than n strings. */
+int64_t hash_string_stream(struct ArrowArrayStream *stream, uint64_t *out, int64_t n) {
+    struct ArrowSchema schema;
+    if (stream->get_schema(stream, &schema)) return -1;
+    const char *f = schema.format;
+    const int kind = !strcmp(f, "vu") ? VIEWS : !strcmp(f, "U") ? OFFSETS64
+                                              : !strcmp(f, "u") ? OFFSETS32 : -1;
+    schema.release(&schema);
+    if (kind < 0) return -1;
+    int64_t done = 0;
+    for (;;) {
+        struct ArrowArray a;
+        if (stream->get_next(stream, &a)) return -1;
+        if (!a.release) return done; /* the end of the stream */
+        if (a.length > n - done) {
+            a.release(&a);
+            return -2;
+        }
+        hash_array(&a, kind, out + done);
+        done += a.length;
+        a.release(&a);
     }
 }

@@ -25,15 +25,12 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ctrcal.core.cbuild import LazyLibrary
 from ctrcal.core.errors import DataError
-
-if TYPE_CHECKING:
-    import polars as pl
 
 _SOURCE = Path(__file__).with_name("coder.c")
 
@@ -50,8 +47,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.coder_state.restype = None
     lib.gather_columns.argtypes = [i64, ptr, ptr, i64, i64, ptr, i64]
     lib.gather_columns.restype = None
-    lib.hash_string_views.argtypes = [ptr, ptr, ptr, i64, i64, ptr]
-    lib.hash_string_views.restype = None
+    lib.hash_string_stream.argtypes = [ptr, ptr, i64]
+    lib.hash_string_stream.restype = i64
 
 
 _LIBRARY = LazyLibrary(_SOURCE, "coder", _declare)
@@ -212,46 +209,39 @@ STRING_HASH = "xxh64"
 ``coder.c``), as a prepared directory records it."""
 
 
-def string_keys(
-    texts: pl.Series | Sequence[str | None], out: np.ndarray | None = None
-) -> np.ndarray:
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_pointer.restype = ctypes.c_void_p
+
+
+def string_keys(texts: Any, out: np.ndarray | None = None) -> np.ndarray:
     """[N] uint64 keys of string categorical values: :data:`STRING_HASH` of each text's UTF-8
     bytes, 0 where a value is null (its validity says missing; the key is not read).
 
     Args:
-        texts: a polars String Series (read in place, chunk by chunk, without a copy) or a
-            sequence of ``str`` / None.
+        texts: a polars String Series, or any Arrow array of strings, string views or large
+            strings (an object with ``__arrow_c_stream__``: a pyarrow ChunkedArray), read in
+            place chunk by chunk through the Arrow C stream interface; or a sequence of
+            ``str`` / None.
         out: a contiguous [N] uint64 array to write the keys into (default a new one).
-    """
-    import polars as pl
-    import pyarrow as pa
 
-    if not isinstance(texts, pl.Series):
+    Raises:
+        ValueError: values that are not strings, or an ``out`` of another shape or dtype.
+    """
+    if not hasattr(texts, "__arrow_c_stream__"):
+        import polars as pl
+
         texts = pl.Series(list(texts), dtype=pl.String)
+    n = len(texts)
     if out is None:
-        out = np.empty(len(texts), dtype=np.uint64)
-    if out.dtype != np.uint64 or out.shape != (len(texts),) or not out.flags.c_contiguous:
+        out = np.empty(n, dtype=np.uint64)
+    if out.dtype != np.uint64 or out.shape != (n,) or not out.flags.c_contiguous:
         raise ValueError("string_keys: out must be a contiguous uint64 [N] array")
-    lib = _library()
-    start = 0
-    # each chunk on its own: a Series exported whole is first copied into one chunk
-    for part in texts.get_chunks():
-        # Arrow's string views are polars' own layout: exported without a copy
-        chunk: Any = part.to_arrow(compat_level=pl.CompatLevel.newest())
-        if chunk.type != pa.string_view():
-            chunk = chunk.cast(pa.string_view())
-        validity, views, *data = chunk.buffers()
-        n = len(chunk)
-        if n:
-            lib.hash_string_views(
-                views.address,
-                (ctypes.c_void_p * max(1, len(data)))(*(b.address for b in data)),
-                None if validity is None else validity.address,
-                chunk.offset,
-                n,
-                out[start:].ctypes.data,
-            )
-        start += n
+    capsule = texts.__arrow_c_stream__()  # owns the stream: released with it
+    stream = _capsule_pointer(capsule, b"arrow_array_stream")
+    got = _library().hash_string_stream(stream, out.ctypes.data, n)
+    if got != n:
+        raise ValueError(f"string_keys: {n} values that are not all strings")
     return out
 
 

@@ -38,20 +38,29 @@ def test_keys_are_the_published_xxh64_values():
     assert [int(k) for k in keys] == list(VECTORS.values())
 
 
-@pytest.mark.parametrize("layout", ["chunked", "sliced", "large_string"])
+@pytest.mark.parametrize(
+    "layout", ["chunked", "sliced", "arrow string", "arrow large_string", "arrow string_view"]
+)
 def test_any_layout_of_the_same_texts_gets_the_same_keys(layout):
-    texts = list(VECTORS) * 3
-    want = [*VECTORS.values()] * 3
+    texts = [*VECTORS, None] * 3  # a null: key 0, read through each validity bitmap
+    want = [*VECTORS.values(), 0] * 3
     if layout == "chunked":  # several Arrow chunks, strings inline and in data buffers
         series = pl.concat([pl.Series(texts[:5]), pl.Series(texts[5:])], rechunk=False)
         assert series.n_chunks() == 2
     elif layout == "sliced":  # a view that starts inside its buffers
         series = pl.Series(["pad", "padding past twelve bytes", *texts]).slice(2)
-    else:  # polars' own strings from another Arrow layout
+    else:  # Arrow's three string layouts, in chunks that start inside their buffers
         import pyarrow as pa
 
-        series = pl.from_arrow(pa.array(texts, type=pa.large_string()))
+        kind = getattr(pa, layout.split()[1])()
+        whole = pa.array(["pad", *texts], type=kind)
+        series = pa.chunked_array([whole.slice(1, 6), whole.slice(7)], type=kind)
     assert [int(k) for k in string_keys(series)] == want
+
+
+def test_values_that_are_not_strings_are_refused():
+    with pytest.raises(ValueError, match="not all strings"):
+        string_keys(pl.Series([1, 2]))
 
 
 def test_a_missing_value_is_key_0():
