@@ -158,7 +158,7 @@ class RowCheck:
             flags = [check for _, _, check in checks]
             df = staged.select(
                 _ROW,
-                *(f"__v{k}" for k in range(len(values))),
+                *self._outputs(),
                 (pl.any_horizontal(flags) if flags else pl.lit(False)).alias(_BAD),
             ).collect()
         except (pl.exceptions.PolarsError, OSError) as exc:
@@ -173,6 +173,24 @@ class RowCheck:
                 raise DataError(self._describe(staged, checks, row, bad, offset + records))
             df = df.filter(~bad_rows)
         return self._to_chunk(df, records, bad)
+
+    def _outputs(self) -> list[pl.Expr]:
+        """The typed values as the chunk hands them on: numerics and ids with 0 where missing
+        and their validity ``__ok{k}`` beside them, the label with NaN; computed in the one
+        query (a Series method is a query of its own, a fixed cost that would dominate a small
+        chunk, such as a server's few rows)."""
+        out = []
+        for k, c in enumerate(self.columns):
+            value = pl.col(f"__v{k}")
+            if c.kind == _LABEL:
+                out.append(value.fill_null(float("nan")))
+            elif c.kind in (*_NUMERIC, _HEX, _DECIMAL):
+                out += [value.fill_null(0), value.is_not_null().alias(f"__ok{k}")]
+            elif c.kind == _STRING:  # keyed when handed on; null keys are not read
+                out += [value, value.is_not_null().alias(f"__ok{k}")]
+            else:
+                out.append(value)
+        return out
 
     def _checks(self, dtypes: pl.Schema) -> list[tuple[str, Column | None, pl.Expr]]:
         """Per check, in the order they name a row: what a failing value is, its column (None:
@@ -225,9 +243,8 @@ class RowCheck:
         numeric = np.empty((len(numerics), n), dtype=np.float64)
         numeric_valid = np.empty((len(numerics), n), dtype=np.uint8)
         for j, name in enumerate(numerics):
-            col = df[name]
-            numeric_valid[j] = col.is_not_null().to_numpy()
-            numeric[j] = col.fill_null(0.0).to_numpy()
+            numeric_valid[j] = df[_ok(name)].to_numpy()
+            numeric[j] = df[name].to_numpy()
         # uint32 where every key is (hex, decimal ids): what the C reader gives, a third less
         # memory than 64 bits; the coder takes either width
         narrow = not feature and all(
@@ -236,19 +253,18 @@ class RowCheck:
         categorical = np.empty((len(keys) + feature, n), dtype=np.uint32 if narrow else np.uint64)
         categorical_valid = np.empty((len(keys) + feature, n), dtype=np.uint8)
         for j, (name, kind) in enumerate(keys):
-            col = df[name]
-            categorical_valid[j] = col.is_not_null().to_numpy()
+            categorical_valid[j] = df[_ok(name)].to_numpy()
             if kind == _STRING:
-                string_keys(col, out=categorical[j])
+                string_keys(df[name], out=categorical[j])
             else:
-                categorical[j] = col.fill_null(0).to_numpy()
+                categorical[j] = df[name].to_numpy()
         time = df[of[_TIME]].to_numpy() if _TIME in of else None
         if feature:
             key = time % 100 if time_column.feature == "hour_of_day" else time
             categorical[-1] = key.astype(np.uint64)
             categorical_valid[-1] = 1
         if _LABEL in of:
-            label = df[of[_LABEL]].fill_null(float("nan")).to_numpy()
+            label = df[of[_LABEL]].to_numpy()
         else:
             label = np.full(n, np.nan)
         return ParsedChunk(
@@ -262,6 +278,11 @@ class RowCheck:
             bad=bad,
             time=time,
         )
+
+
+def _ok(name: str) -> str:
+    """The validity column of staged value ``__v{k}``: ``__ok{k}``."""
+    return "__ok" + name.removeprefix("__v")
 
 
 def _value(column: Column, dtype: pl.DataType, blanks: bool) -> pl.Expr:
