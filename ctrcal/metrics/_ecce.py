@@ -205,11 +205,15 @@ class Multicalibration:
 
 
 def _collapse(
-    col: np.ndarray, max_values: int, lo: int | None, hi: int | None
+    col: np.ndarray,
+    max_values: int,
+    lo: int | None,
+    hi: int | None,
+    weight: np.ndarray | None = None,
 ) -> tuple[np.ndarray, list[Any]]:
     """Codes 0..m−1 (m ≤ max_values): the most frequent values first, then "other"."""
     codes, values = dense_codes(col, lo, hi)
-    count = np.bincount(codes, minlength=values.shape[0])
+    count = np.bincount(codes, weights=weight, minlength=values.shape[0])
     present = np.flatnonzero(count)
     order = present[np.lexsort((present, -count[present]))]  # count desc, then code
     keep = order if order.size <= max_values else order[: max_values - 1]
@@ -248,6 +252,7 @@ def multicalibration_error(
     max_segments: int = 1000,
     max_rows: int | None = 250_000,
     seed: int = 0,
+    sample_weight: Any = None,
 ) -> Multicalibration:
     """The worst noise-weighted ECCE over segments of up to ``max_depth`` fields.
 
@@ -267,6 +272,9 @@ def multicalibration_error(
         max_rows: evaluate a uniform random subsample of this many rows when there are more
             (``None``: all rows).
         seed: the subsample's seed.
+        sample_weight: optional [n] integer row counts (a row counted w times, as a
+            bootstrap replicate counts its rows): the result of the rows repeated. Weighted
+            rows are not subsampled (``max_rows`` must be None).
 
     Returns:
         A :class:`Multicalibration`.
@@ -280,17 +288,31 @@ def multicalibration_error(
     p, y = check_probs_labels(probs, labels)
     keys, cols, ranges = check_fields(fields, p.shape[0], names)
     n_all = p.shape[0]
-    if max_rows is not None and n_all > max_rows:
+    weight = None
+    if sample_weight is not None:
+        weight = as_numpy(sample_weight, "sample_weight").astype(np.float64)
+        if max_rows is not None:
+            raise ValueError("sample_weight: weighted rows are not subsampled; pass max_rows=None")
+        if weight.shape != (n_all,) or not np.all((weight >= 0) & (weight == np.floor(weight))):
+            raise ValueError(f"sample_weight: expected {n_all} integer row counts >= 0")
+        take = np.flatnonzero(weight > 0)  # a row counted 0 times is no row
+        p, y, cols, weight = p[take], y[take], [c[take] for c in cols], weight[take]
+        ranges = [(None, None)] * len(cols)
+    elif max_rows is not None and n_all > max_rows:
         take = np.random.default_rng(seed).choice(n_all, size=int(max_rows), replace=False)
         p, y, cols = p[take], y[take], [c[take] for c in cols]
         ranges = [(None, None)] * len(cols)
-    n = p.shape[0]
+    rows = p.shape[0]
     order = np.argsort(p, kind="stable")
     ps = p[order].astype(np.float64, copy=False)
     ds = y[order] - ps
     vs = ps * (1.0 - ps)
+    n: float = rows
+    if weight is not None:  # a row's counts enter its path step and its variance
+        weight = weight[order]
+        ds, vs, n = ds * weight, vs * weight, float(weight.sum())
     new_run = ps[1:] != ps[:-1]
-    ties = bool(n > 1 and not new_run.all())
+    ties = bool(rows > 1 and not new_run.all())
     # runs of equal p, numbered in p order (int32 keeps the per-partition gather small)
     block = np.concatenate([[0], np.cumsum(new_run, dtype=np.int32)]) if ties else None
     global_ecce = _path_range(ps, ds, ties) / n
@@ -298,7 +320,7 @@ def multicalibration_error(
 
     codes, labels_by_field = [], []
     for col, (lo, hi) in zip(cols, ranges, strict=True):
-        c, lab = _collapse(col[order], int(max_values), lo, hi)
+        c, lab = _collapse(col[order], int(max_values), lo, hi, weight)
         codes.append(c)
         labels_by_field.append(lab)
     sizes = [len(lab) for lab in labels_by_field]
@@ -315,12 +337,13 @@ def multicalibration_error(
             key = codes[combo[0]].astype(dtype)
             for f in combo[1:]:
                 key = key * dtype(sizes[f]) + codes[f].astype(dtype)
-            count = np.bincount(key, minlength=groups)
+            in_group = np.bincount(key, minlength=groups)
+            count = in_group if weight is None else np.bincount(key, weight, minlength=groups)
             ok = count >= min_count
             if not ok.any():
                 continue
-            e, s = _segments_range(key, count, ds, vs, block)
-            nonempty = np.flatnonzero(count)
+            e, s = _segments_range(key, in_group, ds, vs, block, count)
+            nonempty = np.flatnonzero(in_group)
             sel = np.flatnonzero(ok[nonempty])[: max_segments - total]
             seg_e.append(e[sel])
             seg_s.append(s[sel])
@@ -333,7 +356,7 @@ def multicalibration_error(
     worst = int(np.argmax(z_all))
     z = float(z_all[worst])
     pval = float(ecce_pvalue_from_sigmas(z))
-    prev = float(y.mean())
+    prev = float(y.mean()) if weight is None else float(np.dot(weight, y[order]) / n)
     base = min(prev, 1.0 - prev)
     mce = z * global_std if math.isfinite(z) else float("inf")
     return Multicalibration(
@@ -344,7 +367,7 @@ def multicalibration_error(
         pvalue_adjusted=min(1.0, pval * total),
         worst_segment=seg_desc[worst],
         n_segments=total,
-        rows=n,
+        rows=int(n),
         global_ecce=global_ecce,
         global_std=global_std,
         segment_ecce=e_all,
@@ -360,6 +383,7 @@ def _segments_range(
     ds: np.ndarray,
     vs: np.ndarray,
     block: np.ndarray | None,
+    weighted: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """ECCE_s and σ_s of every non-empty group of ``key`` (rows already sorted by p).
 
@@ -367,7 +391,8 @@ def _segments_range(
     every group's path back to back: group g's path is C[start_g − 1 ..] minus its first
     value, and its range comes from per-group max/min (``reduceat``). ``block`` numbers the
     runs of equal p (None: no ties); within a group only the last row of a run is a point of
-    the path.
+    the path. ``weighted``: the groups' weighted sizes (rows counted by their weights, which
+    ``ds`` and ``vs`` already carry); ``count`` stays their rows.
     """
     order = np.argsort(key, kind="stable")  # radix sort for these small integer keys
     c = np.cumsum(ds[order])
@@ -389,6 +414,8 @@ def _segments_range(
         hi = np.maximum.reduceat(ck, first)
         lo = np.minimum.reduceat(ck, first)
     base = np.where(starts > 0, c[np.maximum(starts - 1, 0)], 0.0)
+    if weighted is not None:  # a group's rows counted by their weights
+        sizes = weighted[nonempty]
     e = (np.maximum(hi, base) - np.minimum(lo, base)) / sizes
     var = np.bincount(key, weights=vs, minlength=count.shape[0])[nonempty]
     return e, np.sqrt(var) / sizes

@@ -56,11 +56,14 @@ class _Sorted:
     then differences of running sums at the cell edges (a search of g edges, no pass over
     the rows), for as many bandwidths as the search tries."""
 
-    def __init__(self, p: np.ndarray, r: np.ndarray) -> None:
-        order = np.argsort(p)  # sums over runs of equal p do not depend on their order
-        self.p = p[order]
-        rs = r[order]
-        cols = np.stack([np.ones_like(self.p), self.p, rs, rs * self.p])
+    def __init__(self, p: np.ndarray, r: np.ndarray, weight: np.ndarray | None = None) -> None:
+        """``weight``: [n] row counts (a bootstrap replicate's) of rows already sorted by p."""
+        if weight is None:
+            order = np.argsort(p)  # sums over runs of equal p do not depend on their order
+            self.p, rs, w = p[order], r[order], np.ones_like(p)
+        else:
+            self.p, rs, w = p, r, weight
+        cols = np.stack([w, w * self.p, w * rs, w * rs * self.p])
         self.sums = np.concatenate([np.zeros((4, 1)), np.cumsum(cols, axis=1)], axis=1)
 
     def on_grid(self, g: int) -> np.ndarray:
@@ -163,7 +166,12 @@ def smooth_ece(probs: Any, labels: Any) -> SmoothECE:
     Returns:
         A :class:`SmoothECE` (a float; ``.sigma`` is the bandwidth σ*).
     """
-    rows = _prepare(probs, labels)
+    return _fixed_point(_prepare(probs, labels))
+
+
+def _fixed_point(rows: _Sorted) -> SmoothECE:
+    """smooth ECE of sorted rows at σ* (the bisection of :func:`smooth_ece`); the rows' sums
+    may be of weighted rows (a bootstrap replicate's row counts)."""
     cache: dict = {}
 
     def too_narrow(sigma: float) -> bool:  # the error exceeds the bandwidth: widen

@@ -233,7 +233,16 @@ def calibration_report(
         def fn(probs: np.ndarray, labels: np.ndarray, rows: np.ndarray | None):
             return model_metrics(probs, labels, segs, rows, **opts)
 
-        paired = paired_bootstrap(fn, p, pb, y, n_boot=bootstrap, seed=seed, level=GATE_LEVEL)
+        paired = paired_bootstrap(
+            fn,
+            p,
+            pb,
+            y,
+            n_boot=bootstrap,
+            seed=seed,
+            level=GATE_LEVEL,
+            weighted={"segments": segs, **opts},
+        )
         result["compare"] = {
             k: {
                 "a": c.a.as_dict(),
