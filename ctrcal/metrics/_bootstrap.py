@@ -353,10 +353,14 @@ def _declared_weighted(
     (``weighted``), computed by its own function on each replicate's counts."""
     from ctrcal.metrics._registry import metric_of
 
+    desc = None
     for name in names:
         m = metric_of(name) if name not in values else None
         if m is not None and m.weighted and m.compute is not None and m.name == name:
-            values[name] = np.array([m.compute(p, y, sample_weight=c) for c in counts])
+            if desc is None:  # rows already in descending order make a ranking's sort cheap
+                desc = np.argsort(-p, kind="stable")
+            ps, ys = p[desc], y[desc]
+            values[name] = np.array([m.compute(ps, ys, sample_weight=c[desc]) for c in counts])
 
 
 # ---------------------------------------------------------------------------------------------
