@@ -26,6 +26,13 @@ conservative figure). The per-segment gate (``--gate-segments``) is one more pai
 per segment value, timed separately. Murphy's Brier terms and the label-free estimates are
 timed beside them.
 
+Fourth goal (``--monitor``): input drift and the label-free estimates with their trust flags
+(``calibration-report ANALYSIS --reference REF``) of a 1M-row analysis file with 39 features
+(13 numeric, 26 categorical ids, as ``ctrcal predict --with-features`` writes them) against a
+1M-row reference take at most 2x a plain ``calibration-report`` of the analysis. Both are run
+end to end through the command line in this process, the plain one first; the ratio is
+(report with --reference − plain report) / plain report, i.e. what the monitoring adds.
+
 ``--compare-gate``: ``calibration-report --compare COL --gate SPEC`` in at most 3x the time
 of the same report without ``--compare`` (three segment columns, ``--report-bootstrap``
 replicates, 200 in the report), at 100k and 1M rows. Both reports are timed end to end in
@@ -34,6 +41,7 @@ this process, the plain one first, after a small report that does the imports.
 Usage::
 
     python scripts/bench_calibration.py            # 10M rows, 26 fields
+    python scripts/bench_calibration.py --monitor --rows 1000000
     python scripts/bench_calibration.py --rows 1000000 --repeats 3
     python scripts/bench_calibration.py --report --rows 1000000 --report-bootstrap 20
     python scripts/bench_calibration.py --compare-gate --rows 100000 --report-bootstrap 200
@@ -98,6 +106,7 @@ def main() -> None:
     ap.add_argument(
         "--compare-gate", action="store_true", help="time --compare --gate against a plain report"
     )
+    ap.add_argument("--monitor", action="store_true", help="time drift + estimates (--reference)")
     args = ap.parse_args()
     if args.compare_gate:
         print(
@@ -105,6 +114,13 @@ def main() -> None:
             f"{os.getloadavg()[0]:.1f}"
         )
         bench_compare(args.rows, args.report_bootstrap, args.seed)
+        return
+    if args.monitor:
+        print(
+            f"CPU: {cpu_model_name()}, {os.cpu_count()} cores, load average "
+            f"{os.getloadavg()[0]:.1f}"
+        )
+        bench_monitor(args.rows, args.seed)
         return
     if args.report:
         print(
@@ -291,6 +307,61 @@ def bench_report(n: int, n_boot: int, seed: int) -> None:
     print(
         f"ratio added / report without them, with --compare: {added / (t_report - added):6.3f}; "
         f"segments only: {(t_list + t_fig) / (t_plain - t_list - t_fig):6.3f} (goal <= 0.20)"
+    )
+
+
+def monitor_rows(n: int, seed: int, noise: float = 0.0) -> dict[str, np.ndarray]:
+    """A predictions file with its 39 inputs: 13 heavy-tailed counts, 26 categorical ids
+    (:func:`make_rows`' vocabularies), the click model's probability and a click;
+    ``noise``: Gaussian noise (in stds) on the counts the model reads, after the clicks."""
+    rng = np.random.default_rng(seed)
+    probs, y, fields = make_rows(n, 26, seed)
+    counts = np.floor(rng.lognormal(1.0, 1.5, (n, 13))).astype(np.float64)
+    z = np.log(probs) - np.log1p(-probs) + 0.2 * (np.log1p(counts[:, :3]).sum(1) - 3.0)
+    y = (rng.random(n) < 1.0 / (1.0 + np.exp(-z))).astype(np.float64)
+    if noise:
+        counts += rng.normal(0.0, 1.0, counts.shape) * noise * counts.std(axis=0)
+    z = np.log(probs) - np.log1p(-probs) + 0.2 * (np.log1p(np.abs(counts[:, :3])).sum(1) - 3.0)
+    cols = {"prob": 1.0 / (1.0 + np.exp(-z)), "label": y}
+    cols.update({f"I{j + 1}": counts[:, j] for j in range(13)})
+    cols.update({f"C{j + 1}": fields[:, j].astype(np.int64) for j in range(26)})
+    return cols
+
+
+def bench_monitor(n: int, seed: int) -> None:
+    """A plain calibration-report of a 1M-row analysis against the same with --reference."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ctrcal.cli import main as cli
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ref, ana = Path(tmp) / "ref.parquet", Path(tmp) / "analysis.parquet"
+        pq.write_table(pa.table(monitor_rows(n, seed)), ref)
+        pq.write_table(pa.table(monitor_rows(n, seed + 1, noise=0.0625)), ana)
+        base = ["calibration-report", str(ana), "--prob", "prob", "--label", "label"]
+        # wall and CPU seconds: on a shared machine the CPU time is the steadier figure
+        t, c = time.perf_counter(), time.process_time()
+        assert cli([*base, "--out", f"{tmp}/plain"]) == 0
+        plain, plain_cpu = time.perf_counter() - t, time.process_time() - c
+        t, c = time.perf_counter(), time.process_time()
+        assert cli([*base, "--reference", str(ref), "--out", f"{tmp}/monitored"]) == 0
+        monitored, monitored_cpu = time.perf_counter() - t, time.process_time() - c
+        got = json.loads(Path(f"{tmp}/monitored/metrics.json").read_text())
+    d = got["drift"]
+    alarms = sum(c["alarm"] for c in d["chunks"])
+    print(f"{n:,} analysis rows, {n:,} reference rows, 39 features (13 numeric, 26 categorical)")
+    print(f"{len(d['chunks'])} chunks of {d['chunk_rows']:,} rows, {alarms} alarmed (noise 6.25 %)")
+    print(f"plain calibration-report:       {plain:7.1f} s wall, {plain_cpu:7.1f} s CPU")
+    print(f"with --reference:               {monitored:7.1f} s wall, {monitored_cpu:7.1f} s CPU")
+    added, added_cpu = monitored - plain, monitored_cpu - plain_cpu
+    print(
+        f"added by drift + estimates:     {added:7.1f} s wall = {added / plain:.2f}x plain, "
+        f"{added_cpu:.1f} s CPU = {added_cpu / plain_cpu:.2f}x plain (goal <= 2)"
     )
 
 

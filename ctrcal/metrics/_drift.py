@@ -64,6 +64,7 @@ MIN_CHUNK_ROWS = 200  # fewer rows: a histogram of 10+ bins and a 2-fold classif
 MIN_REFERENCE_CHUNKS = 10  # fewer reference chunks cannot estimate a threshold's spread
 MAX_THRESHOLD_CHUNKS = 20  # reference chunks the domain classifier is refitted on (cost)
 UNIVARIATE, MULTIVARIATE = "jensen_shannon", "domain_classifier"
+TREE_BINS = 32  # bins of each of the domain classifier's inputs
 
 TRUST_RULE = (
     "an estimate of a chunk is trusted only when none of the chunk's drift scores (any "
@@ -238,35 +239,44 @@ class DriftMonitor:
         self.kinds_ = {k: feature_kind(v) for k, v in cols.items()}
         self.rows_ = n
         self.edges_: dict[str, np.ndarray] = {}
-        self.categories_: dict[str, np.ndarray] = {}
-        self.values_: dict[str, np.ndarray] = {}
-        self.frequencies_: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        bounds = chunk_bounds(n, self.chunk_rows)
-        chunk_of = np.repeat(np.arange(bounds.size - 1), np.diff(bounds))
+        self.vocab_: dict[str, _Vocab] = {}
+        self.bin_of_value_: dict[str, np.ndarray] = {}
+        self.frequencies_: dict[str, np.ndarray] = {}
         self.n_bins_: dict[str, int] = {}
         self.reference_counts_: dict[str, np.ndarray] = {}
-        reference_js: dict[str, np.ndarray] = {}
-        for name, v in cols.items():
-            codes = self._fit_feature(name, v)
-            k = self.n_bins_[name]
-            per_chunk = np.bincount(chunk_of * k + codes, minlength=(bounds.size - 1) * k)
-            per_chunk = per_chunk.reshape(-1, k)
-            total = per_chunk.sum(axis=0)
-            self.reference_counts_[name] = total
-            if self.kinds_[name] == "categorical":
-                per_chunk = self._unseen_in_rest(name, v, chunk_of, per_chunk)
-            reference_js[name] = js_distance(per_chunk, total[None, :] - per_chunk)
-        self.tests_ = len(self.features_) + 1
-        level = 1.0 - self.alarm_rate / self.tests_
-        self.reference_scores_ = reference_js
-        self.thresholds_ = {k: _threshold(v, level) for k, v in reference_js.items()}
+        self.tree_edges_: dict[str, np.ndarray] = {}
+        bounds = chunk_bounds(n, self.chunk_rows)
+        chunk_of = np.repeat(np.arange(bounds.size - 1), np.diff(bounds))
         rng = np.random.default_rng(self.seed)
         # half the reference counts the categorical values the classifier reads, the other
         # half is what it compares: rows of the counting half would be told by their rare
         # values, which are never unseen to themselves
         counting = rng.random(n) < 0.5
-        self._count_values(cols, counting)
-        self.matrix_ = self._matrix(cols)
+        self.matrix_ = np.empty((n, len(self.features_)), dtype=np.float32)
+        reference_js: dict[str, np.ndarray] = {}
+        for j, (name, v) in enumerate(cols.items()):
+            index = self._fit_feature(name, v, counting)
+            codes = self._codes(name, v, index)
+            column = self._column(name, v, index)
+            finite = column[np.isfinite(column)]
+            # the classifier reads ranks only: cut once here into its 32 bins, instead of
+            # at each of its fits
+            self.tree_edges_[name] = np.unique(
+                np.quantile(finite, np.arange(1, TREE_BINS) / TREE_BINS) if finite.size else []
+            )
+            self.matrix_[:, j] = self._tree_bins(name, column)
+            k = self.n_bins_[name]
+            per_chunk = np.bincount(chunk_of * k + codes, minlength=(bounds.size - 1) * k)
+            per_chunk = per_chunk.reshape(-1, k)
+            total = per_chunk.sum(axis=0)
+            self.reference_counts_[name] = total
+            if index is not None:
+                per_chunk = self._unseen_in_rest(name, index, codes, bounds, per_chunk)
+            reference_js[name] = js_distance(per_chunk, total[None, :] - per_chunk)
+        self.tests_ = len(self.features_) + 1
+        level = 1.0 - self.alarm_rate / self.tests_
+        self.reference_scores_ = reference_js
+        self.thresholds_ = {k: _threshold(v, level) for k, v in reference_js.items()}
         self.compared_ = np.flatnonzero(~counting)
         picks = np.linspace(0, bounds.size - 2, min(MAX_THRESHOLD_CHUNKS, bounds.size - 1))
         aucs = []
@@ -280,94 +290,87 @@ class DriftMonitor:
         self.thresholds_[MULTIVARIATE] = _threshold(np.asarray(aucs), level)
         return self
 
-    def _fit_feature(self, name: str, v: np.ndarray) -> np.ndarray:
-        """Learn one feature's bins; its reference codes."""
+    def _fit_feature(self, name: str, v: np.ndarray, counting: np.ndarray) -> np.ndarray | None:
+        """Learn one feature's bins (and a categorical one's values: returns their index of
+        every reference row, -2 where missing)."""
         if self.kinds_[name] == "numeric":
             x = v.astype(np.float64, copy=False)
             finite = x[np.isfinite(x)]
             q = np.quantile(finite, np.arange(1, self.bins) / self.bins)
             self.edges_[name] = np.unique(q)
             self.n_bins_[name] = self.edges_[name].size + 2  # + the top bin + missing
-        else:
-            values, _, counts = _factorize(v)
-            order = np.argsort(-counts, kind="stable")[: self.max_categories]
-            keep = values[np.sort(order)]
-            self.categories_[name] = keep
-            self.values_[name] = values
-            self.n_bins_[name] = keep.size + 3  # + other + missing + unseen
-        return self._codes(name, v)
+            return None
+        vocab = self.vocab_[name] = _Vocab(v)
+        index = vocab.index(v)
+        present = index >= 0
+        counts = np.bincount(index[present], minlength=vocab.size)
+        top = np.sort(np.argsort(-counts, kind="stable")[: self.max_categories])
+        k = top.size
+        bin_of_value = np.full(vocab.size, k, dtype=np.int64)  # other
+        bin_of_value[top] = np.arange(k)
+        self.bin_of_value_[name] = bin_of_value
+        self.n_bins_[name] = k + 3  # + other + missing + unseen
+        half = counting & present
+        self.frequencies_[name] = np.bincount(index[half], minlength=vocab.size) / max(
+            int(counting.sum()), 1
+        )
+        return index
 
-    def _codes(self, name: str, v: np.ndarray) -> np.ndarray:
+    def _codes(self, name: str, v: np.ndarray, index: np.ndarray | None) -> np.ndarray:
         """[n] bin of each value of a feature (the last bins: missing, and for a categorical
-        one other, missing, unseen)."""
+        one other, missing, unseen); ``index``: a categorical one's value indices."""
         k = self.n_bins_[name]
-        if self.kinds_[name] == "numeric":
+        if index is None:
             x = v.astype(np.float64, copy=False)
             codes = np.searchsorted(self.edges_[name], x, side="left")
             codes[~np.isfinite(x)] = k - 1
             return codes
-        keep = self.categories_[name]
-        known = self.values_[name]
-        missing = _missing(v)
-        codes = np.full(v.shape[0], k - 3, dtype=np.int64)  # other
-        val = v[~missing]
-        pos = np.clip(np.searchsorted(keep, val), 0, max(keep.size - 1, 0))
-        hit = keep[pos] == val if keep.size else np.zeros(val.shape, dtype=bool)
-        seen_pos = np.clip(np.searchsorted(known, val), 0, known.size - 1)
-        seen = known[seen_pos] == val
-        inner = np.where(hit, pos, np.where(seen, k - 3, k - 1))
-        codes[~missing] = inner
-        codes[missing] = k - 2
+        codes = np.where(index >= 0, self.bin_of_value_[name][np.maximum(index, 0)], k - 1)
+        codes[index == -2] = k - 2
         return codes
 
+    def _column(self, name: str, v: np.ndarray, index: np.ndarray | None) -> np.ndarray:
+        """The domain classifier's input of one feature: a numeric as it is (NaN kept), a
+        categorical value as its frequency in the reference's counting half (never seen in
+        the reference: 0; missing: NaN)."""
+        if index is None:
+            return v.astype(np.float32)
+        freq = self.frequencies_[name][np.maximum(index, 0)].astype(np.float32)
+        freq[index == -1] = 0.0
+        freq[index == -2] = np.nan
+        return freq
+
+    def _tree_bins(self, name: str, column: np.ndarray) -> np.ndarray:
+        """A classifier input as its bin among the reference's quantiles (NaN kept)."""
+        out = np.searchsorted(self.tree_edges_[name], column).astype(np.float32)
+        out[np.isnan(column)] = np.nan
+        return out
+
     def _unseen_in_rest(
-        self, name: str, v: np.ndarray, chunk_of: np.ndarray, per_chunk: np.ndarray
+        self,
+        name: str,
+        index: np.ndarray,
+        codes: np.ndarray,
+        bounds: np.ndarray,
+        per_chunk: np.ndarray,
     ) -> np.ndarray:
         """Reference chunk histograms with the rows whose value occurs in no other chunk moved
         to the unseen bin (against the rest of the reference they are unseen)."""
-        missing = _missing(v)
-        _, inverse, counts = _factorize(v)
         k = self.n_bins_[name]
-        pair = chunk_of.astype(np.int64) * (counts.size + 1) + inverse
-        _, pair_inv, pair_counts = np.unique(pair, return_inverse=True, return_counts=True)
-        total = np.append(counts, 0)[inverse]  # a missing value's total: never equal
-        only_here = (pair_counts[pair_inv.reshape(-1)] == total) & ~missing
-        if not only_here.any():
-            return per_chunk
-        codes = self._codes(name, v)[only_here]
+        size = self.vocab_[name].size
+        present = index >= 0
+        total = np.bincount(index[present], minlength=size)
         out = per_chunk.copy()
-        moved = np.bincount(chunk_of[only_here] * k + codes, minlength=per_chunk.size).reshape(
-            per_chunk.shape
-        )
-        out -= moved
-        out[:, k - 1] += moved.sum(axis=1)
-        return out
-
-    def _count_values(self, cols: Mapping[str, np.ndarray], rows: np.ndarray) -> None:
-        """Learn each categorical value's frequency among the reference's ``rows``."""
-        for name, v in cols.items():
-            if self.kinds_[name] == "categorical":
-                values, _, counts = _factorize(v[rows])
-                self.frequencies_[name] = (values, counts / max(int(rows.sum()), 1))
-
-    def _matrix(self, cols: Mapping[str, np.ndarray]) -> np.ndarray:
-        """[n, F] float32 inputs of the domain classifier: numerics as they are (NaN kept),
-        a categorical value as its frequency in the reference's counting half (never seen
-        there: 0; missing: NaN)."""
-        n = _rows(cols, "analysis")
-        out = np.empty((n, len(self.features_)), dtype=np.float32)
-        for j, name in enumerate(self.features_):
-            v = cols[name]
-            if self.kinds_[name] == "numeric":
-                out[:, j] = v.astype(np.float64, copy=False)
-                continue
-            known, freq = self.frequencies_[name]
-            missing = _missing(v)
-            col = np.full(n, np.nan, dtype=np.float32)
-            val = v[~missing]
-            pos = np.clip(np.searchsorted(known, val), 0, known.size - 1)
-            col[~missing] = np.where(known[pos] == val, freq[pos], 0.0)
-            out[:, j] = col
+        for c in range(bounds.size - 1):
+            idx = index[bounds[c] : bounds[c + 1]]
+            here = idx >= 0
+            inside = np.bincount(idx[here], minlength=size)
+            only = np.zeros(idx.shape[0], dtype=bool)
+            only[here] = inside[idx[here]] == total[idx[here]]
+            if only.any():
+                moved = np.bincount(codes[bounds[c] : bounds[c + 1]][only], minlength=k)
+                out[c] -= moved
+                out[c, k - 1] += moved.sum()
         return out
 
     def _sample(self, rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -390,10 +393,10 @@ class DriftMonitor:
         score = np.empty(x.shape[0])
         for k in (0, 1):
             model = HistGradientBoostingClassifier(
-                max_iter=30,
-                learning_rate=0.15,
-                max_leaf_nodes=15,
-                max_bins=64,
+                max_iter=20,
+                learning_rate=0.2,
+                max_leaf_nodes=8,
+                max_bins=TREE_BINS,
                 min_samples_leaf=40,
                 early_stopping=False,
                 random_state=int(rng.integers(2**31)),
@@ -439,8 +442,12 @@ class DriftMonitor:
         chunks = bounds.size - 1
         chunk_of = np.repeat(np.arange(chunks), np.diff(bounds))
         scores: list[list[DriftScore]] = [[] for _ in range(chunks)]
-        for name in self.features_:
-            codes = self._codes(name, cols[name])
+        matrix = np.empty((n, len(self.features_)), dtype=np.float32)
+        for j, name in enumerate(self.features_):
+            v = cols[name]
+            index = self.vocab_[name].index(v) if name in self.vocab_ else None
+            codes = self._codes(name, v, index)
+            matrix[:, j] = self._tree_bins(name, self._column(name, v, index))
             k = self.n_bins_[name]
             hist = np.bincount(chunk_of * k + codes, minlength=chunks * k).reshape(chunks, k)
             js = js_distance(hist, self.reference_counts_[name][None, :])
@@ -457,7 +464,6 @@ class DriftMonitor:
                         None if unseen is None else float(unseen[c]),
                     )
                 )
-        matrix = self._matrix(cols)
         rng = np.random.default_rng(self.seed + 1)
         out = []
         for c in range(chunks):
@@ -482,17 +488,45 @@ def _missing(v: np.ndarray) -> np.ndarray:
     return np.zeros(v.shape[0], dtype=bool)
 
 
-def _factorize(v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(sorted distinct present values, [n] index of each row's value (missing: the count
-    of values), count of each value)."""
-    missing = _missing(v)
-    present = v[~missing]
-    if present.dtype.kind == "O":
-        present = present.astype(str)
-    values, inv, counts = np.unique(present, return_inverse=True, return_counts=True)
-    inverse = np.full(v.shape[0], values.size, dtype=np.int64)
-    inverse[~missing] = inv.reshape(-1)
-    return values, inverse, counts
+class _Vocab:
+    """The distinct present values of a categorical reference column, and each value's index
+    among them: by a dense table for small non-negative integers (ids), else by a search."""
+
+    def __init__(self, v: np.ndarray) -> None:
+        present = v[~_missing(v)]
+        self.dense: np.ndarray | None = None
+        if present.dtype.kind in "iu" and present.size and present.min() >= 0:
+            top = int(present.max())
+            if top < max(4 * present.size, 1 << 16):
+                seen = np.bincount(present, minlength=top + 1) > 0
+                self.values = np.flatnonzero(seen)
+                self.dense = np.full(top + 1, -1, dtype=np.int64)
+                self.dense[self.values] = np.arange(self.values.size)
+                return
+        self.values = np.unique(present.astype(str) if present.dtype.kind == "O" else present)
+
+    @property
+    def size(self) -> int:
+        return int(self.values.size)
+
+    def index(self, v: np.ndarray) -> np.ndarray:
+        """[n] index of each value (-1: never in the reference, -2: missing)."""
+        missing = _missing(v)
+        out = np.full(v.shape[0], -2, dtype=np.int64)
+        val = v[~missing]
+        if self.dense is not None and val.dtype.kind in "iu":
+            inside = (val >= 0) & (val < self.dense.size)
+            found = np.full(val.shape[0], -1, dtype=np.int64)
+            found[inside] = self.dense[val[inside]]
+        elif self.dense is not None and val.dtype.kind != "f":
+            found = np.full(val.shape[0], -1, dtype=np.int64)  # text against integer ids
+        else:
+            if val.dtype.kind == "O":
+                val = val.astype(str)
+            pos = np.clip(np.searchsorted(self.values, val), 0, max(self.size - 1, 0))
+            found = np.where(self.values[pos] == val, pos, -1) if self.size else pos * 0 - 1
+        out[~missing] = found
+        return out
 
 
 def _columns(features: Mapping[str, Any], what: str) -> dict[str, np.ndarray]:
@@ -550,4 +584,25 @@ declare_metric(
     kind="drift",
     section="drift",
     bounds=(0.0, 1.0),
+)
+declare_metric(
+    "drift_alarm",
+    label="chunks alarmed",
+    definition="fraction of an evaluated split's chunks where any drift score exceeds its "
+    "threshold (the estimates of those chunks are not trusted).",
+    better="lower",
+    computed_by="ShiftMonitor",
+    kind="drift",
+    section="drift",
+    bounds=(0.0, 1.0),
+)
+declare_metric(
+    "drift_features",
+    label="features alarmed",
+    definition="features whose Jensen–Shannon distance exceeds its threshold, per chunk "
+    "on average.",
+    better="lower",
+    computed_by="ShiftMonitor",
+    kind="drift",
+    section="drift",
 )

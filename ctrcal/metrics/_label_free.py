@@ -63,6 +63,7 @@ __all__ = [
     "MAX_WEIGHT",
     "check_probs",
     "doc_estimates",
+    "doc_gap",
     "estimate_key",
     "expected_auc",
     "importance_weighted_estimates",
@@ -221,24 +222,40 @@ def importance_weighted_estimates(
     return {"auc": _expected_auc(p, q), "logloss": _expected_logloss(p, q)}
 
 
-def doc_estimates(reference_probs: Any, reference_labels: Any, probs: Any) -> dict[str, float]:
+def doc_gap(reference_probs: Any, reference_labels: Any) -> dict[str, float]:
+    """DoC's correction: measured − CBPE's estimate on the labelled reference, per metric of
+    :data:`ESTIMATED_METRICS` (computed once, for every chunk :func:`doc_estimates` reads)."""
+    from ctrcal.metrics._metrics import auc, logloss
+
+    rp, ry = check_probs_labels(reference_probs, reference_labels)
+    est = label_free_estimates(rp)
+    measured = {"auc": auc(rp, ry), "logloss": logloss(rp, ry)}
+    return {m: measured[m] - est[m] for m in ESTIMATED_METRICS}
+
+
+def doc_estimates(
+    reference_probs: Any,
+    reference_labels: Any,
+    probs: Any,
+    gap: dict[str, float] | None = None,
+) -> dict[str, float]:
     """``doc``: measured on the reference plus the change of CBPE's estimate (module
-    docstring).
+    docstring), i.e. CBPE(analysis) + (measured − CBPE) on the reference.
 
     Args:
         reference_probs: [r] the model's probabilities on labelled reference rows.
         reference_labels: [r] their clicks, 0/1.
         probs: [n] the model's probabilities on the analysis rows.
+        gap: :func:`doc_gap` of the reference, when already computed (the reference
+            arguments are then not read).
 
     Returns:
         ``{"auc", "logloss"}``.
     """
-    from ctrcal.metrics._metrics import auc, logloss
-
-    rp, ry = check_probs_labels(reference_probs, reference_labels)
-    ref, ana = label_free_estimates(rp), label_free_estimates(probs)
-    measured = {"auc": auc(rp, ry), "logloss": logloss(rp, ry)}
-    return {m: measured[m] + ana[m] - ref[m] for m in ESTIMATED_METRICS}
+    if gap is None:
+        gap = doc_gap(reference_probs, reference_labels)
+    est = label_free_estimates(probs)
+    return {m: est[m] + gap[m] for m in ESTIMATED_METRICS}
 
 
 # ---- declarations (ctrcal.metrics.METRICS) ---------------------------------------------------
@@ -309,3 +326,13 @@ for _e, _title in _ESTIMATOR_NAMES.items():
             kind="label_free",
             section="label-free",
         )
+    declare_metric(
+        f"{estimate_key('auc', _e)}_err",
+        label=f"AUC estimate ({_title}) − measured",
+        definition=f"AUC estimate by {_title} − measured AUC, per chunk of the evaluated "
+        "split, averaged: the error that monitor makes.",
+        better=None,
+        computed_by="ShiftMonitor",
+        kind="derived",
+        section="label-free",
+    )

@@ -122,6 +122,7 @@ def monitor(
         DriftMonitor,
         auc,
         doc_estimates,
+        doc_gap,
         importance_weighted_estimates,
         label_free_estimates,
         logloss,
@@ -161,6 +162,7 @@ def monitor(
     estimators: dict[str, dict[str, Any]] = {
         e: {"assumption": a, "chunks": []} for e, a in LABEL_FREE_ESTIMATORS.items()
     }
+    gap = doc_gap(ref_p, ref_y)
     for c in chunks:
         p = analysis.prob[c.start : c.stop]
         found = {
@@ -168,7 +170,7 @@ def monitor(
             "iw_cbpe": importance_weighted_estimates(
                 ref_p[c.reference_rows], ref_y[c.reference_rows], c.density_ratio, p
             ),
-            "doc": doc_estimates(ref_p, ref_y, p),
+            "doc": doc_estimates(ref_p, ref_y, p, gap),
         }
         measured = {}
         if analysis.label is not None:

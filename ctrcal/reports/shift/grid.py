@@ -159,6 +159,9 @@ class EvalGrid:
     # what is shared between evaluations (see the module's docstring)
     shifted: dict[Point, ShiftedBatches] = field(default_factory=dict, repr=False)
     one_shot: dict[tuple[str, int, Point], Prediction] = field(default_factory=dict, repr=False)
+    # drift and label-free estimates against the validation split (None: not yet made, False:
+    # the splits are too small or there is no validation split)
+    monitor: Any = None
 
     @classmethod
     def open(
@@ -330,11 +333,37 @@ class EvalGrid:
             self.kept[(plan.name, "valid")] = np.asarray(z, dtype=np.float64)
         return create_calibrator(plan.calibration).fit(z, self.valid.labels, self.valid.segments())
 
+    def monitor_reference(
+        self, models: list, plan: VariantPlan, k: int, calibrator: Any
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The variant's clean validation probabilities and the clicks, the monitor's
+        reference (:mod:`ctrcal.reports.shift.monitoring`); None without a monitor."""
+        from ctrcal.calibration.base import logit
+        from ctrcal.core.devices import seed_everything
+        from ctrcal.reports.shift.monitoring import ShiftMonitor
+
+        if self.valid is None or self.natural is not None or self.monitor is False:
+            return None
+        point = ("valid", CLEAN, 0, 0.0)
+        if self.monitor is None:
+            made = ShiftMonitor.of(self.feature_map, len(self.valid.labels), len(self.test.labels))
+            self.monitor = False if made is None else made.fit(self.batches(point))
+            if made is None:
+                return None
+        seed_everything(7919 * (k + 1))  # as the calibrator's fit: the same MC draws
+        pred = self.predict(models, plan, k, point)
+        probs = pred.probs
+        if calibrator is not None:
+            z = pred.logits if pred.logits is not None else logit(pred.probs)
+            probs = calibrator.predict_proba(z, self.valid.segments())
+        return np.asarray(probs, dtype=np.float64), self.valid.labels
+
     def evaluate(self, models: list, plan: VariantPlan, k: int, calibrator: Any, bar) -> None:
         """The clean point and every (shift, noise seed, intensity) of one variant and seed."""
         from ctrcal.calibration.base import logit
         from ctrcal.core.devices import seed_everything
 
+        watch = self.monitor_reference(models, plan, k, calibrator)
         r = self.cfg.report
         labels = self.test.labels
         segments = self.test.segments() if calibrator is not None else None
@@ -354,6 +383,10 @@ class EvalGrid:
                     self.kept[(plan.name, "test")] = np.asarray(z, dtype=np.float64)
             sel = pred.rows if sp is not None else np.ones_like(pred.rows)
             values = evaluation_metrics(probs, labels, self.test.fields, r, rows=sel)
+            if watch is not None:
+                point = ("test", label, noise_seed, s)
+                chunks = self.monitor.chunks(point, self.batches(point))
+                values.update(self.monitor.values(chunks, probs, labels, *watch))
             if sp is None and k == 0 and r.bootstrap and self.natural is None:
                 self.row_level.n_boot = r.bootstrap
                 self.row_level.bootstrap[plan.name] = bootstrap_ci(
