@@ -366,6 +366,8 @@ def _declared_weighted(
 # ---------------------------------------------------------------------------------------------
 # Count-weighted replicates: the paired bootstrap's metrics without materialising its rows
 
+_MCE_KEYS = ("mce", "mce_sigmas", "mce_relative", "mce_pvalue", "mce_pvalue_unadjusted")
+_MCE_KEYS += ("mce_segments",)  # calibration_summary's keys, in WeightedMCE's order
 _CHUNK_ELEMENTS = 1 << 22  # replicates drawn together: at most this many counts at once
 _TAYLOR_TERMS = 12  # terms of the logit-shift expansion (module docstring)
 _TAYLOR_MAX_STEP = 0.25  # beyond this shift from the full rows' root, solve exactly instead
@@ -432,6 +434,7 @@ class ReplicateRows:
             "max_segments": summary["mce_max_segments"].default,
         }
         self.mce_rows = summary["mce_max_rows"].default
+        self.mce: Any = None  # the segments' prepared search, on the first replicate
         if self.mce_rows is not None and n > self.mce_rows:  # its subsample of the rows
             self.mce_take = np.random.default_rng(0).choice(
                 n, size=int(self.mce_rows), replace=False
@@ -594,14 +597,11 @@ class ReplicateRows:
     def _direct(self, c: np.ndarray, counts: np.ndarray, out: dict[str, np.ndarray]) -> None:
         """Per replicate, by the metrics' own functions on weighted rows: smooth ECE (its
         bandwidth search) and the multicalibration error (its segment search)."""
-        from ctrcal.metrics._ecce import multicalibration_error
+        from ctrcal.metrics._ecce import WeightedMCE, multicalibration_error
         from ctrcal.metrics._smooth_ece import _fixed_point, _Sorted
 
         r_count = c.shape[0]
-        keys = ["smooth_ece", "smooth_ece_sigma"]
-        if self.segments:
-            keys += ["mce", "mce_sigmas", "mce_relative", "mce_pvalue"]
-            keys += ["mce_pvalue_unadjusted", "mce_segments"]
+        keys = ["smooth_ece", "smooth_ece_sigma", *(_MCE_KEYS if self.segments else ())]
         for k in keys:
             out[k] = np.full(r_count, np.nan)
         residual = self.ps - self.ys
@@ -610,6 +610,9 @@ class ReplicateRows:
             out["smooth_ece"][r], out["smooth_ece_sigma"][r] = float(s), s.sigma
         if not self.segments:
             return
+        usable = {k: v for k, v in self.segments.items() if v.min() != v.max()}
+        if usable and self.mce is None:
+            self.mce = WeightedMCE(self.p, self.y, usable, **self.mce_options)
         for r in range(r_count):
             weight = counts[r]
             if self.mce_rows is not None and self.n > self.mce_rows:
@@ -621,13 +624,14 @@ class ReplicateRows:
             fields = {k: v for k, v in self.segments.items() if v[used].min() != v[used].max()}
             if not fields:
                 continue
-            mc = multicalibration_error(
-                self.p, self.y, fields, sample_weight=weight, max_rows=None, **self.mce_options
-            )
-            out["mce"][r], out["mce_sigmas"][r] = mc.mce, mc.sigmas
-            out["mce_relative"][r], out["mce_pvalue"][r] = mc.relative, mc.pvalue_adjusted
-            out["mce_pvalue_unadjusted"][r] = mc.pvalue
-            out["mce_segments"][r] = float(mc.n_segments)
+            got = self.mce(weight) if len(fields) == len(usable) else None
+            if got is None:  # other values kept, or a column left at one value
+                mc = multicalibration_error(
+                    self.p, self.y, fields, sample_weight=weight, max_rows=None, **self.mce_options
+                )
+                got = (mc.mce, mc.sigmas, mc.relative, mc.pvalue_adjusted, mc.pvalue, mc.n_segments)
+            for key, value in zip(_MCE_KEYS, got, strict=True):
+                out[key][r] = value
 
     def _global(self, c, total, sums, out) -> None:
         clicks = sums[:, 0]

@@ -218,3 +218,30 @@ def test_weighted_rows_equal_the_rows_repeated():
     s = _fixed_point(_Sorted(ps, ps - y[order], counts[order].astype(np.float64)))
     ref = smooth_ece(p[rows], y[rows])
     assert float(s) == pytest.approx(float(ref), rel=1e-10) and s.sigma == ref.sigma
+
+
+def test_prepared_segments_equal_multicalibration_error_of_the_weights():
+    from ctrcal.metrics._ecce import WeightedMCE
+
+    rng = np.random.default_rng(8)
+    n = 4000
+    p = np.round(rng.uniform(0.01, 0.4, n), 3)  # ties
+    y = (rng.uniform(size=n) < p * 1.2).astype(np.float64)
+    skewed = np.minimum(40 * rng.uniform(size=n) ** 4, 39).astype(np.int64)  # few values hold most
+    fields = {"a": rng.integers(0, 3, n), "b": skewed, "c": rng.integers(0, 2, n)}
+    prepared = WeightedMCE(p, y, fields)
+    seen = 0
+    for _ in range(6):
+        counts = np.bincount(rng.integers(0, n, n), minlength=n)
+        got = prepared(counts)
+        if got is None:
+            continue
+        seen += 1
+        mc = multicalibration_error(p, y, fields, sample_weight=counts, max_rows=None)
+        want = (mc.mce, mc.sigmas, mc.relative, mc.pvalue_adjusted, mc.pvalue, mc.n_segments)
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-15)
+    assert seen >= 3
+    # another value among a field's most frequent: left to multicalibration_error
+    counts = np.ones(n, dtype=np.int64)
+    counts[fields["b"] == 0] = 0
+    assert prepared(counts) is None
