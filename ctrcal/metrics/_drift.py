@@ -252,19 +252,32 @@ class DriftMonitor:
         # half is what it compares: rows of the counting half would be told by their rare
         # values, which are never unseen to themselves
         counting = rng.random(n) < 0.5
-        self.matrix_ = np.empty((n, len(self.features_)), dtype=np.float32)
+        compared = np.flatnonzero(~counting)
+        # the rows the classifier reads: each threshold chunk's sample against as many rows
+        # of the rest, and the pool the analysis chunks are compared with
+        picks = np.linspace(0, bounds.size - 2, min(MAX_THRESHOLD_CHUNKS, bounds.size - 1))
+        pairs = []
+        for c in np.unique(picks.round().astype(np.int64)):
+            here = (compared >= bounds[c]) & (compared < bounds[c + 1])
+            a = self._sample(compared[here], rng)
+            rest = compared[~here]
+            pairs.append((a, np.sort(rng.choice(rest, size=min(a.size, rest.size), replace=False))))
+        pool = min(compared.size, 2 * self.classifier_rows)
+        self.pool_ = np.sort(rng.choice(compared, size=pool, replace=False))
+        rows = np.unique(np.concatenate([self.pool_, *(np.concatenate(p) for p in pairs)]))
+        matrix = np.empty((rows.size, len(self.features_)), dtype=np.float32)
         reference_js: dict[str, np.ndarray] = {}
         for j, (name, v) in enumerate(cols.items()):
             index = self._fit_feature(name, v, counting)
             codes = self._codes(name, v, index)
-            column = self._column(name, v, index)
+            column = self._column(name, v[rows], None if index is None else index[rows])
             finite = column[np.isfinite(column)]
             # the classifier reads ranks only: cut once here into its 32 bins, instead of
             # at each of its fits
             self.tree_edges_[name] = np.unique(
                 np.quantile(finite, np.arange(1, TREE_BINS) / TREE_BINS) if finite.size else []
             )
-            self.matrix_[:, j] = self._tree_bins(name, column)
+            matrix[:, j] = self._tree_bins(name, column)
             k = self.n_bins_[name]
             per_chunk = np.bincount(chunk_of * k + codes, minlength=(bounds.size - 1) * k)
             per_chunk = per_chunk.reshape(-1, k)
@@ -277,15 +290,11 @@ class DriftMonitor:
         level = 1.0 - self.alarm_rate / self.tests_
         self.reference_scores_ = reference_js
         self.thresholds_ = {k: _threshold(v, level) for k, v in reference_js.items()}
-        self.compared_ = np.flatnonzero(~counting)
-        picks = np.linspace(0, bounds.size - 2, min(MAX_THRESHOLD_CHUNKS, bounds.size - 1))
+        self.pool_matrix_ = matrix[np.searchsorted(rows, self.pool_)]
         aucs = []
-        for c in np.unique(picks.round().astype(np.int64)):
-            here = (self.compared_ >= bounds[c]) & (self.compared_ < bounds[c + 1])
-            a = self._sample(self.compared_[here], rng)
-            rest = self.compared_[~here]
-            b = np.sort(rng.choice(rest, size=min(a.size, rest.size), replace=False))
-            aucs.append(self._classify(self.matrix_[a], self.matrix_[b], rng)[0])
+        for a, b in pairs:
+            x_a, x_b = matrix[np.searchsorted(rows, a)], matrix[np.searchsorted(rows, b)]
+            aucs.append(self._classify(x_a, x_b, rng)[0])
         self.reference_scores_[MULTIVARIATE] = np.asarray(aucs)
         self.thresholds_[MULTIVARIATE] = _threshold(np.asarray(aucs), level)
         return self
@@ -442,12 +451,16 @@ class DriftMonitor:
         chunks = bounds.size - 1
         chunk_of = np.repeat(np.arange(chunks), np.diff(bounds))
         scores: list[list[DriftScore]] = [[] for _ in range(chunks)]
-        matrix = np.empty((n, len(self.features_)), dtype=np.float32)
+        rng = np.random.default_rng(self.seed + 1)
+        samples = [self._sample(np.arange(bounds[c], bounds[c + 1]), rng) for c in range(chunks)]
+        rows = np.concatenate(samples)  # increasing: chunk after chunk
+        matrix = np.empty((rows.size, len(self.features_)), dtype=np.float32)
         for j, name in enumerate(self.features_):
             v = cols[name]
             index = self.vocab_[name].index(v) if name in self.vocab_ else None
             codes = self._codes(name, v, index)
-            matrix[:, j] = self._tree_bins(name, self._column(name, v, index))
+            sample = None if index is None else index[rows]
+            matrix[:, j] = self._tree_bins(name, self._column(name, v[rows], sample))
             k = self.n_bins_[name]
             hist = np.bincount(chunk_of * k + codes, minlength=chunks * k).reshape(chunks, k)
             js = js_distance(hist, self.reference_counts_[name][None, :])
@@ -464,13 +477,15 @@ class DriftMonitor:
                         None if unseen is None else float(unseen[c]),
                     )
                 )
-        rng = np.random.default_rng(self.seed + 1)
         out = []
-        for c in range(chunks):
-            a = self._sample(np.arange(bounds[c], bounds[c + 1]), rng)
-            pool = self.compared_
-            b = np.sort(rng.choice(pool, size=min(a.size, pool.size), replace=False))
-            value, q = self._classify(matrix[a], self.matrix_[b], rng)
+        for c, a in enumerate(samples):
+            pick = np.sort(
+                rng.choice(self.pool_.size, size=min(a.size, self.pool_.size), replace=False)
+            )
+            b = self.pool_[pick]
+            value, q = self._classify(
+                matrix[np.searchsorted(rows, a)], self.pool_matrix_[pick], rng
+            )
             q = np.clip(q, 1e-6, 1.0 - 1e-6)
             scores[c].append(
                 DriftScore(c, MULTIVARIATE, None, value, self.thresholds_[MULTIVARIATE])
