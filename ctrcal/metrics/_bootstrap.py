@@ -474,9 +474,7 @@ class ReplicateRows:
         self.fields: dict[str, tuple[np.ndarray, np.ndarray, int]] = {}
         for name, col in segments.items():
             codes, values = dense_codes(np.asarray(col)[self.order])
-            by_code = np.argsort(codes, kind="stable")
-            starts = np.flatnonzero(np.append(True, np.diff(codes[by_code]) != 0))
-            self.fields[name] = (by_code, starts, values.shape[0])
+            self.fields[name] = (codes, values.shape[0])
 
     def _slope_setup(self, single: bool) -> None:
         """The calibration slope's fit on all rows, and the sums its expansion needs: for
@@ -583,14 +581,15 @@ class ReplicateRows:
         total = c.sum(axis=1)
         sums = c @ self.linear  # [R, 5]
         clicks, sum_p = sums[:, 0], sums[:, 1]
-        self._global(c, total, sums, out)
-        self._ecce(c, total, sums[:, 4], out)
+        cy, cp = c * self.ys, c * self.ps  # shared by the families below
+        self._global(c, cy, cp, total, sums, out)
+        self._ecce(cy, cp, total, sums[:, 4], out)
         self._shift(c, total, clicks, out, exact)
         self._slope(c, clicks, total, out, exact)
         with np.errstate(invalid="ignore", divide="ignore"):
             out["pcoc"] = np.where(clicks > 0, sum_p / clicks, np.nan)
         if self.fields:
-            exact &= self._fields(c, total, out)
+            exact &= self._fields(c, cy, cp, total, out)
         self._direct(c, counts, out)
         return out, exact
 
@@ -611,7 +610,10 @@ class ReplicateRows:
         if not self.segments:
             return
         usable = {k: v for k, v in self.segments.items() if v.min() != v.max()}
-        if usable and self.mce is None:
+        subsampled = self.mce_rows is not None and self.n > self.mce_rows
+        if usable and self.mce is None and not subsampled:
+            # (a subsample weights a quarter of the rows or fewer: sorting those is cheaper
+            # than passes over all of them)
             self.mce = WeightedMCE(self.p, self.y, usable, **self.mce_options)
         for r in range(r_count):
             weight = counts[r]
@@ -624,7 +626,7 @@ class ReplicateRows:
             fields = {k: v for k, v in self.segments.items() if v[used].min() != v[used].max()}
             if not fields:
                 continue
-            got = self.mce(weight) if len(fields) == len(usable) else None
+            got = self.mce(weight) if self.mce and len(fields) == len(usable) else None
             if got is None:  # other values kept, or a column left at one value
                 mc = multicalibration_error(
                     self.p, self.y, fields, sample_weight=weight, max_rows=None, **self.mce_options
@@ -633,7 +635,7 @@ class ReplicateRows:
             for key, value in zip(_MCE_KEYS, got, strict=True):
                 out[key][r] = value
 
-    def _global(self, c, total, sums, out) -> None:
+    def _global(self, c, cy, cp, total, sums, out) -> None:
         clicks = sums[:, 0]
         with np.errstate(invalid="ignore", divide="ignore"):
             q = clicks / total
@@ -644,7 +646,7 @@ class ReplicateRows:
             out["ne"] = out["logloss"] / h
         # AUC: runs of equal p; the clicks of a run beat the non-clicks of the runs below it
         # and tie with half of their own run's
-        pos = np.add.reduceat(c * self.ys, self.run_starts, axis=1)
+        pos = np.add.reduceat(cy, self.run_starts, axis=1)
         neg = np.add.reduceat(c, self.run_starts, axis=1) - pos
         below = np.cumsum(neg, axis=1) - neg
         u = (pos * (below + 0.5 * neg)).sum(axis=1)
@@ -653,8 +655,8 @@ class ReplicateRows:
             out["auc"] = np.where((clicks > 0) & (negs > 0), u / (clicks * negs), np.nan)
         # equal-width bins: contiguous in p order
         nb = np.add.reduceat(c, self.bin_starts, axis=1)
-        sp = np.add.reduceat(c * self.ps, self.bin_starts, axis=1)
-        sy = np.add.reduceat(c * self.ys, self.bin_starts, axis=1)
+        sp = np.add.reduceat(cp, self.bin_starts, axis=1)
+        sy = np.add.reduceat(cy, self.bin_starts, axis=1)
         out["ece"] = np.abs(sy - sp).sum(axis=1) / total
         base = clicks / total
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -671,8 +673,8 @@ class ReplicateRows:
         # equal-mass bins of the replicate's rows: bin g holds positions [gN//B, (g+1)N//B)
         # of the rows repeated by their counts; a row's copies may straddle a cut
         cum_c = np.cumsum(c, axis=1)
-        cum_p = np.cumsum(c * self.ps, axis=1)
-        cum_y = np.cumsum(c * self.ys, axis=1)
+        cum_p = np.cumsum(cp, axis=1)
+        cum_y = np.cumsum(cy, axis=1)
         ece_mass = np.empty(c.shape[0])
         for r in range(c.shape[0]):
             n_r = int(round(total[r]))
@@ -685,10 +687,10 @@ class ReplicateRows:
             ece_mass[r] = np.abs(np.diff(fy) - np.diff(fp)).sum() / total[r]
         out["ece_mass"] = ece_mass
 
-    def _ecce(self, c, total, var_sum, out) -> None:
+    def _ecce(self, cy, cp, total, var_sum, out) -> None:
         from ctrcal.metrics._ecce import ecce_pvalue_from_sigmas
 
-        path = np.cumsum(c * (self.ys - self.ps), axis=1)[:, self.run_ends]
+        path = np.cumsum(cy - cp, axis=1)[:, self.run_ends]
         e = (np.maximum(path.max(axis=1), 0.0) - np.minimum(path.min(axis=1), 0.0)) / total
         std = np.sqrt(var_sum) / total
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -740,17 +742,24 @@ class ReplicateRows:
         out["ne_calfree"] = np.where(single, np.nan, ne)
         out["cal_intercept_large"] = np.where(single, np.nan, b)
 
-    def _fields(self, c, total, out) -> np.ndarray:
+    def _fields(self, c, cy, cp, total, out) -> np.ndarray:
         """Field-RCE / Field-ECE of every segment column (``field_calibration``'s rule: values
         below min_count rows pooled into one); False where a column has one value left (the
         report then leaves it out, which the caller's own evaluation does)."""
         ok = np.ones(c.shape[0], dtype=bool)
         rces, eces = [], []
-        for name, (by_code, starts, _) in self.fields.items():
-            g = c[:, by_code]
-            cnt = np.add.reduceat(g, starts, axis=1)
-            cl = np.add.reduceat(g * self.ys[by_code], starts, axis=1)
-            d = cl - np.add.reduceat(g * self.ps[by_code], starts, axis=1)
+        r_count = c.shape[0]
+        for name, (codes, n_values) in self.fields.items():
+            # per value: rows, clicks and Σp of every replicate, by one bincount over the
+            # replicates' rows side by side (value v of replicate r at r·V + v)
+            at = (np.arange(r_count)[:, None] * n_values + codes).ravel()
+            size = r_count * n_values
+            cnt, cl, sp = (
+                np.bincount(at, weights=x.ravel(), minlength=size).reshape(r_count, n_values)
+                for x in (c, cy, cp)
+            )
+            seen = cnt > 0
+            d = np.where(seen, cl - sp, 0.0)
             ok &= (cnt > 0).sum(axis=1) >= 2
             kept = cnt >= self.min_count
             rare = (cnt > 0) & ~kept
