@@ -147,6 +147,26 @@ def test_a_directory_keyed_by_another_string_hash_is_refused_in_one_line(avazu, 
             assert message.endswith("(it keys them with xxh64): re-run prepare")
 
 
+def test_prepare_again_replaces_a_directory_keyed_by_another_string_hash(
+    avazu, tmp_path, monkeypatch
+):
+    import ctrcal.data.prepare.prepare as preparing
+    from ctrcal.data.features import FeaturePipeline
+
+    _, csv, _, _ = avazu
+    out = tmp_path / "p"
+    assert not prepare([csv], out, _cfg()).reused
+    assert prepare([csv], out, _cfg()).reused
+    # what a release keying strings with another function prepared from the same file
+    monkeypatch.setattr(preparing, "STRING_HASH", "fnv1a64")
+    assert not prepare([csv], out, _cfg()).reused
+    with pytest.raises(DataError, match="re-run prepare"):
+        FeaturePipeline.load(out)
+    monkeypatch.undo()
+    assert not prepare([csv], out, _cfg()).reused  # the same command: prepared afresh
+    FeaturePipeline.load(out)
+
+
 def test_raw_rows_of_a_string_schema_encode_as_prepare_encoded_them(avazu, tmp_path):
     from ctrcal.data.features import MISSING_ID
     from ctrcal.serving.encoding import RawRowEncoder
