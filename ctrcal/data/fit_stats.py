@@ -1,10 +1,23 @@
 """Exact, mergeable fit statistics: what :class:`~ctrcal.data.features.FeaturePipeline` learns
 from, as integer counts that add up the same whatever the chunking, and the moments and
-quantiles of such a histogram (exactly rounded, so they depend only on the counts)."""
+quantiles of such a histogram (exactly rounded, so they depend only on the counts).
+
+The statistics of part of the train rows (a chunk, a file, a day, a byte range) are a
+:class:`FitStats` of their own: :meth:`FitStats.to_bytes` serializes one (to send it from the
+machine that counted it), :meth:`FitStats.merge` adds another into it. Merging is integer
+addition per value, so it is associative and commutative: any partition of the rows, counted
+piece by piece and merged in any order or tree, gives the counts of the whole. No threshold
+(``min_count``, ``max_vocab``, hashed ids, bucket boundaries) is applied to a partial: the
+pipeline applies them to the merged counts only, in :meth:`FeaturePipeline.fit_stats
+<ctrcal.data.features.FeaturePipeline.fit_stats>`.
+"""
 
 from __future__ import annotations
 
+import io
+import json
 import math
+import struct
 
 import numpy as np
 import polars as pl
@@ -27,6 +40,15 @@ class _CountTable:
         self._pending_rows = 0
 
     def add(self, counts: pl.DataFrame) -> None:
+        if counts.schema["value"] != self.dtype:
+            # 64-bit keys (hashed strings) in one partial widen the field's 32-bit ones
+            self.dtype = pl.UInt64 if self.dtype in (pl.UInt32, pl.UInt64) else self.dtype
+            counts = counts.with_columns(pl.col("value").cast(self.dtype))
+            if self._merged is not None:
+                self._merged = self._merged.with_columns(pl.col("value").cast(self.dtype))
+            self._pending = [
+                f.with_columns(pl.col("value").cast(self.dtype)) for f in self._pending
+            ]
         if counts.schema["count"] != pl.UInt64:
             counts = counts.with_columns(pl.col("count").cast(pl.UInt64))
         self._pending.append(counts)
@@ -90,6 +112,81 @@ class FitStats:
     def counts(self, name: str) -> pl.DataFrame:
         """``value``, ``count`` of one field (non-null values only)."""
         return self._tables[name].result()
+
+    def merge(self, other: FitStats) -> FitStats:
+        """Add ``other``'s counts (the statistics of other rows of the same fields) into these;
+        returns ``self``. Associative and commutative: the merged counts are those of all the
+        rows, whatever the order and grouping of the merges.
+
+        Raises:
+            ValueError: statistics of other fields.
+        """
+        if (other.categorical_fields, other.numeric_fields) != (
+            self.categorical_fields,
+            self.numeric_fields,
+        ):
+            raise ValueError("FitStats.merge: statistics of other fields")
+        self.add_rows(other.rows)
+        for name in (*self.categorical_fields, *self.numeric_fields):
+            self.add_counts(name, other.counts(name), other.nulls[name])
+        return self
+
+    def to_bytes(self) -> bytes:
+        """The statistics as bytes (:meth:`from_bytes` reads them back): a JSON header (fields,
+        rows, null counts), then each field's ``value``, ``count`` table as Arrow IPC."""
+        header = {
+            "version": _FORMAT_VERSION,
+            "categorical_fields": self.categorical_fields,
+            "numeric_fields": self.numeric_fields,
+            "rows": self.rows,
+            "nulls": self.nulls,
+        }
+        out = io.BytesIO()
+        _put(out, json.dumps(header).encode())
+        for name in (*self.categorical_fields, *self.numeric_fields):
+            table = io.BytesIO()
+            self.counts(name).write_ipc(table)
+            _put(out, table.getvalue())
+        return out.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> FitStats:
+        """Statistics written by :meth:`to_bytes`.
+
+        Raises:
+            ValueError: bytes that are not such statistics.
+        """
+        view = memoryview(data)
+        try:
+            at, body = _take(view, 0)
+            header = json.loads(bytes(body))
+            if header.get("version") != _FORMAT_VERSION:
+                raise ValueError(f"format version {header.get('version')!r}")
+            stats = cls(header["categorical_fields"], header["numeric_fields"])
+            stats.rows = int(header["rows"])
+            for name in (*stats.categorical_fields, *stats.numeric_fields):
+                at, body = _take(view, at)
+                stats.add_counts(name, pl.read_ipc(io.BytesIO(bytes(body))), 0)
+                stats.nulls[name] = int(header["nulls"][name])
+        except (KeyError, TypeError, struct.error, json.JSONDecodeError) as exc:
+            raise ValueError(f"FitStats.from_bytes: not fit statistics ({exc})") from None
+        return stats
+
+
+_FORMAT_VERSION = 1
+
+
+def _put(out: io.BytesIO, body: bytes) -> None:
+    out.write(struct.pack("<Q", len(body)))
+    out.write(body)
+
+
+def _take(view: memoryview, at: int) -> tuple[int, memoryview]:
+    (n,) = struct.unpack_from("<Q", view, at)
+    at += 8
+    if at + n > len(view):
+        raise struct.error("truncated")
+    return at + n, view[at : at + n]
 
 
 __all__ = ["FitStats", "weighted_moments", "weighted_quantiles"]
