@@ -62,6 +62,7 @@ from ctrcal.core.utils import cpu_model_name
 from ctrcal.models.masknet import MaskNet
 from ctrcal.train import step, trainer
 from ctrcal.train.cpu_matmul import cpu_matmul
+from ctrcal.train.precision import cpu_bf16_probe, precision_name, resolve_precision
 from ctrcal.validate import load_config
 
 MODEL = {"hidden_units": [400, 400, 400], "embedding_dim": 16, "reduction_ratio": 0.2}
@@ -173,7 +174,22 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     return out
 
 
+def bf16_units() -> str:
+    """This CPU's bf16 units from its feature flags (``/proc/cpuinfo``): AMX, AVX512-BF16."""
+    names = {"amx_bf16": "AMX-BF16", "avx512_bf16": "AVX512-BF16", "avx_vnni": "AVX-VNNI"}
+    try:
+        with open("/proc/cpuinfo") as info:
+            flags = next((ln.split(":", 1)[1].split() for ln in info if ln.startswith("flags")), [])
+    except OSError:  # pragma: no cover - not on every platform
+        return "unknown"
+    found = [label for flag, label in names.items() if flag in flags]
+    return ", ".join(found) if found else "none"
+
+
 def bench_auc(args: argparse.Namespace) -> dict[str, Any]:
+    """One-epoch training runs on the same prepared synthetic rows, for every seed every
+    precision in turn (fp32, bf16, fp32, bf16, ...): the trainer's rows/s and the test AUC of
+    each, and the load average beside each run."""
     from ctrcal.api import prepare
 
     base = [
@@ -187,18 +203,29 @@ def bench_auc(args: argparse.Namespace) -> dict[str, Any]:
         "train.epochs=1",
         "train.progress=false",
         f"train.cpu_matmul={args.cpu_matmul}",
+        f"train.num_threads={torch.get_num_threads()}",
     ]
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {
+        p: {"auc": [], "logloss": [], "rows_per_s": [], "load": []} for p in args.precisions
+    }
     with tempfile.TemporaryDirectory(prefix="bench-train-") as td:
-        data = prepare(None, Path(td) / "data", load_config(None, base)).out_dir
-        for p in args.precisions:
-            aucs, losses = [], []
-            for seed in range(args.auc_seeds):  # training seeds: the noise to compare against
+        data = Path(args.data) if args.data else Path(td) / "data"
+        if not (data / "feature_map.json").exists():
+            data = prepare(None, data, load_config(None, base)).out_dir
+        for seed in range(args.auc_seeds):  # training seeds: the noise to compare against
+            for p in args.precisions:
                 cfg = load_config(None, [*base, f"train.precision={p}", f"train.seed={seed}"])
                 res = trainer.train(cfg, data, Path(td) / f"run-{p}-{seed}")
-                aucs.append(res.test["auc"])
-                losses.append(res.test["logloss"])
-            result[p] = {"auc": aucs, "logloss": losses}
+                out = result[p]
+                out["auc"].append(res.test["auc"])
+                out["logloss"].append(res.test["logloss"])
+                out["rows_per_s"].append(res.train_rows_per_s)
+                out["load"].append(_load())
+                print(
+                    f"  seed {seed} {p}: {res.train_rows_per_s:,.0f} rows/s, test AUC "
+                    f"{res.test['auc']:.4f} (load {out['load'][-1]})",
+                    flush=True,
+                )
     return result
 
 
@@ -284,6 +311,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--auc-rows", type=int, default=0, help="also measure bf16's AUC cost")
     ap.add_argument("--auc-seeds", type=int, default=3, help="training seeds per precision")
+    ap.add_argument(
+        "--data",
+        default=None,
+        help="a prepared directory to reuse (or prepare into) for --auc-rows",
+    )
     ap.add_argument("--logging-rows", type=int, default=0, help="also measure run tracking's cost")
     ap.add_argument("--logging-batch", type=int, default=1024)
     ap.add_argument("--logging-rounds", type=int, default=5)
@@ -291,10 +323,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    print(f"CPU: {cpu_model_name()}")
+    print(f"CPU: {cpu_model_name()}; bf16 units: {bf16_units()}")
+    vocab = [max(1, args.vocab // NUM_CATEGORICAL)] * NUM_CATEGORICAL
+    probed = _context("layernorm", vocab, "fp32", args.emb_l2).model
+    probe = cpu_bf16_probe(probed, _batch(4096, vocab, 0))
+    auto = precision_name(resolve_precision("auto", torch.device("cpu"), lambda: probe))
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"{os.cpu_count()} cores, vocab {args.vocab:,} x 16, {args.clock} clock"
+        f"precision auto on this CPU: {auto} (start-up probe on MaskNet [400, 400, 400], 4096 "
+        f"rows: bf16 {probe.speedup:.2f}x fp32, relative error {probe.error:.1e})"
     )
     print(f"load average before: {_load()}")
     with cpu_matmul(args.cpu_matmul) as backend:
@@ -352,13 +388,23 @@ def main(argv: list[str] | None = None) -> int:
     auc = bench_auc(args) if args.auc_rows > 0 else {}
     for p in args.precisions:
         if p in auc:
-            a, ll = auc[p]["auc"], auc[p]["logloss"]
+            a, ll, rs = auc[p]["auc"], auc[p]["logloss"], auc[p]["rows_per_s"]
             sd = statistics.stdev(a) if len(a) > 1 else float("nan")
             print(
-                f"{p}: test AUC {statistics.mean(a):.4f} (sd {sd:.4f} over {len(a)} seeds), "
-                f"logloss {statistics.mean(ll):.4f}; 1 epoch on {args.auc_rows:,} synthetic "
-                "rows"
+                f"{p}: {statistics.mean(rs):,.0f} training rows/s, test AUC "
+                f"{statistics.mean(a):.4f} (sd {sd:.4f} over {len(a)} seeds), logloss "
+                f"{statistics.mean(ll):.4f}; 1 epoch on {args.auc_rows:,} synthetic rows"
             )
+    if "fp32" in auc and "bf16" in auc:
+        pairs = zip(auc["fp32"]["rows_per_s"], auc["bf16"]["rows_per_s"], strict=True)
+        speedups = [b / f for f, b in pairs]
+        gap = statistics.mean(auc["bf16"]["auc"]) - statistics.mean(auc["fp32"]["auc"])
+        ratios["bf16_training_speedup"] = statistics.median(speedups)
+        ratios["bf16_auc_minus_fp32"] = gap
+        print(
+            f"bf16 / fp32 training rows/s per seed: {', '.join(f'{x:.2f}' for x in speedups)} "
+            f"(median {statistics.median(speedups):.2f}x); mean test AUC bf16 - fp32: {gap:+.4f}"
+        )
     logging = bench_logging(args) if args.logging_rows > 0 else {}
     if logging:
         med = logging["median"]
@@ -377,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps(
                 {
                     "cpu": cpu_model_name(),
+                    "bf16_units": bf16_units(),
                     "throughput": res,
                     "ratios": ratios,
                     "auc": auc,

@@ -258,8 +258,10 @@ class TrainConfig:
     (``auc``, ``logloss`` or ``auc_logloss`` = AUC - logloss) decides: no improvement
     multiplies the LR by ``lr_factor`` (not below ``min_lr``), ``patience`` such epochs in a
     row stop training; the best epoch's weights are restored. ``precision: auto`` is bf16
-    autocast on CUDA and fp32 elsewhere. ``finetune_from`` names a finished run directory
-    whose best weights start this run, with its norms replaced by this config's.
+    autocast on CUDA, on a CPU bf16 where a start-up probe finds it faster and accurate
+    (:mod:`ctrcal.train.precision`), fp32 elsewhere; scoring uses the training precision.
+    ``finetune_from`` names a finished run directory whose best weights start this run, with
+    its norms replaced by this config's.
     ``cpu_matmul`` picks the library of CPU float32 matrix products (``auto``: oneDNN where it
     keeps float32 accuracy, see :mod:`ctrcal.train.cpu_matmul`; ``default``: PyTorch's BLAS).
     Noise injection as a regulariser (:mod:`ctrcal.train.noise`): ``train_shift`` applies a

@@ -37,6 +37,7 @@ from torch import nn
 from ctrcal.core.batch import Batch
 from ctrcal.layers.mc_layernorm.module import mc_mode
 from ctrcal.layers.mc_layernorm.predict import sample_probabilities
+from ctrcal.train.precision import compute_precision
 
 __all__ = [
     "MC_FORWARD_BYTES",
@@ -209,6 +210,7 @@ def predict_split(
     shift: Any = None,
     mc_samples: int = 0,
     mc_dropout_on: bool = False,
+    precision: torch.dtype | None = None,
 ) -> Prediction:
     """Predict a split with one model or an ensemble, optionally shifted and with MC passes.
 
@@ -223,6 +225,8 @@ def predict_split(
             from :func:`~ctrcal.shifts.registry.create_shift`, or None.
         mc_samples: passes per model with the stochastic layers on (0 = one deterministic pass).
         mc_dropout_on: keep dropout sampling during the passes (MC-Dropout).
+        precision: the dtype the models compute in (``torch.bfloat16``: autocast, as the run
+            was trained, :mod:`ctrcal.train.precision`); None: float32.
 
     Returns:
         :class:`Prediction`; ``logits`` only for a single deterministic model, ``std`` whenever
@@ -246,6 +250,7 @@ def predict_split(
                 stack.enter_context(mc_mode(m))
                 if mc_dropout_on:
                     stack.enter_context(mc_dropout(m))
+        stack.enter_context(compute_precision(precision, device.type))
         for batch, rows in _shifted_batches(data, batch_size, shift):
             masks.append(rows.cpu())
             label = batch.label
@@ -349,11 +354,18 @@ def predict_probs(
     device: torch.device | str | None = None,
     transform: NumericTransform | None = None,
     mc_samples: int = 0,
+    precision: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Click probabilities and labels ``([N], [N])`` float32; ``mc_samples > 0`` averages that
-    many MC passes (:func:`predict_split`)."""
+    many MC passes, ``precision`` as in :func:`predict_split`."""
     shift = None if transform is None else _NumericShift(transform)
     pred = predict_split(
-        [model], data, batch_size=batch_size, device=device, shift=shift, mc_samples=mc_samples
+        [model],
+        data,
+        batch_size=batch_size,
+        device=device,
+        shift=shift,
+        mc_samples=mc_samples,
+        precision=precision,
     )
     return torch.from_numpy(pred.probs).float(), torch.from_numpy(pred.labels)

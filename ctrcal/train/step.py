@@ -34,10 +34,10 @@ from ctrcal.core.batch import Batch
 from ctrcal.layers.embedding import FeatureEmbedding
 from ctrcal.train.cpu_memory import retain_freed_memory
 from ctrcal.train.noise import perturb_weights, restore_weights, weight_noise_std
+from ctrcal.train.precision import compute_precision
 
 __all__ = [
     "StepContext",
-    "amp_dtype",
     "embedding_tables",
     "make_optimizer",
     "make_step_context",
@@ -45,12 +45,6 @@ __all__ = [
     "train_step",
     "without_dynamo_import",
 ]
-
-
-def amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
-        return torch.bfloat16
-    return None
 
 
 def dense_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -275,9 +269,7 @@ def train_step(ctx: StepContext, batch: Batch) -> torch.Tensor:
     # gradient is taken at W + eps and applied to W; noise kept in the weights would instead
     # be a random walk of the weights that the optimizer has to undo.
     clean = perturb_weights(ctx.noisy, ctx.weight_noise_std) if ctx.weight_noise_std else None
-    with torch.autocast(
-        ctx.device_type, dtype=ctx.amp_dtype or torch.bfloat16, enabled=ctx.amp_dtype is not None
-    ):
+    with compute_precision(ctx.amp_dtype, ctx.device_type):
         logits = ctx.forward(batch.inputs())
     loss = F.binary_cross_entropy_with_logits(logits.float(), batch.label)
     loss.backward()

@@ -64,6 +64,7 @@ from ctrcal.train.evaluate import (
     valid_metrics,
 )
 from ctrcal.train.noise import TrainShift
+from ctrcal.train.precision import Bf16Probe, cpu_bf16_probe, resolve_precision
 from ctrcal.train.predict import predict_split
 from ctrcal.train.results import (
     TrainResult,
@@ -76,7 +77,6 @@ from ctrcal.train.runs import BEST, LAST, check_resumable, run_progress, write_r
 from ctrcal.train.splits import check_ids, is_labelled, open_split, resolve_data_mode
 from ctrcal.train.step import (
     StepContext,
-    amp_dtype,
     make_optimizer,
     make_step_context,
     train_step,
@@ -156,8 +156,12 @@ def _train_locked(cfg: Config, data_dir: Path, run_dir: Path, resume: bool) -> T
     threads = torch.get_num_threads()
     if tcfg.num_threads > 0:
         torch.set_num_threads(tcfg.num_threads)
-    # the oneDNN switch is for eager CPU runs; compiled graphs pick their own GEMM lowering
-    eager_cpu = resolve_device(tcfg.device).type == "cpu" and not tcfg.compile
+    # the oneDNN switch is for eager float32 CPU runs; compiled graphs pick their own GEMM
+    # lowering, and under bf16 the products are bf16 (the check would route none of them,
+    # and its dispatch mode would cost every op of the step)
+    eager_cpu = (
+        resolve_device(tcfg.device).type == "cpu" and not tcfg.compile and tcfg.precision != "bf16"
+    )
     try:
         with cpu_matmul(tcfg.cpu_matmul if eager_cpu else "default"):
             return _train(cfg, data_dir, run_dir, resume)
@@ -338,7 +342,10 @@ def _train_in_context(
         )
     if tcfg.compile:
         forward = torch.compile(forward)  # type: ignore[assignment]
-    amp = amp_dtype(tcfg.precision, device)
+    # training and scoring alike; auto on a CPU times this model's own step both ways
+    amp = resolve_precision(
+        tcfg.precision, device, lambda: _probe_precision(model, train_data, tcfg, device, world)
+    )
     # torch.compile traces the dense lookup, and DDP all-reduces dense gradients only:
     # sparse table gradients are for single-process eager mode
     ctx = make_step_context(
@@ -362,7 +369,9 @@ def _train_in_context(
             ctx, train_data, tcfg, epoch, device, tcfg.batch_size // world, dctx, shift, loggers
         )
         speeds.append(rows_per_s)
-        pred = predict_split([model], valid_data, batch_size=tcfg.eval_batch_size, device=device)
+        pred = predict_split(
+            [model], valid_data, batch_size=tcfg.eval_batch_size, device=device, precision=amp
+        )
         logits, labels = torch.from_numpy(pred.logits).float(), torch.from_numpy(pred.labels)
         logits = dist_util.gather_rows(logits.to(device), dctx).cpu()
         labels = dist_util.gather_rows(labels.to(device), dctx).cpu()
@@ -448,12 +457,21 @@ def _train_in_context(
     test = None
     if score_test:
         test_data = open_split(data_dir, "test", mode, device)
-        test = score_split(model, test_data, tcfg.eval_batch_size, device)
+        test = score_split(model, test_data, tcfg.eval_batch_size, device, precision=amp)
     oracle = (getattr(feature_map, "extra", None) or {}).get("oracle", {}).get("test")
     result = TrainResult(test=test, oracle=oracle, **common)
     write_result(run_dir, result)
     dist_util.barrier(dctx)
     return result
+
+
+def _probe_precision(
+    model: nn.Module, data: Any, tcfg: Any, device: torch.device, world: int
+) -> Bf16Probe:
+    """:func:`~ctrcal.train.precision.cpu_bf16_probe` on the run's model and the first batch
+    of its training split (in file order)."""
+    batch = next(iter(data.batches(max(1, tcfg.batch_size // world), shuffle=False)))
+    return cpu_bf16_probe(model, batch.to(device))
 
 
 def _train_epoch(
