@@ -11,6 +11,7 @@ The public API is importable from the top level; modules load on first use, so t
     metrics = ctrcal.evaluate("runs/demo", "test", mc_samples=10)
     norm = ctrcal.create_norm("mclayernorm", 400, fraction=0.8)
     ctrcal.metrics.ece(probs, labels)                          # also: import ctrcal.metrics
+    ctrcal.export(my_model, example_inputs, "model.onnx", format="onnx")   # or pt2, aoti
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ _EXPORTS: dict[str, str | tuple[str, str]] = {
     "load_run": "ctrcal.train.results",
     "Run": "ctrcal.train.results",
     "predict_logits": "ctrcal.train.predict",
+    "export": ("ctrcal.serving.export", "export_module"),
     "shift_report": "ctrcal.api",
     "ShiftReportSummary": "ctrcal.api",
     # data

@@ -9,7 +9,7 @@ Subcommands::
     ctrcal predict RUN_DIR (--split NAME | --data DIR | RAW_FILE ...) --out FILE.parquet
                         [--mc-samples N [--seed S]]
                                                a run's click probabilities, streamed to parquet
-    ctrcal export RUN_DIR --format onnx|torchscript --out FILE [--calibrator NAME]
+    ctrcal export RUN_DIR --format onnx|pt2|aoti --out FILE [--calibrator NAME]
                                                the model for serving + its raw-row encoding
     ctrcal shift-report CONFIG [--data DIR] [--out DIR] [--seeds N] [--workers N]
                         [--devices cuda:0,cuda:1|auto] [k=v ...]
@@ -586,9 +586,16 @@ def build_parser() -> argparse.ArgumentParser:
         "ids): calibration-report --reference compares them for drift",
     )
 
-    p = add("export", cmd_export, "export a run's model for serving (ONNX or TorchScript)")
+    p = add(
+        "export", cmd_export, "export a run's model for serving (ONNX, torch.export, AOTInductor)"
+    )
     p.add_argument("run_dir", type=Path, help="run directory written by 'ctrcal train'")
-    p.add_argument("--format", required=True, metavar="FORMAT", help="onnx or torchscript")
+    p.add_argument(
+        "--format",
+        required=True,
+        metavar="FORMAT",
+        help="onnx, pt2 (torch.export) or aoti (AOTInductor package, loadable from C++)",
+    )
     p.add_argument(
         "--out",
         type=Path,

@@ -1,5 +1,6 @@
-"""``ctrcal export``: a run's model as an ONNX or TorchScript file a server can load, and
-what the server needs to encode raw rows.
+"""``ctrcal export``: a run's model as a file a server can load (ONNX, a ``torch.export``
+program, or an AOTInductor package), and what the server needs to encode raw rows;
+``ctrcal.export`` (:func:`export_module`) for any model.
 
 The exported graph (:class:`ServedModel`) takes the prepared encoding::
 
@@ -8,7 +9,7 @@ The exported graph (:class:`ServedModel`) takes the prepared encoding::
     ->  probability float32 [B]    click probability (calibrated when a calibrator is folded in)
 
 with a dynamic batch dimension; an id outside its field's vocabulary is served as the field's
-OOV id. The model is traced in eval mode: MC-LayerNorm exports in its one-shot (deterministic)
+OOV id. The model is exported in eval mode: MC-LayerNorm exports in its one-shot (deterministic)
 form, which is LayerNorm with the learned affine. MC integration is a serving-time choice (see
 docs/serving.md). The fused C kernels of ``ctrcal.layers`` are never traced: they step aside
 while a tracer runs and the pure-torch path is recorded.
@@ -26,8 +27,12 @@ as one or two scalars on the logit, isotonic as its table of steps, interpolated
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 import shutil
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +50,7 @@ __all__ = [
     "ExportResult",
     "ServedModel",
     "export_model",
+    "export_module",
     "export_run",
 ]
 
@@ -177,53 +183,174 @@ def export_model(
     example: tuple[Tensor, Tensor],
     what: str = "model",
 ) -> None:
-    """Trace ``served`` on ``example`` inputs and write it to ``out`` atomically.
+    """Export ``served`` (traced on ``example`` inputs) to ``out`` atomically, the inputs
+    named ``categorical`` and ``numeric`` and the output ``probability``.
 
     Raises:
         CtrcalError: torch cannot export the model (the operator named when the exporter
             names one).
     """
+    export_module(
+        served,
+        example,
+        out,
+        fmt,
+        what=what,
+        input_names=["categorical", "numeric"],
+        output_names=["probability"],
+    )
+
+
+def export_module(
+    model: nn.Module,
+    example_inputs: Any,
+    path: str | Path,
+    format: str = "onnx",  # noqa: A002 - the name the CLI's --format has
+    what: str = "model",
+    input_names: list[str] | None = None,
+    output_names: list[str] | None = None,
+) -> Path:
+    """Export any model (yours or ctrcal's) for serving: ``ctrcal.export``.
+
+    The graph computes ``model(*example_inputs)`` in eval mode, whatever it returns (a
+    model that returns logits exports logits; one that returns probabilities exports those).
+    MC-LayerNorm layers run in their one-shot form (LayerNorm with the learned affine) while
+    exporting, and are left in the mode they had. Dimension 0 of every input tensor is the
+    batch, dynamic in the graph.
+
+    Args:
+        model: a ``torch.nn.Module``.
+        example_inputs: the model's inputs for one batch of at least 2 rows: a tensor, a dict
+            of tensors (passed as the one argument, as FuxiCTR models take it), or a tuple
+            of the positional arguments (tensors, dicts of tensors, ...).
+        path: the output file (replaced atomically).
+        format: ``onnx`` (``ctrcal[export]``), ``pt2`` (``torch.export``; load with
+            ``torch.export.load``) or ``aoti`` (an AOTInductor package; load with
+            ``torch._inductor.aoti_load_package`` or from C++).
+        what: how an error names the model.
+        input_names, output_names: ONNX graph names (default: the exporter's).
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ConfigError: an unknown format, or inputs whose batch is not at least 2 rows in
+            every tensor.
+        NotAvailableError: the format's tools are missing.
+        CtrcalError: torch cannot export the model (the operator named when the exporter
+            names one).
+    """
     from ctrcal.core.utils import atomic_path
+    from ctrcal.layers.mc_layernorm.module import mc_mode
 
-    check_format(fmt)
-    served.eval()
-    with atomic_path(out) as tmp:
-        try:
-            if fmt == "torchscript":
+    check_format(format)
+    args = _as_args(example_inputs)
+    dynamic = _batch_dims(args, what)
+    was_training = model.training
+    model.eval()
+    try:
+        with mc_mode(model, enabled=False), atomic_path(path) as tmp, _quiet_exporters():
+            try:
                 with torch.no_grad():
-                    traced = torch.jit.trace(served, example, check_trace=False)
-                traced.save(str(tmp))
-            else:
-                _onnx(served, example, tmp)
-        except CtrcalError:
-            raise
-        except Exception as exc:  # any exporter failure: one line naming the operator
-            op = _operator(exc)
-            where = f"operator {op}" if op else str(exc).strip().splitlines()[0][:200]
-            raise CtrcalError(
-                f"{what}: torch cannot export it to {fmt} ({where}); export a model built of "
-                "exportable operators, or serve it with torch"
-            ) from exc
+                    # one trace for every format: the ONNX exporter and AOTInductor start
+                    # from torch.export's program too
+                    program = torch.export.export(model, args, dynamic_shapes=dynamic)
+                    if format == "onnx":
+                        _onnx(program, tmp, input_names, output_names)
+                    else:
+                        with open(tmp, "wb") as f:
+                            if format == "pt2":
+                                torch.export.save(program, f)
+                            else:
+                                torch._inductor.aoti_compile_and_package(program, package_path=f)
+            except CtrcalError:
+                raise
+            except Exception as exc:  # any exporter failure: one line naming the operator
+                op = _operator(exc)
+                where = f"operator {op}" if op else str(exc).strip().splitlines()[0][:200]
+                raise CtrcalError(
+                    f"{what}: torch cannot export it to {format} ({where}); export a model "
+                    "built of exportable operators, or serve it with torch"
+                ) from exc
+    finally:
+        model.train(was_training)
+    return Path(path)
 
 
-def _onnx(served: ServedModel, example: tuple[Tensor, Tensor], path: Path) -> None:
-    import warnings
+def _as_args(example_inputs: Any) -> tuple[Any, ...]:
+    """The model's positional arguments: a tensor or a dict is the one argument."""
+    if isinstance(example_inputs, (Tensor, dict)):
+        return (example_inputs,)
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs)
+    raise ConfigError(
+        "example_inputs: expected a tensor, a dict of tensors or a tuple of the model's "
+        f"arguments, got {type(example_inputs).__name__}"
+    )
 
+
+def _batch_dims(args: tuple[Any, ...], what: str) -> Any:
+    """``dynamic_shapes`` for ``args``: dimension 0 of every tensor is the one batch."""
     batch = torch.export.Dim("batch", min=1)
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            served,
-            example,
-            dynamo=True,
-            input_names=["categorical", "numeric"],
-            output_names=["probability"],
-            verbose=False,
-            dynamic_shapes={"categorical": {0: batch}, "numeric": {0: batch}},
+    rows: set[int] = set()
+
+    def dims(x: Any) -> Any:
+        if isinstance(x, Tensor):
+            if x.dim() == 0:
+                return None
+            rows.add(int(x.shape[0]))
+            return {0: batch}
+        if isinstance(x, dict):
+            return {k: dims(v) for k, v in x.items()}
+        if isinstance(x, (tuple, list)):
+            return type(x)(dims(v) for v in x)
+        return None
+
+    shapes = tuple(dims(a) for a in args)
+    if len(rows) != 1 or min(rows) < 2:
+        found = ", ".join(map(str, sorted(rows))) or "no tensor"
+        raise ConfigError(
+            f"{what}: example_inputs must be one batch of at least 2 rows in every tensor "
+            f"(dimension 0 is the batch; found {found})"
         )
-    if program is None:
+    return shapes
+
+
+class _DropTorchvision(logging.Filter):
+    """The ONNX exporter's notes about torchvision's operators, which no CTR model uses."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "torchvision" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_exporters() -> Iterator[None]:
+    """Exporters without the warnings that say nothing about this model."""
+    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
+    drop = _DropTorchvision()
+    logger.addFilter(drop)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.removeFilter(drop)
+
+
+def _onnx(
+    program: Any, path: Path, input_names: list[str] | None, output_names: list[str] | None
+) -> None:
+    onnx_program = torch.onnx.export(
+        program,
+        (),
+        dynamo=True,
+        input_names=input_names,
+        output_names=output_names,
+        verbose=False,
+    )
+    if onnx_program is None:
         raise CtrcalError("the ONNX exporter returned no program")
-    program.save(str(path))
+    onnx_program.save(str(path))
 
 
 def fit_export_calibrator(model: nn.Module, name: str, data_dir: Path, batch_size: int) -> Any:
@@ -253,8 +380,8 @@ def export_run(
 
     Args:
         run_dir: a run directory with a best checkpoint.
-        out: the model file (``.onnx`` or ``.pt``).
-        fmt: ``onnx`` or ``torchscript``.
+        out: the model file (``.onnx`` or ``.pt2``).
+        fmt: ``onnx``, ``pt2`` or ``aoti``.
         calibrator: ``temperature``, ``platt`` or ``isotonic``: fitted on the run's clean
             validation split and folded into the graph (None: the model's sigmoid).
         data_dir: the run's prepared directory, when it has moved (its vocabulary is copied).

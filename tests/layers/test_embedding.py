@@ -298,3 +298,21 @@ def test_numeric_values_that_need_a_gradient_get_one():
     num.requires_grad_(True)
     emb(cat, num).sum().backward()
     assert num.grad is not None and num.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 7, 8, 9, 31])
+def test_count_below_is_searchsorted_ties_and_padding_included(width):
+    from ctrcal.layers.embedding import count_below
+
+    gen = torch.Generator().manual_seed(width)
+    bounds = torch.sort(torch.randn(4, width, generator=gen), dim=1).values
+    bounds[3, width // 2 :] = float("inf")  # a field with fewer boundaries, padded
+    values = torch.randn(200, 4, generator=gen)
+    # every boundary itself (a tie), the ends, and infinities
+    finite = bounds.nan_to_num(posinf=7.0)
+    values[: width * 4].view(-1)[: finite.numel()] = finite.t().reshape(-1)[: width * 4 * 4]
+    values[-2], values[-1] = float("inf"), -float("inf")
+    want = torch.searchsorted(bounds, values.t().contiguous(), right=False).t()
+    assert torch.equal(count_below(bounds, values), want)
+    values[5, 1] = float("nan")
+    assert count_below(bounds, values)[5, 1] == 0

@@ -1,47 +1,89 @@
-"""ctrcal export: parity of the exported graphs with the eager model, every model and norm,
-calibrators folded in, user models, and the raw-row encoding a server uses."""
+"""ctrcal export: parity of the exported graphs with the eager model over the whole grid
+(every model, numeric embedding, norm and foldable calibrator), in ONNX Runtime, as a
+``torch.export`` program and as an AOTInductor package; ids outside a vocabulary."""
 
 from __future__ import annotations
 
-import warnings
+import dataclasses
 
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from ctrcal.core.batch import Batch
 from ctrcal.data.feature_map import FeatureMap
 from ctrcal.data.loader import ParquetCTRData
 from ctrcal.layers.registry import available_norms
 from ctrcal.models.build import create_model
-from ctrcal.serving.export import CalibrationHead, ServedModel, example_inputs, export_model
+from ctrcal.serving.export import (
+    CalibrationHead,
+    ServedModel,
+    example_inputs,
+    export_model,
+    export_module,
+)
+from ctrcal.serving.formats import cxx_compiler
 
-PARITY_ROWS = 10_000
+ROWS = 512
 TOL = 1e-5
-# the configurations whose exports are checked against eager on 10k rows
-SERIAL = ["model.name=masknet", "model.variant=serial", "model.hidden_units=[16,16]"]
-PARALLEL = [
-    "model.name=masknet",
-    "model.variant=parallel",
-    "model.block_dim=16",
-    "model.mlp_hidden_units=[16]",
-]
-PARITY = {
-    "masknet_serial_ln": SERIAL,
-    "masknet_serial_mcln": [*SERIAL, "model.net_norm=mclayernorm"],
-    "masknet_parallel_ln": PARALLEL,
-    "masknet_parallel_mcln": [*PARALLEL, "model.net_norm=mclayernorm"],
-    "dcnv2": ["model.name=dcnv2", "model.parallel_dnn_hidden_units=[16]"],
-    "dnn": ["model.name=dnn", "model.hidden_units=[16]"],
+BUCKETS = 6
+MODELS = {
+    "masknet_serial": ["model.name=masknet", "model.variant=serial", "model.hidden_units=[8,8]"],
+    "masknet_parallel": [
+        "model.name=masknet",
+        "model.variant=parallel",
+        "model.num_blocks=2",
+        "model.block_dim=8",
+        "model.mlp_hidden_units=[8]",
+    ],
+    "dcnv2": ["model.name=dcnv2", "model.parallel_dnn_hidden_units=[8]"],
+    "dnn": ["model.name=dnn", "model.hidden_units=[8]"],
 }
+EMBEDDINGS = ("linear", "bucket")
+NORMS = ("layernorm", "mclayernorm")
+# the whole grid: each model with each numeric embedding and each norm (on the embeddings
+# and in the network), then each foldable calibrator on a bucketized MaskNet
+GRID = {
+    f"{m}_{e}_{n}": [
+        *overrides,
+        f"model.numeric_embedding={e}",
+        f"model.emb_norm={n}",
+        f"model.net_norm={n}",
+    ]
+    for m, overrides in MODELS.items()
+    for e in EMBEDDINGS
+    for n in NORMS
+}
+CALIBRATORS = ("temperature", "platt", "isotonic")
 
 
-def _model(prepared_dir, overrides):
+@pytest.fixture(scope="module")
+def data(prepared_dir):
+    """(feature map with bucket boundaries, categorical [ROWS, Fc], numeric [ROWS, Fn]).
+
+    The boundaries are values the rows hold, so many rows sit exactly on a boundary (a tie
+    at a bucket's edge); the rows include missing numerics."""
+    batch = ParquetCTRData(prepared_dir, "train").all()
+    cat, num = batch.categorical[:ROWS], batch.numeric[:ROWS].clone()
+    bounds = []
+    for j in range(num.shape[1]):
+        seen = num[:, j][~torch.isnan(num[:, j])].unique()
+        pick = seen[torch.linspace(0, len(seen) - 1, BUCKETS - 1).long()].unique()
+        bounds.append([float(v) for v in pick])
+    num[::7, 0] = float("nan")
+    fmap = dataclasses.replace(FeatureMap.load(prepared_dir), bucket_boundaries=bounds)
+    return fmap, cat, num
+
+
+def _model(fmap, overrides):
     from ctrcal.validate import load_config
 
-    cfg = load_config(None, ["model.embedding_dim=4", *overrides])
+    cfg = load_config(
+        None, ["model.embedding_dim=4", f"features.numeric_buckets={BUCKETS}", *overrides]
+    )
     torch.manual_seed(0)
-    model = create_model(cfg.model, FeatureMap.load(prepared_dir))
+    model = create_model(cfg.model, fmap)
     # trained-looking weights: the initial ones leave some layers at exactly zero
     with torch.no_grad():
         for p in model.parameters():
@@ -49,140 +91,151 @@ def _model(prepared_dir, overrides):
     return model.eval()
 
 
-@pytest.fixture(scope="module")
-def rows(prepared_dir):
-    batch = ParquetCTRData(prepared_dir, "train").all()
-    return batch.categorical[:PARITY_ROWS], batch.numeric[:PARITY_ROWS]
+class _Linear(nn.Module):
+    """A model whose exported logits equal the eager ones bit for bit in every engine (one
+    product per row, no sum whose order an engine chooses)."""
 
-
-def _eager(served, cat, num):
-    with torch.no_grad():
-        return served(cat, num).numpy()
-
-
-def _check_parity(run, served, rows):
-    """max |Δp| of ``run(cat, num)`` vs eager, both at batch 1 and at 4,096 over 10k rows."""
-    cat, num = rows
-    for size, stop in ((1, 64), (4096, PARITY_ROWS)):
-        starts = range(0, stop, size)
-        ref = np.concatenate([_eager(served, cat[i : i + size], num[i : i + size]) for i in starts])
-        got = np.concatenate([run(cat[i : i + size], num[i : i + size]) for i in starts])
-        assert ref.shape == got.shape == (stop,) and np.isfinite(ref).all()
-        assert np.abs(got - ref).max() <= TOL, size
-
-
-def _torchscript(served, fmap, tmp_path):
-    path = tmp_path / "model.pt"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        export_model(
-            served, path, "torchscript", example_inputs(fmap.vocab_sizes, fmap.num_numeric, 2)
-        )
-    loaded = torch.jit.load(str(path))
-
-    def run(cat, num):
-        # the profiling executor re-optimises per new shape: seconds that test nothing here
-        with torch.no_grad(), torch.jit.optimized_execution(False):
-            return loaded(cat, num).numpy()
-
-    return run
-
-
-def _onnx(served, fmap, tmp_path):
-    ort = pytest.importorskip("onnxruntime")
-    path = tmp_path / "model.onnx"
-    export_model(served, path, "onnx", example_inputs(fmap.vocab_sizes, fmap.num_numeric, 2))
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [i.name for i in session.get_inputs()]
-    assert names == ["categorical", "numeric"]
-    assert session.get_inputs()[0].type == "tensor(int64)"
-    assert session.get_inputs()[1].type == "tensor(float)"
-
-    def run(cat, num):
-        return session.run(None, {"categorical": cat.numpy(), "numeric": num.numpy()})[0]
-
-    return run
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(PARITY))
-def test_torchscript_matches_eager(name, prepared_dir, rows, tmp_path):
-    served = ServedModel(_model(prepared_dir, PARITY[name]), FeatureMap.load(prepared_dir))
-    _check_parity(_torchscript(served, FeatureMap.load(prepared_dir), tmp_path), served, rows)
-
-
-# ONNX exports are the slow ones: every structure (serial, parallel, DCNv2, DNN) and each
-# norm's export (LayerNorm, MC-LayerNorm's one-shot form) once; torchscript checks all pairs
-ONNX_PARITY = ["masknet_serial_mcln", "masknet_parallel_ln", "dcnv2", "dnn"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ONNX_PARITY)
-def test_onnx_matches_eager(name, prepared_dir, rows, tmp_path):
-    served = ServedModel(_model(prepared_dir, PARITY[name]), FeatureMap.load(prepared_dir))
-    _check_parity(_onnx(served, FeatureMap.load(prepared_dir), tmp_path), served, rows)
-
-
-@pytest.mark.parametrize("norm", available_norms())
-def test_every_norm_exports(norm, prepared_dir, rows, tmp_path):
-    spec = "{name: contextnorm, field: C14}" if norm == "contextnorm" else norm
-    if norm == "groupnorm":
-        spec = "{name: groupnorm, num_groups: 2}"
-    fmap = FeatureMap.load(prepared_dir)
-    served = ServedModel(_model(prepared_dir, [*SERIAL, f"model.net_norm={spec}"]), fmap)
-    run = _torchscript(served, fmap, tmp_path)
-    cat, num = rows
-    ref = _eager(served, cat[:4096], num[:4096])
-    assert np.abs(run(cat[:4096], num[:4096]) - ref).max() <= TOL
-    assert np.abs(run(cat[:1], num[:1]) - ref[:1]).max() <= TOL
-
-
-class _Linear(torch.nn.Module):
-    """A model whose exported logits equal the eager ones bit for bit (one matrix product)."""
-
-    def __init__(self, width: int) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.weight = torch.nn.Parameter(torch.linspace(-1.0, 1.0, width))
+        self.weight = nn.Parameter(torch.tensor(1.5))
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        return torch.nan_to_num(batch.numeric) @ self.weight
+        return torch.nan_to_num(batch.numeric[:, 1]) * self.weight
 
 
-@pytest.mark.parametrize("name", ["temperature", "platt", "isotonic"])
-def test_calibrators_fold_into_the_graph(name, prepared_dir, rows, tmp_path):
+class _Grid(nn.Module):
+    """Many served models as one graph: ``[B, M]``, one column per model (one export)."""
+
+    def __init__(self, members: dict[str, nn.Module]) -> None:
+        super().__init__()
+        self.names = list(members)
+        self.members = nn.ModuleList(members.values())
+
+    def forward(self, categorical: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
+        return torch.stack([m(categorical, numeric) for m in self.members], dim=1)
+
+
+def _calibrated(name, fmap, cat, num):
     from ctrcal.calibration.base import create_calibrator
 
-    cat, num = rows
-    fmap = FeatureMap.load(prepared_dir)
     # an isotonic table is a step function: a last-bit difference between the eager and the
-    # exported logits (fused CPU kernels vs torch ops) can cross a step, so the table is
-    # checked on a model whose logits the export reproduces exactly
-    model = _Linear(fmap.num_numeric) if name == "isotonic" else _model(prepared_dir, SERIAL)
+    # exported logits can cross a step, so it sits on a model whose logits the export
+    # reproduces exactly
+    model = (
+        _Linear() if name == "isotonic" else _model(fmap, GRID["masknet_serial_bucket_mclayernorm"])
+    )
     with torch.no_grad():
         logits = model(Batch(cat, num, None)).double().numpy()
     labels = (np.random.default_rng(0).random(len(logits)) < 1 / (1 + np.exp(-logits))) * 1.0
-    fitted = create_calibrator(name).fit(logits[:5000], labels[:5000])
+    fitted = create_calibrator(name).fit(logits, labels)
     head = CalibrationHead(fitted)
-    # the head computes the calibrator's own map ...
+    # the head computes the calibrator's own map
     with torch.no_grad():
         got = head(torch.from_numpy(logits).float()).double().numpy()
     assert np.abs(got - np.asarray(fitted.predict_proba(logits))).max() <= 1e-6
-    # ... and the exported graph computes the head's
-    served = ServedModel(model, fmap, head)
-    _check_parity(_torchscript(served, fmap, tmp_path), served, rows)
     if name == "isotonic":  # serving.json ships the table itself
         assert head.params()["x_thresholds"] == fitted.x_thresholds_.tolist()
+    return ServedModel(model, fmap, head)
 
 
-@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
-def test_ids_outside_a_fields_vocabulary_are_served_as_its_oov_id(
-    fmt, prepared_dir, rows, tmp_path
-):
-    fmap = FeatureMap.load(prepared_dir)
-    model = _model(prepared_dir, PARITY["dnn"])
+def _load(path, fmt):
+    """``run(cat, num) -> numpy`` of an exported file, loaded as a server loads it."""
+    if fmt == "onnx":
+        ort = pytest.importorskip("onnxruntime")
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        assert names == ["categorical", "numeric"]
+        assert [i.type for i in session.get_inputs()] == ["tensor(int64)", "tensor(float)"]
+        return lambda cat, num: session.run(None, {names[0]: cat.numpy(), names[1]: num.numpy()})[0]
+    if fmt == "pt2":
+        module = torch.export.load(str(path)).module()
+    else:
+        module = torch._inductor.aoti_load_package(str(path))
+
+    def run(cat, num):
+        with torch.no_grad():
+            return module(cat, num).numpy()
+
+    return run
+
+
+def _export(module, fmap, fmt, tmp_path):
+    path = tmp_path / f"model.{'onnx' if fmt == 'onnx' else 'pt2'}"
+    export_module(
+        module,
+        example_inputs(fmap.vocab_sizes, fmap.num_numeric, 2),
+        path,
+        fmt,
+        input_names=["categorical", "numeric"],
+    )
+    return _load(path, fmt)
+
+
+def _max_delta(run, module, cat, num):
+    """Per output column, max |Δp| of ``run`` vs eager at batch 1 (16 rows) and 256."""
+    worst = 0.0
+    for size, stop in ((1, 16), (256, len(cat))):
+        for i in range(0, stop, size):
+            with torch.no_grad():
+                ref = module(cat[i : i + size], num[i : i + size]).numpy()
+            got = run(cat[i : i + size], num[i : i + size])
+            assert got.shape == ref.shape and np.isfinite(ref).all()
+            worst = np.maximum(worst, np.abs(got - ref).reshape(len(ref), -1).max(axis=0))
+    return worst
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
+def test_the_whole_grid_exports_with_parity(fmt, data, tmp_path):
+    fmap, cat, num = data
+    members = {name: ServedModel(_model(fmap, o), fmap) for name, o in GRID.items()}
+    members.update({name: _calibrated(name, fmap, cat, num) for name in CALIBRATORS})
+    grid = _Grid(members).eval()
+    delta = _max_delta(_export(grid, fmap, fmt, tmp_path), grid, cat, num)
+    bad = {n: float(d) for n, d in zip(grid.names, delta, strict=True) if d > TOL}
+    assert not bad, bad
+
+
+def test_every_norm_exports(data, tmp_path):
+    fmap, cat, num = data
+    specs = {
+        n: "{name: contextnorm, field: C14}"
+        if n == "contextnorm"
+        else "{name: groupnorm, num_groups: 2}"
+        if n == "groupnorm"
+        else n
+        for n in available_norms()
+    }
+    serial = MODELS["masknet_serial"]
+    members = {
+        n: ServedModel(_model(fmap, [*serial, f"model.net_norm={s}"]), fmap)
+        for n, s in specs.items()
+    }
+    grid = _Grid(members).eval()
+    delta = _max_delta(_export(grid, fmap, "pt2", tmp_path), grid, cat, num)
+    bad = {n: float(d) for n, d in zip(grid.names, delta, strict=True) if d > TOL}
+    assert not bad, bad
+
+
+@pytest.mark.slow
+def test_an_aoti_package_loads_from_python(data, tmp_path):
+    """AOTInductor compiles C++ (a minute or more): one tiny model, the bucketized MaskNet
+    with MC-LayerNorm and a folded Platt head."""
+    if cxx_compiler() is None:
+        pytest.skip("AOTInductor needs a C++ compiler (g++, clang++ or c++) on PATH")
+    fmap, cat, num = data
+    served = _calibrated("platt", fmap, cat, num).eval()
+    path = tmp_path / "model.pt2"
+    export_model(served, path, "aoti", example_inputs(fmap.vocab_sizes, fmap.num_numeric, 2))
+    assert (_max_delta(_load(path, "aoti"), served, cat, num) <= TOL).all()
+
+
+@pytest.mark.parametrize("fmt", ["pt2", "onnx"])
+def test_ids_outside_a_fields_vocabulary_are_served_as_its_oov_id(fmt, data, tmp_path):
+    fmap, cat, num = data
+    cat, num = cat[:8], num[:8]
+    model = _model(fmap, MODELS["dnn"])
     served = ServedModel(model, fmap)
-    run = (_torchscript if fmt == "torchscript" else _onnx)(served, fmap, tmp_path)
-    cat, num = rows[0][:8], rows[1][:8]
+    run = _export(served, fmap, fmt, tmp_path)
     sizes = torch.tensor(fmap.vocab_sizes)
     oov = torch.tensor(fmap.oov_ids)
 
@@ -200,9 +253,9 @@ def test_ids_outside_a_fields_vocabulary_are_served_as_its_oov_id(
         for ids in (every, first):
             known = (ids >= 0) & (ids < sizes)
             want = model_probs(torch.where(known, ids, oov))
-            got = run(ids, num)
-            assert np.abs(got - want).max() <= TOL, name
-            assert np.abs(_eager(served, ids, num) - want).max() <= TOL, name
+            assert np.abs(run(ids, num) - want).max() <= TOL, name
+            with torch.no_grad():
+                assert np.abs(served(ids, num).numpy() - want).max() <= TOL, name
     # the OOV row is not the next field's first row: the clamp changes what is served
     assert np.abs(model_probs(cat) - run(cat, num)).max() <= TOL
     shifted = cat.clone()

@@ -4,7 +4,6 @@ a server encodes raw rows with that folder alone and runs the exported graph."""
 from __future__ import annotations
 
 import json
-import warnings
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -33,13 +32,11 @@ def _served_probabilities(raw_run, tmp_path):
     return pq.read_table(out).column("prob").to_numpy()
 
 
-def test_torchscript_on_raw_rows_encoded_with_the_exported_folder(raw_run, tmp_path):
-    model = tmp_path / "served" / "model.pt"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        argv = ["export", str(raw_run["run"]), "--format", "torchscript", "--out", str(model)]
-        assert main(argv) == 0
-    encoding = model.with_name("model.pt.encoding")
+def test_pt2_on_raw_rows_encoded_with_the_exported_folder(raw_run, tmp_path):
+    model = tmp_path / "served" / "model.pt2"
+    argv = ["export", str(raw_run["run"]), "--format", "pt2", "--out", str(model)]
+    assert main(argv) == 0
+    encoding = model.with_name("model.pt2.encoding")
     assert sorted(p.name for p in encoding.iterdir()) == [
         "feature_map.json",
         "serving.json",
@@ -49,8 +46,8 @@ def test_torchscript_on_raw_rows_encoded_with_the_exported_folder(raw_run, tmp_p
     assert manifest["inputs"]["categorical"]["fields"] == list(CATEGORICAL_COLUMNS)
     cat, num = RawRowEncoder(encoding).encode(_raw_rows(raw_run["test"]))
     assert cat.dtype == np.int64 and num.dtype == np.float32
-    loaded = torch.jit.load(str(model))
-    with torch.no_grad(), torch.jit.optimized_execution(False):
+    loaded = torch.export.load(str(model)).module()
+    with torch.no_grad():
         p = loaded(torch.from_numpy(cat), torch.from_numpy(num)).numpy()
     assert np.abs(p - _served_probabilities(raw_run, tmp_path)).max() <= 1e-5
 
@@ -131,8 +128,8 @@ def _user_model(prepared_dir, tmp_path, monkeypatch, name):
 
 def test_a_user_model_by_import_path_exports(prepared_dir, tmp_path, monkeypatch):
     served, example = _user_model(prepared_dir, tmp_path, monkeypatch, "Linear")
-    export_mod.export_model(served, tmp_path / "m.pt", "torchscript", example)
-    loaded = torch.jit.load(str(tmp_path / "m.pt"))
+    export_mod.export_model(served, tmp_path / "m.pt2", "pt2", example)
+    loaded = torch.export.load(str(tmp_path / "m.pt2")).module()
     with torch.no_grad():
         assert torch.allclose(loaded(*example), served(*example), atol=1e-6)
 
@@ -151,8 +148,11 @@ def test_export_bad_input_is_one_line(raw_run, tmp_path, monkeypatch, capsys):
     assert main(["export", run, "--format", "tflite", "--out", str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
-        "ctrcal export: error: --format: unknown export format 'tflite' (valid: onnx, torchscript)"
+        "ctrcal export: error: --format: unknown export format 'tflite' (valid: onnx, pt2, aoti)"
     )
+    assert main(["export", run, "--format", "torchscript", "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "use pt2 (torch.export" in err
     empty = tmp_path / "not_trained"
     empty.mkdir()
     (empty / "config.yaml").write_text("{}\n")

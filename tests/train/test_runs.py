@@ -292,7 +292,7 @@ def test_evaluate_predict_and_export_open_a_run_by_one_route(monkeypatch, tmp_pa
     calls = {
         "evaluate": lambda: evaluate_run(tmp_path / "run", "test"),
         "predict": lambda: predict_run(tmp_path / "run", tmp_path / "p.parquet"),
-        "export": lambda: export_run(tmp_path / "run", tmp_path / "m.pt", "torchscript"),
+        "export": lambda: export_run(tmp_path / "run", tmp_path / "m.pt2", "pt2"),
     }
     for what, call in calls.items():
         with pytest.raises(Opened, match=f"^{what}$"):
