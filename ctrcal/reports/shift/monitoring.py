@@ -67,11 +67,12 @@ class ShiftMonitor:
 
     @classmethod
     def of(cls, feature_map: Any, valid_rows: int, test_rows: int) -> ShiftMonitor | None:
-        """A monitor whose chunks cut the evaluated split in :data:`CHUNKS` and leave the
-        validation split enough chunks for its thresholds; None when the splits are too small."""
+        """A monitor whose chunks cut the evaluated split in :data:`CHUNKS`; None when they
+        would be too small, or too large for the validation split to give the thresholds
+        enough chunks."""
         from ctrcal.metrics._drift import MIN_CHUNK_ROWS, MIN_REFERENCE_CHUNKS
 
-        rows = min(test_rows // CHUNKS, valid_rows // CHUNKS)
+        rows = test_rows // CHUNKS
         if rows < MIN_CHUNK_ROWS or valid_rows // rows < MIN_REFERENCE_CHUNKS:
             return None
         names = [*feature_map.numeric_fields, *feature_map.categorical_fields]
