@@ -7,7 +7,7 @@ Subcommands::
     ctrcal train CONFIG [--data DIR] [--out RUN_DIR] [--resume] [k=v ...]
     ctrcal evaluate RUN_DIR [--split test] [--data DIR] [--mc-samples N [--seed S]]
     ctrcal predict RUN_DIR (--split NAME | --data DIR | RAW_FILE ...) --out FILE.parquet
-                        [--mc-samples N [--seed S]]
+                        [--mc-samples N [--seed S]] [--engine torch|onnxruntime|aoti]
                                                a run's click probabilities, streamed to parquet
     ctrcal export RUN_DIR --format onnx|pt2|aoti --out FILE [--calibrator NAME]
                                                the model for serving + its raw-row encoding
@@ -258,6 +258,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         seed=args.seed,
         on_bad_row=args.on_bad_row,
         with_features=args.with_features,
+        engine=args.engine,
     )
     print(res.describe())
     return 0
@@ -451,6 +452,8 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ctrcal.serving.formats import ENGINES
+
     parser = argparse.ArgumentParser(
         prog="ctrcal",
         description="Calibrated CTR prediction under data shift: MaskNet with LayerNorm or "
@@ -584,6 +587,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also write the model's inputs (numerics in the original space, categorical "
         "ids): calibration-report --reference compares them for drift",
+    )
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="torch",
+        help="score with the eager model (torch), or its exported graph in ONNX Runtime or "
+        "as an AOTInductor package (one-shot; see docs/serving.md)",
     )
 
     p = add(

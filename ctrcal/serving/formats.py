@@ -9,6 +9,7 @@ from ctrcal.core.errors import ConfigError, NotAvailableError
 
 __all__ = [
     "EXPORT_EXTRA",
+    "ENGINES",
     "EXPORT_PACKAGES",
     "FORMATS",
     "check_format",
@@ -19,6 +20,8 @@ __all__ = [
 # onnx: the ONNX graph (torch.export-based exporter); pt2: torch.export's ExportedProgram;
 # aoti: an AOTInductor package (a compiled shared library in a .pt2, loadable from C++)
 FORMATS = ("onnx", "pt2", "aoti")
+# `ctrcal predict --engine`: the eager model, or its exported graph (ctrcal.serving.engines)
+ENGINES = ("torch", "onnxruntime", "aoti")
 EXPORT_EXTRA = "export"
 EXPORT_PACKAGES = ("onnx", "onnxruntime", "onnxscript")
 CXX_COMPILERS = ("g++", "clang++", "c++")

@@ -29,6 +29,7 @@ gives ``evaluate``'s numbers.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,7 @@ def predict_run(
     device: str = "auto",
     on_bad_row: str = "error",
     with_features: bool = False,
+    engine: str = "torch",
 ) -> PredictResult:
     """Score ``run_dir``'s best model and write the probabilities to ``out`` (parquet).
 
@@ -87,6 +89,8 @@ def predict_run(
         device: ``auto``, ``cpu``, ``cuda``, ...
         on_bad_row: for raw files, ``error`` or ``skip`` a malformed row.
         with_features: also write the model's input columns (module docstring).
+        engine: ``torch`` (the eager model), ``onnxruntime`` or ``aoti``: the exported graph
+            (:mod:`ctrcal.serving.engines`; one-shot, on the CPU).
 
     Raises:
         CtrcalError: no such run or no checkpoint, data of another feature map, a model
@@ -97,6 +101,10 @@ def predict_run(
 
     if raw_files and split is not None:
         raise ConfigError("give either raw files or --split, not both")
+    if engine != "torch" and mc_samples > 0:
+        raise ConfigError(
+            f"--engine {engine} scores the exported one-shot graph: MC passes need --engine torch"
+        )
     split = split or "test"
 
     def inputs(data_dir: Path, feature_map: Any) -> None:
@@ -134,9 +142,16 @@ def predict_run(
             schema = features[1]
         torch.manual_seed(seed)
         total = 0
-        with atomic_path(out) as tmp, pq.ParquetWriter(tmp, schema) as writer:
+        with (
+            _engine(engine, model, feature_map) as scorer,
+            atomic_path(out) as tmp,
+            pq.ParquetWriter(tmp, schema) as writer,
+        ):
             for batch, time in batches:
-                mean, std = _score(model, batch, batch_size, dev, mc_samples)
+                if scorer is None:
+                    mean, std = _score(model, batch, batch_size, dev, mc_samples)
+                else:
+                    mean, std = scorer(batch), None
                 columns = [mean]
                 if mc_samples > 0:
                     columns.append(std)
@@ -153,6 +168,15 @@ def predict_run(
                 )
                 total += len(batch)
     return PredictResult(Path(out), total, schema.names)
+
+
+def _engine(engine: str, model: Any, feature_map: Any) -> Any:
+    """A context giving the exported engine's scorer, or None for the eager model."""
+    if engine == "torch":
+        return contextlib.nullcontext(None)
+    from ctrcal.serving.engines import exported_engine
+
+    return exported_engine(engine, model.cpu(), feature_map)
 
 
 def _schema(mc: bool, labelled: bool, time_name: str | None) -> pa.Schema:

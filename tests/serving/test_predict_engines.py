@@ -1,0 +1,36 @@
+"""``ctrcal predict --engine``: the exported graph scores a raw file as it scores the test
+split (bit for bit), and as the eager model does to float32 rounding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from ctrcal.cli import main
+
+
+def _predict(raw_run, tmp_path, name, *args):
+    out = tmp_path / f"{name}.parquet"
+    assert main(["predict", str(raw_run["run"]), *args, "--out", str(out)]) == 0
+    return pq.read_table(out)
+
+
+@pytest.mark.slow
+def test_onnxruntime_engine_on_a_raw_file_matches_the_split_bit_for_bit(raw_run, tmp_path):
+    pytest.importorskip("onnxruntime")
+    engine = ["--engine", "onnxruntime"]
+    split = _predict(raw_run, tmp_path, "split", "--split", "test", *engine)
+    raw = _predict(raw_run, tmp_path, "raw", str(raw_run["test"]), *engine)
+    assert split.column("prob").to_numpy().tobytes() == raw.column("prob").to_numpy().tobytes()
+    assert split.column("label").equals(raw.column("label"))
+    eager = _predict(raw_run, tmp_path, "eager", "--split", "test").column("prob").to_numpy()
+    # float32 arithmetic in another order: within float32 rounding of a probability
+    assert np.abs(split.column("prob").to_numpy() - eager).max() <= 1e-6
+
+
+def test_an_exported_engine_has_no_mc_passes(raw_run, tmp_path, capsys):
+    argv = ["predict", str(raw_run["run"]), "--engine", "onnxruntime", "--mc-samples", "2"]
+    assert main([*argv, "--out", str(tmp_path / "p.parquet")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "MC passes need --engine torch" in err
