@@ -171,10 +171,53 @@ def _pm(mean: float, se: float) -> str:
     return f"{mean:+.4f} ± {se:.4f}" if np.isfinite(se) else f"{mean:+.4f}"
 
 
+def closest_lines(results: pd.DataFrame, variants: Sequence[str], shift: str) -> list[str]:
+    """At the strongest point of ``shift``, per variant: the estimator closest to the measured
+    AUC (mean ± SE over seeds) and a paired t-test over seeds of whether its |error| is below
+    CBPE's (two-sided; with few seeds the design may not tell)."""
+    from scipy import special  # scipy comes with scikit-learn
+
+    from ctrcal.reports.shift.stats import per_seed_values
+
+    ps = per_seed_values(results)
+    ps = ps[(ps["shift"] == shift) & ps["metric"].isin(list(ERRORS.values()))]
+    if ps.empty:
+        return []
+    top = float(ps["intensity"].max())
+    ps = ps[ps["intensity"] == top]
+    lines = []
+    for v in variants:
+        wide = ps[ps["variant"] == v].pivot_table(index="seed", columns="metric", values="value")
+        if wide.empty or ERRORS["cbpe"] not in wide:
+            continue
+        errors = {e: wide[m] for e, m in ERRORS.items() if m in wide}
+        best = min(errors, key=lambda e: abs(float(errors[e].mean())))
+        err = errors[best]
+        n = int(err.count())
+        se = float(err.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+        text = f"- {v}: **{best}** is closest, error {_pm(float(err.mean()), se)}"
+        if best != "cbpe" and n > 1:
+            diff = (errors["cbpe"].abs() - err.abs()).dropna()
+            sd = float(diff.std(ddof=1))
+            t = float(diff.mean()) / (sd / np.sqrt(diff.size)) if sd > 0 else float("inf")
+            p = float(2.0 * special.stdtr(diff.size - 1, -abs(t)))
+            verdict = "significantly" if p < 0.05 else "not significantly (the design cannot tell)"
+            text += (
+                f"; closer than CBPE {verdict}, paired t-test over {diff.size} seeds p = {p:.3g}"
+            )
+        lines.append(text)
+    return [f"Closest estimator at {shift} @ {top:g}:", "", *lines, ""] if lines else []
+
+
 def monitor_lines(
-    table: pd.DataFrame, variants: Sequence[str], shifts: Sequence[dict[str, Any]]
+    table: pd.DataFrame,
+    variants: Sequence[str],
+    shifts: Sequence[dict[str, Any]],
+    results: pd.DataFrame | None = None,
 ) -> list[str]:
-    """The report's section on the monitor (module docstring); empty without monitoring."""
+    """The report's section on the monitor (module docstring); empty without monitoring.
+    With ``results`` (one row per seed), the closest estimator at each shift's strongest point
+    (:func:`closest_lines`)."""
     from ctrcal.metrics import TRUST_RULE
     from ctrcal.reports.shift.stats import CLEAN
 
@@ -239,4 +282,6 @@ def monitor_lines(
                     ]
                 )
         lines += [f"{label}:", "", markdown_table(header, rows), ""]
+    for info in shifts if results is not None else []:
+        lines += closest_lines(results, variants, info["label"])
     return lines

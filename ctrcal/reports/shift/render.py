@@ -266,7 +266,7 @@ def write_report(
             paths.figures.update(row_level_figures(row_level, out_dir))
     extra = row_level_lines(row_level, paths.figures)
     extra += label_free_lines(summary.table, summary.variants, shifts)
-    extra += monitor_lines(summary.table, summary.variants, shifts)
+    extra += monitor_lines(summary.table, summary.variants, shifts, summary.results)
     extra += segment_lines(row_level.segments if row_level is not None else {})
     write_text_atomic(
         paths.report_md, render_markdown(summary, meta, paths.figures, shifts, extra=extra)

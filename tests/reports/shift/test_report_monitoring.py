@@ -90,11 +90,12 @@ def _table() -> pd.DataFrame:
                         "value": value,
                     }
                 )
-    return summarize(pd.DataFrame(rows))
+    return pd.DataFrame(rows)
 
 
 def test_misses_and_false_alarms_of_the_grid():
-    table = _table()
+    results = _table()
+    table = summarize(results)
     summary = monitor_summary(table).set_index(["shift", "intensity"])
     assert summary.loc[("noise", 0.1), "best"] == "doc" and not summary.loc[("noise", 0.1), "miss"]
     assert summary.loc[("noise", 0.2), "miss"]
@@ -103,3 +104,6 @@ def test_misses_and_false_alarms_of_the_grid():
     assert "False alarms: 1 of 20 clean chunks" in text
     assert "Misses: 1 of 3 shifted points" in text and "ln noise @ 0.2" in text
     assert monitor_lines(table[table["metric"] != "drift_alarm"], ["ln"], []) == []
+    # at 0.5 every estimator is off by the same 0.05 (+0.001 per seed): CBPE is closest
+    text = "\n".join(monitor_lines(table, ["ln"], [{"label": "noise"}], results))
+    assert "Closest estimator at noise @ 0.5" in text and "**cbpe** is closest" in text
