@@ -219,11 +219,15 @@ class RunLoggers:
         if missing:
             raise NotAvailableError(f"train.loggers: {'; '.join(missing)}")
         self.sinks: list[Any] = []
-        for logger in names:
-            if logger == "tensorboard":
-                self.sinks.append(_TensorBoard(run_dir))
-            else:
-                self.sinks.append(_MLflow(run_dir, uri, experiment, name or run_dir.name))
+        try:
+            for logger in names:
+                if logger == "tensorboard":
+                    self.sinks.append(_TensorBoard(run_dir))
+                else:
+                    self.sinks.append(_MLflow(run_dir, uri, experiment, name or run_dir.name))
+        except BaseException:
+            self.finish(None, "FAILED")  # a logger opened before the one that failed
+            raise
 
     def __bool__(self) -> bool:
         return bool(self.sinks)
