@@ -426,7 +426,9 @@ class ReplicateRows:
         n = p.shape[0]
         self.n, self.n_bins, self.min_count = n, int(n_bins), int(min_count)
         self.p, self.y = p, y
+        # a column of one value says nothing and is left out (as the report leaves it out)
         self.segments = {k: np.asarray(v) for k, v in segments.items()}
+        self.segments = {k: v for k, v in self.segments.items() if v.size and v.min() != v.max()}
         # the multicalibration error's options in the report (calibration_summary's own)
         summary = inspect.signature(calibration_summary).parameters
         self.mce_options = {
@@ -472,8 +474,8 @@ class ReplicateRows:
         self.taylor = np.concatenate([deriv, loss0[None]], axis=0)  # [K + 2, n]
         self._slope_setup(single)
         self.fields: dict[str, tuple[np.ndarray, np.ndarray, int]] = {}
-        for name, col in segments.items():
-            codes, values = dense_codes(np.asarray(col)[self.order])
+        for name, col in self.segments.items():
+            codes, values = dense_codes(col[self.order])
             self.fields[name] = (codes, values.shape[0])
 
     def _slope_setup(self, single: bool) -> None:

@@ -181,6 +181,7 @@ def test_a_replicates_metrics_are_those_of_its_rows(dtype, decimals, segments):
         p = np.round(p, decimals).astype(dtype)
     p[:3] = [0.0, 1.0, 1e-9]  # the logit's clip, both ends
     segs = {f"s{j}": rng.integers(0, 3 + 5 * j, n) for j in range(segments)}
+    segs["constant"] = np.full(n, 4)  # left out, by the report as here
     order = np.argsort(p, kind="stable")
     p, y, segs = p[order], y[order], {k: v[order] for k, v in segs.items()}
     counts = np.stack([np.bincount(rng.integers(0, n, n), minlength=n) for _ in range(4)])
@@ -191,6 +192,7 @@ def test_a_replicates_metrics_are_those_of_its_rows(dtype, decimals, segments):
         for key, value in want.items():
             if key in values:  # the rest: declared weighted metrics, by their own function
                 assert values[key][r] == pytest.approx(value, rel=1e-8, abs=1e-12), key
+        assert not set(values) - set(want), set(values) - set(want)
     assert exact.sum() >= 2
 
 
