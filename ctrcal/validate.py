@@ -148,6 +148,11 @@ def check_data(cfg: Config, problems: Problems) -> None:
             resolve_schema(d.schema)
         except DataError as exc:
             problems.add("data.schema", str(exc).removeprefix("data.schema: "))
+    if d.engine != "local" or d.ray_address is not None:
+        from ctrcal.data.prepare.engines import check_engine
+
+        for key, message in check_engine(d):
+            problems.add(key, message)
 
 
 def check_features(cfg: Config, problems: Problems) -> None:

@@ -79,6 +79,8 @@ DATA_SUBDIR = "data"  # where a command prepares the config's data under its out
 RUNTIME_KEYS: tuple[str, ...] = (
     "out_dir",
     "data.prepared_dir",  # where the data lives; the data itself is checked by identity
+    "data.engine",  # who prepares the data: both engines write the same bytes
+    "data.ray_address",
     "train.progress",
     "train.device",
     "train.num_threads",

@@ -108,6 +108,18 @@ class Tally:
             self.label_sum[k] += sums[k]  # exact: sums of 0/1 below 2^53
             self.labelled[k] += labelled[k]
 
+    def merge(self, other: Tally) -> Tally:
+        """Add what reading other sources found (the counts add, exactly); returns ``self``."""
+        for k in range(len(SPLITS)):
+            self.rows[k] += other.rows[k]
+            self.label_sum[k] += other.label_sum[k]
+            self.labelled[k] += other.labelled[k]
+        self.bad += other.bad
+        self.with_prob = self.with_prob and other.with_prob
+        self.chunks += other.chunks
+        self.native_chunks += other.native_chunks
+        return self
+
     def rate(self, k: int) -> float:
         return self.label_sum[k] / self.labelled[k] if self.labelled[k] else float("nan")
 
@@ -162,10 +174,12 @@ class _Blocks:
     as it must), so the parts never depend on how the input was cut. Full blocks are kept in
     memory up to :data:`MEMORY_BYTES`; later ones are written to files in ``work``, each
     column's codes in the narrowest of :data:`CODE_DTYPES` (their memory then takes the next
-    rows), and read back to be encoded."""
+    rows), and read back to be encoded. ``budget``: the bytes of blocks kept in memory
+    (default :data:`MEMORY_BYTES`)."""
 
-    def __init__(self, work: Path, columns: int, codes: int) -> None:
+    def __init__(self, work: Path, columns: int, codes: int, budget: int | None = None) -> None:
         self.work = work
+        self.budget = MEMORY_BYTES if budget is None else budget
         self.columns = columns
         self.codes = codes  # F: rows 1..F of a block are codes
         self.blocks: list[list[np.ndarray | _Waiting]] = [[] for _ in SPLITS]
@@ -222,12 +236,23 @@ class _Blocks:
         their memory takes the next rows."""
         for k, i in self._closing:
             block = self.blocks[k][i]
-            if self.held <= MEMORY_BYTES:
+            if self.held <= self.budget:
                 continue
             self.blocks[k][i] = self._write(block, self.work / f"{SPLITS[k]}-{i:05d}.bin")
             self.held -= block.nbytes  # type: ignore[union-attr]
             self._spare = block  # type: ignore[assignment]
         self._closing = []
+
+    def spill(self) -> None:
+        """Write every block still in memory (a split's last one: its filled rows) to disk, so
+        that another process can take the blocks (the store pickles without them)."""
+        for k, blocks in enumerate(self.blocks):
+            for i, block in enumerate(blocks):
+                if isinstance(block, np.ndarray):
+                    rows = self.fill[k] if i == len(blocks) - 1 else block.shape[1]
+                    path = self.work / f"{SPLITS[k]}-{i:05d}.bin"
+                    blocks[i] = self._write(block[:, :rows], path)
+        self.held, self._spare = 0, None
 
     def _write(self, block: np.ndarray, path: Path) -> _Waiting:
         """Write the full ``block`` to ``path``, each column's codes narrowed."""
@@ -257,11 +282,13 @@ class _Blocks:
         """Split ``k``'s foreseen rows, with a margin (0: none foreseen)."""
         return int(self.expected[k] * 1.05)
 
-    def take(self, k: int, spare: list[np.ndarray]) -> Iterator[tuple[int, np.ndarray]]:
+    def take(
+        self, k: int, spare: list[np.ndarray], remove: bool = True
+    ) -> Iterator[tuple[int, np.ndarray]]:
         """Split ``k``'s blocks in order, as they are taken ``(index, [C, rows] block)``: one
         read back from disk lands in the memory of a block in ``spare`` (written parts'), and
         its file is removed by a thread of its own (removing a file just written waits on the
-        disk: about 12 ms a block)."""
+        disk: about 12 ms a block); ``remove=False`` keeps the files."""
         blocks = self.blocks[k]
         with ThreadPoolExecutor(1, thread_name_prefix="ctrcal-remove") as removing:
             removed = []
@@ -272,8 +299,9 @@ class _Blocks:
                     block = spare.pop() if spare else None
                     if block is None or block.shape != (self.columns, write.PART_ROWS):
                         block = np.empty((self.columns, write.PART_ROWS), dtype=np.float32)
-                    self._read(item, block)
-                    removed.append(removing.submit(item.path.unlink))
+                    self._read(item, block[:, :rows])
+                    if remove:
+                        removed.append(removing.submit(item.path.unlink))
                     item = block
                 yield i, item[:, :rows]
             for done in removed:
@@ -303,46 +331,66 @@ def encode_sources(
     store = _Blocks(tmp / "_work", 1 + len(coders) + int(tally.with_prob), len(coders))
     with ThreadPoolExecutor(workers) as pool:
         for i, s in enumerate(sources):
-            probs = ProbReader(s.prob) if tally.with_prob else None
-            records = 0
-            foresee = True  # from the first chunk: its splits' shares of the whole file
-            chunks = parse.iter_chunks(
-                s.path, s.fmt, on_bad_row, chunk_bytes, workers, ring=stages.AHEAD + 2
-            )
-            for chunk in stages.ahead(chunks) if workers > 1 else chunks:
-                split = plan.codes(np.full(len(chunk), i, dtype=np.int64), chunk.rows, chunk.time)
-                prob = None
-                if tally.with_prob:
-                    prob = probs.take(chunk.records)
-                    if prob is None:  # the file was edited since it was generated
-                        tally.with_prob = False
-                    else:
-                        prob = prob[chunk.rows - records]
-                records += chunk.records
-                sizes = np.bincount(split, minlength=len(SPLITS)).tolist()
-                if foresee:
-                    # chunks are about chunk_bytes of text (a gzip file's are more than its
-                    # size says: its blocks then grow)
-                    scale = max(1.0, s.path.stat().st_size / chunk_bytes)
-                    for k, size in enumerate(sizes):
-                        store.expect(k, size * scale)
-                    foresee = False
-                _code_chunk(chunk, split, sizes, prob, coders, store, pool, workers)
-                tally.add(split, sizes, chunk.label)
-                tally.bad += chunk.bad
-                tally.chunks += 1
-                tally.native_chunks += chunk.native
-            if tally.with_prob and probs.rows != records:
-                tally.with_prob = False
+            read_source(i, s, on_bad_row, plan, chunk_bytes, coders, store, tally, pool, workers)
         check_rows(tally, sources)
         clock("parse")
-        answers = Answers(_fit(pipe, coders, tally.rows[0], pool))
+        stats, values = coder_stats(nums, cats, coders, tally.rows[0], pool)
         del coders
+        pipe.fit_stats(stats, pool)
+        answers = Answers(answer_tables(pipe, values, pool))
         clock("fit")
         columns = write.encoded_columns(nums, cats, tally.with_prob)
         _encode(tmp, store, answers, columns, workers, compression)
         clock("encode")
     return tally
+
+
+def read_source(
+    i: int,
+    s: Source,
+    on_bad_row: str,
+    plan: SplitPlan,
+    chunk_bytes: int,
+    coders: list[ColumnCoder],
+    store: _Blocks,
+    tally: Tally,
+    pool: ThreadPoolExecutor,
+    workers: int,
+) -> None:
+    """Parse source ``i`` chunk by chunk, give each row its split, code its columns into
+    ``store``'s blocks and count what was read into ``tally`` (whose ``with_prob`` turns
+    False when the source's true probabilities do not match its records)."""
+    probs = ProbReader(s.prob) if tally.with_prob else None
+    records = 0
+    foresee = True  # from the first chunk: its splits' shares of the whole file
+    chunks = parse.iter_chunks(
+        s.path, s.fmt, on_bad_row, chunk_bytes, workers, ring=stages.AHEAD + 2
+    )
+    for chunk in stages.ahead(chunks) if workers > 1 else chunks:
+        split = plan.codes(np.full(len(chunk), i, dtype=np.int64), chunk.rows, chunk.time)
+        prob = None
+        if tally.with_prob:
+            prob = probs.take(chunk.records)
+            if prob is None:  # the file was edited since it was generated
+                tally.with_prob = False
+            else:
+                prob = prob[chunk.rows - records]
+        records += chunk.records
+        sizes = np.bincount(split, minlength=len(SPLITS)).tolist()
+        if foresee:
+            # chunks are about chunk_bytes of text (a gzip file's are more than its size
+            # says: its blocks then grow)
+            scale = max(1.0, s.path.stat().st_size / chunk_bytes)
+            for k, size in enumerate(sizes):
+                store.expect(k, size * scale)
+            foresee = False
+        _code_chunk(chunk, split, sizes, prob, coders, store, pool, workers)
+        tally.add(split, sizes, chunk.label)
+        tally.bad += chunk.bad
+        tally.chunks += 1
+        tally.native_chunks += chunk.native
+    if tally.with_prob and probs.rows != records:
+        tally.with_prob = False
 
 
 def _code_chunk(
@@ -431,25 +479,35 @@ def _encode(
             job.result()
 
 
-def _fit(
-    pipe: FeaturePipeline, coders: list[ColumnCoder], train_rows: int, pool: ThreadPoolExecutor
-) -> list[np.ndarray]:
-    """Fit ``pipe`` on the coders' distinct values and train counts, the fields side by side on
-    ``pool``'s threads; per column the table of answers by code (entry 0: missing): float32
-    model values, int32 ids."""
-    import polars as pl
-
-    nums, cats = pipe.numeric_fields, pipe.categorical_fields
+def coder_stats(
+    nums: list[str],
+    cats: list[str],
+    coders: list[ColumnCoder],
+    train_rows: int,
+    pool: ThreadPoolExecutor | None = None,
+) -> tuple[FitStats, list[np.ndarray]]:
+    """The coders' fit statistics (their distinct values' train counts, ``train_rows`` rows),
+    and per column its distinct values in code order (float64 numbers; categorical keys,
+    see :func:`category_keys`), which :func:`answer_tables` answers."""
     stats = FitStats(cats, nums)
     stats.add_rows(train_rows)
     values = []
-    for j, (distinct, counts, missing) in enumerate(pool.map(ColumnCoder.state, coders)):
-        v = distinct.view(np.float64) if j < len(nums) else _category_keys(distinct)
+    states = (pool.map if pool is not None else map)(ColumnCoder.state, coders)
+    for j, (distinct, counts, missing) in enumerate(states):
+        v = distinct.view(np.float64) if j < len(nums) else category_keys(distinct)
         values.append(v)
         seen = counts > 0
         frame = pl.DataFrame({"value": v[seen], "count": counts[seen].astype(np.uint64)})
         stats.add_counts((*nums, *cats)[j], frame, missing)
-    pipe.fit_stats(stats, pool)
+    return stats, values
+
+
+def answer_tables(
+    pipe: FeaturePipeline, values: list[np.ndarray], pool: ThreadPoolExecutor | None = None
+) -> list[np.ndarray]:
+    """Per column the fitted ``pipe``'s answer to each of its distinct ``values`` (in code
+    order), by code (entry 0: missing): float32 model values, int32 ids."""
+    nums, cats = pipe.numeric_fields, pipe.categorical_fields
 
     def table(j: int) -> np.ndarray:
         v = values[j]
@@ -462,10 +520,10 @@ def _fit(
         out[1:] = answers
         return out
 
-    return list(pool.map(table, range(len(values))))
+    return list((pool.map if pool is not None else map)(table, range(len(values))))
 
 
-def _category_keys(distinct: np.ndarray) -> np.ndarray:
+def category_keys(distinct: np.ndarray) -> np.ndarray:
     """[D] uint64 keys of a categorical field -> the vocabulary's values: uint32 when every key
     fits (Criteo's hashes, hex spellings: the dtype their typed frames hold, so those
     vocabularies and identities do not change), else all 64 bits (hashed strings), so that
@@ -475,4 +533,14 @@ def _category_keys(distinct: np.ndarray) -> np.ndarray:
     return distinct.astype(np.uint32)
 
 
-__all__ = ["Clock", "Source", "Tally", "check_rows", "encode_sources"]
+__all__ = [
+    "Clock",
+    "Source",
+    "Tally",
+    "answer_tables",
+    "category_keys",
+    "check_rows",
+    "coder_stats",
+    "encode_sources",
+    "read_source",
+]

@@ -27,6 +27,10 @@ publication, a lock so that concurrent runs into one directory take turns, clean
 killed runs). A run killed at any moment leaves ``DIR`` as it was (or absent); the same
 command again gives the output of an uninterrupted run.
 
+``data.engine`` chooses who runs the pipeline: ``local`` (threads of this process) or ``ray``
+(a task per input file, :mod:`ctrcal.data.prepare.ray_engine`). Both write the same bytes, so
+the engine is not part of what identifies the directory.
+
 The ``source_hash`` in the feature map covers each source file's identity (resolved path, size,
 modification time), the layout, the split and the pipeline config; a later call with the same
 hash reuses ``DIR`` instead of preparing again, any change prepares afresh.
@@ -398,17 +402,33 @@ def _prepare_into(
     pipe = _pipeline(cfg.features, schema, layout)
     plan = _plan(sources, schema, cfg.data)
     clock("detect")
-    tally = encode_sources(
-        tmp,
-        sources,
-        on_bad_row,
-        plan,
-        pipe,
-        clock,
-        chunk_bytes,
-        threads,
-        compression=cfg.data.parquet_compression,
-    )
+    if cfg.data.engine == "ray":
+        # imported here: the local engine never imports Ray
+        from ctrcal.data.prepare.ray_engine import encode_sources_ray
+
+        tally = encode_sources_ray(
+            tmp,
+            sources,
+            on_bad_row,
+            plan,
+            pipe,
+            clock,
+            chunk_bytes,
+            compression=cfg.data.parquet_compression,
+            address=cfg.data.ray_address,
+        )
+    else:
+        tally = encode_sources(
+            tmp,
+            sources,
+            on_bad_row,
+            plan,
+            pipe,
+            clock,
+            chunk_bytes,
+            threads,
+            compression=cfg.data.parquet_compression,
+        )
     rows = {name: tally.rows[k] for k, name in enumerate(SPLITS)}
     rates = {name: tally.rate(k) for k, name in enumerate(SPLITS)}
     oracle = _oracle(tmp) if tally.with_prob else None

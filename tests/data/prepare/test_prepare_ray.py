@@ -1,0 +1,207 @@
+"""data.engine: ray in Ray's local mode (2 CPUs, one session for the module): the local
+engine's bytes, a killed worker retried or one clear line, an unreachable address named fast,
+and the local engine never importing Ray."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ctrcal.config import Config, DataConfig, FeaturesConfig
+from ctrcal.core.errors import ConfigError, DataError
+from ctrcal.data.identity import data_identity
+from ctrcal.data.prepare import engines, ray_engine, write
+from ctrcal.data.prepare.prepare import prepare
+from ctrcal.data.splits import SPLITS
+from ctrcal.data.synthetic import generate
+
+PART = 3000  # rows per part here, so that parts straddle the small files
+FEATURES = FeaturesConfig(min_count=2)
+
+
+def _setup_worker() -> None:
+    """Run in every Ray worker: the small parts, and a worker that dies once after reading
+    its file while the marker file exists (the retry test creates it)."""
+
+    from ctrcal.data.prepare import ray_engine, write
+
+    write.PART_ROWS, write.ROW_GROUP_ROWS = PART, PART // 2
+    real = ray_engine.read_source
+
+    def read_source(*args, **kwargs):
+        real(*args, **kwargs)
+        try:
+            os.unlink(os.environ["CTRCAL_TEST_KILL_MARKER"])
+        except FileNotFoundError:
+            return
+        os._exit(1)  # as a kill -9 mid-task: its file's blocks half written
+
+    ray_engine.read_source = read_source
+
+
+@pytest.fixture(scope="module")
+def ray_session(tmp_path_factory):
+    ray = pytest.importorskip("ray", reason="the ray engine's tests need ray (ctrcal[ray])")
+    marker = tmp_path_factory.mktemp("kill") / "marker"
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        logging_level="ERROR",
+        log_to_driver=False,
+        runtime_env={
+            "worker_process_setup_hook": _setup_worker,
+            "env_vars": {"CTRCAL_TEST_KILL_MARKER": str(marker)},
+        },
+    )
+    yield marker
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def days(tmp_path_factory):
+    root = tmp_path_factory.mktemp("days")
+    files = []
+    for d in range(5):
+        files.append(root / f"day_{d}.tsv")
+        generate(files[-1], 2000 + 1500 * d, seed=d)
+    return files
+
+
+@pytest.fixture
+def small_parts(monkeypatch):
+    monkeypatch.setattr(write, "PART_ROWS", PART)
+    monkeypatch.setattr(write, "ROW_GROUP_ROWS", PART // 2)
+
+
+def _prepare(files, out, engine, **data):
+    cfg = DataConfig(engine=engine, **data)
+    return prepare(files, out, cfg, FEATURES, force=True, chunk_bytes=1 << 17)
+
+
+def _assert_same_directory(a: Path, b: Path) -> None:
+    for split in SPLITS:
+        names = sorted(p.name for p in (a / split).iterdir())
+        assert names == sorted(p.name for p in (b / split).iterdir())
+        same, differ, _ = filecmp.cmpfiles(a / split, b / split, names, shallow=False)
+        assert same == names, differ
+    assert filecmp.cmp(a / "vocab.parquet", b / "vocab.parquet", shallow=False)
+    fa, fb = (json.loads((d / "feature_map.json").read_text()) for d in (a, b))
+    assert fa == fb
+    assert data_identity(a) == data_identity(b)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "data", [{}, {"split_order": "time", "split": [3, 1, 1]}], ids=["random", "days"]
+)
+def test_ray_writes_the_local_engines_bytes(ray_session, days, small_parts, tmp_path, data):
+    local = _prepare(days, tmp_path / "local", "local", **data)
+    ray = _prepare(days, tmp_path / "ray", "ray", **data)
+    assert ray.rows == local.rows and len(list((tmp_path / "ray/train").iterdir())) > 3
+    _assert_same_directory(tmp_path / "local", tmp_path / "ray")
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_retried_or_fails_in_one_line(
+    ray_session, days, small_parts, tmp_path, monkeypatch
+):
+    marker = ray_session
+    _prepare(days, tmp_path / "local", "local")
+    marker.write_text("die once")
+    _prepare(days, tmp_path / "ray", "ray")
+    assert not marker.exists()  # a worker died, and its task ran again
+    _assert_same_directory(tmp_path / "local", tmp_path / "ray")
+
+    monkeypatch.setattr(ray_engine, "TASK_RETRIES", 0)
+    marker.write_text("die once")
+    with pytest.raises(DataError) as err:
+        _prepare(days, tmp_path / "failed", "ray")
+    message = str(err.value)
+    assert "\n" not in message and "ray worker preparing it died" in message
+    assert not (tmp_path / "failed").exists()  # nothing half-written is published
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".failed.")]
+
+
+def test_an_unreachable_address_is_named_fast(tmp_path):
+    pytest.importorskip("ray", reason="the ray engine's tests need ray (ctrcal[ray])")
+    config = tmp_path / "ray.yaml"
+    config.write_text("data:\n  engine: ray\n  ray_address: 127.0.0.1:1\n")
+    raw = tmp_path / "raw.tsv"
+    generate(raw, 300, seed=0)
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "ctrcal", "prepare", str(raw), "--out", str(tmp_path / "out")]
+        + ["--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'127.0.0.1:1'" in lines[0], done.stderr
+    assert time.perf_counter() - start < 60
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_silent_address_waits_a_bounded_time(monkeypatch):
+    monkeypatch.setattr(ray_engine, "CONNECT_TIMEOUT_S", 0.5)
+    with socket.socket() as silent:  # accepts connections (the backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        start = time.perf_counter()
+        with pytest.raises(DataError, match=f"'{address}': no Ray cluster answers there"):
+            ray_engine._probe(address)
+        assert time.perf_counter() - start < 5
+    with pytest.raises(DataError, match="expected HOST:PORT"):
+        ray_engine._probe("nowhere")
+
+
+@pytest.mark.slow
+def test_a_ray_head_passes_the_probe(ray_session):
+    import ray
+
+    ray_engine._probe(ray.get_runtime_context().gcs_address)
+
+
+def test_prepare_on_the_local_engine_never_imports_ray(tmp_path):
+    raw = tmp_path / "raw.tsv"
+    generate(raw, 300, seed=0)
+    code = (
+        "import sys\nfrom ctrcal.cli import main\n"
+        f"assert main(['prepare', {str(raw)!r}, '--out', {str(tmp_path / 'out')!r}]) == 0\n"
+        "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_validate_names_the_extra_and_a_stray_address(monkeypatch):
+    from ctrcal.validate import MODEL_SECTIONS, validate_config
+
+    monkeypatch.setattr(engines, "missing_package", lambda: "needs ... 'ctrcal[ray]'")
+    cfg = Config()
+    cfg.data.engine = "ray"
+    with pytest.raises(ConfigError, match=r"data\.engine: .*ctrcal\[ray\]"):
+        validate_config(cfg, skip=MODEL_SECTIONS)
+    cfg = Config()
+    cfg.data.ray_address = "head:6379"
+    with pytest.raises(ConfigError, match=r"data\.ray_address: is used by data\.engine: ray"):
+        validate_config(cfg, skip=MODEL_SECTIONS)
+
+
+def test_engine_keys_do_not_change_what_trains():
+    from ctrcal.train.runs import is_runtime_key
+
+    assert is_runtime_key("data.engine") and is_runtime_key("data.ray_address")
