@@ -5,6 +5,7 @@
     python scripts/bench_norms.py --compile            # also torch.compile (slow to build)
     python scripts/bench_norms.py --clock cpu --threads 1   # CPU time: robust to other load
     python scripts/bench_norms.py --step               # also the MaskNet training step
+    python scripts/bench_norms.py --dtype bf16         # bf16 input and gradient
 
 Freed memory stays in the process's heap (:func:`ctrcal.train.cpu_memory.retain_freed_memory`,
 as the training loop runs): otherwise glibc hands every activation-sized block back to the
@@ -73,10 +74,11 @@ def bench_case(
     device: torch.device,
     repeats: int,
     use_compile: bool,
+    dtype: torch.dtype = torch.float32,
 ) -> dict[str, tuple[float, float]]:
     torch.manual_seed(0)
-    x = torch.randn(shape, device=device, requires_grad=True)
-    g = torch.randn(shape, device=device)
+    x = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+    g = torch.randn(shape, device=device, dtype=dtype)
     backends = ["torch"] + (["c"] if device.type == "cpu" and kernel_available() else [])
     if device.type == "cuda":
         backends.append("triton")
@@ -182,6 +184,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--step", action="store_true", help="also the MaskNet training step")
     parser.add_argument("--no-layers", action="store_true", help="skip the layer timings")
     parser.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="the layers' input and output gradient (bf16: as under bf16 training; the "
+        "affine parameters stay float32)",
+    )
+    parser.add_argument(
         "--release-memory",
         action="store_true",
         help="glibc's default of returning freed blocks to the system (not as in training)",
@@ -205,7 +214,8 @@ def main(argv: list[str] | None = None) -> None:
         device = torch.device(args.device)
     print(
         f"device={device} threads={torch.get_num_threads()} fraction={args.fraction} "
-        f"repeats={args.repeats} clock={args.clock} torch={torch.__version__} "
+        f"repeats={args.repeats} clock={args.clock} dtype={args.dtype} "
+        f"torch={torch.__version__} "
         f"load={_load()}\ncpu: {cpu_model_name()}; freed memory: {memory}"
     )
     if args.step and args.no_layers:
@@ -215,8 +225,15 @@ def main(argv: list[str] | None = None) -> None:
         f"{'input':>14} {'normalized':>10} {'candidate':>18} "
         f"{'median ms':>10} {'ratio':>6} {'min ms':>8} {'ratio':>6}"
     )
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     for shape, normalized in CASES:
-        result = bench_case(shape, normalized, args.fraction, device, args.repeats, args.compile)
+        try:
+            result = bench_case(
+                shape, normalized, args.fraction, device, args.repeats, args.compile, dtype
+            )
+        except RuntimeError as exc:  # a layer without a path for this dtype
+            print(f"{str(shape):>14} {str(normalized):>10} skipped: {exc}")
+            continue
         base_med, base_min = result["layer_norm"]
         for name, (med, low) in result.items():
             print(

@@ -122,39 +122,59 @@ static int mcln_sample_range(uint8_t *m, int64_t r0, int64_t r1, int64_t n, int6
 /* The row functions are inlined into callers that pass common widths as constants, so the
    compiler emits loops of known length for them (per-field embedding norms have D = 8..64:
    a generic loop with its vector remainder handling costs more than the work there). */
+/* Storage and arithmetic: f32 and f64 rows are stored as they compute; bf16 rows (the bits of
+   a bfloat16) are widened to float on load and rounded to nearest even on store, so a bf16
+   row's statistics, output and gradients are the float32 kernel's on the widened row, rounded
+   once. The affine parameters, their gradients and the row statistics are float32. */
+#define LD_f32(v) (v)
+#define ST_f32(v) (v)
+#define LD_f64(v) (v)
+#define ST_f64(v) (v)
+static inline float LD_bf16(uint16_t v) {
+    uint32_t u = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static inline uint16_t ST_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 #define INLINE static inline __attribute__((always_inline))
-#define DEFINE(T, SUF)                                                                       \
+#define DEFINE(S, T, SUF)                                                                       \
 /* sum and sum of squares of x - c over the d positions: in vector lanes when there are     \
    many (a scalar sum waits on every addition), plainly for the few of narrow rows */       \
-INLINE void gather_moments_##SUF(const T *xr, const int32_t *idx, int64_t d, T c, T *s, T *q) { \
+INLINE void gather_moments_##SUF(const S *xr, const int32_t *idx, int64_t d, T c, T *s, T *q) { \
     T se = 0, qe = 0;                                                                         \
     if (d >= 16) {                                                                            \
         _Pragma("omp simd reduction(+:se,qe)")                                                \
-        for (int64_t i = 0; i < d; ++i) { T z = xr[idx[i]] - c; se += z; qe += z * z; }     \
+        for (int64_t i = 0; i < d; ++i) { T z = LD_##SUF(xr[idx[i]]) - c; se += z; qe += z * z; }     \
     } else {                                                                                  \
-        for (int64_t i = 0; i < d; ++i) { T z = xr[idx[i]] - c; se += z; qe += z * z; }     \
+        for (int64_t i = 0; i < d; ++i) { T z = LD_##SUF(xr[idx[i]]) - c; se += z; qe += z * z; }     \
     }                                                                                         \
     *s = se; *q = qe;                                                                         \
 }                                                                                             \
-INLINE void fwd_rows_##SUF(const T *x, const T *w0, const T *b0, T *y, int32_t *idx0,       \
+INLINE void fwd_rows_##SUF(const S *x, const T *w0, const T *b0, S *y, int32_t *idx0,       \
                     T *mean, T *rstd, int64_t r0, int64_t r1, const int64_t n, int64_t g,     \
                     int64_t k, int64_t d, int invert, double eps, uint64_t key,               \
                     scratch_t *sc) {                                                          \
     /* row r = sample * g + group: the group's affine pair (group counted, not divided) */  \
     int64_t gi = r0 % g;                                                                      \
     for (int64_t r = r0; r < r1; ++r, gi = (gi + 1 == g) ? 0 : gi + 1) {                     \
-        const T *xr = x + r * n; T *yr = y + r * n; int32_t *idx = idx0 + r * d;            \
+        const S *xr = x + r * n; S *yr = y + r * n; int32_t *idx = idx0 + r * d;            \
         draw_row(idx, sc->tt, sc->bits, r, n, d, key);                                        \
         const T *w = w0 ? w0 + gi * n : 0, *b = b0 ? b0 + gi * n : 0;                        \
         /* both moments in one pass, shifted by the row's first element so that a large */   \
         /* common offset does not cancel: v = sum_S (x-c)^2 / k - (sum_S (x-c) / k)^2; with */\
         /* invert, sum_S = (sum over the row) - (sum over the d positions left out) */       \
-        const T c0 = xr[0];                                                                   \
+        const T c0 = LD_##SUF(xr[0]);                                                                   \
         double s = 0, q = 0;                                                                  \
         if (invert) {                                                                         \
             T sa = 0, qa = 0;                                                                 \
             _Pragma("omp simd reduction(+:sa,qa)")                                            \
-            for (int64_t i = 0; i < n; ++i) { T z = xr[i] - c0; sa += z; qa += z * z; }      \
+            for (int64_t i = 0; i < n; ++i) { T z = LD_##SUF(xr[i]) - c0; sa += z; qa += z * z; }      \
             s = sa; q = qa;                                                                   \
             T se, qe; gather_moments_##SUF(xr, idx, d, c0, &se, &qe);                        \
             s -= se; q -= qe;                                                                 \
@@ -168,58 +188,58 @@ INLINE void fwd_rows_##SUF(const T *x, const T *w0, const T *b0, T *y, int32_t *
         T mu = (T)((double)c0 + ms), rs = (T)(1.0 / sqrt(var + eps));                         \
         mean[r] = mu; rstd[r] = rs;                                                           \
         if (w && b) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                    \
-            yr[i] = (xr[i] - mu) * rs * w[i] + b[i]; }                                        \
+            yr[i] = ST_##SUF((LD_##SUF(xr[i]) - mu) * rs * w[i] + b[i]); }                                        \
         else if (w) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                    \
-            yr[i] = (xr[i] - mu) * rs * w[i]; }                                               \
+            yr[i] = ST_##SUF((LD_##SUF(xr[i]) - mu) * rs * w[i]); }                                               \
         else if (b) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                    \
-            yr[i] = (xr[i] - mu) * rs + b[i]; }                                               \
+            yr[i] = ST_##SUF((LD_##SUF(xr[i]) - mu) * rs + b[i]); }                                               \
         else { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                           \
-            yr[i] = (xr[i] - mu) * rs; }                                                      \
+            yr[i] = ST_##SUF((LD_##SUF(xr[i]) - mu) * rs); }                                                      \
     }                                                                                         \
 }                                                                                             \
 /* dx = rs (g - [i in S] (a + c xhat)) with a = sum(g) / k, c = sum(g xhat) / k over the whole     \
    row: the formula of the majority for every element, then the d drawn positions rewritten        \
    with the other one */                                                                           \
-INLINE void dx_row_##SUF(const T *dyr, const T *xr, const T *w, const int32_t *idx, T *dxr,        \
+INLINE void dx_row_##SUF(const S *dyr, const S *xr, const T *w, const int32_t *idx, S *dxr,        \
                          const int64_t n, T mu, T rs, T A, T B, int64_t k, int64_t d,              \
                          int invert) {                                                             \
     const T one = 1, a = A / (T)k, c = B / (T)k, on = invert ? one : 0, off = invert ? 0 : one;    \
     if (w) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                                   \
-        dxr[i] = rs * (dyr[i] * w[i] - on * (a + c * (xr[i] - mu) * rs)); }                        \
+        dxr[i] = ST_##SUF(rs * (LD_##SUF(dyr[i]) * w[i] - on * (a + c * (LD_##SUF(xr[i]) - mu) * rs))); }                        \
     else { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                                     \
-        dxr[i] = rs * (dyr[i] - on * (a + c * (xr[i] - mu) * rs)); }                               \
+        dxr[i] = ST_##SUF(rs * (LD_##SUF(dyr[i]) - on * (a + c * (LD_##SUF(xr[i]) - mu) * rs))); }                               \
     for (int64_t i = 0; i < d; ++i) {                                                              \
         const int64_t p = idx[i];                                                                  \
-        dxr[p] = rs * (dyr[p] * (w ? w[p] : one) - off * (a + c * (xr[p] - mu) * rs));             \
+        dxr[p] = ST_##SUF(rs * (LD_##SUF(dyr[p]) * (w ? w[p] : one) - off * (a + c * (LD_##SUF(xr[p]) - mu) * rs)));             \
     }                                                                                              \
 }                                                                                                  \
-INLINE void bwd_rows_##SUF(const T *dy, const T *x, const T *w0, const int32_t *idx0,              \
-                    const T *mean, const T *rstd, T *dx, T *dw0, T *db0, int64_t r0,               \
+INLINE void bwd_rows_##SUF(const S *dy, const S *x, const T *w0, const int32_t *idx0,              \
+                    const T *mean, const T *rstd, S *dx, T *dw0, T *db0, int64_t r0,               \
                     int64_t r1, const int64_t n, int64_t g, int64_t k, int64_t d,                  \
                     int invert) {                                                                  \
     int64_t r = r0, gi = r0 % g;                                                                   \
     for (; r < r1; ++r, gi = (gi + 1 == g) ? 0 : gi + 1) {                                         \
-        const T *dyr = dy + r * n, *xr = x + r * n;                                                \
+        const S *dyr = dy + r * n, *xr = x + r * n;                                                \
         const int64_t off = gi * n;                                                                \
         const T *w = w0 ? w0 + off : 0; T *dw = dw0 ? dw0 + off : 0, *db = db0 + off;              \
         T mu = mean[r], rs = rstd[r], A = 0, B = 0;                                                \
         if (w) {                                                                                   \
             _Pragma("omp simd reduction(+:A,B)")                                                   \
             for (int64_t i = 0; i < n; ++i) {                                                      \
-                T xh = (xr[i] - mu) * rs, gy = dyr[i] * w[i];                                      \
-                A += gy; B += gy * xh; dw[i] += dyr[i] * xh; db[i] += dyr[i];                      \
+                T xh = (LD_##SUF(xr[i]) - mu) * rs, dyi = LD_##SUF(dyr[i]), gy = dyi * w[i];                                      \
+                A += gy; B += gy * xh; dw[i] += dyi * xh; db[i] += dyi;                      \
             }                                                                                      \
         } else {                                                                                   \
             _Pragma("omp simd reduction(+:A,B)")                                                   \
             for (int64_t i = 0; i < n; ++i) {                                                      \
-                T xh = (xr[i] - mu) * rs;                                                          \
-                A += dyr[i]; B += dyr[i] * xh; db[i] += dyr[i];                                    \
+                T xh = (LD_##SUF(xr[i]) - mu) * rs, dyi = LD_##SUF(dyr[i]);                        \
+                A += dyi; B += dyi * xh; db[i] += dyi;                                             \
             }                                                                                      \
         }                                                                                          \
         dx_row_##SUF(dyr, xr, w, idx0 + r * d, dx + r * n, n, mu, rs, A, B, k, d, invert);         \
     }                                                                                              \
 }                                                                                                  \
-static int mcln_fwd_range_##SUF(const T *x, const T *w, const T *b, T *y, int32_t *idx, T *mean, T *rstd, \
+static int mcln_fwd_range_##SUF(const S *x, const T *w, const T *b, S *y, int32_t *idx, T *mean, T *rstd, \
                    int64_t r0, int64_t r1, int64_t n, int64_t g, int64_t k, int64_t d,        \
                    int invert, double eps, uint64_t key) {                                    \
     scratch_t sc;                                                                             \
@@ -236,8 +256,8 @@ static int mcln_fwd_range_##SUF(const T *x, const T *w, const T *b, T *y, int32_
     scratch_free(&sc);                                                                        \
     return 0;                                                                                 \
 }                                                                                             \
-static void mcln_bwd_range_##SUF(const T *dy, const T *x, const T *w, const int32_t *idx, const T *mean,  \
-                    const T *rstd, T *dx, T *dw, T *db, int64_t r0, int64_t r1, int64_t n,    \
+static void mcln_bwd_range_##SUF(const S *dy, const S *x, const T *w, const int32_t *idx, const T *mean,  \
+                    const T *rstd, S *dx, T *dw, T *db, int64_t r0, int64_t r1, int64_t n,    \
                     int64_t g, int64_t k, int64_t d, int invert) {                            \
     switch (n) {                                                                              \
     case 8: bwd_rows_##SUF(dy, x, w, idx, mean, rstd, dx, dw, db, r0, r1, 8, g, k, d, invert); \
@@ -249,8 +269,9 @@ static void mcln_bwd_range_##SUF(const T *dy, const T *x, const T *w, const int3
     default: bwd_rows_##SUF(dy, x, w, idx, mean, rstd, dx, dw, db, r0, r1, n, g, k, d, invert); \
     }                                                                                         \
 }
-DEFINE(float, f32)
-DEFINE(double, f64)
+DEFINE(float, float, f32)
+DEFINE(double, double, f64)
+DEFINE(uint16_t, float, bf16)
 
 /* ---- The exported kernels: the functions above over chunks of rows ---- */
 
@@ -263,8 +284,8 @@ int mcln_sample(uint8_t *m, int64_t n, int64_t d, int invert, uint64_t key, CHUN
 }
 
 /* dw (NULL: no weight), db: [chunks, g, n] partial sums. */
-#define DEFINE_CHUNKED(T, SUF)                                                                \
-int mcln_fwd_##SUF(const T *x, const T *w, const T *b, T *y, int32_t *idx, T *mean, T *rstd,  \
+#define DEFINE_CHUNKED(S, T, SUF)                                                             \
+int mcln_fwd_##SUF(const S *x, const T *w, const T *b, S *y, int32_t *idx, T *mean, T *rstd,  \
                    int64_t n, int64_t g, int64_t k, int64_t d, int invert, double eps,        \
                    uint64_t key, CHUNKS) {                                                    \
     int failed = 0;                                                                           \
@@ -273,11 +294,12 @@ int mcln_fwd_##SUF(const T *x, const T *w, const T *b, T *y, int32_t *idx, T *me
                                                        g, k, d, invert, eps, key));           \
     return failed;                                                                            \
 }                                                                                             \
-void mcln_bwd_##SUF(const T *dy, const T *x, const T *w, const int32_t *idx, const T *mean,  \
-                    const T *rstd, T *dx, T *dw, T *db, int64_t n, int64_t g, int64_t k,      \
+void mcln_bwd_##SUF(const S *dy, const S *x, const T *w, const int32_t *idx, const T *mean,  \
+                    const T *rstd, S *dx, T *dw, T *db, int64_t n, int64_t g, int64_t k,      \
                     int64_t d, int invert, CHUNKS) {                                          \
     FOR_EACH_CHUNK(mcln_bwd_range_##SUF(dy, x, w, idx, mean, rstd, dx, dw ? dw + c * g * n : 0, \
                                         db + c * g * n, lo, hi, n, g, k, d, invert));          \
 }
-DEFINE_CHUNKED(float, f32)
-DEFINE_CHUNKED(double, f64)
+DEFINE_CHUNKED(float, float, f32)
+DEFINE_CHUNKED(double, double, f64)
+DEFINE_CHUNKED(uint16_t, float, bf16)

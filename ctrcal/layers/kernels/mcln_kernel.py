@@ -32,6 +32,18 @@ def small_side(n: int, k: int) -> tuple[int, bool]:
 _MIN_CHUNK_ELEMENTS = 1 << 16  # a thread's chunk of rows spans at least this many elements
 
 
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16"}
+KERNEL_DTYPES = tuple(_SUFFIX)
+"""The row dtypes the kernel takes: float32 and float64 rows compute in their own dtype;
+bfloat16 rows are read and written as bf16 and compute in float32 (affine parameters and
+their gradients float32), exactly as a float32 call on the widened rows rounded once."""
+
+
+def stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a call's row statistics, affine parameters and their gradients."""
+    return torch.float32 if dtype == torch.bfloat16 else dtype
+
+
 def _row_chunks(rows: int, n: int) -> Chunks:
     return Chunks(rows, -(-_MIN_CHUNK_ELEMENTS // max(n, 1)))
 
@@ -41,7 +53,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     chunks = [ptr, i64, i64]  # bounds, first chunk, end chunk (chunks.h)
     lib.mcln_sample.argtypes = [ptr, i64, i64, c_int, ctypes.c_uint64, *chunks]
     lib.mcln_sample.restype = c_int
-    for suffix in ("f32", "f64"):
+    for suffix in _SUFFIX.values():
         fwd, bwd = getattr(lib, f"mcln_fwd_{suffix}"), getattr(lib, f"mcln_bwd_{suffix}")
         fwd.argtypes = [ptr] * 7 + [i64] * 4 + [c_int, ctypes.c_double, ctypes.c_uint64, *chunks]
         fwd.restype = c_int
@@ -110,9 +122,9 @@ def forward(
     y = torch.empty_like(x)
     d, invert = small_side(n, k)
     idx = torch.empty(rows, d, dtype=torch.int32)
-    mean = torch.empty(rows, dtype=x.dtype)
-    rstd = torch.empty(rows, dtype=x.dtype)
-    name = "mcln_fwd_f64" if x.dtype == torch.float64 else "mcln_fwd_f32"
+    mean = torch.empty(rows, dtype=stats_dtype(x.dtype))
+    rstd = torch.empty(rows, dtype=stats_dtype(x.dtype))
+    name = "mcln_fwd_" + _SUFFIX[x.dtype]
     failed = _row_chunks(rows, n).run(
         get_kernel(),
         name,
@@ -151,9 +163,9 @@ def backward(
     chunks = _row_chunks(rows, n)
     dx = torch.empty_like(x)
     # per-chunk partial sums of dweight / dbias, added up afterwards
-    dw = chunks.partials(groups, n, dtype=x.dtype) if w is not None else None
-    db = chunks.partials(groups, n, dtype=x.dtype)
-    name = "mcln_bwd_f64" if x.dtype == torch.float64 else "mcln_bwd_f32"
+    dw = chunks.partials(groups, n, dtype=stats_dtype(x.dtype)) if w is not None else None
+    db = chunks.partials(groups, n, dtype=stats_dtype(x.dtype))
+    name = "mcln_bwd_" + _SUFFIX[x.dtype]
     chunks.run(
         get_kernel(),
         name,
@@ -176,7 +188,7 @@ def backward(
 
 
 class KernelMCLayerNorm(torch.autograd.Function):
-    """Eager autograd wrapper of the C kernel on x [R, N] (float32/float64, contiguous).
+    """Eager autograd wrapper of the C kernel on x [R, N] (float32/float64/bfloat16, contiguous).
 
     ``weight``/``bias`` are [groups, N] (or None): row r uses affine row ``r % groups``, so
     ``groups = 1`` is the row layer and ``groups = F`` the per-field layer on [B * F, D].
@@ -222,9 +234,9 @@ def mc_layer_norm_cpu_fwd(
     k: int,
     eps: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Fused forward on x [R, N] float32/float64 contiguous, affine [groups, N] or None, the
-    rows' key a one-element int64 tensor: (y [R, N], positions [R, d] int32, mean [R],
-    rstd [R])."""
+    """Fused forward on x [R, N] float32/float64/bfloat16 contiguous, affine [groups, N] or
+    None, the rows' key a one-element int64 tensor: (y [R, N], positions [R, d] int32,
+    mean [R], rstd [R])."""
     return forward(x, weight, bias, k, eps, int(key.item()), groups)
 
 
@@ -232,7 +244,7 @@ def mc_layer_norm_cpu_fwd(
 def _(x, weight, bias, key, groups, k, eps):
     rows, n = x.shape
     d, _ = small_side(n, k)
-    stats = x.new_empty(rows)
+    stats = x.new_empty(rows, dtype=stats_dtype(x.dtype))
     return torch.empty_like(x), x.new_empty(rows, d, dtype=torch.int32), stats, stats.clone()
 
 
@@ -255,7 +267,7 @@ def mc_layer_norm_cpu_bwd(
 
 @mc_layer_norm_cpu_bwd.register_fake
 def _(dy, x, weight, idx, mean, rstd, groups, k):
-    part = x.new_empty(groups, x.shape[1])
+    part = x.new_empty(groups, x.shape[1], dtype=stats_dtype(x.dtype))
     return torch.empty_like(x), part if weight is not None else x.new_empty(0), part.clone()
 
 
@@ -295,7 +307,7 @@ def kernel_mc_layer_norm(
     key: Tensor,
     groups: int = 1,
 ) -> Tensor:
-    """MC-LayerNorm of x [R, N] (float32/float64) by the C kernel, differentiable.
+    """MC-LayerNorm of x [R, N] (float32/float64/bfloat16) by the C kernel, differentiable.
 
     Args:
         x: [R, N]; row r takes affine row ``r % groups``.
