@@ -8,8 +8,9 @@ Subcommands::
     ctrcal evaluate RUN_DIR [--split test] [--data DIR] [--mc-samples N [--seed S]]
     ctrcal predict RUN_DIR (--split NAME | --data DIR | RAW_FILE ...) --out FILE.parquet
                         [--mc-samples N [--seed S]] [--engine torch|onnxruntime|aoti]
+                        [--precision fp32|bf16|int8]
                                                a run's click probabilities, streamed to parquet
-    ctrcal export RUN_DIR --format onnx|pt2|aoti --out FILE [--calibrator NAME]
+    ctrcal export RUN_DIR --format onnx|pt2|aoti --out FILE [--calibrator NAME] [--precision P]
                                                the model for serving + its raw-row encoding
     ctrcal shift-report CONFIG [--data DIR] [--out DIR] [--seeds N] [--workers N]
                         [--devices cuda:0,cuda:1|auto] [k=v ...]
@@ -259,21 +260,28 @@ def cmd_predict(args: argparse.Namespace) -> int:
         on_bad_row=args.on_bad_row,
         with_features=args.with_features,
         engine=args.engine,
+        precision=args.precision,
     )
     print(res.describe())
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ctrcal.serving.formats import check_format
+    from ctrcal.serving.formats import check_format, check_precision
     from ctrcal.train.runs import require_run_dir
 
     require_run_dir(args.run_dir)
     check_format(args.format)
+    check_precision(args.format, args.precision)
     from ctrcal.serving.export import export_run
 
     res = export_run(
-        args.run_dir, args.out, args.format, calibrator=args.calibrator, data_dir=args.data
+        args.run_dir,
+        args.out,
+        args.format,
+        calibrator=args.calibrator,
+        data_dir=args.data,
+        precision=args.precision,
     )
     print(res.describe())
     return 0
@@ -595,6 +603,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="score with the eager model (torch), or its exported graph in ONNX Runtime or "
         "as an AOTInductor package (one-shot; see docs/serving.md)",
     )
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        metavar="P",
+        help="fp32 (default); bf16 with --engine torch (one-shot) or aoti; int8 with "
+        "--engine onnxruntime (see docs/serving.md for the AUC cost)",
+    )
 
     p = add(
         "export", cmd_export, "export a run's model for serving (ONNX, torch.export, AOTInductor)"
@@ -605,6 +620,13 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         metavar="FORMAT",
         help="onnx, pt2 (torch.export) or aoti (AOTInductor package, loadable from C++)",
+    )
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        metavar="P",
+        help="fp32 (default); bf16 for pt2 and aoti (AMX / AVX512-BF16); int8 for onnx "
+        "(dynamic quantization of the dense layers); see docs/serving.md for the AUC cost",
     )
     p.add_argument(
         "--out",

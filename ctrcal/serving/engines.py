@@ -28,9 +28,12 @@ Scorer = Callable[[Batch], np.ndarray]
 
 
 @contextmanager
-def exported_engine(engine: str, model: torch.nn.Module, feature_map: Any) -> Iterator[Scorer]:
+def exported_engine(
+    engine: str, model: torch.nn.Module, feature_map: Any, precision: str = "fp32"
+) -> Iterator[Scorer]:
     """``score(batch) -> probabilities [B] float64`` of ``model`` exported for ``engine``
-    (``onnxruntime`` or ``aoti``); the export is removed on exit.
+    (``onnxruntime`` or ``aoti``) in ``precision`` (as ``ctrcal export --precision``); the
+    export is removed on exit.
 
     Raises:
         ConfigError: an engine that is not an exported one.
@@ -45,11 +48,11 @@ def exported_engine(engine: str, model: torch.nn.Module, feature_map: Any) -> It
     with tempfile.TemporaryDirectory(prefix="ctrcal-engine-") as tmp:
         if engine == "onnxruntime":
             path = Path(tmp) / "model.onnx"
-            export_model(served, path, "onnx", example, what=f"--engine {engine}")
+            export_model(served, path, "onnx", example, f"--engine {engine}", precision)
             yield _onnxruntime(path)
         else:
             path = Path(tmp) / "model.pt2"
-            export_model(served, path, "aoti", example, what=f"--engine {engine}")
+            export_model(served, path, "aoti", example, f"--engine {engine}", precision)
             yield _aoti(path)
 
 

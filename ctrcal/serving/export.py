@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from ctrcal.core.batch import Batch
 from ctrcal.core.errors import ConfigError, CtrcalError
-from ctrcal.serving.formats import check_format
+from ctrcal.serving.formats import check_format, check_precision
 
 __all__ = [
     "CalibrationHead",
@@ -182,9 +182,11 @@ def export_model(
     fmt: str,
     example: tuple[Tensor, Tensor],
     what: str = "model",
+    precision: str = "fp32",
 ) -> None:
     """Export ``served`` (traced on ``example`` inputs) to ``out`` atomically, the inputs
-    named ``categorical`` and ``numeric`` and the output ``probability``.
+    named ``categorical`` and ``numeric`` and the output ``probability``; ``precision`` as in
+    :func:`export_module`.
 
     Raises:
         CtrcalError: torch cannot export the model (the operator named when the exporter
@@ -198,6 +200,7 @@ def export_model(
         what=what,
         input_names=["categorical", "numeric"],
         output_names=["probability"],
+        precision=precision,
     )
 
 
@@ -209,6 +212,7 @@ def export_module(
     what: str = "model",
     input_names: list[str] | None = None,
     output_names: list[str] | None = None,
+    precision: str = "fp32",
 ) -> Path:
     """Export any model (yours or ctrcal's) for serving: ``ctrcal.export``.
 
@@ -229,6 +233,10 @@ def export_module(
             ``torch._inductor.aoti_load_package`` or from C++).
         what: how an error names the model.
         input_names, output_names: ONNX graph names (default: the exporter's).
+        precision: ``fp32``; ``bf16`` (pt2, aoti): the model runs under bf16 autocast with its
+            linear layers' weights stored in bf16 (the model itself is not changed); ``int8``
+            (onnx): the graph's matrix products get int8 weights, activations quantized per
+            batch (``onnxruntime.quantization.quantize_dynamic``).
 
     Returns:
         ``path``.
@@ -244,6 +252,7 @@ def export_module(
     from ctrcal.layers.mc_layernorm.module import mc_mode
 
     check_format(format)
+    check_precision(format, precision)
     args = _as_args(example_inputs)
     dynamic = _batch_dims(args, what)
     was_training = model.training
@@ -254,9 +263,12 @@ def export_module(
                 with torch.no_grad():
                     # one trace for every format: the ONNX exporter and AOTInductor start
                     # from torch.export's program too
-                    program = torch.export.export(model, args, dynamic_shapes=dynamic)
+                    traced, shapes = model, dynamic
+                    if precision == "bf16":  # forward(*args): its one parameter holds them all
+                        traced, shapes = _Bf16(model), (dynamic,)
+                    program = torch.export.export(traced, args, dynamic_shapes=shapes)
                     if format == "onnx":
-                        _onnx(program, tmp, input_names, output_names)
+                        _onnx(program, tmp, input_names, output_names, precision == "int8")
                     else:
                         with open(tmp, "wb") as f:
                             if format == "pt2":
@@ -317,28 +329,39 @@ def _batch_dims(args: tuple[Any, ...], what: str) -> Any:
 
 
 class _DropTorchvision(logging.Filter):
-    """The ONNX exporter's notes about torchvision's operators, which no CTR model uses."""
+    """The ONNX exporter's notes about torchvision's operators, which no CTR model uses, and
+    the quantizer's advice to pre-process image models."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "torchvision" not in record.getMessage()
+        text = record.getMessage()
+        return "torchvision" not in text and "pre-processing before quantization" not in text
 
 
 @contextlib.contextmanager
 def _quiet_exporters() -> Iterator[None]:
     """Exporters without the warnings that say nothing about this model."""
-    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
+    loggers = [
+        logging.getLogger("torch.onnx._internal.exporter._registration"),
+        logging.getLogger(),
+    ]
     drop = _DropTorchvision()
-    logger.addFilter(drop)
+    for logger in loggers:
+        logger.addFilter(drop)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        logger.removeFilter(drop)
+        for logger in loggers:
+            logger.removeFilter(drop)
 
 
 def _onnx(
-    program: Any, path: Path, input_names: list[str] | None, output_names: list[str] | None
+    program: Any,
+    path: Path,
+    input_names: list[str] | None,
+    output_names: list[str] | None,
+    int8: bool = False,
 ) -> None:
     onnx_program = torch.onnx.export(
         program,
@@ -350,7 +373,44 @@ def _onnx(
     )
     if onnx_program is None:
         raise CtrcalError("the ONNX exporter returned no program")
-    onnx_program.save(str(path))
+    if not int8:
+        onnx_program.save(str(path))
+        return
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    full = path.with_name(path.name + ".fp32.onnx")
+    try:
+        onnx_program.save(str(full))
+        quantize_dynamic(
+            str(full),
+            str(path),
+            op_types_to_quantize=["MatMul", "Gemm"],
+            weight_type=QuantType.QInt8,
+        )
+    finally:
+        full.unlink(missing_ok=True)
+
+
+class _Bf16(nn.Module):
+    """``model`` under bf16 autocast, its linear layers' weights stored in bf16 (cast once
+    here, not at every call); floating outputs come back as float32. A copy: ``model`` keeps
+    its own float32 weights."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        import copy
+
+        self.model = copy.deepcopy(model)
+        for module in self.model.modules():
+            if isinstance(module, nn.Linear):
+                module.to(torch.bfloat16)
+
+    def forward(self, *args: Any) -> Any:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = self.model(*args)
+        return torch.utils._pytree.tree_map(
+            lambda t: t.float() if isinstance(t, Tensor) and t.is_floating_point() else t, out
+        )
 
 
 def fit_export_calibrator(model: nn.Module, name: str, data_dir: Path, batch_size: int) -> Any:
@@ -375,6 +435,7 @@ def export_run(
     fmt: str,
     calibrator: str | None = None,
     data_dir: str | Path | None = None,
+    precision: str = "fp32",
 ) -> ExportResult:
     """Export ``run_dir``'s best model to ``out`` and its raw-row encoding beside it.
 
@@ -385,6 +446,8 @@ def export_run(
         calibrator: ``temperature``, ``platt`` or ``isotonic``: fitted on the run's clean
             validation split and folded into the graph (None: the model's sigmoid).
         data_dir: the run's prepared directory, when it has moved (its vocabulary is copied).
+        precision: ``fp32``, ``bf16`` (pt2, aoti) or ``int8`` (onnx), as in
+            :func:`export_module`; docs/serving.md gives what each costs in AUC.
 
     Raises:
         CtrcalError: no run or checkpoint, an unknown format, ``ctrcal[export]`` missing for
@@ -396,6 +459,7 @@ def export_run(
     from ctrcal.train.results import open_run
 
     check_format(fmt)
+    check_precision(fmt, precision)
     run = open_run(run_dir, "export", data_dir)
     run_dir, data_dir, model, cfg, fmap = run.run_dir, run.data_dir, run.model, run.config, run.data
     out = Path(out)
@@ -405,11 +469,14 @@ def export_run(
         head = CalibrationHead(fitted)
     served = ServedModel(model, fmap, head).eval()
     example = example_inputs(fmap.vocab_sizes, fmap.num_numeric, rows=2)
-    export_model(served, out, fmt, example, what=f"{run_dir} ({cfg.model.describe()})")
+    export_model(
+        served, out, fmt, example, what=f"{run_dir} ({cfg.model.describe()})", precision=precision
+    )
     encoding = out.with_name(out.name + ENCODING_SUFFIX)
     manifest = {
         "model": out.name,
         "format": fmt,
+        "precision": precision,
         "run": str(run_dir.resolve()),
         "inputs": {
             "categorical": {

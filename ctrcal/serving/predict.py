@@ -73,6 +73,7 @@ def predict_run(
     on_bad_row: str = "error",
     with_features: bool = False,
     engine: str = "torch",
+    precision: str = "fp32",
 ) -> PredictResult:
     """Score ``run_dir``'s best model and write the probabilities to ``out`` (parquet).
 
@@ -91,6 +92,8 @@ def predict_run(
         with_features: also write the model's input columns (module docstring).
         engine: ``torch`` (the eager model), ``onnxruntime`` or ``aoti``: the exported graph
             (:mod:`ctrcal.serving.engines`; one-shot, on the CPU).
+        precision: ``fp32``; ``bf16`` (``torch``: autocast, one-shot; ``aoti``) or ``int8``
+            (``onnxruntime``), as ``ctrcal export --precision`` makes them.
 
     Raises:
         CtrcalError: no such run or no checkpoint, data of another feature map, a model
@@ -105,6 +108,7 @@ def predict_run(
         raise ConfigError(
             f"--engine {engine} scores the exported one-shot graph: MC passes need --engine torch"
         )
+    _check_precision(engine, precision, mc_samples)
     split = split or "test"
 
     def inputs(data_dir: Path, feature_map: Any) -> None:
@@ -143,13 +147,13 @@ def predict_run(
         torch.manual_seed(seed)
         total = 0
         with (
-            _engine(engine, model, feature_map) as scorer,
+            _engine(engine, model, feature_map, precision) as scorer,
             atomic_path(out) as tmp,
             pq.ParquetWriter(tmp, schema) as writer,
         ):
             for batch, time in batches:
                 if scorer is None:
-                    mean, std = _score(model, batch, batch_size, dev, mc_samples)
+                    mean, std = _score(model, batch, batch_size, dev, mc_samples, precision)
                 else:
                     mean, std = scorer(batch), None
                 columns = [mean]
@@ -170,13 +174,24 @@ def predict_run(
     return PredictResult(Path(out), total, schema.names)
 
 
-def _engine(engine: str, model: Any, feature_map: Any) -> Any:
+def _check_precision(engine: str, precision: str, mc_samples: int) -> None:
+    from ctrcal.serving.formats import ENGINE_FORMATS, check_precision
+
+    if engine != "torch":
+        check_precision(ENGINE_FORMATS[engine], precision)
+    elif precision not in ("fp32", "bf16") or (precision == "bf16" and mc_samples > 0):
+        raise ConfigError(
+            f"--precision {precision}: --engine torch scores in fp32, or one-shot in bf16"
+        )
+
+
+def _engine(engine: str, model: Any, feature_map: Any, precision: str) -> Any:
     """A context giving the exported engine's scorer, or None for the eager model."""
     if engine == "torch":
         return contextlib.nullcontext(None)
     from ctrcal.serving.engines import exported_engine
 
-    return exported_engine(engine, model.cpu(), feature_map)
+    return exported_engine(engine, model.cpu(), feature_map, precision)
 
 
 def _schema(mc: bool, labelled: bool, time_name: str | None) -> pa.Schema:
@@ -216,7 +231,12 @@ def _features(batch: Batch, features: tuple[Any, pa.Schema]) -> list[np.ndarray]
 
 
 def _score(
-    model: Any, batch: Batch, batch_size: int, device: torch.device, mc_samples: int
+    model: Any,
+    batch: Batch,
+    batch_size: int,
+    device: torch.device,
+    mc_samples: int,
+    precision: str = "fp32",
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """(probabilities [B], MC std [B] or None) of one batch, through the prediction loop."""
     if mc_samples > 0:
@@ -229,7 +249,8 @@ def _score(
         return mean.double().cpu().numpy(), std.double().cpu().numpy()
     from ctrcal.train.predict import predict_probs
 
-    probs, _ = predict_probs(model, batch, batch_size, device)
+    dtype = torch.bfloat16 if precision == "bf16" else None
+    probs, _ = predict_probs(model, batch, batch_size, device, precision=dtype)
     return probs.double().numpy(), None
 
 

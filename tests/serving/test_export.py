@@ -266,3 +266,37 @@ def test_ids_outside_a_fields_vocabulary_are_served_as_its_oov_id(fmt, data, tmp
         np.abs(model_probs(clamped) - model_probs(shifted.clamp(max=int(sizes.sum()) - 1))).max()
         > 0
     )
+
+
+@pytest.mark.parametrize(("fmt", "precision"), [("pt2", "bf16"), ("onnx", "int8")])
+def test_reduced_precision_exports_stay_close_and_leave_the_model_as_it_was(
+    fmt, precision, data, tmp_path
+):
+    fmap, cat, num = data
+    served = ServedModel(_model(fmap, GRID["masknet_serial_bucket_layernorm"]), fmap).eval()
+    before = {k: v.clone() for k, v in served.state_dict().items()}
+    path = tmp_path / f"model.{fmt}"
+    example = example_inputs(fmap.vocab_sizes, fmap.num_numeric, 2)
+    export_model(served, path, fmt, example, precision=precision)
+    after = served.state_dict()
+    assert all(after[k].dtype == v.dtype and torch.equal(after[k], v) for k, v in before.items())
+    run = _load(path, fmt)
+    with torch.no_grad():
+        want = served(cat, num).numpy()
+    got = run(cat, num)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    # rounded weights and activations: close to float32, not equal (on a tiny model with
+    # random weights; the AUC a trained model keeps is in docs/serving.md)
+    assert 0 < np.abs(got - want).max() <= 0.1
+
+
+def test_a_precision_the_format_cannot_hold_is_refused(data, tmp_path):
+    from ctrcal.core.errors import ConfigError
+
+    fmap, _, _ = data
+    served = ServedModel(_model(fmap, MODELS["dnn"]), fmap)
+    example = example_inputs(fmap.vocab_sizes, fmap.num_numeric, 2)
+    with pytest.raises(ConfigError, match=r"--precision bf16: the onnx format cannot hold it"):
+        export_model(served, tmp_path / "m.onnx", "onnx", example, precision="bf16")
+    with pytest.raises(ConfigError, match=r"unknown precision 'fp8' \(valid: fp32, bf16, int8\)"):
+        export_model(served, tmp_path / "m.pt2", "pt2", example, precision="fp8")

@@ -34,3 +34,17 @@ def test_an_exported_engine_has_no_mc_passes(raw_run, tmp_path, capsys):
     assert main([*argv, "--out", str(tmp_path / "p.parquet")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "MC passes need --engine torch" in err
+
+
+def test_a_precision_the_engine_cannot_run_is_one_line(raw_run, tmp_path, capsys):
+    run, out = str(raw_run["run"]), str(tmp_path / "p.parquet")
+    cases = {
+        ("--engine", "onnxruntime", "--precision", "bf16"): "the onnx format cannot hold it",
+        ("--engine", "aoti", "--precision", "int8"): "the aoti format cannot hold it",
+        ("--precision", "int8"): "--engine torch scores in fp32, or one-shot in bf16",
+        ("--precision", "bf16", "--mc-samples", "2"): "--engine torch scores in fp32, or one-shot",
+    }
+    for args, words in cases.items():
+        assert main(["predict", run, *args, "--out", out]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and words in err, err
