@@ -62,7 +62,12 @@ from ctrcal.core.utils import cpu_model_name
 from ctrcal.models.masknet import MaskNet
 from ctrcal.train import step, trainer
 from ctrcal.train.cpu_matmul import cpu_matmul
-from ctrcal.train.precision import cpu_bf16_probe, precision_name, resolve_precision
+from ctrcal.train.precision import (
+    cpu_bf16_probe,
+    cpu_bf16_units,
+    precision_name,
+    resolve_precision,
+)
 from ctrcal.validate import load_config
 
 MODEL = {"hidden_units": [400, 400, 400], "embedding_dim": 16, "reduction_ratio": 0.2}
@@ -175,15 +180,9 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, dict[str, float]]:
 
 
 def bf16_units() -> str:
-    """This CPU's bf16 units from its feature flags (``/proc/cpuinfo``): AMX, AVX512-BF16."""
-    names = {"amx_bf16": "AMX-BF16", "avx512_bf16": "AVX512-BF16", "avx_vnni": "AVX-VNNI"}
-    try:
-        with open("/proc/cpuinfo") as info:
-            flags = next((ln.split(":", 1)[1].split() for ln in info if ln.startswith("flags")), [])
-    except OSError:  # pragma: no cover - not on every platform
-        return "unknown"
-    found = [label for flag, label in names.items() if flag in flags]
-    return ", ".join(found) if found else "none"
+    """This CPU's bf16 units, as :func:`ctrcal.train.precision.cpu_bf16_units` reads them."""
+    units = cpu_bf16_units()
+    return "unknown" if units is None else ", ".join(units) or "none"
 
 
 def bench_auc(args: argparse.Namespace) -> dict[str, Any]:

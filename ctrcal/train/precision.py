@@ -37,6 +37,7 @@ __all__ = [
     "Bf16Probe",
     "compute_precision",
     "cpu_bf16_probe",
+    "cpu_bf16_units",
     "precision_name",
     "resolve_precision",
 ]
@@ -120,21 +121,40 @@ def cpu_bf16_probe(model: nn.Module, batch: Batch, repeats: int = 3) -> Bf16Prob
     return Bf16Probe(best[False], best[True], error, pays)
 
 
+_BF16_FLAGS = {"amx_bf16": "AMX-BF16", "avx512_bf16": "AVX512-BF16"}
+
+
+def cpu_bf16_units() -> list[str] | None:
+    """This CPU's bf16 units from its ``/proc/cpuinfo`` flags (``AMX-BF16``, ``AVX512-BF16``),
+    or None where that file does not say (not Linux, or not an x86 CPU)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            flags = next(
+                (ln.split(":", 1)[1].split() for ln in info if ln.startswith("flags")), None
+            )
+    except OSError:
+        return None
+    if flags is None:
+        return None
+    return [label for flag, label in _BF16_FLAGS.items() if flag in flags]
+
+
 def resolve_precision(
     precision: str, device: torch.device, probe: Callable[[], Bf16Probe] | None = None
 ) -> torch.dtype | None:
     """The autocast dtype of ``train.precision`` on ``device``: ``torch.bfloat16``, or None
     for float32. ``auto`` on a CPU calls ``probe`` (e.g. :func:`cpu_bf16_probe` on the run's
-    model and first batch) and is float32 without one."""
+    model and first batch) and is float32 without one, or on an x86 CPU without bf16 units
+    (where bf16 is emulated: no probe runs, so ``auto`` costs nothing there)."""
     if precision == "bf16":
         return torch.bfloat16
     if precision != "auto":
         return None
     if device.type == "cuda":
         return torch.bfloat16
-    if device.type == "cpu" and probe is not None and probe().pays:
-        return torch.bfloat16
-    return None
+    if device.type != "cpu" or probe is None or cpu_bf16_units() == []:
+        return None
+    return torch.bfloat16 if probe().pays else None
 
 
 def precision_name(dtype: torch.dtype | None) -> str:

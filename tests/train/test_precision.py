@@ -79,7 +79,8 @@ def _probe(pays: bool) -> precision.Bf16Probe:
 
 
 @pytest.mark.parametrize("pays", [False, True])
-def test_auto_follows_the_probe_on_a_cpu(pays):
+def test_auto_follows_the_probe_on_a_cpu(monkeypatch, pays):
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: ["AMX-BF16"])
     cpu = torch.device("cpu")
     assert precision.resolve_precision("auto", cpu, lambda: _probe(pays)) == (
         BF16 if pays else None
@@ -93,6 +94,16 @@ def test_auto_follows_the_probe_on_a_cpu(pays):
     assert precision.resolve_precision("bf16", cpu, never) == BF16
     assert precision.resolve_precision("auto", torch.device("cuda"), never) == BF16
     assert precision.resolve_precision("auto", torch.device("meta"), never) is None
+
+
+def test_auto_is_fp32_without_a_probe_on_a_cpu_without_bf16_units(monkeypatch):
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: [])
+
+    def never():
+        raise AssertionError("no bf16 units: nothing to probe")
+
+    assert precision.resolve_precision("auto", torch.device("cpu"), never) is None
+    assert precision.resolve_precision("bf16", torch.device("cpu"), never) == BF16
 
 
 def test_the_probe_leaves_the_rng_and_the_gradients_alone():
@@ -158,6 +169,7 @@ def test_training_scores_in_its_precision(monkeypatch, prepared_dir, tmp_path):
     monkeypatch.setattr(trainer, "predict_split", predict)
     monkeypatch.setattr(trainer, "score_split", score)
     monkeypatch.setattr(trainer, "cpu_bf16_probe", lambda model, batch: _probe(True))
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: ["AMX-BF16"])
     cfg = load_config(
         None,
         [
