@@ -493,3 +493,23 @@ def test_only_temperature_scaling_of_the_same_runs_keeps_the_ranking():
     assert not by["ln_platt"].same_ranking_as(base)  # a fitted slope may be negative
     assert not by["mc_ts"].same_ranking_as(base)  # other runs, other predictions
     assert not by["mclayernorm"].same_ranking_as(base)
+
+
+def test_the_decisive_protocol_is_the_design_its_page_sizes():
+    """docs/shift-report.md sizes configs/protocols/decisive_cpu.yaml: its family size m, its
+    seeds and the factor of the detectable difference at them are the config's and the
+    calculation's own."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    cfg = load_config(root / "configs/protocols/decisive_cpu.yaml")
+    plans, shifts = P.check_report(cfg)
+    base = next(p for p in plans if p.name == cfg.report.baseline)
+    points = 1 + sum(len(s.intensities) for s in shifts)
+    per_point = sum(1 if p.same_ranking_as(base) else 2 for p in plans if p is not base)
+    m, n = points * per_point, cfg.report.seeds
+    assert cfg.data.synthetic.rows >= 1_000_000 and n >= 10 and cfg.train.precision == "fp32"
+    page = (root / "docs/shift-report.md").read_text()
+    assert f"**{m} paired tests**" in page and f"| seeds | **{n}**" in page
+    assert f"α/m = 0.05 / {m} = {0.05 / m:.3g}" in page
+    assert f"{S.detectable_difference(1.0, n, 0.05 / m):.3f} at n = {n}" in page
