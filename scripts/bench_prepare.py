@@ -40,6 +40,15 @@ The CPU (``lscpu`` model name, family and model) and the load average are printe
 figures: on a shared machine compare the ratios measured within one run, not absolute times.
 The processes run with Python's bytecode cache on (as after an install), each checkout once
 unmeasured first.
+
+``--engine ray`` measures the Ray engine against the local one instead, on ``--days`` day
+files (``day_0`` ... ``day_23``) of ``--day-rows`` rows each (default 24 x 2M = 48M rows, split
+by time as Criteo 1TB is: ``[22, 1, 1]`` whole days), each day a window of a generated file of
+twice a day's rows, starting at another line (generating 48M rows would take an hour on 2
+cores). Per round: Ray's fixed start-up (a process that starts Ray on this machine's cores,
+runs a task per core and stops: :data:`RAY_START`), ``ctrcal prepare`` on the local engine and
+on the Ray engine in its local mode, whole processes. ``--keep`` keeps the generated files
+(they take about 12 GB for 48M rows; by default they are deleted at the end).
 """
 
 from __future__ import annotations
@@ -268,6 +277,113 @@ def _avazu_config(workdir: Path) -> Path:
     return path
 
 
+RAY_START = r"""
+import os
+import ray
+ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
+noop = ray.remote(num_cpus=1)(lambda: os.getpid())
+print(len(set(ray.get([noop.remote() for _ in range(os.cpu_count())]))))
+ray.shutdown()
+"""
+
+
+def _day_inputs(workdir: Path, days: int, rows: int) -> list[Path]:
+    """``days`` files ``day_N.txt`` of ``rows`` rows each: windows of a generated file of
+    ``2 * rows`` rows, day ``N`` starting ``N / days`` of the way into it (wrapping)."""
+    from ctrcal.data.synthetic import generate, prob_path
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    base = workdir / f"dac_{2 * rows}.txt"
+    if not base.exists():
+        print(f"generating {2 * rows:,} rows into {base} (once) ...", flush=True)
+        res = generate(base, 2 * rows, seed=0)
+        print(f"  {res.seconds:.0f} s", flush=True)
+    prob_path(base).unlink(missing_ok=True)
+    lines = base.read_bytes().splitlines(keepends=True)
+    files = []
+    for d in range(days):
+        path = workdir / f"day_{d}.txt"
+        files.append(path)
+        if path.exists():
+            continue
+        start = d * len(lines) // days
+        window = (lines[start:] + lines[:start])[:rows]
+        tmp = path.with_suffix(".part")
+        with open(tmp, "wb") as fh:
+            fh.writelines(window)
+        tmp.rename(path)
+    return files
+
+
+def _engines(args: argparse.Namespace) -> int:
+    """``--engine ray``: the Ray engine against the local one (module docstring)."""
+    from ctrcal.core.utils import cpu_model_name
+
+    files = _day_inputs(args.workdir, args.days, args.day_rows)
+    text = sum(f.stat().st_size for f in files)
+    rows = args.days * args.day_rows
+    configs = {}
+    for engine in ("local", "ray"):
+        configs[engine] = args.workdir / f"{engine}.yaml"
+        configs[engine].write_text(
+            f"data:\n  engine: {engine}\n  split_order: time\n  split: [{args.days - 2}, 1, 1]\n"
+        )
+    print(
+        f"CPU: {cpu_model_name()}, {os.cpu_count()} cores; load average "
+        f"{os.getloadavg()[0]:.1f} (/proc/loadavg: {Path('/proc/loadavg').read_text().strip()}); "
+        f"{args.days} day files, {rows:,} rows, {text / 1e9:.2f} GB; whole processes",
+        flush=True,
+    )
+    warm = args.workdir / "warm.txt"
+    with open(files[0], "rb") as src:
+        warm.write_bytes(b"".join(src.readline() for _ in range(2_000)))
+    for engine, config in configs.items():  # bytecode caches and C kernels, once
+        out = args.workdir / f"prepared_{engine}_warm"
+        _run(
+            ["-m", "ctrcal", "prepare", str(warm), "--out", str(out), "--config", str(config)], ROOT
+        )
+        shutil.rmtree(out, ignore_errors=True)
+    secs: dict[str, list[float]] = {"ray start": [], "local": [], "ray": []}
+    cpu: dict[str, list[float]] = {k: [] for k in secs}
+    rss: dict[str, list[float]] = {k: [] for k in secs}
+    for _ in range(args.big_repeat):
+        t, c, r = _run(["-c", RAY_START], ROOT)
+        secs["ray start"].append(t)
+        cpu["ray start"].append(c)
+        rss["ray start"].append(r)
+        for engine, config in configs.items():
+            out = args.workdir / f"prepared_{engine}"
+            shutil.rmtree(out, ignore_errors=True)
+            argv = ["-m", "ctrcal", "prepare", *map(str, files), "--out", str(out)]
+            t, c, r = _run([*argv, "--config", str(config)], ROOT)
+            shutil.rmtree(out, ignore_errors=True)
+            secs[engine].append(t)
+            cpu[engine].append(c)
+            rss[engine].append(r)
+            print(f"  {engine}: {t:.1f} s, CPU {c:.1f} s, {r:.2f} GiB", flush=True)
+    row: dict[str, object] = {"rows": rows, "days": args.days, "text_gb": text / 1e9}
+    for name in secs:
+        row[f"{name}_s"] = statistics.median(secs[name])
+        row[f"{name}_cpu_s"] = statistics.median(cpu[name])
+        row[f"{name}_rss_gib"] = max(rss[name])
+    row["ray_vs_local"] = statistics.median(_ratios(secs, "ray", "local"))
+    row["ray_vs_local_rounds"] = _ratios(secs, "ray", "local")
+    print(
+        f"Ray start-up {row['ray start_s']:.1f} s; local {row['local_s']:.1f} s "
+        f"({rows / row['local_s']:,.0f} rows/s), ray {row['ray_s']:.1f} s "
+        f"({rows / row['ray_s']:,.0f} rows/s): ray/local "
+        f"{_ratio_text(row['ray_vs_local_rounds'], 0)}; CPU s local {row['local_cpu_s']:.1f}, "
+        f"ray {row['ray_cpu_s']:.1f}; peak RSS of the driver local {row['local_rss_gib']:.2f} "
+        f"GiB, ray {row['ray_rss_gib']:.2f} GiB"
+    )
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+    print(json.dumps(row))
+    if not args.keep:
+        for path in [*files, args.workdir / f"dac_{2 * args.day_rows}.txt", warm]:
+            path.unlink(missing_ok=True)
+    return 0
+
+
 def _ratios(got: dict[str, list[float]], num: str, den: str) -> list[float]:
     """The rounds' own ratios ``num / den`` (rounds where both ran)."""
     return [a / b for a, b in zip(got[num], got[den], strict=False)]
@@ -298,7 +414,18 @@ def main() -> int:
     )
     p.add_argument("--now-first", action="store_true", help="run this checkout before the base")
     p.add_argument("--schema", choices=["dac", "avazu"], default="dac", help="the files measured")
+    p.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="ray: the Ray engine against the local one on day files (--days, --day-rows)",
+    )
+    p.add_argument("--days", type=int, default=24, help="--engine ray: day files")
+    p.add_argument("--day-rows", type=int, default=2_000_000, help="--engine ray: rows per day")
+    p.add_argument("--keep", action="store_true", help="--engine ray: keep the generated files")
     args = p.parse_args()
+    if args.engine == "ray":
+        return _engines(args)
     sizes = sorted(int(float(s)) for s in args.sizes.split(","))
     avazu = args.schema == "avazu"
     files = (_avazu_inputs if avazu else _inputs)(args.workdir, sizes)
