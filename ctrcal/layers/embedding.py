@@ -208,7 +208,7 @@ class FeatureEmbedding(nn.Module):
 
         Eager runs ``searchsorted``; an exported graph (ONNX has no ``searchsorted``) runs
         :func:`count_below`, which gives the same ids. ``searchsorted`` stays in eager because
-        it is 1.5-4x faster there (docs/benchmarks.md, "Bucketizing numerics").
+        it is 1.2-9.5x faster there (docs/benchmarks.md, "Bucketizing numerics").
         """
         if torch.jit.is_tracing() or torch.compiler.is_exporting():
             ids = count_below(self.boundaries, numeric.float())
