@@ -12,8 +12,8 @@ since every variant sees the same shifted rows; per variant, seed and point ever
 * ``drift_features``: features alarmed per chunk, on average;
 * ``domain_classifier``: the domain classifier's AUC, averaged over the chunks;
 * ``auc_est_iw_cbpe``, ``auc_est_doc``: the estimates, averaged over the chunks, and their
-  errors ``..._err`` against each chunk's measured AUC (CBPE's are ``auc_est`` and
-  ``auc_est_err`` of the whole split).
+  errors ``..._err`` against each chunk's measured AUC; CBPE's error the same way,
+  ``auc_est_chunk_err`` (its whole-split ``auc_est_err`` is the report's own).
 
 :func:`monitor_lines` words them: per shift, variant and point the drift, each estimator's
 error and whether the alarm fired, then the grid's sums: **misses** (points where the best
@@ -37,7 +37,7 @@ __all__ = ["MISS_AUC", "ShiftMonitor", "monitor_lines", "monitor_summary"]
 
 MISS_AUC = 0.01  # an estimate further than this from the measured AUC needs an alarm
 CHUNKS = 20  # chunks of the evaluated split (false alarms are counted over them)
-ERRORS = {"cbpe": "auc_est_err", "iw_cbpe": "auc_est_iw_cbpe_err", "doc": "auc_est_doc_err"}
+ERRORS = {"cbpe": "auc_est_chunk_err", "iw_cbpe": "auc_est_iw_cbpe_err", "doc": "auc_est_doc_err"}
 
 
 def _features(batches: Any, names: Sequence[str]) -> dict[str, np.ndarray]:
@@ -103,10 +103,16 @@ class ShiftMonitor:
         ref_labels: np.ndarray,
     ) -> dict[str, float]:
         """What one evaluation records (module docstring)."""
-        from ctrcal.metrics import auc, doc_estimates, doc_gap, importance_weighted_estimates
+        from ctrcal.metrics import (
+            auc,
+            doc_estimates,
+            doc_gap,
+            expected_auc,
+            importance_weighted_estimates,
+        )
 
         gap = doc_gap(ref_probs, ref_labels)
-        iw, doc, iw_err, doc_err = [], [], [], []
+        iw, doc, iw_err, doc_err, cbpe_err = [], [], [], [], []
         for c in chunks:
             p, y = probs[c.start : c.stop], labels[c.start : c.stop]
             measured = auc(p, y)
@@ -117,6 +123,7 @@ class ShiftMonitor:
             doc.append(b["auc"])
             iw_err.append(a["auc"] - measured)
             doc_err.append(b["auc"] - measured)
+            cbpe_err.append(expected_auc(p) - measured)
         return {
             "drift_alarm": float(np.mean([c.alarm for c in chunks])),
             "drift_features": float(
@@ -129,6 +136,7 @@ class ShiftMonitor:
             "auc_est_doc": float(np.nanmean(doc)),
             "auc_est_iw_cbpe_err": float(np.nanmean(iw_err)),
             "auc_est_doc_err": float(np.nanmean(doc_err)),
+            "auc_est_chunk_err": float(np.nanmean(cbpe_err)),
         }
 
 

@@ -55,6 +55,7 @@ def test_the_monitor_alarms_on_noise_and_records_every_estimator():
             "auc_est_doc",
             "auc_est_iw_cbpe_err",
             "auc_est_doc_err",
+            "auc_est_chunk_err",
         }
         assert (values["drift_alarm"] > 0.9) == alarmed
         assert (values["drift_alarm"] <= 0.1) == (not alarmed)
@@ -73,7 +74,7 @@ def _table() -> pd.DataFrame:
         ("noise", 0.2): (0.1, {"cbpe": 0.02, "iw_cbpe": 0.03, "doc": -0.02}),
         ("noise", 0.5): (1.0, {"cbpe": 0.05, "iw_cbpe": 0.05, "doc": 0.05}),
     }
-    keys = {"cbpe": "auc_est_err", "iw_cbpe": "auc_est_iw_cbpe_err", "doc": "auc_est_doc_err"}
+    keys = {"cbpe": "auc_est_chunk_err", "iw_cbpe": "auc_est_iw_cbpe_err", "doc": "auc_est_doc_err"}
     for k in range(3):
         for (shift, s), (alarm, errors) in points.items():
             values = {"drift_alarm": alarm, "drift_features": 2 * alarm, "domain_classifier": 0.5}
