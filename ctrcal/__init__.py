@@ -58,7 +58,7 @@ _EXPORTS: dict[str, str | tuple[str, str]] = {
     "ShiftReportSummary": "ctrcal.api",
     # data
     "FeatureMap": "ctrcal.data.feature_map",
-    "FeaturePipeline": "ctrcal.data.features",
+    "FeaturePipeline": "ctrcal.preparation.features",
     "DatasetSchema": "ctrcal.data.schema",
     "register_schema": "ctrcal.data.schema",
     # evaluation

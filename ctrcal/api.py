@@ -1,7 +1,7 @@
 """The Python wrappers of the jobs: check the config (:mod:`ctrcal.validate`), then run the job.
 
 ``ctrcal.prepare``, ``ctrcal.train`` and ``ctrcal.shift_report`` are these functions; the jobs
-below them (:func:`ctrcal.data.prepare.prepare.prepare`, :func:`ctrcal.train.trainer.train`,
+below them (:func:`ctrcal.preparation.prepare.prepare`, :func:`ctrcal.train.trainer.train`,
 :func:`ctrcal.reports.shift.report.run_shift_report`) take a config that is already valid.
 ``shift_report`` runs the whole shift-robustness protocol from Python, for notebooks: same
 protocol as ``ctrcal run CONFIG`` (prepare if needed, train every variant and seed or reuse
@@ -33,7 +33,7 @@ from ctrcal.validate import load_config, validate_config
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from ctrcal.data.prepare.result import PrepareResult
+    from ctrcal.preparation.result import PrepareResult
     from ctrcal.train.results import TrainResult
 
 __all__ = ["ShiftReportSummary", "prepare", "shift_report", "train"]
@@ -52,10 +52,10 @@ def prepare(
 ) -> PrepareResult:
     """Prepare raw data by ``cfg``'s ``data`` and ``features`` sections (defaults if None).
 
-    The arguments are those of :func:`ctrcal.data.prepare.prepare.prepare`, which takes the
+    The arguments are those of :func:`ctrcal.preparation.prepare.prepare`, which takes the
     two sections themselves.
     """
-    from ctrcal.data.prepare.prepare import prepare as prepare_sections
+    from ctrcal.preparation.prepare import prepare as prepare_sections
 
     cfg = cfg if cfg is not None else Config()
     return prepare_sections(

@@ -117,7 +117,7 @@ def _validate_full(args: argparse.Namespace) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from ctrcal.data.synthetic import generate
+    from ctrcal.preparation.synthetic import generate
 
     res = generate(args.out, args.rows, args.seed, drift=args.drift)
     print(
@@ -148,7 +148,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     with _loading():
         from ctrcal.config.load import read_config
         from ctrcal.core.errors import ConfigError
-        from ctrcal.data.prepare.prepare import prepare
+        from ctrcal.preparation.prepare import prepare
         from ctrcal.validate import MODEL_SECTIONS, validate_config
 
     # preparing needs the data and features sections: only their checks run (no model, no

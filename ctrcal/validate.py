@@ -14,11 +14,11 @@ Each rule is stated once, beside what it bounds, and this module only asks it:
   ``_parameter_constraints``): :class:`~ctrcal.config.TrainConfig`,
   :class:`~ctrcal.config.SyntheticConfig` and :class:`~ctrcal.config.ReportConfig` carry
   their own; the ``features`` section is bounded by the pipeline it configures
-  (:class:`ctrcal.data.features.FeaturePipeline`);
+  (:class:`ctrcal.preparation.features.FeaturePipeline`);
 * the split fractions and which files a ``data`` section may name are
-  :mod:`ctrcal.data.splits`' (:func:`~ctrcal.data.splits.check_fractions`,
-  :func:`~ctrcal.data.splits.check_split_sources`), which preparing the data asks too;
-  ``on_bad_row`` is :func:`ctrcal.data.parse.check_on_bad_row`;
+  :mod:`ctrcal.preparation.splits`' (:func:`~ctrcal.preparation.splits.check_fractions`,
+  :func:`~ctrcal.preparation.splits.check_split_sources`), which preparing the data asks too;
+  ``on_bad_row`` is :func:`ctrcal.preparation.parse.check_on_bad_row`;
 * the model's arguments are its constructor's: the model is built on the ``meta`` device with
   a real :class:`~ctrcal.data.feature_map.FeatureMap` of the data's schema (tiny
   vocabularies), so it sees what it sees in training;
@@ -131,11 +131,11 @@ class Problems:
 
 
 def check_data(cfg: Config, problems: Problems) -> None:
-    """The ``data`` section, by the rules of :mod:`ctrcal.data.splits` (split fractions, which
-    files) and :mod:`ctrcal.data.schema`, and the bounds beside :class:`SyntheticConfig`."""
+    """The ``data`` section, by the rules of :mod:`ctrcal.preparation.splits` (split fractions,
+    which files) and :mod:`ctrcal.data.schema`, and the bounds beside :class:`SyntheticConfig`."""
     from ctrcal.core.errors import DataError
     from ctrcal.data.schema import resolve_schema
-    from ctrcal.data.splits import check_fractions, check_split_sources
+    from ctrcal.preparation.splits import check_fractions, check_split_sources
 
     d = cfg.data
     problems.bounded("data.synthetic", d.synthetic, d.synthetic._parameter_constraints)
@@ -149,7 +149,7 @@ def check_data(cfg: Config, problems: Problems) -> None:
         except DataError as exc:
             problems.add("data.schema", str(exc).removeprefix("data.schema: "))
     if d.engine != "local" or d.ray_address is not None:
-        from ctrcal.data.prepare.engines import check_engine
+        from ctrcal.preparation.engines import check_engine
 
         for key, message in check_engine(d):
             problems.add(key, message)
@@ -495,8 +495,8 @@ def validate_data(cfg: Config, data_dir: Path) -> None:
         DataError: naming the config's file and key, the shift and the data.
         ConfigError: tables above the limit, naming the key and the size.
     """
-    from ctrcal.data.criteo import check_prepared_layout
     from ctrcal.data.feature_map import FeatureMap
+    from ctrcal.preparation.criteo import check_prepared_layout
     from ctrcal.reports.shift.jobs import check_data_for_shifts
     from ctrcal.reports.shift.plan import plan_shifts
     from ctrcal.shifts.data_check import check_training_data

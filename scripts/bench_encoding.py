@@ -39,7 +39,7 @@ def main() -> None:
     from ctrcal.api import prepare
     from ctrcal.config import Config
     from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
-    from ctrcal.data.synthetic import generate_frame, write_criteo
+    from ctrcal.preparation.synthetic import generate_frame, write_criteo
     from ctrcal.serving.encoding import RawRowEncoder
 
     with tempfile.TemporaryDirectory() as tmp:

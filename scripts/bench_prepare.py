@@ -203,7 +203,7 @@ def _lines(src: Path, dst, n: int) -> int:
 
 def _inputs(workdir: Path, sizes: list[int]) -> dict[int, Path]:
     """The generated file, and a file of each size cut from it or repeating it."""
-    from ctrcal.data.synthetic import generate, prob_path
+    from ctrcal.preparation.synthetic import generate, prob_path
 
     workdir.mkdir(parents=True, exist_ok=True)
     rows = min(max(sizes), GENERATED_ROWS)
@@ -290,7 +290,7 @@ ray.shutdown()
 def _day_inputs(workdir: Path, days: int, rows: int) -> list[Path]:
     """``days`` files ``day_N.txt`` of ``rows`` rows each: windows of a generated file of
     ``2 * rows`` rows, day ``N`` starting ``N / days`` of the way into it (wrapping)."""
-    from ctrcal.data.synthetic import generate, prob_path
+    from ctrcal.preparation.synthetic import generate, prob_path
 
     workdir.mkdir(parents=True, exist_ok=True)
     base = workdir / f"dac_{2 * rows}.txt"

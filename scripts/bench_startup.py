@@ -136,7 +136,7 @@ def data_inputs(workdir: Path) -> dict[str, Path]:
     """A small dac file, a predictions CSV and a data-only config in ``workdir``."""
     import numpy as np
 
-    from ctrcal.data.synthetic import generate
+    from ctrcal.preparation.synthetic import generate
 
     dac = workdir / "small.txt"
     generate(dac, 2_000, seed=0)

@@ -30,7 +30,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from ctrcal.data.synthetic import generate_frame, write_criteo  # noqa: E402
+from ctrcal.preparation.synthetic import generate_frame, write_criteo  # noqa: E402
 
 SAMPLES = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "criteo_samples"
 LAYOUT_FILES = {

@@ -33,7 +33,7 @@ PRELOAD = [
     "ctrcal.train.trainer",
     "ctrcal.reports.shift.report",
     "ctrcal.reports.shift.render",
-    "ctrcal.data.prepare.prepare",
+    "ctrcal.preparation.prepare",
 ]
 
 _server: list[multiprocessing.context.ForkServerContext] = []

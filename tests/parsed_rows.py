@@ -1,4 +1,4 @@
-"""The rows the parser gives (:func:`ctrcal.data.parse.iter_chunks`, the route ``prepare``
+"""The rows the parser gives (:func:`ctrcal.preparation.parse.iter_chunks`, the route ``prepare``
 reads through) as one typed frame, for tests of the readers and of prepared data.
 
 Imported by tests as ``from parsed_rows import read_rows`` (``tests/`` is on ``sys.path``).
@@ -13,9 +13,9 @@ import numpy as np
 import polars as pl
 
 from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
-from ctrcal.data import criteo
-from ctrcal.data.parse import iter_chunks
-from ctrcal.data.parsed import ParsedChunk
+from ctrcal.preparation import criteo
+from ctrcal.preparation.parse import iter_chunks
+from ctrcal.preparation.parsed import ParsedChunk
 
 
 def chunk_frame(chunk: ParsedChunk) -> pl.DataFrame:

@@ -210,7 +210,7 @@ def test_the_package_has_no_import_circle():
 
 
 # the units of the layer contract in pyproject.toml: ctrcal.<package> or ctrcal.<module>, and these
-UNITS = ("ctrcal.reports.shift", "ctrcal.reports.calibration", "ctrcal.data.prepare")
+UNITS = ("ctrcal.reports.shift", "ctrcal.reports.calibration")
 
 
 def unit_of(module: str) -> str:
@@ -251,14 +251,18 @@ def test_models_import_neither_config_nor_data():
     graph = _package_graph()
     for module, edges in graph.items():
         if module.startswith("ctrcal.models"):
-            bad = {e for e in edges if e.startswith(("ctrcal.config", "ctrcal.data"))}
+            bad = {
+                e
+                for e in edges
+                if e.startswith(("ctrcal.config", "ctrcal.data", "ctrcal.preparation"))
+            }
             assert not bad, (module, bad)
 
 
 def test_data_imports_neither_config_nor_models():
     graph = _package_graph()
     for module, edges in graph.items():
-        if module.startswith("ctrcal.data"):
+        if module.startswith(("ctrcal.data", "ctrcal.preparation")):
             bad = {e for e in edges if e.startswith(("ctrcal.config", "ctrcal.models"))}
             assert not bad, (module, bad)
 
@@ -290,7 +294,7 @@ def test_the_finder_sees_a_circle_through_a_function_level_import(tmp_path):
 # imports what it checks) the functions the command's path calls count, followed call by call,
 # and the checks that run on a data-only config (not those of its MODEL_SECTIONS). Names
 # imported by a string (a registry's built-ins) are not seen here; the subprocess smoke test
-# in tests/data/test_pipeline.py runs `prepare` for real.
+# in tests/preparation/test_pipeline.py runs `prepare` for real.
 
 HEAVY = ("torch", "pandas")
 # command -> the CLI helpers left out of its path: `validate` of a config with a model section
@@ -394,7 +398,11 @@ def test_data_commands_import_neither_torch_nor_pandas():
     assert not gone, f"no longer imported, remove from PENDING: {gone}"
     # --help runs the CLI module's own imports only
     graph = _external_graph(PACKAGE)
-    top = {m for m in command_imports("synth") if not m.startswith("ctrcal.data")}
+    top = {
+        m
+        for m in command_imports("synth")
+        if not m.startswith(("ctrcal.data", "ctrcal.preparation"))
+    }
     assert not {"torch", "pandas", "numpy", "polars"} & set(reached(graph, top & set(graph)))
 
 
@@ -402,7 +410,7 @@ def test_the_data_paths_reach_what_they_run():
     # the paths are what runs: validate's data-only path runs the data and features checks
     # and stops before the model's; calibration-report reads with the predictions reader
     validate = data_command_imports("validate")
-    assert {"ctrcal.data.splits", "ctrcal.data.feature_bounds"} <= validate
+    assert {"ctrcal.preparation.splits", "ctrcal.data.feature_bounds"} <= validate
     assert not {"ctrcal.models.registry", "ctrcal.train.runs"} & validate
     full = (
         command_imports("validate")

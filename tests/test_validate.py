@@ -289,10 +289,10 @@ def test_a_user_model_sees_a_real_feature_map_in_validate(tmp_path, monkeypatch,
 
 def test_data_bounds_have_one_statement_the_data_code_asks():
     from ctrcal.core.errors import DataError
-    from ctrcal.data.features import FeaturePipeline
-    from ctrcal.data.fit_stats import FitStats
-    from ctrcal.data.parse import check_on_bad_row
-    from ctrcal.data.splits import check_fractions
+    from ctrcal.preparation.features import FeaturePipeline
+    from ctrcal.preparation.fit_stats import FitStats
+    from ctrcal.preparation.parse import check_on_bad_row
+    from ctrcal.preparation.splits import check_fractions
 
     # the split rule: fractions that sum to 1 or whole-number proportions, normalised
     assert check_fractions([22, 1, 1]) == [22 / 24, 1 / 24, 1 / 24]

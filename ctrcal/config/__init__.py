@@ -102,7 +102,7 @@ class DataConfig:
     ``[22, 1, 1]`` days); alternatively ``train``/``valid``/``test`` name one file list each.
     With neither, ``synthetic`` data is generated. ``split_order``: ``random`` (seeded hash of
     each row) or ``time`` (train on the first rows, valid/test on the last; whole files for
-    Criteo 1TB ``day_N`` inputs), see :mod:`ctrcal.data.splits`.
+    Criteo 1TB ``day_N`` inputs), see :mod:`ctrcal.preparation.splits`.
 
     ``parquet_compression`` is the codec of the prepared parts. They are a cache that training
     reads (every epoch, when it streams them), so the default stores them uncompressed: the
@@ -141,7 +141,7 @@ class FeaturesConfig:
 
     ``max_vocab`` (0 = no cap) caps each categorical field's kept values; a field with more
     hashes all but its most frequent ``max_vocab`` values into ``hash_buckets`` ids (see
-    :mod:`ctrcal.data.features`), so that its embedding table fits a device.
+    :mod:`ctrcal.preparation.features`), so that its embedding table fits a device.
     """
 
     min_count: int = 10

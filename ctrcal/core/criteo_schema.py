@@ -2,7 +2,7 @@
 
 Every fact about the Criteo columns is named here once. This module imports nothing, so a
 config check, a model or a test can name Criteo's columns without loading the data stack
-(polars); :mod:`ctrcal.data.criteo` reads the files and re-exports these names.
+(polars); :mod:`ctrcal.preparation.criteo` reads the files and re-exports these names.
 """
 
 from __future__ import annotations
@@ -27,4 +27,4 @@ FEATURE_COLUMNS: tuple[str, ...] = NUMERIC_COLUMNS + CATEGORICAL_COLUMNS
 COLUMNS: tuple[str, ...] = (LABEL, *FEATURE_COLUMNS)
 
 LAYOUTS: tuple[str, ...] = ("dac", "dac_test", "kaggle_csv", "x4", "x1", "torchrec")
-"""Layout names accepted by :func:`ctrcal.data.criteo.detect_format` (plus ``auto``)."""
+"""Layout names accepted by :func:`ctrcal.preparation.criteo.detect_format` (plus ``auto``)."""

@@ -1,1 +1,2 @@
-"""Criteo readers, the synthetic generator, the feature pipeline and batch loading."""
+"""What runs read: the dataset schema, the feature map, the identities of prepared data and
+the batch loader (preparing data is :mod:`ctrcal.preparation`)."""

@@ -1,4 +1,4 @@
-"""The bounds of :class:`~ctrcal.data.features.FeaturePipeline`'s parameters: their one
+"""The bounds of :class:`~ctrcal.preparation.features.FeaturePipeline`'s parameters: their one
 statement. The pipeline checks itself against them and the rule book checks a config's
 ``features`` section against them; they live apart from the pipeline so that the rule book
 reads them without loading polars (``train`` and ``evaluate`` never need it)."""

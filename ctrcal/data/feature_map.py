@@ -1,8 +1,9 @@
 """The feature map: what a model needs to know about prepared data (``feature_map.json``).
 
-:class:`FeatureMap` is the read-only view of what :class:`~ctrcal.data.features.FeaturePipeline`
-learned on the train split. Reading it needs neither polars nor torch, so loading a run or a
-prepared directory (``ctrcal evaluate``, a report) does not load the preparation stack.
+:class:`FeatureMap` is the read-only view of what
+:class:`~ctrcal.preparation.features.FeaturePipeline` learned on the train split. Reading it
+needs neither polars nor torch, so loading a run or a prepared directory (``ctrcal evaluate``,
+a report) does not load the preparation stack.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ __all__ = ["FEATURE_MAP_FILE", "SCHEMA_VERSION", "FeatureMap", "load_feature_map
 
 SCHEMA_VERSION = 1
 FEATURE_MAP_FILE = "feature_map.json"
+# the id layout of every categorical field (ctrcal.preparation.features writes it)
+PAD_ID = 0
+MISSING_ID = 1
+OOV_ID = 2
+NUM_RESERVED = 3
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 A :class:`Batch` is three tensors; models read ``categorical`` and ``numeric``.
 :class:`ParquetCTRData` reads one split of a prepared directory (see
-:mod:`ctrcal.data.prepare.prepare`) in one of three modes:
+:mod:`ctrcal.preparation.prepare`) in one of three modes:
 
 * ``memory`` (default): the split is loaded once into contiguous CPU tensors (categoricals kept
   as int32 to halve memory, widened to int64 per batch); batches are slices, or with
@@ -97,7 +97,7 @@ class ParquetCTRData:
     """One split of a prepared directory as batches.
 
     Args:
-        data_dir: a directory written by :func:`ctrcal.data.prepare.prepare.prepare`.
+        data_dir: a directory written by :func:`ctrcal.preparation.prepare.prepare`.
         split: ``train``, ``valid`` or ``test``.
         mode: ``memory``, ``device`` or ``stream`` (see the module docstring).
         device: where ``device`` mode keeps the tensors (default: CUDA if available).

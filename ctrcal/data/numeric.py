@@ -1,7 +1,7 @@
 """The stored numeric transform, invertible on a batch: original space <-> model space.
 
 A prepared directory stores each numeric feature in *model space* (what models read, see
-:mod:`ctrcal.data.features`). The *original space* is the value as it stands in the input
+:mod:`ctrcal.preparation.features`). The *original space* is the value as it stands in the input
 file: raw integer counts for the dac / day_N / Kaggle / Criteo_x4 layouts, the given (already
 scaled) values for Criteo_x1. The fitted transform maps one to the other, per feature ``j``::
 

@@ -5,7 +5,7 @@ optional time column (for time-ordered splits, and optionally a feature too), th
 header of its text form, and how its categoricals are spelled (``hex``: hashes read base 16,
 as Criteo writes them; ``string``: any text, keyed by a 64-bit hash of the string). Criteo's
 layouts are built-in instances (:data:`CRITEO`; the dac / Kaggle / BARS / torchrec variants
-are detected from the file, see :mod:`ctrcal.data.criteo`); Avazu (Kaggle ``train.csv``) is
+are detected from the file, see :mod:`ctrcal.preparation.criteo`); Avazu (Kaggle ``train.csv``) is
 :data:`AVAZU`. A config's ``data.schema`` names a built-in, a YAML file, or holds the schema
 inline::
 

@@ -40,7 +40,7 @@ from ctrcal.core.errors import ConfigError
 
 __all__ = ["ContextNorm", "bind_contexts"]
 
-# The feature pipeline's id layout (ctrcal.data.features): 0 missing, 1 padding, 2 OOV,
+# The feature pipeline's id layout (ctrcal.preparation.features): 0 missing, 1 padding, 2 OOV,
 # kept values from 3 on by train frequency. Stated here so layers import nothing from data/.
 OOV_ID = 2
 NUM_RESERVED = 3

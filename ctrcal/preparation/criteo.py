@@ -20,9 +20,9 @@ Supported layouts (``layout=`` names, detected automatically by :func:`detect_fo
 ``torchrec``    A header with torchrec's names ``label, int_0..int_12, cat_0..cat_25``.
 ==============  ================================================================================
 
-Files are parsed chunk by chunk by :mod:`ctrcal.data.parse`: the C reader, else polars on
+Files are parsed chunk by chunk by :mod:`ctrcal.preparation.parse`: the C reader, else polars on
 the strings of :func:`scan_raw`, typed and checked by the one row validator
-(:mod:`ctrcal.data.row_check`). Hex categoricals would break float parsing (``623049e6``) and
+(:mod:`ctrcal.preparation.row_check`). Hex categoricals would break float parsing (``623049e6``) and
 lose leading zeros (``00018438``); integers may be negative (I2) or written ``260.0``.
 """
 
@@ -48,8 +48,8 @@ from ctrcal.core.criteo_schema import (
     NUM_NUMERIC,
 )
 from ctrcal.core.errors import DataError
-from ctrcal.data.chunks import BOM
-from ctrcal.data.row_check import EXTRA
+from ctrcal.preparation.chunks import BOM
+from ctrcal.preparation.row_check import EXTRA
 
 _SNIFF_BYTES = 1 << 16
 _SNIFF_LINES = 200
@@ -310,8 +310,8 @@ def scan_raw(chunk: bytes, fmt: CriteoFormat) -> pl.LazyFrame:
     """A chunk's fields under canonical names, as strings, plus the validator's extra column.
 
     ``chunk`` holds whole lines of a file past its header (see
-    :func:`~ctrcal.data.chunks.iter_text_chunks`). Missing fields (short rows) are null; the
-    :data:`~ctrcal.data.row_check.EXTRA` column is non-null where a row has more fields than
+    :func:`~ctrcal.preparation.chunks.iter_text_chunks`). Missing fields (short rows) are null; the
+    :data:`~ctrcal.preparation.row_check.EXTRA` column is non-null where a row has more fields than
     the layout.
     """
     schema = {name: pl.Utf8 for name in fmt.columns}

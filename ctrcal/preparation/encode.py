@@ -3,20 +3,20 @@
 :func:`encode_sources` is the one route from raw files to encoded splits, whatever their size
 (a small file is one chunk):
 
-1. each source is parsed chunk by chunk (:func:`ctrcal.data.parse.iter_chunks`: the C reader
+1. each source is parsed chunk by chunk (:func:`ctrcal.preparation.parse.iter_chunks`: the C reader
    first, polars for a chunk it refuses), each row is given its split
-   (:class:`~ctrcal.data.splits.SplitPlan`), and every column of the chunk is coded by its
-   :class:`~ctrcal.data.coder.ColumnCoder` (the columns shared among the threads), which keeps
-   the distinct values and their train counts across chunks; the chunk's rows, grouped by
+   (:class:`~ctrcal.preparation.splits.SplitPlan`), and every column of the chunk is coded by its
+   :class:`~ctrcal.preparation.coder.ColumnCoder` (the columns shared among the threads), which
+   keeps the distinct values and their train counts across chunks; the chunk's rows, grouped by
    split, are appended to their split's blocks (:class:`_Blocks`: one per part to be written,
    in memory, then on disk);
-2. the :class:`~ctrcal.data.features.FeaturePipeline` is fitted on the distinct values and
-   their exact train counts (:class:`~ctrcal.data.fit_stats.FitStats`: any chunking gives the
+2. the :class:`~ctrcal.preparation.features.FeaturePipeline` is fitted on the distinct values and
+   their exact train counts (:class:`~ctrcal.preparation.fit_stats.FitStats`: any chunking gives the
    same state, bit for bit), the fields side by side;
 3. each column's answer per distinct value (its id, its model value) is computed once, and
    every block is encoded in place by one gather per column
-   (:class:`~ctrcal.data.coder.Answers`) and written as its split's next part
-   (:func:`~ctrcal.data.prepare.write.write_part`), parts side by side.
+   (:class:`~ctrcal.preparation.coder.Answers`) and written as its split's next part
+   (:func:`~ctrcal.preparation.write.write_part`), parts side by side.
 
 Memory is a few chunks, the blocks up to :data:`MEMORY_BYTES` and the coders (which grow with
 the number of distinct values, not rows); the output does not depend on the chunk size.
@@ -36,13 +36,13 @@ import numpy as np
 import polars as pl
 
 from ctrcal.core.errors import DataError
-from ctrcal.data import parse
-from ctrcal.data.coder import Answers, ColumnCoder
-from ctrcal.data.features import MISSING_ID, FeaturePipeline
-from ctrcal.data.fit_stats import FitStats
-from ctrcal.data.parsed import ParsedChunk
-from ctrcal.data.prepare import stages, write
-from ctrcal.data.splits import SPLITS, SplitPlan
+from ctrcal.data.feature_map import MISSING_ID
+from ctrcal.preparation import parse, stages, write
+from ctrcal.preparation.coder import Answers, ColumnCoder
+from ctrcal.preparation.features import FeaturePipeline
+from ctrcal.preparation.fit_stats import FitStats
+from ctrcal.preparation.parsed import ParsedChunk
+from ctrcal.preparation.splits import SPLITS, SplitPlan
 
 MEMORY_BYTES = 1 << 30
 """Blocks of coded rows are kept in memory up to this many bytes (about 6.5M Criteo rows),
@@ -321,8 +321,8 @@ def encode_sources(
     compression: str,
 ) -> Tally:
     """Parse, code, fit and encode ``sources`` into ``tmp/{train,valid,test}`` (see the module
-    docstring) on ``threads`` threads (default :func:`ctrcal.data.parse.threads`; more than
-    one also parses a chunk while the one before it is coded: :mod:`ctrcal.data.prepare.stages`),
+    docstring) on ``threads`` threads (default :func:`ctrcal.preparation.parse.threads`; more than
+    one also parses a chunk while the one before it is coded: :mod:`ctrcal.preparation.stages`),
     the parts in ``compression`` (``data.parquet_compression``); returns what was read."""
     workers = threads or parse.threads()
     nums, cats = pipe.numeric_fields, pipe.categorical_fields

@@ -1,7 +1,7 @@
 """The feature pipeline: train counts -> vocabularies and numeric statistics; the feature map.
 
 :class:`FeaturePipeline` is fitted on the train split only; the prepare job
-(:mod:`ctrcal.data.prepare.encode`) asks it the code of each distinct value and writes the
+(:mod:`ctrcal.preparation.encode`) asks it the code of each distinct value and writes the
 encoded columns the loader reads:
 
 * ``label`` float32 (null when the source has no labels);
@@ -54,22 +54,22 @@ from ctrcal.core.constraints import Constraint, check_parameters
 from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.core.errors import DataError
 from ctrcal.core.utils import atomic_path, write_json_atomic
-from ctrcal.data.coder import check_string_hash
 from ctrcal.data.feature_bounds import FEATURE_PARAMETER_CONSTRAINTS
 from ctrcal.data.feature_map import (
     FEATURE_MAP_FILE,
+    MISSING_ID,
+    NUM_RESERVED,
+    OOV_ID,
+    PAD_ID,
     SCHEMA_VERSION,
     FeatureMap,
 )
-from ctrcal.data.fit_stats import FitStats, weighted_moments, weighted_quantiles
-from ctrcal.data.lookup import ValueIndex
+from ctrcal.preparation.coder import check_string_hash
+from ctrcal.preparation.fit_stats import FitStats, weighted_moments, weighted_quantiles
+from ctrcal.preparation.lookup import ValueIndex
 
 VOCAB_FILE = "vocab.parquet"
 
-PAD_ID = 0
-MISSING_ID = 1
-OOV_ID = 2
-NUM_RESERVED = 3
 
 NUMERIC_TRANSFORMS = ("log_standardize", "standardize", "identity")
 
@@ -110,7 +110,7 @@ class FeaturePipeline:
         hash_buckets: the number of hashed ids of a capped field.
         categorical_fields / numeric_fields: the columns to encode.
 
-    The prepare job (:mod:`ctrcal.data.prepare.encode`) counts the train split's distinct
+    The prepare job (:mod:`ctrcal.preparation.encode`) counts the train split's distinct
     values chunk by chunk into a :class:`FitStats`, calls :meth:`fit_stats`, asks
     :meth:`categorical_ids` and the numeric transform once per distinct value, and gathers the
     answers for every row of every split; serving (:mod:`ctrcal.serving`) reloads the fitted

@@ -1,6 +1,6 @@
-"""Exact, mergeable fit statistics: what :class:`~ctrcal.data.features.FeaturePipeline` learns
-from, as integer counts that add up the same whatever the chunking, and the moments and
-quantiles of such a histogram (exactly rounded, so they depend only on the counts).
+"""Exact, mergeable fit statistics: what :class:`~ctrcal.preparation.features.FeaturePipeline`
+learns from, as integer counts that add up the same whatever the chunking, and the moments
+and quantiles of such a histogram (exactly rounded, so they depend only on the counts).
 
 The statistics of part of the train rows (a chunk, a file, a day, a byte range) are a
 :class:`FitStats` of their own: :meth:`FitStats.to_bytes` serializes one (to send it from the
@@ -9,7 +9,7 @@ addition per value, so it is associative and commutative: any partition of the r
 piece by piece and merged in any order or tree, gives the counts of the whole. No threshold
 (``min_count``, ``max_vocab``, hashed ids, bucket boundaries) is applied to a partial: the
 pipeline applies them to the merged counts only, in :meth:`FeaturePipeline.fit_stats
-<ctrcal.data.features.FeaturePipeline.fit_stats>`.
+<ctrcal.preparation.features.FeaturePipeline.fit_stats>`.
 """
 
 from __future__ import annotations

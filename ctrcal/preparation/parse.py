@@ -1,14 +1,14 @@
 """The one parser entry: a raw file's chunks of whole lines -> typed, checked columns.
 
 :func:`iter_chunks` cuts a file (plain or gzip, decompressed as it is read) into chunks of
-whole lines (:func:`~ctrcal.data.chunks.iter_text_chunks`; a small file is one chunk) and
-parses each one with the C reader first (:mod:`ctrcal.data.tsv_reader`). A chunk the C reader
+whole lines (:func:`~ctrcal.preparation.chunks.iter_text_chunks`; a small file is one chunk) and
+parses each one with the C reader first (:mod:`ctrcal.preparation.tsv_reader`). A chunk the C reader
 cannot take -- a header CSV layout with an ``Id`` column, decimal ids, a float-written integer,
 a malformed row -- is re-read by polars' text parser, that chunk only, and typed and checked
-row by row by the one row validator (:mod:`ctrcal.data.row_check`), to which this module only
+row by row by the one row validator (:mod:`ctrcal.preparation.row_check`), to which this module only
 describes Criteo's columns; the first malformed row is named by file, line and column, or
 malformed rows are skipped and counted. Schema'd files go to
-:mod:`ctrcal.data.schema_reader`, which does the same for its columns.
+:mod:`ctrcal.preparation.schema_reader`, which does the same for its columns.
 
 Both give the same :class:`ParsedChunk`: the label and numerics as float64, categoricals as
 their ``uint32`` values (hex read base 16, or Criteo_x1's decimal ids), with 0/1 validity, and
@@ -28,11 +28,11 @@ import polars as pl
 
 from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.core.errors import DataError
-from ctrcal.data import criteo, tsv_reader
-from ctrcal.data.chunks import iter_text_chunks
-from ctrcal.data.criteo import CriteoFormat
-from ctrcal.data.parsed import ParsedChunk, not_utf8
-from ctrcal.data.row_check import Column, RowCheck
+from ctrcal.preparation import criteo, tsv_reader
+from ctrcal.preparation.chunks import iter_text_chunks
+from ctrcal.preparation.criteo import CriteoFormat
+from ctrcal.preparation.parsed import ParsedChunk, not_utf8
+from ctrcal.preparation.row_check import Column, RowCheck
 
 CHUNK_BYTES = 32 << 20
 """Text bytes per chunk (~140k Criteo rows): memory is a few chunks whatever the file size."""
@@ -54,15 +54,16 @@ def iter_chunks(
     ring: int = 1,
 ) -> Iterator[ParsedChunk]:
     """Parse a file chunk by chunk (see the module docstring). ``fmt`` is a Criteo file's
-    :class:`~ctrcal.data.criteo.CriteoFormat`, or a schema'd file's
-    :class:`~ctrcal.data.schema_reader.SchemaFormat` (read by :mod:`ctrcal.data.schema_reader`).
+    :class:`~ctrcal.preparation.criteo.CriteoFormat`, or a schema'd file's
+    :class:`~ctrcal.preparation.schema_reader.SchemaFormat` (read by
+    :mod:`ctrcal.preparation.schema_reader`).
     The C reader's arrays are reused: a chunk is valid until ``ring`` more are asked for.
 
     Raises:
         DataError: unreadable file, corrupt gzip, text that is not UTF-8 (naming the line),
             or with ``on_bad_row="error"`` the first malformed row (file, line, column).
     """
-    from ctrcal.data import schema_reader
+    from ctrcal.preparation import schema_reader
 
     if isinstance(fmt, schema_reader.SchemaFormat):
         yield from schema_reader.iter_chunks(path, fmt, on_bad_row, chunk_bytes)
@@ -117,14 +118,14 @@ def _polars(
 
 def row_check(path: Path, fmt: Any, on_bad_row: str) -> RowCheck:
     """What every row of a file of ``fmt`` is checked against (the one row validator's
-    :class:`~ctrcal.data.row_check.RowCheck`): Criteo's columns, or a schema's
-    (:func:`ctrcal.data.schema_reader.row_check`). Serving's raw-row encoder checks its rows
+    :class:`~ctrcal.preparation.row_check.RowCheck`): Criteo's columns, or a schema's
+    (:func:`ctrcal.preparation.schema_reader.row_check`). Serving's raw-row encoder checks its rows
     with it too.
 
     Criteo's columns: the label (if the layout has one), integer fields (Criteo_x1: any
     number) and hex hashes (Criteo_x1: decimal ids); machine-written, so a blank makes a
     number malformed."""
-    from ctrcal.data import schema_reader
+    from ctrcal.preparation import schema_reader
 
     if isinstance(fmt, schema_reader.SchemaFormat):
         return schema_reader.row_check(path, fmt, on_bad_row)

@@ -1,7 +1,7 @@
 """What a parser gives: the typed columns of one chunk (:class:`ParsedChunk`), and the one
-UTF-8 check of the text parsers. A leaf, so that the parsers (:mod:`ctrcal.data.parse`, the C
-and polars route for Criteo, and :mod:`ctrcal.data.schema_reader`) and the row validator
-(:mod:`ctrcal.data.row_check`) import it without importing each other."""
+UTF-8 check of the text parsers. A leaf, so that the parsers (:mod:`ctrcal.preparation.parse`, the C
+and polars route for Criteo, and :mod:`ctrcal.preparation.schema_reader`) and the row validator
+(:mod:`ctrcal.preparation.row_check`) import it without importing each other."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def not_utf8(chunk: bytes, path: Path, fmt: Any, offset: int) -> DataError | Non
 def file_not_utf8(path: Path, fmt: Any) -> DataError | None:
     """:func:`not_utf8` over a whole (possibly gzipped) file: where a reader that takes the
     file at once failed, the line and column it failed on."""
-    from ctrcal.data.chunks import iter_text_chunks
+    from ctrcal.preparation.chunks import iter_text_chunks
 
     offset = 0
     for view in iter_text_chunks(path, 1 << 24):

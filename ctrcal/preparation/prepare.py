@@ -4,7 +4,7 @@
 train`` / ``run`` / ``shift-report`` without ``--data``, and the API all call it). It prepares
 
 * ``inputs`` given as a list of raw files: pooled and split by ``data.split`` /
-  ``split_seed`` / ``split_order`` (see :mod:`ctrcal.data.splits`). Several files whose names
+  ``split_seed`` / ``split_order`` (see :mod:`ctrcal.preparation.splits`). Several files whose names
   say they already are splits (``train.csv valid.csv test.csv``) are refused unless
   ``resplit=True``: re-splitting would move test rows into training;
 * ``inputs`` given as ``{"train": [...], "valid": [...], "test": [...]}``: kept as given;
@@ -19,16 +19,16 @@ A prepared directory holds::
                            label float32, I1..I13 float32 (null = missing), C1..C26 int32
                            (+ true_prob float32 when the sources are synthetic)
 
-The jobs live in their own modules: :mod:`ctrcal.data.splits` (which row goes where),
-:mod:`ctrcal.data.prepare.encode` (the streaming pipeline: parse and code chunk by chunk, fit on the
+The jobs live in their own modules: :mod:`ctrcal.preparation.splits` (which row goes where),
+:mod:`ctrcal.preparation.encode` (the streaming pipeline: parse and code chunk by chunk, fit on the
 train rows' distinct values, encode by gather, write; memory does not grow with the rows),
-:mod:`ctrcal.data.prepare.publish` (owned temporary directory, atomic
+:mod:`ctrcal.preparation.publish` (owned temporary directory, atomic
 publication, a lock so that concurrent runs into one directory take turns, cleanup after
 killed runs). A run killed at any moment leaves ``DIR`` as it was (or absent); the same
 command again gives the output of an uninterrupted run.
 
 ``data.engine`` chooses who runs the pipeline: ``local`` (threads of this process) or ``ray``
-(a task per input file, :mod:`ctrcal.data.prepare.ray_engine`). Both write the same bytes, so
+(a task per input file, :mod:`ctrcal.preparation.ray_engine`). Both write the same bytes, so
 the engine is not part of what identifies the directory.
 
 The ``source_hash`` in the feature map covers each source file's identity (resolved path, size,
@@ -53,16 +53,17 @@ import polars as pl
 
 from ctrcal.core.criteo_schema import LABEL
 from ctrcal.core.errors import DataError
-from ctrcal.data import criteo, schema_reader
-from ctrcal.data.coder import STRING_HASH
-from ctrcal.data.days import describe_days
 from ctrcal.data.feature_map import FEATURE_MAP_FILE, SCHEMA_VERSION
-from ctrcal.data.features import FeaturePipeline, resolve_numeric_transform
-from ctrcal.data.inputs import expand_inputs
-from ctrcal.data.parse import check_on_bad_row
-from ctrcal.data.parse import threads as parse_threads
-from ctrcal.data.prepare.encode import Clock, Source, encode_sources
-from ctrcal.data.prepare.publish import (
+from ctrcal.data.schema import DatasetSchema, resolve_schema
+from ctrcal.preparation import criteo, schema_reader
+from ctrcal.preparation.coder import STRING_HASH
+from ctrcal.preparation.days import describe_days
+from ctrcal.preparation.encode import Clock, Source, encode_sources
+from ctrcal.preparation.features import FeaturePipeline, resolve_numeric_transform
+from ctrcal.preparation.inputs import expand_inputs
+from ctrcal.preparation.parse import check_on_bad_row
+from ctrcal.preparation.parse import threads as parse_threads
+from ctrcal.preparation.publish import (
     OWNER_FILE,
     check_out_dir,
     clean_stale_temporaries,
@@ -71,11 +72,8 @@ from ctrcal.data.prepare.publish import (
     publish,
     publish_lock,
 )
-from ctrcal.data.prepare.result import PrepareResult
-from ctrcal.data.prepare.stages import chunk_bytes_for
-from ctrcal.data.prepare.write import PROB_COL
-from ctrcal.data.schema import DatasetSchema, resolve_schema
-from ctrcal.data.splits import (
+from ctrcal.preparation.result import PrepareResult
+from ctrcal.preparation.splits import (
     SPLITS,
     SplitPlan,
     check_fractions,
@@ -84,6 +82,8 @@ from ctrcal.data.splits import (
     plan_time_column,
     read_order,
 )
+from ctrcal.preparation.stages import chunk_bytes_for
+from ctrcal.preparation.write import PROB_COL
 
 PREPARE_VERSION = 4  # 2: original-space statistics, split_order; 3: numpy; 4: one pipeline
 _SPLIT_WORDS = {
@@ -266,9 +266,9 @@ def prepare(
         force: prepare even if an up-to-date ``out_dir`` exists.
         chunk_bytes: text bytes per chunk (default: ``CTRCAL_PREPARE_CHUNK_BYTES``, else
             chosen from the inputs' size and the threads by
-            :func:`ctrcal.data.prepare.stages.chunk_bytes_for`); the output does not depend on it.
+            :func:`ctrcal.preparation.stages.chunk_bytes_for`); the output does not depend on it.
         threads: threads that parse, code, encode and write (default:
-            ``CTRCAL_PREPARE_THREADS``, else :func:`ctrcal.data.parse.threads`, at most the
+            ``CTRCAL_PREPARE_THREADS``, else :func:`ctrcal.preparation.parse.threads`, at most the
             cores); the output does not depend on it.
 
     Returns:
@@ -404,7 +404,7 @@ def _prepare_into(
     clock("detect")
     if cfg.data.engine == "ray":
         # imported here: the local engine never imports Ray
-        from ctrcal.data.prepare.ray_engine import encode_sources_ray
+        from ctrcal.preparation.ray_engine import encode_sources_ray
 
         tally = encode_sources_ray(
             tmp,
@@ -499,7 +499,7 @@ def _detect(sources: list[Source], schema: DatasetSchema | None, configured: str
         DataError: a file that does not match, an unlabelled file outside the test split, or
             Criteo_x1 (already encoded) mixed with raw layouts.
     """
-    from ctrcal.data.synthetic import prob_path
+    from ctrcal.preparation.synthetic import prob_path
 
     for s in sources:
         if schema is None:
@@ -565,7 +565,7 @@ def _nan_to_none(x: float) -> float | None:
 
 
 def _oracle(directory: Path) -> dict[str, dict[str, float]]:
-    from ctrcal.data.synthetic import oracle_metrics
+    from ctrcal.preparation.synthetic import oracle_metrics
 
     out = {}
     for name in SPLITS[1:]:  # the held-out splits are what models are measured on
@@ -579,7 +579,7 @@ def _oracle(directory: Path) -> dict[str, dict[str, float]]:
 
 
 def _prepare_synthetic(cfg: Any, out_dir: Path, *, force: bool) -> PrepareResult:
-    from ctrcal.data.synthetic import GENERATOR_VERSION, generate
+    from ctrcal.preparation.synthetic import GENERATOR_VERSION, generate
 
     syn = cfg.data.synthetic
     info = {

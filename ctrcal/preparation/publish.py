@@ -25,7 +25,7 @@ from pathlib import Path
 from ctrcal.core.errors import DataError
 from ctrcal.core.utils import directory_lock
 from ctrcal.data.feature_map import FEATURE_MAP_FILE, SCHEMA_VERSION
-from ctrcal.data.splits import SPLITS
+from ctrcal.preparation.splits import SPLITS
 
 OWNER_FILE = "_owner.json"
 STALE_SECONDS = 3600

@@ -1,17 +1,17 @@
 """The Ray engine (``data.engine: ray``): the streaming pipeline of
-:mod:`ctrcal.data.prepare.encode`, one Ray task per input file, the same bytes out.
+:mod:`ctrcal.preparation.encode`, one Ray task per input file, the same bytes out.
 
 1. A task per input file (:func:`_fit_file`) parses it, gives each row its split and codes its
-   columns (:func:`~ctrcal.data.prepare.encode.read_source`, as the local engine does), writes
+   columns (:func:`~ctrcal.preparation.encode.read_source`, as the local engine does), writes
    its coded blocks and distinct values to ``TMP/_work/fNNNNN/``, and returns its partial fit
-   statistics as bytes (:meth:`FitStats.to_bytes <ctrcal.data.fit_stats.FitStats.to_bytes>`)
-   with what it read (:class:`~ctrcal.data.prepare.encode.Tally`).
+   statistics as bytes (:meth:`FitStats.to_bytes <ctrcal.preparation.fit_stats.FitStats.to_bytes>`)
+   with what it read (:class:`~ctrcal.preparation.encode.Tally`).
 2. The driver merges the partials as the tasks finish (any order: the merge is integer
-   addition) and fits the :class:`~ctrcal.data.features.FeaturePipeline` once, on the merged
+   addition) and fits the :class:`~ctrcal.preparation.features.FeaturePipeline` once, on the merged
    counts: thresholds apply to the global counts only.
 3. A task per input file (:func:`_encode_file`) answers its own distinct values by the fitted
    pipeline, encodes its blocks by gather and cuts its rows of each split at the local engine's
-   part boundaries (every :data:`~ctrcal.data.prepare.write.PART_ROWS` rows of the split, files
+   part boundaries (every :data:`~ctrcal.preparation.write.PART_ROWS` rows of the split, files
    in reading order): a part that lies within the file it writes itself, the pieces of a part
    that straddles files it leaves in ``TMP/_work`` for the driver, which joins them in order
    and writes those parts. Every part is the local engine's, byte for byte.
@@ -36,11 +36,9 @@ from typing import Any
 import numpy as np
 
 from ctrcal.core.errors import DataError
-from ctrcal.data.coder import Answers, ColumnCoder
-from ctrcal.data.features import FeaturePipeline
-from ctrcal.data.fit_stats import FitStats
-from ctrcal.data.prepare import write
-from ctrcal.data.prepare.encode import (
+from ctrcal.preparation import write
+from ctrcal.preparation.coder import Answers, ColumnCoder
+from ctrcal.preparation.encode import (
     Clock,
     Source,
     Tally,
@@ -50,8 +48,10 @@ from ctrcal.data.prepare.encode import (
     coder_stats,
     read_source,
 )
-from ctrcal.data.prepare.engines import missing_package
-from ctrcal.data.splits import SPLITS, SplitPlan
+from ctrcal.preparation.engines import missing_package
+from ctrcal.preparation.features import FeaturePipeline
+from ctrcal.preparation.fit_stats import FitStats
+from ctrcal.preparation.splits import SPLITS, SplitPlan
 
 TASK_RETRIES = 2
 """Times a task is run again when its worker process dies (Ray's ``max_retries``)."""
@@ -161,7 +161,7 @@ def encode_sources_ray(
     compression: str,
     address: str | None,
 ) -> Tally:
-    """:func:`~ctrcal.data.prepare.encode.encode_sources` on Ray (module docstring): the same
+    """:func:`~ctrcal.preparation.encode.encode_sources` on Ray (module docstring): the same
     parts in ``tmp/{train,valid,test}``, the same fitted ``pipe``; returns what was read.
 
     ``address``: ``data.ray_address`` (None: a Ray started here, on this machine's cores; or

@@ -1,4 +1,4 @@
-"""What :func:`ctrcal.data.prepare.prepare.prepare` did, and how it is told to people."""
+"""What :func:`ctrcal.preparation.prepare.prepare` did, and how it is told to people."""
 
 from __future__ import annotations
 

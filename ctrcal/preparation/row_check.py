@@ -1,8 +1,8 @@
 """The one row validator: one chunk's raw columns -> typed, checked columns (a ParsedChunk).
 
 Every row that the C reader does not take is typed and checked here: Criteo's text layouts
-(the chunks that :mod:`ctrcal.data.parse` hands to polars) and schema'd files
-(:mod:`ctrcal.data.schema_reader`: CSV/TSV and parquet). A reader describes its columns -- a
+(the chunks that :mod:`ctrcal.preparation.parse` hands to polars) and schema'd files
+(:mod:`ctrcal.preparation.schema_reader`: CSV/TSV and parquet). A reader describes its columns -- a
 short list of :class:`Column` -- and hands :meth:`RowCheck.chunk` a frame of one chunk's raw
 columns; each column is typed by its kind, every row is checked, and either the first
 malformed row is named in one line or the malformed rows are dropped and counted.
@@ -51,8 +51,8 @@ import numpy as np
 import polars as pl
 
 from ctrcal.core.errors import DataError
-from ctrcal.data.coder import string_keys
-from ctrcal.data.parsed import ParsedChunk
+from ctrcal.preparation.coder import string_keys
+from ctrcal.preparation.parsed import ParsedChunk
 
 __all__ = ["EXTRA", "KINDS", "Column", "RowCheck"]
 

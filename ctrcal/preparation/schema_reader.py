@@ -1,14 +1,15 @@
 """Files described by a :class:`~ctrcal.data.schema.DatasetSchema` -> checked chunks.
 
-:func:`detect` checks a file against its schema (every column the schema names is in the
-header or the parquet file; a headerless file has the schema's number of fields) and
-:func:`iter_chunks` parses it chunk by chunk into the :class:`~ctrcal.data.parsed.ParsedChunk`
-the pipeline codes: text (CSV/TSV, plain or gzip) with polars' text parser, a chunk of whole
-lines at a time; parquet by record batches, its typed columns read as they are (no text round
-trip). This module only describes the schema's columns: every row is typed and checked by the
-one row validator (:mod:`ctrcal.data.row_check`) -- the label 0/1, numerics finite numbers,
-hex categoricals hex, the time an integer -- and the first malformed row is named by file,
-line (parquet: row) and column, or malformed rows are skipped and counted.
+:func:`detect` checks a file against its schema (every column the schema names is in the header
+or the parquet file; a headerless file has the schema's number of fields) and
+:func:`iter_chunks` parses it chunk by chunk into the
+:class:`~ctrcal.preparation.parsed.ParsedChunk` the pipeline codes: text (CSV/TSV, plain or
+gzip) with polars' text parser, a chunk of whole lines at a time; parquet by record batches,
+its typed columns read as they are (no text round trip). This module only describes the
+schema's columns: every row is typed and checked by the one row validator
+(:mod:`ctrcal.preparation.row_check`) -- the label 0/1, numerics finite numbers, hex
+categoricals hex, the time an integer -- and the first malformed row is named by file, line
+(parquet: row) and column, or malformed rows are skipped and counted.
 
 Categorical values become 64-bit keys: ``hex`` spellings their value read base 16, ``string``
 spellings a 64-bit hash of the text (of the decimal text for an integer parquet column, so a
@@ -24,16 +25,16 @@ from pathlib import Path
 import polars as pl
 
 from ctrcal.core.errors import DataError
-from ctrcal.data.chunks import BOM, is_gzip, iter_text_chunks
-from ctrcal.data.parsed import ParsedChunk, file_not_utf8, not_utf8
-from ctrcal.data.row_check import EXTRA, Column, RowCheck
 from ctrcal.data.schema import DatasetSchema
+from ctrcal.preparation.chunks import BOM, is_gzip, iter_text_chunks
+from ctrcal.preparation.parsed import ParsedChunk, file_not_utf8, not_utf8
+from ctrcal.preparation.row_check import EXTRA, Column, RowCheck
 
 
 @dataclass(frozen=True)
 class SchemaFormat:
     """How one file of a schema is laid out (the counterpart of
-    :class:`~ctrcal.data.criteo.CriteoFormat` for schema'd data)."""
+    :class:`~ctrcal.preparation.criteo.CriteoFormat` for schema'd data)."""
 
     schema: DatasetSchema
     parquet: bool

@@ -12,7 +12,7 @@ Three ways, decided once per preparation by :func:`plan_splits` into a :class:`S
   order given and cut at ``floor(f_train·N)`` and ``floor((f_train + f_valid)·N)`` (N records,
   malformed ones included, so skipping them does not move the cuts). When the inputs are
   Criteo 1TB ``day_N`` files (at least three, or any number with whole-number proportions),
-  whole days are assigned instead, in day order and without a gap (:mod:`ctrcal.data.days`):
+  whole days are assigned instead, in day order and without a gap (:mod:`ctrcal.preparation.days`):
   whole numbers count days (``split: [22, 1, 1]`` on 24 days gives days 0-21 / 22 / 23),
   fractions give a day to the split its middle byte falls in.
 """
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ctrcal.core.errors import DataError
-from ctrcal.data.chunks import is_gzip, iter_text_chunks
-from ctrcal.data.days import check_days, day_number, days_by_count, whole_numbers
+from ctrcal.preparation.chunks import is_gzip, iter_text_chunks
+from ctrcal.preparation.days import check_days, day_number, days_by_count, whole_numbers
 
 if TYPE_CHECKING:
     import polars as pl

@@ -7,11 +7,11 @@ so memory stays a few chunks whatever the file's size. Both stages spend their t
 (the reader, the coders, numpy), which releases the GIL, so two threads use two cores. The
 fit needs every chunk's values, so encoding starts after the last chunk is coded; it fits the
 fields side by side, then encodes each part's block while the parts before it are written
-(:func:`ctrcal.data.prepare.encode.encode_sources`).
+(:func:`ctrcal.preparation.encode.encode_sources`).
 
 :func:`chunk_bytes_for` picks the chunk size from the input's size and the threads: a small
 file is cut into enough chunks to overlap the stages, a big one into chunks of
-:data:`~ctrcal.data.parse.CHUNK_BYTES`. Neither the chunk size nor the number of threads
+:data:`~ctrcal.preparation.parse.CHUNK_BYTES`. Neither the chunk size nor the number of threads
 changes the output bytes (tested): codes are given in record order, whatever thread parsed
 the record.
 """
@@ -23,7 +23,7 @@ import threading
 from collections.abc import Iterator
 from typing import TypeVar
 
-from ctrcal.data.parse import CHUNK_BYTES
+from ctrcal.preparation.parse import CHUNK_BYTES
 
 T = TypeVar("T")
 

@@ -475,7 +475,7 @@ def true_probability(
     Args:
         frame: dac columns ``I1..I13`` (numbers, null = missing; any real value, e.g. shifted)
             and ``C1..C26`` (the hex strings written, or their uint32 values as
-            :func:`~ctrcal.data.parse.iter_chunks` parses them; null = missing).
+            :func:`~ctrcal.preparation.parse.iter_chunks` parses them; null = missing).
         u: [N] position of each row in its file (see :func:`positions`).
         seed / positive_rate / max_cardinality / drift: as given to :func:`generate`.
 
@@ -510,7 +510,7 @@ def true_probability(
 def write_criteo(frame: pl.DataFrame, path: str | Path, layout: str = "dac") -> Path:
     """Write a dac-column frame (as from :func:`generate_frame`) in another Criteo layout.
 
-    Layouts are those of :mod:`ctrcal.data.criteo`: ``dac``, ``dac_test`` (no label),
+    Layouts are those of :mod:`ctrcal.preparation.criteo`: ``dac``, ``dac_test`` (no label),
     ``kaggle_csv`` (``Id,Label,...``), ``x4`` (``Label,...`` CSV), ``x1`` (numerics scaled to
     [0, 1], categoricals decimal ids), ``torchrec`` (``label,int_0..,cat_0..`` CSV). A path
     ending in ``.gz`` is gzip-compressed. Used by tests and benchmarks.

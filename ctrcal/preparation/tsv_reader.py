@@ -1,13 +1,13 @@
 """The C reader: a chunk of clean Criteo lines parsed by ``tsv_reader.c``, a piece per thread.
 
-:func:`read_clean` gives a chunk's columns as :class:`~ctrcal.data.parsed.ParsedChunk` wants
+:func:`read_clean` gives a chunk's columns as :class:`~ctrcal.preparation.parsed.ParsedChunk` wants
 them -- the label and ``I1..I13`` as float64, ``C1..C26`` read base 16 as ``uint32``, with 0/1
 validity -- for chunks in the clean form only: fields separated by
 one byte, the layout's canonical column order (``label, I1..I13, C1..C26`` or without the
 label), integers spelled ``-?[0-9]{1,18}``, hashes of exactly 8 hex digits, every line with
 the layout's fields or ending within its hash fields. For anything else (or where no C
 compiler is found, or with ``CTRCAL_NATIVE_READER=0``) it returns None and
-:mod:`ctrcal.data.parse` re-parses that chunk with polars, which reads the same values, so
+:mod:`ctrcal.preparation.parse` re-parses that chunk with polars, which reads the same values, so
 what is accepted here is a subset of what polars accepts.
 
 The chunk is cut at line boundaries into one piece per thread; each thread counts its lines,
@@ -50,8 +50,8 @@ def available() -> bool:
 
 
 def takes_layout(fmt: Any) -> bool:
-    """Whether files of this :class:`~ctrcal.data.criteo.CriteoFormat` can be read in C at all
-    (the canonical column order; a header is skipped before the chunks are cut)."""
+    """Whether files of this :class:`~ctrcal.preparation.criteo.CriteoFormat` can be read in C at
+    all (the canonical column order; a header is skipped before the chunks are cut)."""
     head = (LABEL,) if fmt.labelled else ()
     columns = (*head, *NUMERIC_COLUMNS, *CATEGORICAL_COLUMNS)
     return len(fmt.separator) == 1 and tuple(fmt.columns) == columns and fmt.layout != "x1"
@@ -89,7 +89,7 @@ def read_clean(
     """The chunk's columns, or None when a line is not in the clean form.
 
     Args:
-        chunk: whole lines of a file (see :func:`ctrcal.data.chunks.iter_text_chunks`).
+        chunk: whole lines of a file (see :func:`ctrcal.preparation.chunks.iter_text_chunks`).
         fmt: the file's format (:func:`takes_layout` must be true).
         threads: pieces parsed in parallel.
         buffers: reused output arrays (see :class:`Buffers`); None allocates new ones.

@@ -1,6 +1,6 @@
 """The one writer: a block of encoded rows -> a ``part-NNNNN.parquet`` file.
 
-The encoder (:mod:`ctrcal.data.prepare.encode`) holds each split's rows in blocks of
+The encoder (:mod:`ctrcal.preparation.encode`) holds each split's rows in blocks of
 :data:`PART_ROWS` rows (the last one of a split may be shorter), one per part, and
 :func:`write_part` writes a block in row groups of :data:`ROW_GROUP_ROWS` rows, so the files
 written never depend on how the input was cut. :func:`encoded_columns` is the columns' one

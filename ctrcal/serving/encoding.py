@@ -1,11 +1,11 @@
 """Raw values -> the prepared encoding a model takes, without torch.
 
 Two routes share :func:`encode_columns`, the per-value answers of the fitted
-:class:`~ctrcal.data.features.FeaturePipeline` (a categorical value's id, a numeric value's
+:class:`~ctrcal.preparation.features.FeaturePipeline` (a categorical value's id, a numeric value's
 model-space value), so a row is encoded exactly as ``ctrcal prepare`` encoded it:
 
 * ``ctrcal predict RUN RAW_FILE``: the file is parsed chunk by chunk by the parser of
-  ``prepare`` (:func:`ctrcal.data.parse.iter_chunks`) and each chunk is encoded here;
+  ``prepare`` (:func:`ctrcal.preparation.parse.iter_chunks`) and each chunk is encoded here;
 * a server: :class:`RawRowEncoder` reads what ``ctrcal export`` writes beside the model
   (``feature_map.json``, ``vocab.parquet``) and encodes rows given as ``{column: value}``
   dicts. It needs numpy, pyarrow and polars, never torch.
@@ -47,7 +47,7 @@ def encode_columns(
     """Typed raw columns -> ``(categorical int64 [N, Fc], numeric float32 [N, Fn])``.
 
     Args:
-        pipe: a fitted :class:`~ctrcal.data.features.FeaturePipeline`.
+        pipe: a fitted :class:`~ctrcal.preparation.features.FeaturePipeline`.
         numeric: [Fn, N] float64 raw values; numeric_valid: [Fn, N], 0 = missing.
         categorical: [Fc, N] uint64 keys (as the parsers give them);
             categorical_valid: [Fc, N], 0 = missing.
@@ -56,7 +56,7 @@ def encode_columns(
         ids (reserved ids for missing and unseen values) and model-space numerics (NaN =
         missing), as the prepared parquet holds them.
     """
-    from ctrcal.data.features import MISSING_ID
+    from ctrcal.data.feature_map import MISSING_ID
 
     n = numeric.shape[1] if numeric.ndim == 2 and numeric.shape[0] else categorical.shape[1]
     num = np.empty((n, len(pipe.numeric_fields)), dtype=np.float32)
@@ -85,12 +85,12 @@ class RawRowEncoder:
     categorical fields (Criteo: 8 hex digits, or an integer as its value; Criteo_x1: the
     decimal id; a schema with ``categorical_spelling: string``: any text). Columns the model
     does not read are ignored. The rows are checked by ``prepare``'s own row checks
-    (:func:`ctrcal.data.parse.row_check`, the rows as one chunk): a row ``prepare`` would
+    (:func:`ctrcal.preparation.parse.row_check`, the rows as one chunk): a row ``prepare`` would
     refuse is refused here, with the same words.
     """
 
     def __init__(self, directory: str | Path) -> None:
-        from ctrcal.data.features import FeaturePipeline
+        from ctrcal.preparation.features import FeaturePipeline
 
         self.directory = Path(directory)
         self.pipe_ = FeaturePipeline.load(self.directory)
@@ -168,10 +168,10 @@ def _row_check(saved: dict[str, Any], source: Path) -> Any:
     from dataclasses import replace
 
     from ctrcal.core.criteo_schema import FEATURE_COLUMNS
-    from ctrcal.data import parse
-    from ctrcal.data.criteo import CriteoFormat
     from ctrcal.data.schema import schema_from_mapping
-    from ctrcal.data.schema_reader import SchemaFormat
+    from ctrcal.preparation import parse
+    from ctrcal.preparation.criteo import CriteoFormat
+    from ctrcal.preparation.schema_reader import SchemaFormat
 
     if saved.get("schema") is not None:
         schema = schema_from_mapping(saved["schema"], str(source))

@@ -455,7 +455,7 @@ def export_run(
     """
     from ctrcal.core.utils import atomic_path, json_dumps, write_text_atomic
     from ctrcal.data.feature_map import FEATURE_MAP_FILE
-    from ctrcal.data.features import VOCAB_FILE
+    from ctrcal.preparation.features import VOCAB_FILE
     from ctrcal.train.results import open_run
 
     check_format(fmt)

@@ -17,7 +17,7 @@ with features into ``ctrcal calibration-report FILE --reference REF`` (drift aga
 another such file, e.g. the test split's).
 
 Memory stays flat: prepared splits are read in ``stream`` mode, raw files chunk by chunk by
-the parser of ``prepare`` (:func:`ctrcal.data.parse.iter_chunks`) and encoded with the run's
+the parser of ``prepare`` (:func:`ctrcal.preparation.parse.iter_chunks`) and encoded with the run's
 feature map (:func:`ctrcal.serving.encoding.encode_columns`); every batch of probabilities is
 appended to the output as it comes. The file is written to a temporary sibling and renamed
 at the end, so a failed or interrupted run leaves no half-written output.
@@ -269,8 +269,8 @@ def _time_column(feature_map: Any) -> str | None:
 def _raw_formats(cfg: Any, raw_files: Sequence[str | Path]) -> list[tuple[Path, Any]]:
     """Each raw file with its detected layout, as ``prepare`` detects it (the run's
     ``data.schema``, else a Criteo layout)."""
-    from ctrcal.data import criteo, schema_reader
-    from ctrcal.data.prepare.prepare import data_schema
+    from ctrcal.preparation import criteo, schema_reader
+    from ctrcal.preparation.prepare import data_schema
 
     schema = data_schema(cfg)
     return [
@@ -289,8 +289,8 @@ def _raw_batches(
 ) -> Iterator[tuple[Batch, np.ndarray | None]]:
     """Raw files parsed chunk by chunk as ``prepare`` parses them, each chunk encoded with
     the run's fitted pipeline and cut into batches."""
-    from ctrcal.data import parse
-    from ctrcal.data.features import FeaturePipeline
+    from ctrcal.preparation import parse
+    from ctrcal.preparation.features import FeaturePipeline
     from ctrcal.serving.encoding import encode_columns
 
     pipe = FeaturePipeline.load(data_dir)

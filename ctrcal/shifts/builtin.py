@@ -211,7 +211,7 @@ def original_space_codec(feature_map: Any, source: str = "feature map"):
     """``(to_original, to_model, original_std)`` of a feature map, or a clear error.
 
     ``to_original(x [B, Fn]) -> raw [B, Fn]`` inverts the stored numeric transform,
-    ``to_model`` re-applies it (:meth:`ctrcal.data.features.FeatureMap.numeric_codec`),
+    ``to_model`` re-applies it (:meth:`ctrcal.preparation.features.FeatureMap.numeric_codec`),
     ``original_std`` [Fn] is the train-split std of the original values.
 
     Raises:
@@ -344,7 +344,7 @@ class CategoricalCorruption:
         p: replacement probability in [0, 1].
         seed: seed of the stream (None = fresh).
         mix_fraction: fraction of the rows of each batch to shift.
-        first_id: the first kept id (:data:`ctrcal.data.features.NUM_RESERVED`).
+        first_id: the first kept id (:data:`ctrcal.preparation.features.NUM_RESERVED`).
     """
 
     def __init__(
@@ -370,7 +370,7 @@ class CategoricalCorruption:
     def from_feature_map(
         cls, feature_map: Any, intensity: float, seed: int | None = 0, mix_fraction: float = 1.0
     ) -> CategoricalCorruption:
-        from ctrcal.data.features import NUM_RESERVED
+        from ctrcal.data.feature_map import NUM_RESERVED
 
         return cls(feature_map.vocab_sizes, intensity, seed, mix_fraction, NUM_RESERVED)
 

@@ -396,7 +396,7 @@ def require_prepared_dir(data_dir: str | Path) -> Path:
 def _prepare(cfg: Config, target: Path) -> Path:
     import sys
 
-    from ctrcal.data.prepare.prepare import prepare
+    from ctrcal.preparation.prepare import prepare
 
     print(f"preparing data into {target}", file=sys.stderr, flush=True)
     return prepare(None, target, cfg.data, cfg.features).out_dir

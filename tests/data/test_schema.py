@@ -85,8 +85,8 @@ def test_avazu_by_its_schema_split_by_hour(avazu, tmp_path):
 
 
 def test_string_ids_do_not_depend_on_polars_hash(avazu, tmp_path, monkeypatch):
-    from ctrcal.data.coder import string_keys
     from ctrcal.data.identity import feature_identity
+    from ctrcal.preparation.coder import string_keys
     from ctrcal.serving.encoding import RawRowEncoder
 
     frame, csv, _, _ = avazu
@@ -116,7 +116,7 @@ def test_a_directory_keyed_by_another_string_hash_is_refused_in_one_line(avazu, 
     import json
 
     from ctrcal.data.feature_map import FEATURE_MAP_FILE
-    from ctrcal.data.features import FeaturePipeline
+    from ctrcal.preparation.features import FeaturePipeline
     from ctrcal.serving.encoding import RawRowEncoder
 
     _, csv, _, _ = avazu
@@ -150,8 +150,8 @@ def test_a_directory_keyed_by_another_string_hash_is_refused_in_one_line(avazu, 
 def test_prepare_again_replaces_a_directory_keyed_by_another_string_hash(
     avazu, tmp_path, monkeypatch
 ):
-    import ctrcal.data.prepare.prepare as preparing
-    from ctrcal.data.features import FeaturePipeline
+    import ctrcal.preparation.prepare as preparing
+    from ctrcal.preparation.features import FeaturePipeline
 
     _, csv, _, _ = avazu
     out = tmp_path / "p"
@@ -168,7 +168,7 @@ def test_prepare_again_replaces_a_directory_keyed_by_another_string_hash(
 
 
 def test_raw_rows_of_a_string_schema_encode_as_prepare_encoded_them(avazu, tmp_path):
-    from ctrcal.data.features import MISSING_ID
+    from ctrcal.data.feature_map import MISSING_ID
     from ctrcal.serving.encoding import RawRowEncoder
 
     frame, csv, _, _ = avazu

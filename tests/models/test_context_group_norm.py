@@ -52,7 +52,7 @@ def test_groupnorm_groups_must_divide_the_width():
 
 
 def test_context_id_layout_matches_the_feature_pipeline():
-    from ctrcal.data import features
+    from ctrcal.preparation import features
 
     assert context.OOV_ID == features.OOV_ID and context.NUM_RESERVED == features.NUM_RESERVED
 

@@ -10,7 +10,7 @@ from parsed_rows import read_rows
 
 from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.core.errors import DataError
-from ctrcal.data.criteo import detect_format
+from ctrcal.preparation.criteo import detect_format
 
 EXPECTED_LAYOUT = {
     "dac": "dac",

@@ -11,7 +11,7 @@ import pytest
 from ctrcal.api import prepare
 from ctrcal.config import Config
 from ctrcal.core.errors import DataError
-from ctrcal.data.synthetic import generate_frame, write_criteo
+from ctrcal.preparation.synthetic import generate_frame, write_criteo
 
 ROWS = 120
 

@@ -12,16 +12,9 @@ import pytest
 from ctrcal.api import prepare
 from ctrcal.config import Config
 from ctrcal.core.errors import DataError
-from ctrcal.data.feature_map import FeatureMap
-from ctrcal.data.features import (
-    MISSING_ID,
-    NUM_RESERVED,
-    OOV_ID,
-    PAD_ID,
-    FeaturePipeline,
-    resolve_numeric_transform,
-)
-from ctrcal.data.fit_stats import FitStats
+from ctrcal.data.feature_map import MISSING_ID, NUM_RESERVED, OOV_ID, PAD_ID, FeatureMap
+from ctrcal.preparation.features import FeaturePipeline, resolve_numeric_transform
+from ctrcal.preparation.fit_stats import FitStats
 
 # a team's CSV with one numeric and one categorical column (label, x, c)
 SCHEMA = {"name": "tiny", "label": "y", "numeric": ["x"], "categorical": ["c"]}

@@ -7,8 +7,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from ctrcal.data.features import FeaturePipeline
-from ctrcal.data.fit_stats import FitStats
+from ctrcal.preparation.features import FeaturePipeline
+from ctrcal.preparation.fit_stats import FitStats
 
 CATS = ["c_small", "c_zipf", "c_wide"]
 NUMS = ["n_int", "n_real"]

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from ctrcal.data.lookup import ValueIndex
+from ctrcal.preparation.lookup import ValueIndex
 
 
 def _reference(values, ids, queries, default):

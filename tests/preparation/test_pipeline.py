@@ -18,14 +18,14 @@ import pytest
 from ctrcal.api import prepare
 from ctrcal.config import Config
 from ctrcal.core.errors import DataError
-from ctrcal.data.coder import Answers, ColumnCoder
-from ctrcal.data.parse import CHUNK_BYTES
-from ctrcal.data.prepare import encode as encode_mod
-from ctrcal.data.prepare import publish as publish_mod
-from ctrcal.data.prepare import write as write_mod
-from ctrcal.data.prepare.publish import clean_stale_temporaries
-from ctrcal.data.prepare.stages import MIN_CHUNK_BYTES, ahead, chunk_bytes_for
-from ctrcal.data.synthetic import generate, prob_path, write_criteo
+from ctrcal.preparation import encode as encode_mod
+from ctrcal.preparation import publish as publish_mod
+from ctrcal.preparation import write as write_mod
+from ctrcal.preparation.coder import Answers, ColumnCoder
+from ctrcal.preparation.parse import CHUNK_BYTES
+from ctrcal.preparation.publish import clean_stale_temporaries
+from ctrcal.preparation.stages import MIN_CHUNK_BYTES, ahead, chunk_bytes_for
+from ctrcal.preparation.synthetic import generate, prob_path, write_criteo
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -95,7 +95,7 @@ POLARS_CHILD = r"""
 import sys
 from ctrcal.config import Config
 from ctrcal.api import prepare
-from ctrcal.data.prepare import write
+from ctrcal.preparation import write
 write.ROW_GROUP_ROWS, write.PART_ROWS = 300, 900  # parts of several row groups
 cfg = Config()
 cfg.features.min_count, cfg.features.numeric_buckets = 3, 0  # _cfg(min_count=3)
@@ -336,7 +336,7 @@ def test_prepare_under_memory_cap(criteo_frame, tmp_path, monkeypatch):
 LEAVE_TEMP = r"""
 import os, sys
 from pathlib import Path
-from ctrcal.data.prepare.publish import owned_temp_dir
+from ctrcal.preparation.publish import owned_temp_dir
 tmp = owned_temp_dir(Path(sys.argv[1]))
 (tmp / "_work").mkdir()
 (tmp / "_work" / "coded-0000000.bin").write_bytes(b"x" * 1000)

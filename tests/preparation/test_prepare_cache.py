@@ -13,10 +13,10 @@ from ctrcal.cli import main
 from ctrcal.config import Config
 from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.core.errors import DataError
-from ctrcal.data import features as features_mod
 from ctrcal.data.feature_map import FEATURE_MAP_FILE, FeatureMap
-from ctrcal.data.prepare.publish import is_prepared
-from ctrcal.data.synthetic import generate
+from ctrcal.preparation import features as features_mod
+from ctrcal.preparation.publish import is_prepared
+from ctrcal.preparation.synthetic import generate
 
 
 @pytest.fixture()

@@ -10,10 +10,9 @@ from ctrcal.api import prepare
 from ctrcal.cli import main
 from ctrcal.config import Config
 from ctrcal.core.errors import DataError
-from ctrcal.data.feature_map import FeatureMap
-from ctrcal.data.features import MISSING_ID, OOV_ID
-from ctrcal.data.prepare.prepare import split_role
-from ctrcal.data.synthetic import generate_frame, write_criteo
+from ctrcal.data.feature_map import MISSING_ID, OOV_ID, FeatureMap
+from ctrcal.preparation.prepare import split_role
+from ctrcal.preparation.synthetic import generate_frame, write_criteo
 
 
 @pytest.fixture(scope="module")

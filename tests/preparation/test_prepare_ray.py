@@ -18,10 +18,10 @@ import pytest
 from ctrcal.config import Config, DataConfig, FeaturesConfig
 from ctrcal.core.errors import ConfigError, DataError
 from ctrcal.data.identity import data_identity
-from ctrcal.data.prepare import engines, ray_engine, write
-from ctrcal.data.prepare.prepare import prepare
-from ctrcal.data.splits import SPLITS
-from ctrcal.data.synthetic import generate
+from ctrcal.preparation import engines, ray_engine, write
+from ctrcal.preparation.prepare import prepare
+from ctrcal.preparation.splits import SPLITS
+from ctrcal.preparation.synthetic import generate
 
 PART = 3000  # rows per part here, so that parts straddle the small files
 FEATURES = FeaturesConfig(min_count=2)
@@ -31,7 +31,7 @@ def _setup_worker() -> None:
     """Run in every Ray worker: the small parts, and a worker that dies once after reading
     its file while the marker file exists (the retry test creates it)."""
 
-    from ctrcal.data.prepare import ray_engine, write
+    from ctrcal.preparation import ray_engine, write
 
     write.PART_ROWS, write.ROW_GROUP_ROWS = PART, PART // 2
     real = ray_engine.read_source

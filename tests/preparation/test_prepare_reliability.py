@@ -10,8 +10,8 @@ import pytest
 from forked_cli import ForkedCommand
 from interrupt import child_env, kill_9, snapshot
 
-from ctrcal.data.prepare.publish import is_prepared
-from ctrcal.data.synthetic import generate_frame, write_criteo
+from ctrcal.preparation.publish import is_prepared
+from ctrcal.preparation.synthetic import generate_frame, write_criteo
 
 
 def _prepare(args: list[str]) -> int:

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ctrcal.api import prepare
-from ctrcal.data.prepare.publish import OWNER_FILE, owned_temp_dir
+from ctrcal.preparation.publish import OWNER_FILE, owned_temp_dir
 from ctrcal.validate import load_config
 
 

@@ -13,9 +13,9 @@ from parsed_rows import read_rows
 
 from ctrcal.api import prepare
 from ctrcal.core.errors import DataError
-from ctrcal.data.chunks import BOM, iter_text_chunks
-from ctrcal.data.criteo import detect_format
 from ctrcal.data.loader import ParquetCTRData
+from ctrcal.preparation.chunks import BOM, iter_text_chunks
+from ctrcal.preparation.criteo import detect_format
 
 
 @pytest.mark.parametrize("layout", ["x4", "dac"])
@@ -78,7 +78,7 @@ def test_a_killed_synth_leaves_no_temporary_behind(tmp_path):
 def test_a_full_disk_while_writing_names_the_output_and_the_cause(
     criteo_files, tmp_path, monkeypatch
 ):
-    from ctrcal.data.prepare import write
+    from ctrcal.preparation import write
 
     def full(path, columns, block, compression):  # a part file's write, in the writer's thread
         raise OSError(28, "No space left on device")

@@ -10,8 +10,8 @@ import polars as pl
 import pytest
 
 from ctrcal.core.errors import DataError
-from ctrcal.data.coder import string_keys
-from ctrcal.data.row_check import EXTRA, Column, RowCheck
+from ctrcal.preparation.coder import string_keys
+from ctrcal.preparation.row_check import EXTRA, Column, RowCheck
 
 PATH = Path("data/in.csv")
 

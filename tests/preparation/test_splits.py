@@ -10,8 +10,8 @@ from ctrcal.api import prepare
 from ctrcal.config import Config
 from ctrcal.core.errors import ConfigError, DataError
 from ctrcal.data.feature_map import FeatureMap
-from ctrcal.data.splits import SplitPlan, count_records
-from ctrcal.data.synthetic import generate_frame, write_criteo
+from ctrcal.preparation.splits import SplitPlan, count_records
+from ctrcal.preparation.synthetic import generate_frame, write_criteo
 from ctrcal.validate import load_config
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from ctrcal.data.coder import STRING_HASH, string_keys
+from ctrcal.preparation.coder import STRING_HASH, string_keys
 
 # XXH64 with seed 0: the reference values of xxHash (its specification and sanity test, the
 # empty input), of python-xxhash's README and of Go's cespare/xxhash tests. Together they pass

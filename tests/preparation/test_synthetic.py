@@ -9,7 +9,7 @@ from parsed_rows import read_rows
 from sklearn.metrics import roc_auc_score
 
 from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, NUMERIC_COLUMNS
-from ctrcal.data import synthetic as syn
+from ctrcal.preparation import synthetic as syn
 
 
 @pytest.mark.slow

@@ -11,9 +11,9 @@ import pytest
 
 from ctrcal.api import prepare
 from ctrcal.core.errors import DataError
-from ctrcal.data import criteo, parse, tsv_reader
-from ctrcal.data.parsed import ParsedChunk
-from ctrcal.data.synthetic import generate_frame, write_criteo
+from ctrcal.preparation import criteo, parse, tsv_reader
+from ctrcal.preparation.parsed import ParsedChunk
+from ctrcal.preparation.synthetic import generate_frame, write_criteo
 
 pytestmark = pytest.mark.skipif(not tsv_reader.available(), reason="no C compiler here")
 

@@ -17,7 +17,7 @@ KEYS = (0x284C1EEF8867A1C1, 0x8772DEE68867A1C1)
 
 
 def test_the_pair_shares_its_low_32_bits_only():
-    from ctrcal.data.coder import string_keys
+    from ctrcal.preparation.coder import string_keys
 
     a, b = string_keys(list(PAIR))
     assert (int(a), int(b)) == KEYS

@@ -16,7 +16,7 @@ def raw_run(tmp_path_factory) -> dict[str, Path]:
     serial MaskNet with MC-LayerNorm."""
     from ctrcal.api import prepare
     from ctrcal.config import Config
-    from ctrcal.data.synthetic import generate_frame, write_criteo
+    from ctrcal.preparation.synthetic import generate_frame, write_criteo
     from ctrcal.train.trainer import train
     from ctrcal.validate import load_config
 

@@ -13,8 +13,8 @@ from ctrcal.api import prepare
 from ctrcal.config import Config
 from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.core.errors import DataError
-from ctrcal.data import criteo, parse, schema_reader
 from ctrcal.data.schema import resolve_schema
+from ctrcal.preparation import criteo, parse, schema_reader
 from ctrcal.serving.encoding import RawRowEncoder
 
 # a schema whose time column is a feature: its value is the model's last categorical field
@@ -86,7 +86,7 @@ CRITEO_CASES = [
 def test_a_criteo_value_gets_prepares_verdict_when_served(
     column, value, said, prepared_dir, tmp_path
 ):
-    from ctrcal.data.synthetic import generate_frame, write_criteo
+    from ctrcal.preparation.synthetic import generate_frame, write_criteo
 
     frame, _ = generate_frame(1, seed=3)
     path = write_criteo(frame, tmp_path / "one.txt", "dac")

@@ -119,7 +119,7 @@ def _writable(path):
 
 
 def test_an_unlabelled_raw_file_gets_no_label_column(raw_run, tmp_path):
-    from ctrcal.data.synthetic import generate_frame, write_criteo
+    from ctrcal.preparation.synthetic import generate_frame, write_criteo
 
     frame, _ = generate_frame(200, seed=3)
     raw = write_criteo(frame, tmp_path / "test.txt", "dac_test")

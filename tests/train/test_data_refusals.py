@@ -147,7 +147,7 @@ def test_the_layout_the_data_was_read_as_passes(by_layout, tmp_path, data, layou
 
 def test_predict_refuses_a_raw_file_in_the_same_words(criteo_files):
     from ctrcal.core.errors import DataError
-    from ctrcal.data.criteo import detect_format
+    from ctrcal.preparation.criteo import detect_format
 
     with pytest.raises(DataError) as err:
         detect_format(criteo_files["dac"], "x1")

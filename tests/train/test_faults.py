@@ -163,7 +163,7 @@ def no_click_valid(criteo_frame, tmp_path_factory) -> Path:
     """Prepared data whose valid split has no click (train and test have both classes)."""
     from ctrcal.api import prepare
     from ctrcal.config import Config
-    from ctrcal.data.synthetic import write_criteo
+    from ctrcal.preparation.synthetic import write_criteo
 
     frame, _ = criteo_frame
     root = tmp_path_factory.mktemp("no_click")

@@ -320,7 +320,7 @@ def _csv_separator(path: Path) -> str:
 
 def _not_utf8(path: Path) -> DataError:
     """The line and column of a CSV's first byte that is not UTF-8 text."""
-    from ctrcal.data.parsed import TextLayout, file_not_utf8
+    from ctrcal.preparation.parsed import TextLayout, file_not_utf8
 
     sep = _csv_separator(path)
     opener = gzip.open if path.name.lower().endswith(".gz") else open

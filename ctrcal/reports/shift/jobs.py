@@ -60,7 +60,7 @@ def data_jobs(
             data (then the report's data is not the random split of the same inputs).
     """
     from ctrcal.data.feature_map import FeatureMap
-    from ctrcal.data.prepare.prepare import prepare
+    from ctrcal.preparation.prepare import prepare
 
     out = [DataJob(cfg, data_dir, out_dir / "runs")]
     for sp in shifts:

@@ -159,7 +159,7 @@ def oracle_probs(data_dir: Path, split: str, labels: np.ndarray) -> np.ndarray |
     when its rows do not line up with ``labels``)."""
     import pyarrow.parquet as pq
 
-    from ctrcal.data.prepare.write import PROB_COL
+    from ctrcal.preparation.write import PROB_COL
 
     files = sorted((Path(data_dir) / split).glob("*.parquet"))
     if not files or PROB_COL not in pq.read_schema(files[0]).names:

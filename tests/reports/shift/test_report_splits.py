@@ -15,7 +15,7 @@ from ctrcal.calibration.scaling import PlattScaling, TemperatureScaling
 from ctrcal.config import Config
 from ctrcal.data.feature_map import FeatureMap
 from ctrcal.data.loader import ParquetCTRData
-from ctrcal.data.synthetic import generate_frame, write_criteo
+from ctrcal.preparation.synthetic import generate_frame, write_criteo
 from ctrcal.train.predict import predict_logits
 from ctrcal.validate import load_config
 
