@@ -116,6 +116,22 @@ def _polars(
     return row_check(path, fmt, on_bad_row).chunk(criteo.scan_raw(chunk, fmt), offset)
 
 
+def detect_format(path: str | Path, schema: Any, layout: str = "auto") -> Any:
+    """The format of a raw file, the one detection ``prepare`` and ``predict`` ask: the
+    :class:`~ctrcal.preparation.schema_reader.SchemaFormat` of ``schema`` (a
+    :class:`~ctrcal.data.schema.DatasetSchema`), or with None its Criteo layout
+    (:func:`ctrcal.preparation.criteo.detect_format`; ``layout``: ``data.layout``).
+
+    Raises:
+        DataError: a file that matches neither.
+    """
+    if schema is None:
+        return criteo.detect_format(path, layout)
+    from ctrcal.preparation import schema_reader
+
+    return schema_reader.detect(path, schema)
+
+
 def row_check(path: Path, fmt: Any, on_bad_row: str) -> RowCheck:
     """What every row of a file of ``fmt`` is checked against (the one row validator's
     :class:`~ctrcal.preparation.row_check.RowCheck`): Criteo's columns, or a schema's

@@ -55,13 +55,13 @@ from ctrcal.core.criteo_schema import LABEL
 from ctrcal.core.errors import DataError
 from ctrcal.data.feature_map import FEATURE_MAP_FILE, SCHEMA_VERSION
 from ctrcal.data.schema import DatasetSchema, resolve_schema
-from ctrcal.preparation import criteo, schema_reader
+from ctrcal.preparation import schema_reader
 from ctrcal.preparation.coder import STRING_HASH
 from ctrcal.preparation.days import describe_days
 from ctrcal.preparation.encode import Clock, Source, encode_sources
 from ctrcal.preparation.features import FeaturePipeline, resolve_numeric_transform
 from ctrcal.preparation.inputs import expand_inputs
-from ctrcal.preparation.parse import check_on_bad_row
+from ctrcal.preparation.parse import check_on_bad_row, detect_format
 from ctrcal.preparation.parse import threads as parse_threads
 from ctrcal.preparation.publish import (
     OWNER_FILE,
@@ -502,12 +502,10 @@ def _detect(sources: list[Source], schema: DatasetSchema | None, configured: str
     from ctrcal.preparation.synthetic import prob_path
 
     for s in sources:
+        s.fmt = detect_format(s.path, schema, configured)
         if schema is None:
-            s.fmt = criteo.detect_format(s.path, configured)
             p = prob_path(s.path)
             s.prob = p if p.exists() else None
-        else:
-            s.fmt = schema_reader.detect(s.path, schema)
         if not s.fmt.labelled and (s.split is None or s.split < 2):
             raise DataError(
                 f"{s.path}: has no labels ({s.fmt.layout} layout); training and validation "

@@ -269,19 +269,11 @@ def _time_column(feature_map: Any) -> str | None:
 def _raw_formats(cfg: Any, raw_files: Sequence[str | Path]) -> list[tuple[Path, Any]]:
     """Each raw file with its detected layout, as ``prepare`` detects it (the run's
     ``data.schema``, else a Criteo layout)."""
-    from ctrcal.preparation import criteo, schema_reader
+    from ctrcal.preparation.parse import detect_format
     from ctrcal.preparation.prepare import data_schema
 
     schema = data_schema(cfg)
-    return [
-        (
-            path,
-            criteo.detect_format(path, cfg.data.layout)
-            if schema is None
-            else schema_reader.detect(path, schema),
-        )
-        for path in map(Path, raw_files)
-    ]
+    return [(path, detect_format(path, schema, cfg.data.layout)) for path in map(Path, raw_files)]
 
 
 def _raw_batches(
