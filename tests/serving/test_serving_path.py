@@ -53,7 +53,7 @@ def test_pt2_on_raw_rows_encoded_with_the_exported_folder(raw_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_onnx_on_raw_rows_with_isotonic_folded_in(raw_run, tmp_path):
+def test_onnx_on_raw_rows_with_isotonic_folded_in(raw_run, tmp_path, capfd):
     ort = pytest.importorskip("onnxruntime")
     model = tmp_path / "model.onnx"
     argv = [
@@ -67,6 +67,8 @@ def test_onnx_on_raw_rows_with_isotonic_folded_in(raw_run, tmp_path):
         "platt",
     ]
     assert main(argv) == 0
+    # the exporter's notes about torchvision's operators stay out of the command's output
+    assert "torchvision" not in "".join(capfd.readouterr())
     cal = json.loads((tmp_path / "model.onnx.encoding" / "serving.json").read_text())["calibrator"]
     assert cal["name"] == "platt"
     enc = RawRowEncoder(tmp_path / "model.onnx.encoding")
