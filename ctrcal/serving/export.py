@@ -160,11 +160,13 @@ class ExportResult:
     encoding: Path
     fmt: str
     calibrator: str | None
+    precision: str = "fp32"
 
     def describe(self) -> str:
         cal = f" with {self.calibrator} calibration folded in" if self.calibrator else ""
+        fmt = self.fmt if self.precision == "fp32" else f"{self.fmt}, {self.precision}"
         return (
-            f"wrote {self.path} ({self.fmt}{cal}); raw-row encoding (feature map, "
+            f"wrote {self.path} ({fmt}{cal}); raw-row encoding (feature map, "
             f"vocabulary, numeric transform) in {self.encoding}"
         )
 
@@ -503,7 +505,7 @@ def export_run(
         shutil.copyfile(data_dir / FEATURE_MAP_FILE, tmp / FEATURE_MAP_FILE)
         shutil.copyfile(data_dir / VOCAB_FILE, tmp / VOCAB_FILE)
         write_text_atomic(tmp / SERVING_FILE, json_dumps(manifest, indent=2) + "\n")
-    return ExportResult(out, encoding, fmt, calibrator)
+    return ExportResult(out, encoding, fmt, calibrator, precision)
 
 
 def example_inputs(vocab_sizes: list[int], num_numeric: int, rows: int) -> tuple[Tensor, Tensor]:
