@@ -210,7 +210,7 @@ def export_module(
     model: nn.Module,
     example_inputs: Any,
     path: str | Path,
-    format: str = "onnx",  # noqa: A002 - the name the CLI's --format has
+    format: str = "onnx",
     what: str = "model",
     input_names: list[str] | None = None,
     output_names: list[str] | None = None,
