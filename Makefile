@@ -2,8 +2,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_OUT ?= outputs/demo
-# one pytest worker per core (pytest-xdist); PYTEST_WORKERS= runs the suite in one process
-PYTEST_WORKERS ?= -n auto
+# one pytest worker per core (pytest-xdist); PYTEST_WORKERS= runs the suite in one process;
+# loadgroup keeps the tests of an xdist_group on one worker (the Ray tests share one Ray)
+PYTEST_WORKERS ?= -n auto --dist loadgroup
 # the tests' many processes (workers, preloaded servers, fresh-interpreter checks) read the
 # package's bytecode from __pycache__ instead of each compiling it again, whatever the shell says
 PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest

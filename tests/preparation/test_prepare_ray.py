@@ -23,6 +23,9 @@ from ctrcal.preparation.prepare import prepare
 from ctrcal.preparation.splits import SPLITS
 from ctrcal.preparation.synthetic import generate
 
+# one worker of `make test` runs them all (--dist loadgroup): one Ray for the module
+pytestmark = pytest.mark.xdist_group("ray")
+
 PART = 3000  # rows per part here, so that parts straddle the small files
 FEATURES = FeaturesConfig(min_count=2)
 
