@@ -495,8 +495,7 @@ def validate_data(cfg: Config, data_dir: Path) -> None:
         DataError: naming the config's file and key, the shift and the data.
         ConfigError: tables above the limit, naming the key and the size.
     """
-    from ctrcal.data.feature_map import FeatureMap
-    from ctrcal.preparation.criteo import check_prepared_layout
+    from ctrcal.data.feature_map import FeatureMap, check_prepared_layout
     from ctrcal.reports.shift.jobs import check_data_for_shifts
     from ctrcal.reports.shift.plan import plan_shifts
     from ctrcal.shifts.data_check import check_training_data

@@ -13,10 +13,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ctrcal.core.criteo_schema import check_layout
 from ctrcal.core.errors import DataError
 from ctrcal.data.numeric import NumericTransform
 
-__all__ = ["FEATURE_MAP_FILE", "SCHEMA_VERSION", "FeatureMap", "load_feature_map"]
+__all__ = [
+    "FEATURE_MAP_FILE",
+    "SCHEMA_VERSION",
+    "FeatureMap",
+    "check_prepared_layout",
+    "load_feature_map",
+]
 
 SCHEMA_VERSION = 1
 FEATURE_MAP_FILE = "feature_map.json"
@@ -180,3 +187,23 @@ class FeatureMap:
 def load_feature_map(path: str | Path) -> FeatureMap:
     """Shorthand for :meth:`FeatureMap.load`."""
     return FeatureMap.load(path)
+
+
+def check_prepared_layout(cfg: Any, feature_map: Any, data_dir: Path) -> None:
+    """``data.layout`` of ``cfg`` against each Criteo source of prepared data (its feature
+    map's ``sources``), by :func:`~ctrcal.core.criteo_schema.check_layout`; data prepared by
+    a schema, or a config with one, is read by its schema, not a layout.
+
+    Raises:
+        DataError: naming the data, the source, both layouts and the config's key.
+    """
+    configured = cfg.data.layout
+    extra = feature_map.extra or {}
+    if configured == "auto" or cfg.data.schema is not None or extra.get("schema"):
+        return
+    for source in extra.get("sources") or []:
+        where = f"{data_dir}: prepared from {source['path']}"
+        try:
+            check_layout(configured, source["layout"], where, guessed=False)
+        except DataError as exc:
+            raise DataError(f"{exc} [{cfg.where('data.layout')}]") from None

@@ -35,7 +35,6 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
@@ -46,6 +45,7 @@ from ctrcal.core.criteo_schema import (
     LAYOUTS,
     NUM_CATEGORICAL,
     NUM_NUMERIC,
+    check_layout,
 )
 from ctrcal.core.errors import DataError
 from ctrcal.preparation.chunks import BOM
@@ -228,51 +228,6 @@ def detect_format(path: str | Path, layout: str = "auto") -> CriteoFormat:
         # read as configured: the file's own columns (a dac file's may lack the label)
         fmt = CriteoFormat(layout, fmt.separator, fmt.has_header, fmt.columns, fmt.labelled)
     return fmt
-
-
-_READ_AS = {("dac", "dac_test")}
-"""(configured, found): the dac layout reads a file of its columns without the label."""
-_LOOK_ALIKE = {("x4", "x1"), ("x1", "x4")}
-"""(configured, found) layouts a file's first lines cannot tell apart for certain (Criteo_x1 is
-guessed from its values): a configured layout overrules the guess."""
-
-
-def check_layout(configured: str, found: str, where: str, guessed: bool = True) -> None:
-    """The one rule on ``data.layout``: ``auto``, or the layout the data has (or one that
-    reads it). Asked of each raw file by :func:`detect_format` (``found``: what its first
-    lines look like, ``guessed``) and, at train time, of each source of the prepared data
-    (``found``: the layout it was read as, exact), so that a run is trained only on data its
-    config reads again when it scores raw files.
-
-    Raises:
-        DataError: ``WHERE: configured layout 'x1' but the file looks like 'dac'``.
-    """
-    if configured in ("auto", found) or (configured, found) in _READ_AS:
-        return
-    if guessed and (configured, found) in _LOOK_ALIKE:
-        return
-    seen = "looks like" if guessed else "was read as"
-    raise DataError(f"{where}: configured layout {configured!r} but the file {seen} {found!r}")
-
-
-def check_prepared_layout(cfg: Any, feature_map: Any, data_dir: Path) -> None:
-    """``data.layout`` of ``cfg`` against each Criteo source of prepared data (its feature
-    map's ``sources``), by :func:`check_layout`; data prepared by a schema, or a config with
-    one, is read by its schema, not a layout.
-
-    Raises:
-        DataError: naming the data, the source, both layouts and the config's key.
-    """
-    configured = cfg.data.layout
-    extra = feature_map.extra or {}
-    if configured == "auto" or cfg.data.schema is not None or extra.get("schema"):
-        return
-    for source in extra.get("sources") or []:
-        where = f"{data_dir}: prepared from {source['path']}"
-        try:
-            check_layout(configured, source["layout"], where, guessed=False)
-        except DataError as exc:
-            raise DataError(f"{exc} [{cfg.where('data.layout')}]") from None
 
 
 def _looks_like_x1(lines: list[str], canon: list[str | None], sep: str) -> bool:

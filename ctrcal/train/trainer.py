@@ -264,8 +264,7 @@ def _train_in_context(
     dctx: dist_util.DistContext,
     loggers: Any = None,
 ) -> TrainResult:
-    from ctrcal.data.feature_map import FeatureMap
-    from ctrcal.preparation.criteo import check_prepared_layout
+    from ctrcal.data.feature_map import FeatureMap, check_prepared_layout
     from ctrcal.shifts.data_check import check_training_data
     from ctrcal.train.finetune import finetune_model
     from ctrcal.train.table_limit import check_table_size
