@@ -605,10 +605,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--precision",
-        default="fp32",
+        default=None,
         metavar="P",
-        help="fp32 (default); bf16 with --engine torch (one-shot) or aoti; int8 with "
-        "--engine onnxruntime (see docs/serving.md for the AUC cost)",
+        help="fp32; bf16 with --engine torch (one-shot) or aoti; int8 with --engine "
+        "onnxruntime (see docs/serving.md for the AUC cost). Default: the precision the run "
+        "was trained in with --engine torch (as evaluate scores it), fp32 otherwise",
     )
 
     p = add(

@@ -73,7 +73,7 @@ def predict_run(
     on_bad_row: str = "error",
     with_features: bool = False,
     engine: str = "torch",
-    precision: str = "fp32",
+    precision: str | None = None,
 ) -> PredictResult:
     """Score ``run_dir``'s best model and write the probabilities to ``out`` (parquet).
 
@@ -93,7 +93,10 @@ def predict_run(
         engine: ``torch`` (the eager model), ``onnxruntime`` or ``aoti``: the exported graph
             (:mod:`ctrcal.serving.engines`; one-shot, on the CPU).
         precision: ``fp32``; ``bf16`` (``torch``: autocast, one-shot; ``aoti``) or ``int8``
-            (``onnxruntime``), as ``ctrcal export --precision`` makes them.
+            (``onnxruntime``), as ``ctrcal export --precision`` makes them. None: with
+            ``torch``, the precision the run was trained in, one-shot and MC passes alike
+            (:func:`~ctrcal.train.results.run_precision`, as ``evaluate`` scores it); fp32
+            with an exported engine.
 
     Raises:
         CtrcalError: no such run or no checkpoint, data of another feature map, a model
@@ -108,7 +111,8 @@ def predict_run(
         raise ConfigError(
             f"--engine {engine} scores the exported one-shot graph: MC passes need --engine torch"
         )
-    _check_precision(engine, precision, mc_samples)
+    if precision is not None:
+        _check_precision(engine, precision, mc_samples)
     split = split or "test"
 
     def inputs(data_dir: Path, feature_map: Any) -> None:
@@ -128,6 +132,10 @@ def predict_run(
         run.data_dir,
         run.data,
     )
+    if precision is None:  # the run's own arithmetic, as evaluate scores it
+        dtype = run.precision if engine == "torch" else None
+    else:
+        dtype = torch.bfloat16 if precision == "bf16" else None
     # the MC passes are seeded: the caller's RNG is left as it was
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         batch_size = batch_size or cfg.train.eval_batch_size
@@ -147,13 +155,13 @@ def predict_run(
         torch.manual_seed(seed)
         total = 0
         with (
-            _engine(engine, model, feature_map, precision) as scorer,
+            _engine(engine, model, feature_map, precision or "fp32") as scorer,
             atomic_path(out) as tmp,
             pq.ParquetWriter(tmp, schema) as writer,
         ):
             for batch, time in batches:
                 if scorer is None:
-                    mean, std = _score(model, batch, batch_size, dev, mc_samples, precision)
+                    mean, std = _score(model, batch, batch_size, dev, mc_samples, dtype)
                 else:
                     mean, std = scorer(batch), None
                 columns = [mean]
@@ -236,21 +244,22 @@ def _score(
     batch_size: int,
     device: torch.device,
     mc_samples: int,
-    precision: str = "fp32",
+    precision: torch.dtype | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """(probabilities [B], MC std [B] or None) of one batch, through the prediction loop."""
+    """(probabilities [B], MC std [B] or None) of one batch, through the prediction loop, in
+    ``precision`` (an autocast dtype, or None for float32)."""
     if mc_samples > 0:
         from ctrcal.layers.mc_layernorm.predict import mc_predict
+        from ctrcal.train.precision import compute_precision
 
-        with torch.no_grad():
+        with torch.no_grad(), compute_precision(precision, device.type):
             mean, std = mc_predict(
                 model, batch.inputs().to(device), n_samples=mc_samples, max_rows=batch_size
             )
         return mean.double().cpu().numpy(), std.double().cpu().numpy()
     from ctrcal.train.predict import predict_probs
 
-    dtype = torch.bfloat16 if precision == "bf16" else None
-    probs, _ = predict_probs(model, batch, batch_size, device, precision=dtype)
+    probs, _ = predict_probs(model, batch, batch_size, device, precision=precision)
     return probs.double().numpy(), None
 
 

@@ -101,9 +101,8 @@ def evaluate_run(
         data_dir: the prepared directory (default: the one the run was trained on); its
             feature identity (vocabularies, transforms, schema) must be the run's.
         mc_samples: > 0 averages that many MC-LayerNorm sampling passes per row.
-            One-shot and MC passes compute in the run's ``train.precision``, resolved as
-            training resolves it (:func:`ctrcal.train.precision.resolve_precision`: ``auto``
-            probes the run's model on the split's first batch, on this device).
+            One-shot and MC passes compute in the precision the run was trained in
+            (:func:`ctrcal.train.results.run_precision`).
         device: ``auto``, ``cpu``, ``cuda``, ...
         batch_size: rows per pass (default: the run's ``train.eval_batch_size``).
         seed: seeds the MC passes' subsets, so the same call gives the same numbers bit for
@@ -113,7 +112,6 @@ def evaluate_run(
         DataError: the data is encoded with another feature map than the run's, has moved,
             or the split has no labels (checked before the model is loaded).
     """
-    from ctrcal.train.precision import cpu_bf16_probe, resolve_precision
     from ctrcal.train.results import open_run
     from ctrcal.train.splits import open_split, require_labelled, resolve_data_mode
 
@@ -130,7 +128,4 @@ def evaluate_run(
         data = open_split(run.data_dir, split, mode, dev)
         torch.manual_seed(seed)
         batch_size = batch_size or run.config.train.eval_batch_size
-        first = next(iter(data.batches(run.config.train.batch_size)), None)
-        probe = None if first is None else lambda: cpu_bf16_probe(run.model, first.to(dev))
-        precision = resolve_precision(run.config.train.precision, dev, probe)
-        return score_split(run.model, data, batch_size, dev, mc_samples, precision)
+        return score_split(run.model, data, batch_size, dev, mc_samples, run.precision)

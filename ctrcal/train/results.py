@@ -28,6 +28,7 @@ __all__ = [
     "load_run",
     "open_run",
     "read_result",
+    "run_precision",
     "write_history",
     "write_result",
 ]
@@ -54,6 +55,9 @@ class TrainResult:
         monitor_note: why ``monitor`` is not ``train.monitor``; None when it is.
         epoch_choice: one sentence when the chosen epoch's validation logloss or ECE is worse
             than another epoch's (the trade-off the monitor made); None otherwise.
+        precision: what ``train.precision`` resolved to, ``fp32`` or ``bf16``: the arithmetic
+            every later scoring of the run (``evaluate``, ``predict``, the shift report)
+            computes in, so none of them probes again.
 
     Every epoch's validation AUC, logloss, ECE and PCOC are in ``history`` (``valid_*``);
     ``result.json`` writes an undefined one as ``null``.
@@ -72,6 +76,7 @@ class TrainResult:
     monitor: str = ""
     monitor_note: str | None = None
     epoch_choice: str | None = None
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.epoch_choice is None:
@@ -235,6 +240,8 @@ class OpenRun(NamedTuple):
             ``[B]``.
         config: the run's validated config snapshot.
         device: where the model is.
+        precision: the autocast dtype the run was trained and scored in (``torch.bfloat16``),
+            or None for float32 (:func:`run_precision`).
     """
 
     run_dir: Path
@@ -243,6 +250,7 @@ class OpenRun(NamedTuple):
     model: nn.Module
     config: Config
     device: Any
+    precision: Any = None
 
 
 def open_run(
@@ -298,7 +306,30 @@ def open_run(
             f"{run_dir}: its model has no MC-LayerNorm layer, so MC passes would all be equal; "
             "drop --mc-samples (mc_samples) or use a run trained with mclayernorm"
         )
-    return OpenRun(run_dir, data_dir, data, model.to(dev).eval(), cfg, dev)
+    precision = run_precision(run_dir, cfg, dev)
+    return OpenRun(run_dir, data_dir, data, model.to(dev).eval(), cfg, dev, precision)
+
+
+def run_precision(run_dir: str | Path, cfg: Config, device: Any) -> Any:
+    """The autocast dtype a run is scored in: the precision its training resolved to, as
+    ``result.json`` records it; for a run without that record (unfinished, or written before
+    it existed), ``train.precision`` resolved without the start-up probe (``auto`` is
+    float32 on a CPU, bf16 on CUDA).
+
+    Returns:
+        ``torch.bfloat16``, or None for float32.
+    """
+    import torch
+
+    from ctrcal.train.precision import resolve_precision
+
+    try:
+        recorded = json.loads((Path(run_dir) / RESULT_FILE).read_text()).get("precision")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if recorded in ("fp32", "bf16"):
+        return torch.bfloat16 if recorded == "bf16" else None
+    return resolve_precision(cfg.train.precision, device)
 
 
 def write_result(run_dir: Path, result: TrainResult) -> None:

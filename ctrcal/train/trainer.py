@@ -64,7 +64,12 @@ from ctrcal.train.evaluate import (
     valid_metrics,
 )
 from ctrcal.train.noise import TrainShift
-from ctrcal.train.precision import Bf16Probe, cpu_bf16_probe, resolve_precision
+from ctrcal.train.precision import (
+    Bf16Probe,
+    cpu_bf16_probe,
+    precision_name,
+    resolve_precision,
+)
 from ctrcal.train.predict import predict_split
 from ctrcal.train.results import (
     TrainResult,
@@ -449,6 +454,7 @@ def _train_in_context(
         model=model,
         monitor=monitor,
         monitor_note=monitor_note,
+        precision=precision_name(amp),
     )
     if not main:  # rank 0 alone scores the test split and writes the result
         dist_util.barrier(dctx)

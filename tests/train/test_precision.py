@@ -3,15 +3,22 @@ scoring in the precision a run trained in."""
 
 from __future__ import annotations
 
+import json
+
+import pyarrow.parquet as pq
 import pytest
 import torch
 from torch import nn
 
+import ctrcal.metrics as M
 import ctrcal.train.trainer as trainer
 from ctrcal.core.batch import Batch
 from ctrcal.models.masknet import MaskNet
+from ctrcal.serving.predict import predict_run
 from ctrcal.train import precision, step
+from ctrcal.train.evaluate import evaluate_run
 from ctrcal.train.predict import predict_split
+from ctrcal.train.results import run_precision
 from ctrcal.validate import load_config
 
 BF16 = torch.bfloat16
@@ -184,3 +191,41 @@ def test_training_scores_in_its_precision(monkeypatch, prepared_dir, tmp_path):
 
     trainer.train(cfg, prepared_dir, tmp_path / "run")
     assert seen == [("valid", BF16), ("test", BF16)]
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["precision"] == "bf16"
+
+
+def test_a_run_is_scored_later_in_the_precision_it_was_trained_in(
+    monkeypatch, prepared_dir, tmp_path
+):
+    """evaluate and predict read the recorded precision instead of probing again, so a run
+    whose auto resolved to bf16 gives the same numbers in train, evaluate and predict."""
+    monkeypatch.setattr(trainer, "cpu_bf16_probe", lambda model, batch: _probe(True))
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: ["AMX-BF16"])
+    cfg = load_config(
+        None,
+        [
+            "model.embedding_dim=4",
+            "model.hidden_units=[16]",
+            "train.epochs=1",
+            "train.progress=false",
+            "train.num_threads=1",
+            "train.device=cpu",
+        ],
+    )
+    run = tmp_path / "run"
+    trained = trainer.train(cfg, prepared_dir, run)
+    # a probe at scoring time would now say fp32: nothing may ask it
+    monkeypatch.setattr(trainer, "cpu_bf16_probe", lambda model, batch: _probe(False))
+    monkeypatch.setattr(precision, "cpu_bf16_probe", lambda model, batch: _probe(False))
+    assert run_precision(run, cfg, torch.device("cpu")) == BF16
+    evaluated = evaluate_run(run, "test", device="cpu")
+    assert evaluated["auc"] == trained.test["auc"]
+    predict_run(run, tmp_path / "p.parquet", split="test", device="cpu")
+    preds = pq.read_table(tmp_path / "p.parquet").to_pandas()
+    assert M.auc(preds["prob"], preds["label"]) == pytest.approx(evaluated["auc"], abs=1e-12)
+    # a run without the record (an older one) is scored as its config resolves without a probe
+    result = json.loads((run / "result.json").read_text())
+    del result["precision"]
+    (run / "result.json").write_text(json.dumps(result))
+    assert run_precision(run, cfg, torch.device("cpu")) is None

@@ -162,6 +162,9 @@ class EvalGrid:
     # drift and label-free estimates against the validation split (None: not yet made, False:
     # the splits are too small or there is no validation split)
     monitor: Any = None
+    runs_dir: Path | None = None
+    # (run variant, seed) -> the autocast dtype the run was trained in (None: float32)
+    precisions: dict[tuple[str, int], Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def open(
@@ -198,6 +201,7 @@ class EvalGrid:
             device,
             batch_size,
             natural=job.natural,
+            runs_dir=job.runs_dir,
         )
 
     def points(self) -> list[tuple[ShiftPlan | None, int, float]]:
@@ -239,10 +243,27 @@ class EvalGrid:
             self.shifted[point] = out
         return out
 
+    def precision(self, run_variant: str, j: int) -> Any:
+        """The autocast dtype run ``seed{j}`` of ``run_variant`` was trained in (None: float32):
+        every run is scored in its own arithmetic, as ``ctrcal evaluate`` scores it."""
+        from ctrcal.train.results import run_precision
+
+        key = (run_variant, j)
+        if key not in self.precisions:
+            run_dir = None if self.runs_dir is None else self.runs_dir / run_variant / f"seed{j}"
+            self.precisions[key] = (
+                None if run_dir is None else run_precision(run_dir, self.cfg, self.device)
+            )
+        return self.precisions[key]
+
     def predict(self, models: list, plan: VariantPlan, k: int, point: Point) -> Prediction:
         """The variant's prediction of seed ``k`` at ``point``; a one-shot run's own
         prediction is made once and shared by every variant made of that run."""
+        n_seeds = self.cfg.report.seeds
         if plan.mc_samples:
+            precisions = {
+                self.precision(plan.run_variant, j) for j in plan.member_seeds(k, n_seeds)
+            }
             return predict_split(
                 models,
                 self.batches(point),
@@ -250,8 +271,9 @@ class EvalGrid:
                 device=self.device,
                 mc_samples=plan.mc_samples,
                 mc_dropout_on=plan.mc_dropout,
+                # members trained in different precisions score in float32 together
+                precision=precisions.pop() if len(precisions) == 1 else None,
             )
-        n_seeds = self.cfg.report.seeds
         members = [
             self._one_shot(model, plan.run_variant, j, point)
             for model, j in zip(models, plan.member_seeds(k, n_seeds), strict=True)
@@ -264,7 +286,11 @@ class EvalGrid:
         if kept is not None:
             return kept
         pred = predict_split(
-            [model], self.batches(point), batch_size=self.batch_size, device=self.device
+            [model],
+            self.batches(point),
+            batch_size=self.batch_size,
+            device=self.device,
+            precision=self.precision(run_variant, j),
         )
         for a in (pred.probs, pred.logits, pred.rows, pred.labels):
             a.flags.writeable = False  # shared by several variants: nobody may change it
