@@ -64,12 +64,14 @@ MIN_CHUNK_ROWS = 200  # fewer rows: a histogram of 10+ bins and a 2-fold classif
 MIN_REFERENCE_CHUNKS = 10  # fewer reference chunks cannot estimate a threshold's spread
 MAX_THRESHOLD_CHUNKS = 20  # reference chunks the domain classifier is refitted on (cost)
 UNIVARIATE, MULTIVARIATE = "jensen_shannon", "domain_classifier"
+UNSEEN = "unseen_rate"  # pooled over every categorical feature: one score per chunk
 TREE_BINS = 32  # bins of each of the domain classifier's inputs
 QUANTILE_ROWS = 200_000  # rows a numeric feature's bin edges are taken from, at most
 
 TRUST_RULE = (
     "an estimate of a chunk is trusted only when none of the chunk's drift scores (any "
-    "feature's Jensen–Shannon distance, the domain classifier's AUC) exceeds its threshold"
+    "feature's Jensen–Shannon distance, the unseen-value rate over the categorical features, "
+    "the domain classifier's AUC) exceeds its threshold"
 )
 
 
@@ -268,6 +270,8 @@ class DriftMonitor:
         rows = np.unique(np.concatenate([self.pool_, *(np.concatenate(p) for p in pairs)]))
         matrix = np.empty((rows.size, len(self.features_)), dtype=np.float32)
         reference_js: dict[str, np.ndarray] = {}
+        unseen = np.zeros(bounds.size - 1)
+        present = np.zeros(bounds.size - 1)
         for j, (name, v) in enumerate(cols.items()):
             index = self._fit_feature(name, v, counting)
             codes = self._codes(name, v, index)
@@ -286,8 +290,13 @@ class DriftMonitor:
             self.reference_counts_[name] = total
             if index is not None:
                 per_chunk = self._unseen_in_rest(name, index, codes, bounds, per_chunk)
+                unseen += per_chunk[:, k - 1]
+                present += per_chunk.sum(axis=1) - per_chunk[:, k - 2]
             reference_js[name] = js_distance(per_chunk, total[None, :] - per_chunk)
-        self.tests_ = len(self.features_) + 1
+        self.categorical_ = [k for k in self.features_ if self.kinds_[k] == "categorical"]
+        if self.categorical_:
+            reference_js[UNSEEN] = unseen / np.maximum(present, 1.0)
+        self.tests_ = len(reference_js) + 1
         level = 1.0 - self.alarm_rate / self.tests_
         self.reference_scores_ = reference_js
         self.thresholds_ = {k: _threshold(v, level) for k, v in reference_js.items()}
@@ -463,6 +472,8 @@ class DriftMonitor:
         samples = [self._sample(np.arange(bounds[c], bounds[c + 1]), rng) for c in range(chunks)]
         rows = np.concatenate(samples)  # increasing: chunk after chunk
         matrix = np.empty((rows.size, len(self.features_)), dtype=np.float32)
+        unseen_count = np.zeros(chunks)
+        present = np.zeros(chunks)
         for j, name in enumerate(self.features_):
             v = cols[name]
             index = self.vocab_[name].index(v) if name in self.vocab_ else None
@@ -474,6 +485,9 @@ class DriftMonitor:
             js = js_distance(hist, self.reference_counts_[name][None, :])
             categorical = self.kinds_[name] == "categorical"
             unseen = hist[:, k - 1] / hist.sum(axis=1) if categorical else None
+            if categorical:
+                unseen_count += hist[:, k - 1]
+                present += hist.sum(axis=1) - hist[:, k - 2]
             for c in range(chunks):
                 scores[c].append(
                     DriftScore(
@@ -484,6 +498,12 @@ class DriftMonitor:
                         self.thresholds_[name],
                         None if unseen is None else float(unseen[c]),
                     )
+                )
+        if self.categorical_:
+            rate = unseen_count / np.maximum(present, 1.0)
+            for c in range(chunks):
+                scores[c].append(
+                    DriftScore(c, UNSEEN, None, float(rate[c]), self.thresholds_[UNSEEN])
                 )
         out = []
         for c, a in enumerate(samples):
@@ -602,6 +622,17 @@ declare_metric(
     "unseen",
     label="unseen values",
     definition="fraction of a chunk's rows whose categorical value never occurs in the reference.",
+    better="lower",
+    computed_by="DriftMonitor",
+    kind="drift",
+    section="drift",
+    bounds=(0.0, 1.0),
+)
+declare_metric(
+    UNSEEN,
+    label="unseen-value rate",
+    definition="fraction of a chunk's present categorical values, over every categorical "
+    "feature, that never occur in the reference (a reference chunk: in the rest of it).",
     better="lower",
     computed_by="DriftMonitor",
     kind="drift",

@@ -65,7 +65,7 @@ def test_a_noisy_analysis_alarms_on_exactly_the_noisy_features(monitor):
     for c in chunks:
         flagged = {s.feature for s in c.scores if s.alarm and s.feature is not None}
         assert flagged == set(noisy)
-        mv = next(s for s in c.scores if s.feature is None)
+        mv = next(s for s in c.scores if s.method == "domain_classifier")
         assert mv.alarm and mv.value > 0.6
         assert not c.trusted
 
@@ -141,3 +141,22 @@ def test_the_trust_flag_turns_off_under_noise_on_the_inputs(monitor):
     p = 1 / (1 + np.exp(-_logits(shifted)))
     assert M.expected_auc(p) - M.auc(p, y) > 0.02  # the estimate is wrong ...
     assert not any(c.trusted for c in monitor.transform(shifted))  # ... and says so
+
+
+def test_the_unseen_rate_pools_every_categorical_feature(monitor):
+    # 3 % of the rows get a c0 value the reference never had: the pooled rate counts them
+    # over both categorical features' values, and its threshold (from the reference's
+    # chunks, whose values unseen by the rest are rare ones) is crossed in every chunk
+    rng = np.random.default_rng(8)
+    x = _features(rng, 4000)
+    ref = _features(np.random.default_rng(0), 20_000)
+    hit = rng.random(4000) < 0.03
+    x["c0"] = np.where(hit, 1000 + np.arange(4000), x["c0"])
+    for c in monitor.transform(x):
+        s = next(s for s in c.scores if s.method == "unseen_rate")
+        rows = slice(c.start, c.stop)
+        new = sum(int(np.isin(x[f][rows], ref[f], invert=True).sum()) for f in ("c0", "c1"))
+        assert s.value == pytest.approx(new / (2 * (c.stop - c.start)))
+        assert s.alarm and not c.trusted
+    clean = monitor.transform(_features(np.random.default_rng(1), 20_000))
+    assert sum(next(s for s in c.scores if s.method == "unseen_rate").alarm for c in clean) <= 1

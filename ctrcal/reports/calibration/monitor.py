@@ -224,14 +224,20 @@ def _plot_drift(d: dict[str, Any], features: list[str], path: Path) -> Path:
     """Each feature's drift over its threshold (rows) per chunk (columns); > 1 alarms."""
     from ctrcal.reports.figures import new_figure, save_figure
 
-    names = [*features, "domain classifier"]
+    pooled = {"unseen_rate": "unseen values", "domain_classifier": "domain classifier"}
+    methods = [m for m in pooled if any(s["method"] == m for s in d["multivariate"])]
+    names = [*features, *(pooled[m] for m in methods)]
     chunks = len(d["chunks"])
     ratio = np.full((len(names), chunks), np.nan)
     index = {f: i for i, f in enumerate(features)}
+    index.update({m: len(features) + i for i, m in enumerate(methods)})
     for s in d["univariate"]:
         ratio[index[s["feature"]], s["chunk"]] = s["value"] / max(s["threshold"], 1e-12)
     for s in d["multivariate"]:  # the AUC's excess over 0.5 against the threshold's
-        ratio[-1, s["chunk"]] = (s["value"] - 0.5) / max(s["threshold"] - 0.5, 1e-12)
+        base = 0.5 if s["method"] == "domain_classifier" else 0.0
+        ratio[index[s["method"]], s["chunk"]] = (s["value"] - base) / max(
+            s["threshold"] - base, 1e-12
+        )
     fig, (ax,) = new_figure(1, width=max(5.0, 0.5 * chunks + 3), height=0.22 * len(names) + 1.5)
     im = ax.imshow(ratio, aspect="auto", cmap="RdYlGn_r", vmin=0.0, vmax=2.0)
     ys, xs = np.nonzero(ratio > 1.0)
@@ -281,8 +287,9 @@ def monitor_lines(d: dict[str, Any], lf: dict[str, Any]) -> list[str]:
         "",
         f"Against the reference `{Path(d['reference']).name}` ({d['reference_rows']:,} rows), "
         f"in {len(chunks)} chunk(s) of {d['chunk_rows']:,}+ consecutive rows. Each chunk's "
-        f"{d['scores_per_chunk']} drift scores (a Jensen–Shannon distance per feature, a "
-        "domain classifier's AUC) are compared with thresholds from the reference's own "
+        f"{d['scores_per_chunk']} drift scores (a Jensen–Shannon distance per feature, the "
+        "rate of values the reference never saw over the categorical features, a domain "
+        "classifier's AUC) are compared with thresholds from the reference's own "
         f"chunks at a false-alarm rate of {d['alarm_rate']:g} per clean chunk, all scores "
         f"together. **{alarmed} of {len(chunks)} chunk(s) alarm.** Trust: {TRUST_RULE}.",
         "",
@@ -291,9 +298,11 @@ def monitor_lines(d: dict[str, Any], lf: dict[str, Any]) -> list[str]:
     for s in d["univariate"]:
         if s["alarm"]:
             by_chunk.setdefault(s["chunk"], []).append(s["feature"])
-    mv = {s["chunk"]: s for s in d["multivariate"]}
+    mv = {s["chunk"]: s for s in d["multivariate"] if s["method"] == "domain_classifier"}
+    unseen = {s["chunk"]: s for s in d["multivariate"] if s["method"] == "unseen_rate"}
     est = lf["estimators"]
     header = ["chunk", "rows", "features alarmed", "domain AUC (threshold)"]
+    header += ["unseen rate (threshold)"] if unseen else []
     header += [f"AUC {e}" for e in est]
     measured = "auc_measured" in next(iter(est.values()))["chunks"][0]
     header += ["AUC measured"] if measured else []
@@ -307,6 +316,9 @@ def monitor_lines(d: dict[str, Any], lf: dict[str, Any]) -> list[str]:
             ", ".join(feats[:6]) + (f" (+{len(feats) - 6})" if len(feats) > 6 else "") or "–",
             f"{_f(mv[c['chunk']]['value'], 3)} ({_f(mv[c['chunk']]['threshold'], 3)})",
         ]
+        if unseen:
+            u = unseen[c["chunk"]]
+            row.append(f"{_f(u['value'], 4)} ({_f(u['threshold'], 4)})")
         row += [_f(e["chunks"][i]["auc"]) for e in est.values()]
         if measured:
             row.append(_f(next(iter(est.values()))["chunks"][i]["auc_measured"]))

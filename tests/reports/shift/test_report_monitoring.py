@@ -51,6 +51,7 @@ def test_the_monitor_alarms_on_noise_and_records_every_estimator():
             "drift_alarm",
             "drift_features",
             "domain_classifier",
+            "unseen_rate",
             "auc_est_iw_cbpe",
             "auc_est_doc",
             "auc_est_iw_cbpe_err",
