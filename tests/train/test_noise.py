@@ -26,6 +26,9 @@ TINY = [
     "train.epochs=2",
     "train.progress=false",
     "train.num_threads=1",
+    # the model calls recorded here are the training and scoring steps alone: auto's start-up
+    # probe (on CPUs with bf16 units) would add forward passes of its own
+    "train.precision=fp32",
 ]
 GAUSS = "train.train_shift={name: gaussian_numeric, intensity: 0.5, space: model}"
 
