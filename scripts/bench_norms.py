@@ -6,6 +6,7 @@
     python scripts/bench_norms.py --clock cpu --threads 1   # CPU time: robust to other load
     python scripts/bench_norms.py --step               # also the MaskNet training step
     python scripts/bench_norms.py --dtype bf16         # bf16 input and gradient
+    python scripts/bench_norms.py --backends c --shapes 0   # the C kernel at (4096, 400) only
 
 Freed memory stays in the process's heap (:func:`ctrcal.train.cpu_memory.retain_freed_memory`,
 as the training loop runs): otherwise glibc hands every activation-sized block back to the
@@ -75,6 +76,7 @@ def bench_case(
     repeats: int,
     use_compile: bool,
     dtype: torch.dtype = torch.float32,
+    only: tuple[str, ...] | None = None,
 ) -> dict[str, tuple[float, float]]:
     torch.manual_seed(0)
     x = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
@@ -82,6 +84,8 @@ def bench_case(
     backends = ["torch"] + (["c"] if device.type == "cpu" and kernel_available() else [])
     if device.type == "cuda":
         backends.append("triton")
+    if only:
+        backends = [b for b in backends if b in only]
     if normalized == "per-field":
         fields, dim = shape[-2], shape[-1]
         w = torch.ones(fields, dim, device=device, requires_grad=True)
@@ -184,6 +188,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--step", action="store_true", help="also the MaskNet training step")
     parser.add_argument("--no-layers", action="store_true", help="skip the layer timings")
     parser.add_argument(
+        "--backends",
+        default="",
+        help="comma-separated MC-LayerNorm backends to time (default: every one available); "
+        "the pure-torch path moves several times the memory of the others, which leaves the "
+        "caches cold for the candidate timed after it",
+    )
+    parser.add_argument(
+        "--shapes",
+        default="",
+        help="comma-separated indices into the shapes below (default: all), e.g. 0 for "
+        "(4096, 400) only",
+    )
+    parser.add_argument(
         "--dtype",
         choices=["fp32", "bf16"],
         default="fp32",
@@ -226,10 +243,12 @@ def main(argv: list[str] | None = None) -> None:
         f"{'median ms':>10} {'ratio':>6} {'min ms':>8} {'ratio':>6}"
     )
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    for shape, normalized in CASES:
+    only = tuple(b.strip() for b in args.backends.split(",") if b.strip()) or None
+    picked = [int(i) for i in args.shapes.split(",") if i.strip()] or range(len(CASES))
+    for shape, normalized in (CASES[i] for i in picked):
         try:
             result = bench_case(
-                shape, normalized, args.fraction, device, args.repeats, args.compile, dtype
+                shape, normalized, args.fraction, device, args.repeats, args.compile, dtype, only
             )
         except RuntimeError as exc:  # a layer without a path for this dtype
             print(f"{str(shape):>14} {str(normalized):>10} skipped: {exc}")

@@ -1,11 +1,25 @@
 /* Fused MC-LayerNorm for CPU: per-row exact-k uniform subsets, statistics, output, backward.
  * Plain C (no torch headers); compiled and loaded by ctrcal/layers/kernels/mcln_kernel.py.
  *
- * A row's subset is kept as the list of the d = min(k, N - k) positions Floyd's algorithm
- * draws (with `invert`, the N - k positions left out), never as an N-wide mask: the
- * statistics are a plain pass over the row corrected on those d positions, and the backward
- * writes the plain formula for every element and rewrites the d positions with the other
- * one. The row loops stay the ones of LayerNorm (no mask to load, convert and multiply).
+ * A row's subset is a bitmask of ceil(N / 64) words (bit i: feature i is in the subset),
+ * saved by the forward for the backward. The statistics are one pass over the row that adds
+ * up the masked elements; the backward's second pass applies the subset term where the mask
+ * says. With AVX-512 (this machine's build, see cbuild) the row loops take 16 floats at a time
+ * and the mask's 16 bits as the vector mask; elsewhere plain C loops.
+ *
+ * The draw of a row (exactly k of N, uniform over all subsets):
+ * - N <= 64: Floyd's algorithm draws the d = min(k, N - k) positions of the smaller side into
+ *   one word (the complement taken when k > N/2);
+ * - wider rows: each feature is kept independently when its 16 random bits fall below
+ *   floor(k * 2^16 / N); the c features kept are then corrected to exactly k by removing c - k
+ *   of them (or adding k - c of the others), each a uniform pick among those left. The first
+ *   step treats every feature alike (exchangeable) and the second step does not depend on the
+ *   positions' order, so the result is the same for every permutation of the features: uniform
+ *   over the C(N, k) subsets. About sqrt(N k (N - k)) / N picks a row instead of min(k, N - k)
+ *   sequential membership tests.
+ * All random bits are SplitMix64 outputs of a per-row seed (one torch draw, the row index),
+ * so the subsets do not depend on the thread count; every bounded pick is exact (Lemire's
+ * multiply-and-reject).
  *
  * The exported functions at the end run the row functions over chunks of rows, by the
  * convention of chunks.h; a nonzero return means a chunk could not allocate its scratch. */
@@ -13,6 +27,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define MCLN_AVX512 1
+#elif defined(__BMI2__)
+#include <immintrin.h>
+#endif
 
 #include "chunks.h"
 
@@ -40,14 +60,68 @@ static uint32_t redraw(uint32_t u, uint32_t m, uint64_t seed, int64_t i) {
     while ((uint32_t)p < t) p = (uint64_t)(uint32_t)next64(&s) * m;
     return (uint32_t)(p >> 32);
 }
-/* Floyd's algorithm: a uniform d-subset of [0, n) for row r, as d distinct positions.
-   Draw i is uniform in [0, n - d + i]: the d draws are SplitMix64 outputs of the row's seed
-   (independent of each other, so this loop vectorises); only the membership test (take t,
-   or the new top position j when t is already taken) is sequential. */
-static inline __attribute__((always_inline)) void draw_row(int32_t *idx, uint32_t *tt,
-                                                          uint64_t *bits, int64_t r, int64_t n,
-                                                          int64_t d, uint64_t key) {
-    const uint64_t seed = row_seed(key, r);
+/* draw i of a row's stream `seed`, uniform in [0, m) */
+static inline uint32_t bounded(uint64_t seed, int64_t i, uint32_t m) {
+    uint32_t u = (uint32_t)(mix64(seed + (uint64_t)(i + 1) * GAMMA) >> 32);
+    uint64_t p = (uint64_t)u * m;
+    if ((uint32_t)p < m) return redraw(u, m, seed, i); /* rare: exact check */
+    return (uint32_t)(p >> 32);
+}
+static inline uint64_t low_bits(int64_t n) { return n >= 64 ? ~0ULL : (1ULL << n) - 1; }
+/* the position of the r-th (from 0) set bit of x (r < popcount(x)) */
+static inline int select64(uint64_t x, uint32_t r) {
+#ifdef __BMI2__
+    return __builtin_ctzll(_pdep_u64(1ULL << r, x));
+#else
+    for (; r; --r) x &= x - 1;
+    return __builtin_ctzll(x);
+#endif
+}
+static inline uint64_t pdep64(uint64_t src, uint64_t mask) {
+#ifdef __BMI2__
+    return _pdep_u64(src, mask);
+#else
+    uint64_t out = 0;
+    for (; mask; mask &= mask - 1, src >>= 1) out |= (src & 1) ? mask & (0 - mask) : 0;
+    return out;
+#endif
+}
+/* bits [p, p + len) of the multiword r (len <= 64; r has a zero word past its end) */
+static inline uint64_t extract_bits(const uint64_t *r, int64_t p, int64_t len) {
+    const int64_t o = p & 63;
+    uint64_t v = r[p >> 6] >> o;
+    if (o) v |= r[(p >> 6) + 1] << (64 - o);
+    return v & low_bits(len);
+}
+/* Floyd's algorithm in rank space: e distinct ranks of [0, m) set in r (zeroed, e <= m),
+   uniform over the e-subsets; draw i is uniform in [0, m - e + i], from stream `seed`. */
+static void floyd_ranks(uint64_t *r, int64_t words, uint64_t seed, int64_t m, int64_t e) {
+    uint32_t tt[64];
+    memset(r, 0, (size_t)words * sizeof(uint64_t));
+    for (int64_t i0 = 0; i0 < e; i0 += 64) {
+        const int64_t i1 = e - i0 < 64 ? e : i0 + 64;
+        uint32_t suspect = 0;
+        _Pragma("omp simd reduction(|:suspect)")
+        for (int64_t i = i0; i < i1; ++i) { /* the draws, as in bounded(), in vector lanes */
+            const uint32_t u = (uint32_t)(mix64(seed + (uint64_t)(i + 1) * GAMMA) >> 32);
+            const uint32_t b = (uint32_t)(m - e + i) + 1;
+            const uint64_t p = (uint64_t)u * b;
+            tt[i - i0] = (uint32_t)(p >> 32);
+            suspect |= (uint32_t)((uint32_t)p < b);
+        }
+        if (suspect)
+            for (int64_t i = i0; i < i1; ++i) tt[i - i0] = bounded(seed, i, (uint32_t)(m - e + i) + 1);
+        for (int64_t i = i0; i < i1; ++i) {
+            const uint64_t j = (uint64_t)(m - e + i), t = tt[i - i0];
+            const uint64_t p = ((r[t >> 6] >> (t & 63)) & 1) ? j : t;
+            r[p >> 6] |= 1ULL << (p & 63);
+        }
+    }
+}
+
+/* Floyd's algorithm for rows of at most 64: a uniform d-subset of [0, n) as a word. Draw i is
+   uniform in [0, n - d + i]; only the membership test is sequential. */
+static inline uint64_t floyd_word(uint32_t *tt, uint64_t seed, int64_t n, int64_t d) {
     const uint32_t base = (uint32_t)(n - d) + 1;
     uint32_t suspect = 0;
     _Pragma("omp simd reduction(|:suspect)")
@@ -64,58 +138,108 @@ static inline __attribute__((always_inline)) void draw_row(int32_t *idx, uint32_
             tt[i] = redraw(u, base + (uint32_t)i, seed, i);
         }
     }
-    if (n <= 64) {
-        uint64_t b = 0;
-        for (int64_t i = 0; i < d; ++i) {
-            uint64_t t = tt[i], j = (uint64_t)(n - d + i);
-            uint64_t p = ((b >> t) & 1) ? j : t;
-            b |= 1ULL << p;
-            idx[i] = (int32_t)p;
-        }
-        return;
-    }
-    /* Wide rows: the subset as bytes. Both stores take their address from the draws alone
-       (j gets the taken flag, t is set whether or not it was in already), never from the
-       loaded byte, so later loads need not wait for a store address. */
-    uint8_t *mr = (uint8_t *)bits;
-    memset(mr, 0, (size_t)n);
+    uint64_t b = 0;
     for (int64_t i = 0; i < d; ++i) {
-        const uint64_t t = tt[i], j = (uint64_t)(n - d + i);
-        const uint8_t taken = mr[t];
-        mr[j] = taken;
-        mr[t] = 1; /* after j's store: t == j (drawn the top itself) leaves it set */
-        idx[i] = (int32_t)(t ^ ((t ^ j) & (0 - (uint64_t)taken)));
+        uint64_t t = tt[i], j = (uint64_t)(n - d + i);
+        b |= 1ULL << (((b >> t) & 1) ? j : t);
     }
+    return b;
 }
-/* scratch of one call: d draws and n bytes (heap only for very wide rows) */
-typedef struct { uint32_t *tt; uint64_t *bits; void *heap; uint32_t tt0[512]; uint64_t b0[128]; } scratch_t;
-static int scratch_init(scratch_t *s, int64_t n, int64_t d) {
-    const int64_t words = (n + 7) / 8;
-    s->heap = 0; s->tt = s->tt0; s->bits = s->b0;
-    if (d <= 512 && words <= 128) return 0;
-    s->heap = malloc((size_t)d * sizeof(uint32_t) + (size_t)words * sizeof(uint64_t));
+/* scratch of one call: the random words of a row (heap only for very wide rows) */
+typedef struct { uint64_t *h; void *heap; uint64_t h0[1024]; } scratch_t;
+static int scratch_init(scratch_t *s, int64_t n) {
+    /* 8-bit draws for whole words, then a rank mask of as many words and one more */
+    const int64_t need = ((n + 63) / 64) * 9 + 1;
+    s->heap = 0; s->h = s->h0;
+    if (need <= 1024) return 0;
+    s->heap = malloc((size_t)need * sizeof(uint64_t));
     if (!s->heap) return -1;
-    s->bits = (uint64_t *)s->heap;
-    s->tt = (uint32_t *)(s->bits + words);
+    s->h = (uint64_t *)s->heap;
     return 0;
 }
 static void scratch_free(scratch_t *s) { free(s->heap); }
 
-/* the subsets of rows r0..r1 as a 0/1 mask [R, n] (the positions drawn are the ones left out
-   with invert) */
-static int mcln_sample_range(uint8_t *m, int64_t r0, int64_t r1, int64_t n, int64_t d,
-                             int invert, uint64_t key) {
+/* Row r's subset of exactly k of n (0 < k < n) into bits [ceil(n / 64)]. */
+static void draw_row(uint64_t *bits, uint64_t *h, int64_t r, int64_t n, int64_t k, uint64_t key) {
+    const uint64_t seed = row_seed(key, r);
+    const int64_t words = (n + 63) / 64;
+    if (n <= 64) {
+        const int64_t d = k <= n - k ? k : n - k;
+        uint64_t b = floyd_word((uint32_t *)h, seed, n, d);
+        bits[0] = d == k ? b : ~b & low_bits(n);
+        return;
+    }
+    /* keep each feature when its 8 random bits fall below the threshold */
+    const uint64_t t = ((uint64_t)k << 8) / (uint64_t)n;
+    const uint8_t thr = (uint8_t)(t > 0xff ? 0xff : t);
+    int64_t c = 0;
+#if defined(MCLN_AVX512) && defined(__AVX512DQ__)
+    /* eight SplitMix64 outputs (draws 8 w + 1 .. 8 w + 8) per word, in one vector */
+    const __m512i m1 = _mm512_set1_epi64((long long)0xBF58476D1CE4E5B9ULL);
+    const __m512i m2 = _mm512_set1_epi64((long long)0x94D049BB133111EBULL);
+    const __m512i step = _mm512_set1_epi64((long long)(8 * GAMMA));
+    __m512i z0 = _mm512_add_epi64(
+        _mm512_set1_epi64((long long)seed),
+        _mm512_mullo_epi64(_mm512_set_epi64(8, 7, 6, 5, 4, 3, 2, 1),
+                           _mm512_set1_epi64((long long)GAMMA)));
+    (void)h;
+    for (int64_t w = 0; w < words; ++w, z0 = _mm512_add_epi64(z0, step)) {
+        __m512i z = _mm512_mullo_epi64(_mm512_xor_si512(z0, _mm512_srli_epi64(z0, 30)), m1);
+        z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), m2);
+        z = _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
+        uint64_t v = _mm512_cmplt_epu8_mask(z, _mm512_set1_epi8((char)thr));
+#else
+    /* the same draws as bytes: byte e of draw i is bits 8 e .. 8 e + 7 */
+    _Pragma("omp simd")
+    for (int64_t i = 0; i < words * 8; ++i) {
+        const uint64_t z = mix64(seed + (uint64_t)(i + 1) * GAMMA);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        h[i] = __builtin_bswap64(z);
+#else
+        h[i] = z;
+#endif
+    }
+    const uint8_t *u8 = (const uint8_t *)h;
+    for (int64_t w = 0; w < words; ++w) {
+        uint64_t v = 0;
+        for (int64_t e = 0; e < 64; ++e) v |= (uint64_t)(u8[w * 64 + e] < thr) << e;
+#endif
+        v &= low_bits(n - w * 64);
+        bits[w] = v;
+        c += __builtin_popcountll(v);
+    }
+    if (c == k) return;
+    /* then exactly k: a uniform set of |c - k| ranks among the c kept (to remove) or the n - c
+       others (to add), from a second stream, and the features of those ranks flipped */
+    const uint64_t seed2 = mix64(seed ^ 0xD1B54A32D192ED03ULL);
+    const int want = c > k;
+    const int64_t m = want ? c : n - c, e = want ? c - k : k - c;
+    uint64_t *ranks = h + words * 8;
+    floyd_ranks(ranks, words + 1, seed2, m, e);
+    int64_t p = 0;
+    for (int64_t w = 0; w < words; ++w) {
+        const uint64_t v = want ? bits[w] : ~bits[w] & low_bits(n - w * 64);
+        const int64_t pc = __builtin_popcountll(v);
+        bits[w] ^= pdep64(extract_bits(ranks, p, pc), v);
+        p += pc;
+    }
+}
+
+/* the subsets of rows r0..r1 as a 0/1 mask [R, n] */
+static int mcln_sample_range(uint8_t *m, int64_t r0, int64_t r1, int64_t n, int64_t k,
+                             uint64_t key) {
     scratch_t s;
-    if (scratch_init(&s, n, d)) return -1;
-    int32_t *idx = (int32_t *)malloc((size_t)(d > 0 ? d : 1) * sizeof(int32_t));
-    if (!idx) { scratch_free(&s); return -1; }
+    if (scratch_init(&s, n)) return -1;
+    const int64_t words = (n + 63) / 64;
+    uint64_t *bits = (uint64_t *)malloc((size_t)words * sizeof(uint64_t));
+    if (!bits) { scratch_free(&s); return -1; }
     for (int64_t r = r0; r < r1; ++r) {
         uint8_t *mr = m + r * n;
-        draw_row(idx, s.tt, s.bits, r, n, d, key);
-        memset(mr, invert ? 1 : 0, (size_t)n);
-        for (int64_t i = 0; i < d; ++i) mr[idx[i]] = invert ? 0 : 1;
+        if (k <= 0 || k >= n) { memset(mr, k > 0, (size_t)n); continue; }
+        draw_row(bits, s.h, r, n, k, key);
+        for (int64_t i = 0; i < n; ++i) mr[i] = (uint8_t)((bits[i >> 6] >> (i & 63)) & 1);
     }
-    free(idx);
+    free(bits);
     scratch_free(&s);
     return 0;
 }
@@ -125,7 +249,8 @@ static int mcln_sample_range(uint8_t *m, int64_t r0, int64_t r1, int64_t n, int6
 /* Storage and arithmetic: f32 and f64 rows are stored as they compute; bf16 rows (the bits of
    a bfloat16) are widened to float on load and rounded to nearest even on store, so a bf16
    row's statistics, output and gradients are the float32 kernel's on the widened row, rounded
-   once. The affine parameters, their gradients and the row statistics are float32. */
+   once. The affine parameters, their gradients and the row statistics are float32.
+   A row's mask `m` is NULL for the full set (k = n: LayerNorm). */
 #define LD_f32(v) (v)
 #define ST_f32(v) (v)
 #define LD_f64(v) (v)
@@ -143,130 +268,211 @@ static inline uint16_t ST_bf16(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 #define INLINE static inline __attribute__((always_inline))
-#define DEFINE(S, T, SUF)                                                                       \
-/* sum and sum of squares of x - c over the d positions: in vector lanes when there are     \
-   many (a scalar sum waits on every addition), plainly for the few of narrow rows */       \
-INLINE void gather_moments_##SUF(const S *xr, const int32_t *idx, int64_t d, T c, T *s, T *q) { \
-    T se = 0, qe = 0;                                                                         \
-    if (d >= 16) {                                                                            \
-        _Pragma("omp simd reduction(+:se,qe)")                                                \
-        for (int64_t i = 0; i < d; ++i) { T z = LD_##SUF(xr[idx[i]]) - c; se += z; qe += z * z; }     \
-    } else {                                                                                  \
-        for (int64_t i = 0; i < d; ++i) { T z = LD_##SUF(xr[idx[i]]) - c; se += z; qe += z * z; }     \
-    }                                                                                         \
-    *s = se; *q = qe;                                                                         \
+#define BIT(m, i) (((m)[(i) >> 6] >> ((i) & 63)) & 1)
+/* the row's statistics from its shifted sums: mean and 1/std over the k of the subset */
+INLINE void finish_stats(double c0, double s, double q, int64_t k, double eps, double *mu,
+                         double *rs) {
+    double ms = s / (double)k;
+    double var = q / (double)k - ms * ms;
+    if (var < 0) var = 0;
+    *mu = c0 + ms;
+    *rs = 1.0 / sqrt(var + eps);
+}
+/* Plain C rows (float64 everywhere; float32 and bf16 without AVX-512). */
+#define DEFINE_PLAIN(S, T, SUF)                                                                \
+INLINE void fwd_row_##SUF(const S *xr, const T *w, const T *b, S *yr, const uint64_t *m,      \
+                          T *mean, T *rstd, const int64_t n, int64_t k, double eps) {         \
+    /* both moments in one pass, shifted by the row's first element so that a large common */ \
+    /* offset does not cancel: v = sum_S (x-c)^2 / k - (sum_S (x-c) / k)^2 */                 \
+    const T c0 = LD_##SUF(xr[0]);                                                             \
+    T s = 0, q = 0;                                                                           \
+    if (m) { _Pragma("omp simd reduction(+:s,q)") for (int64_t i = 0; i < n; ++i) {          \
+        T z = BIT(m, i) ? LD_##SUF(xr[i]) - c0 : (T)0; s += z; q += z * z; } }                \
+    else { _Pragma("omp simd reduction(+:s,q)") for (int64_t i = 0; i < n; ++i) {            \
+        T z = LD_##SUF(xr[i]) - c0; s += z; q += z * z; } }                                   \
+    double mud, rsd;                                                                          \
+    finish_stats((double)c0, s, q, k, eps, &mud, &rsd);                                       \
+    const T mu = (T)mud, rs = (T)rsd;                                                         \
+    *mean = mu; *rstd = rs;                                                                   \
+    if (w && b) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                        \
+        yr[i] = ST_##SUF((LD_##SUF(xr[i]) - mu) * rs * w[i] + b[i]); }                        \
+    else if (w) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                        \
+        yr[i] = ST_##SUF((LD_##SUF(xr[i]) - mu) * rs * w[i]); }                               \
+    else if (b) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                        \
+        yr[i] = ST_##SUF((LD_##SUF(xr[i]) - mu) * rs + b[i]); }                               \
+    else { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                               \
+        yr[i] = ST_##SUF((LD_##SUF(xr[i]) - mu) * rs); }                                      \
 }                                                                                             \
-INLINE void fwd_rows_##SUF(const S *x, const T *w0, const T *b0, S *y, int32_t *idx0,       \
+/* dx = rs (g - [i in S] (a + c xhat)), a = sum(g) / k, c = sum(g xhat) / k over the row */   \
+INLINE void bwd_row_##SUF(const S *dyr, const S *xr, const T *w, const uint64_t *m, S *dxr,   \
+                          T *dw, T *db, const int64_t n, T mu, T rs, int64_t k) {             \
+    T A = 0, B = 0;                                                                           \
+    if (w) {                                                                                  \
+        _Pragma("omp simd reduction(+:A,B)")                                                  \
+        for (int64_t i = 0; i < n; ++i) {                                                     \
+            T xh = (LD_##SUF(xr[i]) - mu) * rs, dyi = LD_##SUF(dyr[i]), gy = dyi * w[i];      \
+            A += gy; B += gy * xh; dw[i] += dyi * xh; db[i] += dyi;                           \
+        }                                                                                     \
+    } else {                                                                                  \
+        _Pragma("omp simd reduction(+:A,B)")                                                  \
+        for (int64_t i = 0; i < n; ++i) {                                                     \
+            T xh = (LD_##SUF(xr[i]) - mu) * rs, dyi = LD_##SUF(dyr[i]);                       \
+            A += dyi; B += dyi * xh; db[i] += dyi;                                            \
+        }                                                                                     \
+    }                                                                                         \
+    const T a = A / (T)k, c = B / (T)k;                                                       \
+    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {                                     \
+        T xh = (LD_##SUF(xr[i]) - mu) * rs, gy = LD_##SUF(dyr[i]) * (w ? w[i] : (T)1);        \
+        T in = m ? (T)BIT(m, i) : (T)1;                                                       \
+        dxr[i] = ST_##SUF(rs * (gy - in * (a + c * xh)));                                     \
+    }                                                                                         \
+}
+DEFINE_PLAIN(double, double, f64)
+#ifndef MCLN_AVX512
+DEFINE_PLAIN(float, float, f32)
+DEFINE_PLAIN(uint16_t, float, bf16)
+#else
+/* AVX-512 rows of float32 or bf16: 16 floats a step, the subset's 16 bits as the mask. */
+static inline __m512 vld_f32(const float *p, __mmask16 l) { return _mm512_maskz_loadu_ps(l, p); }
+static inline void vst_f32(float *p, __m512 v, __mmask16 l) { _mm512_mask_storeu_ps(p, l, v); }
+static inline __m512 vld_bf16(const uint16_t *p, __mmask16 l) {
+    __m512i u = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(l, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+}
+static inline void vst_bf16(uint16_t *p, __m512 v, __mmask16 l) { /* as ST_bf16 */
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    r = _mm512_srli_epi32(r, 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16),
+                                                       _mm512_set1_epi32(0x40)));
+    _mm256_mask_storeu_epi16(p, l, _mm512_cvtepi32_epi16(r));
+}
+INLINE __mmask16 tail16(int64_t n, int64_t i) {
+    return n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+}
+/* the subset's bits of features i..i+15 (i a multiple of 16; bits past n are clear) */
+INLINE __mmask16 sub16(const uint64_t *m, int64_t i, __mmask16 l) {
+    return m ? (__mmask16)(m[i >> 6] >> (i & 63)) : l;
+}
+#define DEFINE_AVX(S, SUF)                                                                     \
+INLINE void fwd_row_##SUF(const S *xr, const float *w, const float *b, S *yr,                 \
+                          const uint64_t *m, float *mean, float *rstd, const int64_t n,       \
+                          int64_t k, double eps) {                                            \
+    const float c0f = LD_##SUF(xr[0]);                                                        \
+    const __m512 c0 = _mm512_set1_ps(c0f);                                                    \
+    __m512 s0 = _mm512_setzero_ps(), q0 = s0, s1 = s0, q1 = s0;                               \
+    int64_t i = 0;                                                                            \
+    for (; i + 32 <= n; i += 32) {                                                            \
+        const __mmask16 m0 = sub16(m, i, 0xffff), m1 = sub16(m, i + 16, 0xffff);              \
+        const __m512 z0 = _mm512_sub_ps(vld_##SUF(xr + i, 0xffff), c0);                       \
+        const __m512 z1 = _mm512_sub_ps(vld_##SUF(xr + i + 16, 0xffff), c0);                  \
+        s0 = _mm512_mask_add_ps(s0, m0, s0, z0); q0 = _mm512_mask3_fmadd_ps(z0, z0, q0, m0);  \
+        s1 = _mm512_mask_add_ps(s1, m1, s1, z1); q1 = _mm512_mask3_fmadd_ps(z1, z1, q1, m1);  \
+    }                                                                                         \
+    for (; i < n; i += 16) {                                                                  \
+        const __mmask16 l = tail16(n, i), m0 = sub16(m, i, l);                                \
+        const __m512 z0 = _mm512_sub_ps(vld_##SUF(xr + i, l), c0);                            \
+        s0 = _mm512_mask_add_ps(s0, m0, s0, z0); q0 = _mm512_mask3_fmadd_ps(z0, z0, q0, m0);  \
+    }                                                                                         \
+    double mud, rsd;                                                                          \
+    finish_stats((double)c0f, _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)),                   \
+                 _mm512_reduce_add_ps(_mm512_add_ps(q0, q1)), k, eps, &mud, &rsd);            \
+    const float muf = (float)mud, rsf = (float)rsd;                                           \
+    *mean = muf; *rstd = rsf;                                                                 \
+    const __m512 mu = _mm512_set1_ps(muf), rs = _mm512_set1_ps(rsf);                          \
+    const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();                      \
+    for (i = 0; i < n; i += 16) {                                                             \
+        const __mmask16 l = tail16(n, i);                                                     \
+        const __m512 o = _mm512_mul_ps(_mm512_sub_ps(vld_##SUF(xr + i, l), mu), rs);          \
+        const __m512 wv = w ? _mm512_maskz_loadu_ps(l, w + i) : one;                          \
+        const __m512 bv = b ? _mm512_maskz_loadu_ps(l, b + i) : zero;                         \
+        vst_##SUF(yr + i, _mm512_fmadd_ps(o, wv, bv), l);                                     \
+    }                                                                                         \
+}                                                                                             \
+INLINE void bwd_row_##SUF(const S *dyr, const S *xr, const float *w, const uint64_t *m,       \
+                          S *dxr, float *dw, float *db, const int64_t n, float muf,           \
+                          float rsf, int64_t k) {                                             \
+    const __m512 mu = _mm512_set1_ps(muf), rs = _mm512_set1_ps(rsf);                          \
+    __m512 A = _mm512_setzero_ps(), B = A;                                                    \
+    for (int64_t i = 0; i < n; i += 16) {                                                     \
+        const __mmask16 l = tail16(n, i);                                                     \
+        const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(vld_##SUF(xr + i, l), mu), rs);         \
+        const __m512 dy = vld_##SUF(dyr + i, l);                                              \
+        __m512 gy = dy;                                                                       \
+        if (w) {                                                                              \
+            gy = _mm512_mul_ps(dy, _mm512_maskz_loadu_ps(l, w + i));                          \
+            _mm512_mask_storeu_ps(dw + i, l,                                                  \
+                                  _mm512_fmadd_ps(dy, xh, _mm512_maskz_loadu_ps(l, dw + i))); \
+        }                                                                                     \
+        _mm512_mask_storeu_ps(db + i, l, _mm512_add_ps(dy, _mm512_maskz_loadu_ps(l, db + i)));\
+        A = _mm512_add_ps(A, gy); B = _mm512_fmadd_ps(gy, xh, B);                             \
+    }                                                                                         \
+    const float kf = (float)k;                                                                \
+    const __m512 a = _mm512_set1_ps(_mm512_reduce_add_ps(A) / kf);                           \
+    const __m512 c = _mm512_set1_ps(_mm512_reduce_add_ps(B) / kf);                           \
+    for (int64_t i = 0; i < n; i += 16) {                                                     \
+        const __mmask16 l = tail16(n, i);                                                     \
+        const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(vld_##SUF(xr + i, l), mu), rs);         \
+        __m512 gy = vld_##SUF(dyr + i, l);                                                    \
+        if (w) gy = _mm512_mul_ps(gy, _mm512_maskz_loadu_ps(l, w + i));                       \
+        const __m512 t = _mm512_fmadd_ps(c, xh, a);                                           \
+        gy = _mm512_mask_sub_ps(gy, sub16(m, i, l), gy, t);                                   \
+        vst_##SUF(dxr + i, _mm512_mul_ps(rs, gy), l);                                         \
+    }                                                                                         \
+}
+DEFINE_AVX(float, f32)
+DEFINE_AVX(uint16_t, bf16)
+#endif
+
+#define DEFINE(S, T, SUF)                                                                     \
+INLINE void fwd_rows_##SUF(const S *x, const T *w0, const T *b0, S *y, uint64_t *m0,         \
                     T *mean, T *rstd, int64_t r0, int64_t r1, const int64_t n, int64_t g,     \
-                    int64_t k, int64_t d, int invert, double eps, uint64_t key,               \
-                    scratch_t *sc) {                                                          \
+                    int64_t k, double eps, uint64_t key, uint64_t *h) {                       \
     /* row r = sample * g + group: the group's affine pair (group counted, not divided) */  \
+    const int64_t words = (n + 63) / 64;                                                      \
     int64_t gi = r0 % g;                                                                      \
     for (int64_t r = r0; r < r1; ++r, gi = (gi + 1 == g) ? 0 : gi + 1) {                     \
-        const S *xr = x + r * n; S *yr = y + r * n; int32_t *idx = idx0 + r * d;            \
-        draw_row(idx, sc->tt, sc->bits, r, n, d, key);                                        \
-        const T *w = w0 ? w0 + gi * n : 0, *b = b0 ? b0 + gi * n : 0;                        \
-        /* both moments in one pass, shifted by the row's first element so that a large */   \
-        /* common offset does not cancel: v = sum_S (x-c)^2 / k - (sum_S (x-c) / k)^2; with */\
-        /* invert, sum_S = (sum over the row) - (sum over the d positions left out) */       \
-        const T c0 = LD_##SUF(xr[0]);                                                                   \
-        double s = 0, q = 0;                                                                  \
-        if (invert) {                                                                         \
-            T sa = 0, qa = 0;                                                                 \
-            _Pragma("omp simd reduction(+:sa,qa)")                                            \
-            for (int64_t i = 0; i < n; ++i) { T z = LD_##SUF(xr[i]) - c0; sa += z; qa += z * z; }      \
-            s = sa; q = qa;                                                                   \
-            T se, qe; gather_moments_##SUF(xr, idx, d, c0, &se, &qe);                        \
-            s -= se; q -= qe;                                                                 \
-        } else {                                                                              \
-            T se, qe; gather_moments_##SUF(xr, idx, d, c0, &se, &qe);                        \
-            s = se; q = qe;                                                                   \
-        }                                                                                     \
-        double ms = s / (double)k;                                                            \
-        double var = q / (double)k - ms * ms;                                                 \
-        if (var < 0) var = 0;                                                                 \
-        T mu = (T)((double)c0 + ms), rs = (T)(1.0 / sqrt(var + eps));                         \
-        mean[r] = mu; rstd[r] = rs;                                                           \
-        if (w && b) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                    \
-            yr[i] = ST_##SUF((LD_##SUF(xr[i]) - mu) * rs * w[i] + b[i]); }                                        \
-        else if (w) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                    \
-            yr[i] = ST_##SUF((LD_##SUF(xr[i]) - mu) * rs * w[i]); }                                               \
-        else if (b) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                    \
-            yr[i] = ST_##SUF((LD_##SUF(xr[i]) - mu) * rs + b[i]); }                                               \
-        else { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                           \
-            yr[i] = ST_##SUF((LD_##SUF(xr[i]) - mu) * rs); }                                                      \
+        uint64_t *m = m0 ? m0 + r * words : 0;                                                \
+        if (m) draw_row(m, h, r, n, k, key);                                                  \
+        fwd_row_##SUF(x + r * n, w0 ? w0 + gi * n : 0, b0 ? b0 + gi * n : 0, y + r * n, m,   \
+                      mean + r, rstd + r, n, k, eps);                                         \
     }                                                                                         \
 }                                                                                             \
-/* dx = rs (g - [i in S] (a + c xhat)) with a = sum(g) / k, c = sum(g xhat) / k over the whole     \
-   row: the formula of the majority for every element, then the d drawn positions rewritten        \
-   with the other one */                                                                           \
-INLINE void dx_row_##SUF(const S *dyr, const S *xr, const T *w, const int32_t *idx, S *dxr,        \
-                         const int64_t n, T mu, T rs, T A, T B, int64_t k, int64_t d,              \
-                         int invert) {                                                             \
-    const T one = 1, a = A / (T)k, c = B / (T)k, on = invert ? one : 0, off = invert ? 0 : one;    \
-    if (w) { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                                   \
-        dxr[i] = ST_##SUF(rs * (LD_##SUF(dyr[i]) * w[i] - on * (a + c * (LD_##SUF(xr[i]) - mu) * rs))); }                        \
-    else { _Pragma("omp simd") for (int64_t i = 0; i < n; ++i)                                     \
-        dxr[i] = ST_##SUF(rs * (LD_##SUF(dyr[i]) - on * (a + c * (LD_##SUF(xr[i]) - mu) * rs))); }                               \
-    for (int64_t i = 0; i < d; ++i) {                                                              \
-        const int64_t p = idx[i];                                                                  \
-        dxr[p] = ST_##SUF(rs * (LD_##SUF(dyr[p]) * (w ? w[p] : one) - off * (a + c * (LD_##SUF(xr[p]) - mu) * rs)));             \
-    }                                                                                              \
-}                                                                                                  \
-INLINE void bwd_rows_##SUF(const S *dy, const S *x, const T *w0, const int32_t *idx0,              \
-                    const T *mean, const T *rstd, S *dx, T *dw0, T *db0, int64_t r0,               \
-                    int64_t r1, const int64_t n, int64_t g, int64_t k, int64_t d,                  \
-                    int invert) {                                                                  \
-    int64_t r = r0, gi = r0 % g;                                                                   \
-    for (; r < r1; ++r, gi = (gi + 1 == g) ? 0 : gi + 1) {                                         \
-        const S *dyr = dy + r * n, *xr = x + r * n;                                                \
-        const int64_t off = gi * n;                                                                \
-        const T *w = w0 ? w0 + off : 0; T *dw = dw0 ? dw0 + off : 0, *db = db0 + off;              \
-        T mu = mean[r], rs = rstd[r], A = 0, B = 0;                                                \
-        if (w) {                                                                                   \
-            _Pragma("omp simd reduction(+:A,B)")                                                   \
-            for (int64_t i = 0; i < n; ++i) {                                                      \
-                T xh = (LD_##SUF(xr[i]) - mu) * rs, dyi = LD_##SUF(dyr[i]), gy = dyi * w[i];                                      \
-                A += gy; B += gy * xh; dw[i] += dyi * xh; db[i] += dyi;                      \
-            }                                                                                      \
-        } else {                                                                                   \
-            _Pragma("omp simd reduction(+:A,B)")                                                   \
-            for (int64_t i = 0; i < n; ++i) {                                                      \
-                T xh = (LD_##SUF(xr[i]) - mu) * rs, dyi = LD_##SUF(dyr[i]);                        \
-                A += dyi; B += dyi * xh; db[i] += dyi;                                             \
-            }                                                                                      \
-        }                                                                                          \
-        dx_row_##SUF(dyr, xr, w, idx0 + r * d, dx + r * n, n, mu, rs, A, B, k, d, invert);         \
-    }                                                                                              \
-}                                                                                                  \
-static int mcln_fwd_range_##SUF(const S *x, const T *w, const T *b, S *y, int32_t *idx, T *mean, T *rstd, \
-                   int64_t r0, int64_t r1, int64_t n, int64_t g, int64_t k, int64_t d,        \
-                   int invert, double eps, uint64_t key) {                                    \
+INLINE void bwd_rows_##SUF(const S *dy, const S *x, const T *w0, const uint64_t *m0,         \
+                    const T *mean, const T *rstd, S *dx, T *dw0, T *db0, int64_t r0,          \
+                    int64_t r1, const int64_t n, int64_t g, int64_t k) {                      \
+    const int64_t words = (n + 63) / 64;                                                      \
+    int64_t gi = r0 % g;                                                                      \
+    for (int64_t r = r0; r < r1; ++r, gi = (gi + 1 == g) ? 0 : gi + 1) {                     \
+        const int64_t off = gi * n;                                                           \
+        bwd_row_##SUF(dy + r * n, x + r * n, w0 ? w0 + off : 0, m0 ? m0 + r * words : 0,     \
+                      dx + r * n, dw0 ? dw0 + off : 0, db0 + off, n, mean[r], rstd[r], k);    \
+    }                                                                                         \
+}                                                                                             \
+static int mcln_fwd_range_##SUF(const S *x, const T *w, const T *b, S *y, uint64_t *m,      \
+                   T *mean, T *rstd, int64_t r0, int64_t r1, int64_t n, int64_t g, int64_t k, \
+                   double eps, uint64_t key) {                                                \
     scratch_t sc;                                                                             \
-    if (scratch_init(&sc, n, d)) return -1;                                                   \
+    if (scratch_init(&sc, n)) return -1;                                                      \
     switch (n) {                                                                              \
-    case 8: fwd_rows_##SUF(x, w, b, y, idx, mean, rstd, r0, r1, 8, g, k, d, invert, eps, key, &sc); \
-        break;                                                                                \
-    case 16: fwd_rows_##SUF(x, w, b, y, idx, mean, rstd, r0, r1, 16, g, k, d, invert, eps, key, &sc); \
-        break;                                                                                \
-    case 32: fwd_rows_##SUF(x, w, b, y, idx, mean, rstd, r0, r1, 32, g, k, d, invert, eps, key, &sc); \
-        break;                                                                                \
-    default: fwd_rows_##SUF(x, w, b, y, idx, mean, rstd, r0, r1, n, g, k, d, invert, eps, key, &sc); \
+    case 8: fwd_rows_##SUF(x, w, b, y, m, mean, rstd, r0, r1, 8, g, k, eps, key, sc.h); break; \
+    case 16: fwd_rows_##SUF(x, w, b, y, m, mean, rstd, r0, r1, 16, g, k, eps, key, sc.h); break; \
+    case 32: fwd_rows_##SUF(x, w, b, y, m, mean, rstd, r0, r1, 32, g, k, eps, key, sc.h); break; \
+    default: fwd_rows_##SUF(x, w, b, y, m, mean, rstd, r0, r1, n, g, k, eps, key, sc.h);      \
     }                                                                                         \
     scratch_free(&sc);                                                                        \
     return 0;                                                                                 \
 }                                                                                             \
-static void mcln_bwd_range_##SUF(const S *dy, const S *x, const T *w, const int32_t *idx, const T *mean,  \
-                    const T *rstd, S *dx, T *dw, T *db, int64_t r0, int64_t r1, int64_t n,    \
-                    int64_t g, int64_t k, int64_t d, int invert) {                            \
+static void mcln_bwd_range_##SUF(const S *dy, const S *x, const T *w, const uint64_t *m,    \
+                    const T *mean, const T *rstd, S *dx, T *dw, T *db, int64_t r0, int64_t r1,\
+                    int64_t n, int64_t g, int64_t k) {                                        \
     switch (n) {                                                                              \
-    case 8: bwd_rows_##SUF(dy, x, w, idx, mean, rstd, dx, dw, db, r0, r1, 8, g, k, d, invert); \
-        break;                                                                                \
-    case 16: bwd_rows_##SUF(dy, x, w, idx, mean, rstd, dx, dw, db, r0, r1, 16, g, k, d, invert); \
-        break;                                                                                \
-    case 32: bwd_rows_##SUF(dy, x, w, idx, mean, rstd, dx, dw, db, r0, r1, 32, g, k, d, invert); \
-        break;                                                                                \
-    default: bwd_rows_##SUF(dy, x, w, idx, mean, rstd, dx, dw, db, r0, r1, n, g, k, d, invert); \
+    case 8: bwd_rows_##SUF(dy, x, w, m, mean, rstd, dx, dw, db, r0, r1, 8, g, k); break;      \
+    case 16: bwd_rows_##SUF(dy, x, w, m, mean, rstd, dx, dw, db, r0, r1, 16, g, k); break;    \
+    case 32: bwd_rows_##SUF(dy, x, w, m, mean, rstd, dx, dw, db, r0, r1, 32, g, k); break;    \
+    default: bwd_rows_##SUF(dy, x, w, m, mean, rstd, dx, dw, db, r0, r1, n, g, k);            \
     }                                                                                         \
 }
 DEFINE(float, float, f32)
@@ -276,29 +482,29 @@ DEFINE(uint16_t, float, bf16)
 /* ---- The exported kernels: the functions above over chunks of rows ---- */
 
 /* The subsets of the rows as a 0/1 mask [R, n] (see mcln_sample_range). */
-int mcln_sample(uint8_t *m, int64_t n, int64_t d, int invert, uint64_t key, CHUNKS) {
+int mcln_sample(uint8_t *m, int64_t n, int64_t k, uint64_t key, CHUNKS) {
     int failed = 0;
     FOR_EACH_CHUNK_WITH(reduction(| : failed),
-                        failed |= mcln_sample_range(m, lo, hi, n, d, invert, key));
+                        failed |= mcln_sample_range(m, lo, hi, n, k, key));
     return failed;
 }
 
-/* dw (NULL: no weight), db: [chunks, g, n] partial sums. */
+/* m: the subsets' bits [R, ceil(n / 64)] written by the forward and read by the backward, or
+   NULL for the full set (k = n); dw (NULL: no weight), db: [chunks, g, n] partial sums. */
 #define DEFINE_CHUNKED(S, T, SUF)                                                             \
-int mcln_fwd_##SUF(const S *x, const T *w, const T *b, S *y, int32_t *idx, T *mean, T *rstd,  \
-                   int64_t n, int64_t g, int64_t k, int64_t d, int invert, double eps,        \
-                   uint64_t key, CHUNKS) {                                                    \
+int mcln_fwd_##SUF(const S *x, const T *w, const T *b, S *y, uint64_t *m, T *mean, T *rstd,  \
+                   int64_t n, int64_t g, int64_t k, double eps, uint64_t key, CHUNKS) {       \
     int failed = 0;                                                                           \
     FOR_EACH_CHUNK_WITH(reduction(| : failed),                                                \
-                        failed |= mcln_fwd_range_##SUF(x, w, b, y, idx, mean, rstd, lo, hi, n, \
-                                                       g, k, d, invert, eps, key));           \
+                        failed |= mcln_fwd_range_##SUF(x, w, b, y, m, mean, rstd, lo, hi, n,  \
+                                                       g, k, eps, key));                      \
     return failed;                                                                            \
 }                                                                                             \
-void mcln_bwd_##SUF(const S *dy, const S *x, const T *w, const int32_t *idx, const T *mean,  \
+void mcln_bwd_##SUF(const S *dy, const S *x, const T *w, const uint64_t *m, const T *mean,   \
                     const T *rstd, S *dx, T *dw, T *db, int64_t n, int64_t g, int64_t k,      \
-                    int64_t d, int invert, CHUNKS) {                                          \
-    FOR_EACH_CHUNK(mcln_bwd_range_##SUF(dy, x, w, idx, mean, rstd, dx, dw ? dw + c * g * n : 0, \
-                                        db + c * g * n, lo, hi, n, g, k, d, invert));          \
+                    CHUNKS) {                                                                 \
+    FOR_EACH_CHUNK(mcln_bwd_range_##SUF(dy, x, w, m, mean, rstd, dx, dw ? dw + c * g * n : 0, \
+                                        db + c * g * n, lo, hi, n, g, k));                    \
 }
 DEFINE_CHUNKED(float, float, f32)
 DEFINE_CHUNKED(double, double, f64)

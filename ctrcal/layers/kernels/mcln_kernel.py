@@ -1,10 +1,13 @@
 """The fused CPU kernel of MC-LayerNorm: build, load and call ``mcln_kernel.c``.
 
-Per row: Floyd's algorithm draws a uniform d-subset (d = the smaller of k and N-k) with exact
-bounded integers (Lemire's method) from SplitMix64 outputs keyed by one torch draw and the row
-index; the row keeps the d drawn positions (int32), not an N-wide mask. The statistics are one
-pass over the row corrected on those positions, then the output in a second pass. The
-backward recomputes x_hat from the saved mean/rstd and rewrites the d positions' gradient.
+Per row: an exact uniform k-subset, kept as a bitmask of ``ceil(N / 64)`` words (see
+:func:`mask_words`). Rows of at most 64 features draw the smaller side with Floyd's
+algorithm; wider rows keep each feature on 16 random bits against ``floor(k * 2^16 / N)`` and
+then correct the count to exactly k with uniform picks among the features left (exchangeable,
+then order-free: uniform over all subsets). Every bounded pick is exact (Lemire's method);
+the bits are SplitMix64 outputs keyed by one torch draw and the row index. The statistics are
+one masked pass over the row, then the output in a second pass. The backward recomputes
+x_hat from the saved mean/rstd and applies the subset term where the saved mask says.
 
 The kernel is compiled once per machine with the system C compiler (about a second), cached
 under ``~/.cache/ctrcal/kernels`` (or ``$CTRCAL_CACHE_DIR``), and loaded with ctypes; a call's
@@ -25,8 +28,13 @@ from ctrcal.layers.kernels.chunks import HEADER, Chunks, torch_uses_loaded_openm
 
 
 def small_side(n: int, k: int) -> tuple[int, bool]:
-    """Draw the smaller of the subset and its complement (cost grows with it): (d, invert)."""
+    """The smaller of the subset and its complement: (d, invert)."""
     return (k, False) if k <= n - k else (n - k, True)
+
+
+def mask_words(n: int, k: int) -> int:
+    """Words (64 bits) of a row's saved subset: none for the full set (k = n draws nothing)."""
+    return 0 if k >= n else (n + 63) // 64
 
 
 _MIN_CHUNK_ELEMENTS = 1 << 16  # a thread's chunk of rows spans at least this many elements
@@ -51,13 +59,13 @@ def _row_chunks(rows: int, n: int) -> Chunks:
 def _declare(lib: ctypes.CDLL) -> None:
     ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     chunks = [ptr, i64, i64]  # bounds, first chunk, end chunk (chunks.h)
-    lib.mcln_sample.argtypes = [ptr, i64, i64, c_int, ctypes.c_uint64, *chunks]
+    lib.mcln_sample.argtypes = [ptr, i64, i64, ctypes.c_uint64, *chunks]
     lib.mcln_sample.restype = c_int
     for suffix in _SUFFIX.values():
         fwd, bwd = getattr(lib, f"mcln_fwd_{suffix}"), getattr(lib, f"mcln_bwd_{suffix}")
-        fwd.argtypes = [ptr] * 7 + [i64] * 4 + [c_int, ctypes.c_double, ctypes.c_uint64, *chunks]
+        fwd.argtypes = [ptr] * 7 + [i64] * 3 + [ctypes.c_double, ctypes.c_uint64, *chunks]
         fwd.restype = c_int
-        bwd.argtypes = [ptr] * 9 + [i64] * 4 + [c_int, *chunks]
+        bwd.argtypes = [ptr] * 9 + [i64] * 3 + [*chunks]
         bwd.restype = None
     lib.chunks_in_parallel.argtypes, lib.chunks_in_parallel.restype = [], c_int
 
@@ -102,10 +110,7 @@ def subset_mask(rows: int, n: int, k: int, key: int) -> Tensor:
     """The rows' subsets as a uint8 0/1 mask [rows, n], exactly k ones a row (the subsets the
     forward draws from the same key)."""
     mask = torch.empty(rows, n, dtype=torch.uint8)
-    d, invert = small_side(n, k)
-    failed = _row_chunks(rows, n).run(
-        get_kernel(), "mcln_sample", mask.data_ptr(), n, d, int(invert), key
-    )
+    failed = _row_chunks(rows, n).run(get_kernel(), "mcln_sample", mask.data_ptr(), n, k, key)
     _check(any(failed))
     return mask
 
@@ -115,13 +120,13 @@ def forward(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Rows of x [R, N] (row r uses affine row r % groups of w, b [groups, N]).
 
-    Returns y [R, N], the drawn positions [R, d] (int32; see :func:`small_side`), and the
-    per-row mean and 1/std [R].
+    Returns y [R, N], the subsets' bits [R, :func:`mask_words`] (int64; bit i of word j is
+    feature 64 j + i), and the per-row mean and 1/std [R].
     """
     rows, n = x.shape
     y = torch.empty_like(x)
-    d, invert = small_side(n, k)
-    idx = torch.empty(rows, d, dtype=torch.int32)
+    words = mask_words(n, k)
+    mask = torch.empty(rows, words, dtype=torch.int64)
     mean = torch.empty(rows, dtype=stats_dtype(x.dtype))
     rstd = torch.empty(rows, dtype=stats_dtype(x.dtype))
     name = "mcln_fwd_" + _SUFFIX[x.dtype]
@@ -132,34 +137,32 @@ def forward(
         _p(w),
         _p(b),
         _p(y),
-        _p(idx),
+        _p(mask) if words else None,
         _p(mean),
         _p(rstd),
         n,
         groups,
         k,
-        d,
-        int(invert),
         eps,
         key,
     )
     _check(any(failed))
-    return y, idx, mean, rstd
+    return y, mask, mean, rstd
 
 
 def backward(
     dy: Tensor,
     x: Tensor,
     w: Tensor | None,
-    idx: Tensor,
+    mask: Tensor,
     mean: Tensor,
     rstd: Tensor,
     k: int,
     groups: int = 1,
 ) -> tuple[Tensor, Tensor | None, Tensor]:
-    """dx [R, N], dweight [groups, N] (None without weight) and dbias [groups, N]."""
+    """dx [R, N], dweight [groups, N] (None without weight) and dbias [groups, N], from the
+    forward's subsets ``mask``."""
     rows, n = x.shape
-    d, invert = small_side(n, k)
     chunks = _row_chunks(rows, n)
     dx = torch.empty_like(x)
     # per-chunk partial sums of dweight / dbias, added up afterwards
@@ -172,7 +175,7 @@ def backward(
         _p(dy),
         _p(x),
         _p(w),
-        _p(idx),
+        _p(mask) if mask_words(n, k) else None,
         _p(mean),
         _p(rstd),
         _p(dx),
@@ -181,8 +184,6 @@ def backward(
         n,
         groups,
         k,
-        d,
-        int(invert),
     )
     return dx, dw.sum(0) if dw is not None else None, db.sum(0)
 
@@ -196,8 +197,8 @@ class KernelMCLayerNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, k, eps, key, groups=1):  # type: ignore[override]
-        y, idx, mean, rstd = forward(x, weight, bias, k, eps, key, groups)
-        ctx.save_for_backward(x, weight, idx, mean, rstd)
+        y, mask, mean, rstd = forward(x, weight, bias, k, eps, key, groups)
+        ctx.save_for_backward(x, weight, mask, mean, rstd)
         ctx.k, ctx.groups = k, groups
         ctx.bias_shape = bias.shape if bias is not None else None
         return y
@@ -205,8 +206,8 @@ class KernelMCLayerNorm(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):  # type: ignore[override]
-        x, w, idx, mean, rstd = ctx.saved_tensors
-        dx, dw, db = backward(dy.contiguous(), x, w, idx, mean, rstd, ctx.k, ctx.groups)
+        x, w, mask, mean, rstd = ctx.saved_tensors
+        dx, dw, db = backward(dy.contiguous(), x, w, mask, mean, rstd, ctx.k, ctx.groups)
         return (
             dx,
             dw.reshape(w.shape) if w is not None else None,
@@ -235,7 +236,7 @@ def mc_layer_norm_cpu_fwd(
     eps: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Fused forward on x [R, N] float32/float64/bfloat16 contiguous, affine [groups, N] or
-    None, the rows' key a one-element int64 tensor: (y [R, N], positions [R, d] int32,
+    None, the rows' key a one-element int64 tensor: (y [R, N], subsets' bits [R, words] int64,
     mean [R], rstd [R])."""
     return forward(x, weight, bias, k, eps, int(key.item()), groups)
 
@@ -243,9 +244,9 @@ def mc_layer_norm_cpu_fwd(
 @mc_layer_norm_cpu_fwd.register_fake
 def _(x, weight, bias, key, groups, k, eps):
     rows, n = x.shape
-    d, _ = small_side(n, k)
     stats = x.new_empty(rows, dtype=stats_dtype(x.dtype))
-    return torch.empty_like(x), x.new_empty(rows, d, dtype=torch.int32), stats, stats.clone()
+    mask = x.new_empty(rows, mask_words(n, k), dtype=torch.int64)
+    return torch.empty_like(x), mask, stats, stats.clone()
 
 
 @torch.library.custom_op("ctrcal::mc_layer_norm_cpu_bwd", mutates_args=())
@@ -253,7 +254,7 @@ def mc_layer_norm_cpu_bwd(
     dy: Tensor,
     x: Tensor,
     weight: Tensor | None,
-    idx: Tensor,
+    mask: Tensor,
     mean: Tensor,
     rstd: Tensor,
     groups: int,
@@ -261,28 +262,28 @@ def mc_layer_norm_cpu_bwd(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Fused backward: (dx [R, N], dweight [groups, N] (empty [0] without weight),
     dbias [groups, N])."""
-    dx, dw, db = backward(dy, x, weight, idx, mean, rstd, k, groups)
+    dx, dw, db = backward(dy, x, weight, mask, mean, rstd, k, groups)
     return dx, dw if dw is not None else x.new_empty(0), db
 
 
 @mc_layer_norm_cpu_bwd.register_fake
-def _(dy, x, weight, idx, mean, rstd, groups, k):
+def _(dy, x, weight, mask, mean, rstd, groups, k):
     part = x.new_empty(groups, x.shape[1], dtype=stats_dtype(x.dtype))
     return torch.empty_like(x), part if weight is not None else x.new_empty(0), part.clone()
 
 
 def _setup_context(ctx, inputs, output) -> None:
     x, weight, bias, _key, groups, k, _eps = inputs
-    _y, idx, mean, rstd = output
-    ctx.save_for_backward(x, weight, idx, mean, rstd)
+    _y, mask, mean, rstd = output
+    ctx.save_for_backward(x, weight, mask, mean, rstd)
     ctx.groups, ctx.k = groups, k
     ctx.bias_shape = bias.shape if bias is not None else None
 
 
-def _backward(ctx, dy, _didx, _dmean, _drstd):
-    x, weight, idx, mean, rstd = ctx.saved_tensors
+def _backward(ctx, dy, _dmask, _dmean, _drstd):
+    x, weight, mask, mean, rstd = ctx.saved_tensors
     dx, dw, db = mc_layer_norm_cpu_bwd(
-        dy.contiguous(), x, weight, idx, mean, rstd, ctx.groups, ctx.k
+        dy.contiguous(), x, weight, mask, mean, rstd, ctx.groups, ctx.k
     )
     return (
         dx,
@@ -326,6 +327,6 @@ def kernel_mc_layer_norm(
     b = bias.reshape(groups, n).contiguous() if bias is not None else None
     x = x.contiguous()
     if torch.compiler.is_compiling():
-        y, _idx, _mean, _rstd = mc_layer_norm_cpu_fwd(x, w, b, key, groups, k, eps)
+        y, _mask, _mean, _rstd = mc_layer_norm_cpu_fwd(x, w, b, key, groups, k, eps)
         return y
     return KernelMCLayerNorm.apply(x, w, b, k, eps, int(key.item()), groups)
