@@ -24,17 +24,17 @@ def test_bf16_rows_are_the_float32_kernel_rounded_once(groups, n):
     k = max(2, (4 * n) // 5)
     x = torch.randn(256 * groups, n).bfloat16()
     w, b = torch.randn(groups, n), torch.randn(groups, n)
-    y, idx, mean, rstd = mcln_kernel.forward(x, w, b, k, 1e-5, 123, groups)
-    y32, idx32, mean32, rstd32 = mcln_kernel.forward(x.float(), w, b, k, 1e-5, 123, groups)
+    y, bits, mean, rstd = mcln_kernel.forward(x, w, b, k, 1e-5, 123, groups)
+    y32, bits32, mean32, rstd32 = mcln_kernel.forward(x.float(), w, b, k, 1e-5, 123, groups)
     assert y.dtype == torch.bfloat16 and mean.dtype == rstd.dtype == torch.float32
-    assert torch.equal(idx, idx32)  # the same subsets
+    assert torch.equal(bits, bits32)  # the same subsets
     torch.testing.assert_close(mean, mean32, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(rstd, rstd32, rtol=1e-5, atol=0)
     assert _relative(y, y32) < 2**-8  # one rounding to bf16
     g = torch.randn(x.shape).bfloat16()
-    dx, dw, db = mcln_kernel.backward(g, x, w, idx, mean, rstd, k, groups)
+    dx, dw, db = mcln_kernel.backward(g, x, w, bits, mean, rstd, k, groups)
     dx32, dw32, db32 = mcln_kernel.backward(
-        g.float(), x.float(), w, idx32, mean32, rstd32, k, groups
+        g.float(), x.float(), w, bits32, mean32, rstd32, k, groups
     )
     assert dx.dtype == torch.bfloat16 and dw.dtype == db.dtype == torch.float32
     assert _relative(dx, dx32) < 2**-7
