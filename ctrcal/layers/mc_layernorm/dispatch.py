@@ -6,15 +6,20 @@ Every functional entry point (:mod:`.functional`) ends in :func:`normalize_rows`
 
 * ``c`` (default for CPU tensors): the C kernel of :mod:`ctrcal.layers.kernels.mcln_kernel`,
   compiled once per machine with the system C compiler (about a second; cached under
-  ``~/.cache/ctrcal``) and loaded with ctypes. Per row, Floyd's algorithm draws a uniform
-  subset of size ``d = min(k, N - k)`` (the complement when k > N/2) with d bounded integers;
-  each is exactly uniform (Lemire's multiply-and-reject). The random bits are SplitMix64
-  outputs keyed by one draw from torch's RNG (so ``torch.manual_seed`` and ``generator``
-  reproduce the subsets) and the row index (so the result does not depend on the thread
-  count). A row keeps its d drawn positions, not a mask: the statistics are a plain pass over
-  the row corrected on them, and so is the backward. Statistics, output and backward are
-  fused; built for the machine's own vector instructions. Cost grows with d (f near 0.5
-  costs most); see ``scripts/bench_norms.py``. No double backward
+  ``~/.cache/ctrcal``) and loaded with ctypes. Per row, an exact uniform k-subset kept as a
+  bitmask: rows of at most 64 features draw the smaller side (``min(k, N - k)``) with Floyd's
+  algorithm; wider rows keep each feature on 8 random bits against ``floor(k * 256 / N)`` and
+  then correct the count to exactly k by removing (or adding) a uniform set of ranks among
+  the features kept (or left out) -- every feature treated alike, then a correction blind to
+  the order: uniform over all ``C(N, k)`` subsets. Every bounded integer is exactly uniform
+  (Lemire's multiply-and-reject). The random bits are SplitMix64 outputs keyed by one draw
+  from torch's RNG (so ``torch.manual_seed`` and ``generator`` reproduce the subsets) and the
+  row index (so the result does not depend on the thread count, nor on the machine's vector
+  instructions). The statistics are one pass over the row with the subset's bits as the
+  vector mask, and the backward reads the saved bits (``ceil(N / 64)`` words a row). Statistics,
+  output and backward are fused; built for the machine's own vector instructions (AVX-512
+  where present). Cost grows with ``sqrt(N k (N - k)) / N`` (the correction) and N (the
+  Bernoulli bits); see ``scripts/bench_norms.py``. No double backward
   (``once_differentiable``). Registered with ``torch.library`` as well, so a
   ``torch.compile`` graph on CPU keeps the kernel (eager calls skip the op dispatch). It
   runs where :func:`ctrcal.layers.kernels.fusion.fusable_on_cpu` -- the one rule of every fused CPU
