@@ -302,9 +302,10 @@ class DriftMonitor:
         self.thresholds_ = {k: _threshold(v, level) for k, v in reference_js.items()}
         self.pool_matrix_ = matrix[np.searchsorted(rows, self.pool_)]
         aucs = []
-        for a, b in pairs:
-            x_a, x_b = matrix[np.searchsorted(rows, a)], matrix[np.searchsorted(rows, b)]
-            aucs.append(self._classify(x_a, x_b, rng)[0])
+        with _one_thread():
+            for a, b in pairs:
+                x_a, x_b = matrix[np.searchsorted(rows, a)], matrix[np.searchsorted(rows, b)]
+                aucs.append(self._classify(x_a, x_b, rng)[0])
         self.reference_scores_[MULTIVARIATE] = np.asarray(aucs)
         self.thresholds_[MULTIVARIATE] = _threshold(np.asarray(aucs), level)
         return self
@@ -325,7 +326,7 @@ class DriftMonitor:
         index = vocab.index(v)
         present = index >= 0
         counts = np.bincount(index[present], minlength=vocab.size)
-        top = np.sort(np.argsort(-counts, kind="stable")[: self.max_categories])
+        top = _top(counts, self.max_categories)
         k = top.size
         bin_of_value = np.full(vocab.size, k, dtype=np.int64)  # other
         bin_of_value[top] = np.arange(k)
@@ -409,7 +410,6 @@ class DriftMonitor:
     ) -> tuple[float, np.ndarray]:
         """(cross-fitted AUC of telling ``a`` from ``b``, out-of-fold P(a | x) of ``b``'s rows)."""
         from sklearn.ensemble import HistGradientBoostingClassifier
-        from threadpoolctl import threadpool_limits
 
         from ctrcal.metrics._metrics import auc
 
@@ -427,11 +427,8 @@ class DriftMonitor:
                 early_stopping=False,
                 random_state=int(rng.integers(2**31)),
             )
-            # one thread: these fits are small, and OpenMP's threads waiting on a busy
-            # machine cost them 10-50x
-            with threadpool_limits(1):
-                model.fit(x[fold != k], y[fold != k])
-                score[fold == k] = model.predict_proba(x[fold == k])[:, 1]
+            model.fit(x[fold != k], y[fold != k])
+            score[fold == k] = model.predict_proba(x[fold == k])[:, 1]
         return auc(score, y), score[a.shape[0] :]
 
     # -- transform -------------------------------------------------------------------------
@@ -506,21 +503,42 @@ class DriftMonitor:
                     DriftScore(c, UNSEEN, None, float(rate[c]), self.thresholds_[UNSEEN])
                 )
         out = []
-        for c, a in enumerate(samples):
-            pick = np.sort(
-                rng.choice(self.pool_.size, size=min(a.size, self.pool_.size), replace=False)
-            )
-            b = self.pool_[pick]
-            value, q = self._classify(
-                matrix[np.searchsorted(rows, a)], self.pool_matrix_[pick], rng
-            )
-            q = np.clip(q, 1e-6, 1.0 - 1e-6)
-            scores[c].append(
-                DriftScore(c, MULTIVARIATE, None, value, self.thresholds_[MULTIVARIATE])
-            )
-            ratio = q / (1.0 - q) * (b.size / a.size)
-            out.append(ChunkDrift(c, int(bounds[c]), int(bounds[c + 1]), scores[c], b, ratio))
+        with _one_thread():
+            for c, a in enumerate(samples):
+                pick = np.sort(
+                    rng.choice(self.pool_.size, size=min(a.size, self.pool_.size), replace=False)
+                )
+                b = self.pool_[pick]
+                value, q = self._classify(
+                    matrix[np.searchsorted(rows, a)], self.pool_matrix_[pick], rng
+                )
+                q = np.clip(q, 1e-6, 1.0 - 1e-6)
+                scores[c].append(
+                    DriftScore(c, MULTIVARIATE, None, value, self.thresholds_[MULTIVARIATE])
+                )
+                ratio = q / (1.0 - q) * (b.size / a.size)
+                out.append(ChunkDrift(c, int(bounds[c]), int(bounds[c + 1]), scores[c], b, ratio))
         return out
+
+
+def _one_thread() -> Any:
+    """One thread for the domain classifier's fits: they are small, and OpenMP's threads
+    waiting on a busy machine cost them 10-50x (entered once around all of them: each entry
+    inspects the loaded libraries)."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(1)
+
+
+def _top(counts: np.ndarray, k: int) -> np.ndarray:
+    """Increasing indices of the ``k`` largest counts, ties to the lowest index (a stable
+    sort's choice, by a partition instead of sorting every value)."""
+    if counts.size <= k:
+        return np.arange(counts.size)
+    kth = np.partition(counts, counts.size - k)[counts.size - k]
+    above = np.flatnonzero(counts > kth)
+    tied = np.flatnonzero(counts == kth)[: k - above.size]
+    return np.sort(np.concatenate([above, tied]))
 
 
 def _missing(v: np.ndarray) -> np.ndarray:
@@ -554,6 +572,9 @@ class _Vocab:
 
     def index(self, v: np.ndarray) -> np.ndarray:
         """[n] index of each value (-1: never in the reference, -2: missing)."""
+        if self.dense is not None and v.dtype.kind in "iu":  # ids: none missing, one gather
+            inside = (v >= 0) & (v < self.dense.size)
+            return np.where(inside, self.dense[np.where(inside, v, 0)], -1)
         missing = _missing(v)
         out = np.full(v.shape[0], -2, dtype=np.int64)
         val = v[~missing]

@@ -249,6 +249,7 @@ def doc_estimates(
     reference_labels: Any,
     probs: Any,
     gap: dict[str, float] | None = None,
+    estimates: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """``doc``: measured on the reference plus the change of CBPE's estimate (module
     docstring), i.e. CBPE(analysis) + (measured − CBPE) on the reference.
@@ -259,13 +260,14 @@ def doc_estimates(
         probs: [n] the model's probabilities on the analysis rows.
         gap: :func:`doc_gap` of the reference, when already computed (the reference
             arguments are then not read).
+        estimates: :func:`label_free_estimates` of ``probs``, when already computed.
 
     Returns:
         ``{"auc", "logloss"}``.
     """
     if gap is None:
         gap = doc_gap(reference_probs, reference_labels)
-    est = label_free_estimates(probs)
+    est = label_free_estimates(probs) if estimates is None else estimates
     return {m: est[m] + gap[m] for m in ESTIMATED_METRICS}
 
 

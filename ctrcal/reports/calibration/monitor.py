@@ -165,12 +165,13 @@ def monitor(
     gap = doc_gap(ref_p, ref_y)
     for c in chunks:
         p = analysis.prob[c.start : c.stop]
+        cbpe = label_free_estimates(p)
         found = {
-            "cbpe": label_free_estimates(p),
+            "cbpe": cbpe,
             "iw_cbpe": importance_weighted_estimates(
                 ref_p[c.reference_rows], ref_y[c.reference_rows], c.density_ratio, p
             ),
-            "doc": doc_estimates(ref_p, ref_y, p, gap),
+            "doc": doc_estimates(ref_p, ref_y, p, gap, cbpe),
         }
         measured = {}
         if analysis.label is not None:
