@@ -391,6 +391,23 @@ INLINE void fwd_row_##SUF(const S *xr, const float *w, const float *b, S *yr,   
         vst_##SUF(yr + i, _mm512_fmadd_ps(o, wv, bv), l);                                     \
     }                                                                                         \
 }                                                                                             \
+/* dx of a row from its sums A = sum(g), B = sum(g xhat) */                                    \
+INLINE void bwd_dx_##SUF(const S *dyr, const S *xr, const float *w, const uint64_t *m,        \
+                         S *dxr, const int64_t n, float muf, float rsf, int64_t k, float A,   \
+                         float B) {                                                           \
+    const __m512 mu = _mm512_set1_ps(muf), rs = _mm512_set1_ps(rsf);                          \
+    const float kf = (float)k;                                                                \
+    const __m512 a = _mm512_set1_ps(A / kf), c = _mm512_set1_ps(B / kf);                      \
+    for (int64_t i = 0; i < n; i += 16) {                                                     \
+        const __mmask16 l = tail16(n, i);                                                     \
+        const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(vld_##SUF(xr + i, l), mu), rs);         \
+        __m512 gy = vld_##SUF(dyr + i, l);                                                    \
+        if (w) gy = _mm512_mul_ps(gy, _mm512_maskz_loadu_ps(l, w + i));                       \
+        const __m512 t = _mm512_fmadd_ps(c, xh, a);                                           \
+        gy = _mm512_mask_sub_ps(gy, sub16(m, i, l), gy, t);                                   \
+        vst_##SUF(dxr + i, _mm512_mul_ps(rs, gy), l);                                         \
+    }                                                                                         \
+}                                                                                             \
 INLINE void bwd_row_##SUF(const S *dyr, const S *xr, const float *w, const uint64_t *m,       \
                           S *dxr, float *dw, float *db, const int64_t n, float muf,           \
                           float rsf, int64_t k) {                                             \
@@ -409,22 +426,56 @@ INLINE void bwd_row_##SUF(const S *dyr, const S *xr, const float *w, const uint6
         _mm512_mask_storeu_ps(db + i, l, _mm512_add_ps(dy, _mm512_maskz_loadu_ps(l, db + i)));\
         A = _mm512_add_ps(A, gy); B = _mm512_fmadd_ps(gy, xh, B);                             \
     }                                                                                         \
-    const float kf = (float)k;                                                                \
-    const __m512 a = _mm512_set1_ps(_mm512_reduce_add_ps(A) / kf);                           \
-    const __m512 c = _mm512_set1_ps(_mm512_reduce_add_ps(B) / kf);                           \
+    bwd_dx_##SUF(dyr, xr, w, m, dxr, n, muf, rsf, k, _mm512_reduce_add_ps(A),                 \
+                 _mm512_reduce_add_ps(B));                                                    \
+}                                                                                             \
+/* two consecutive rows of the same affine row: dweight and dbias read and written once for   \
+   both (the same sums, in the same order, as two calls of bwd_row) */                       \
+INLINE void bwd_pair_##SUF(const S *dyr, const S *xr, const float *w, const uint64_t *m0,     \
+                           const uint64_t *m1, S *dxr, float *dw, float *db, const int64_t n, \
+                           float mu0f, float rs0f, float mu1f, float rs1f, int64_t k) {       \
+    const __m512 mu0 = _mm512_set1_ps(mu0f), rs0 = _mm512_set1_ps(rs0f);                      \
+    const __m512 mu1 = _mm512_set1_ps(mu1f), rs1 = _mm512_set1_ps(rs1f);                      \
+    __m512 A0 = _mm512_setzero_ps(), B0 = A0, A1 = A0, B1 = A0;                               \
     for (int64_t i = 0; i < n; i += 16) {                                                     \
         const __mmask16 l = tail16(n, i);                                                     \
-        const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(vld_##SUF(xr + i, l), mu), rs);         \
-        __m512 gy = vld_##SUF(dyr + i, l);                                                    \
-        if (w) gy = _mm512_mul_ps(gy, _mm512_maskz_loadu_ps(l, w + i));                       \
-        const __m512 t = _mm512_fmadd_ps(c, xh, a);                                           \
-        gy = _mm512_mask_sub_ps(gy, sub16(m, i, l), gy, t);                                   \
-        vst_##SUF(dxr + i, _mm512_mul_ps(rs, gy), l);                                         \
+        const __m512 xh0 = _mm512_mul_ps(_mm512_sub_ps(vld_##SUF(xr + i, l), mu0), rs0);      \
+        const __m512 xh1 = _mm512_mul_ps(_mm512_sub_ps(vld_##SUF(xr + n + i, l), mu1), rs1);  \
+        const __m512 dy0 = vld_##SUF(dyr + i, l), dy1 = vld_##SUF(dyr + n + i, l);            \
+        __m512 gy0 = dy0, gy1 = dy1;                                                          \
+        if (w) {                                                                              \
+            const __m512 wv = _mm512_maskz_loadu_ps(l, w + i);                                \
+            gy0 = _mm512_mul_ps(dy0, wv); gy1 = _mm512_mul_ps(dy1, wv);                       \
+            __m512 d = _mm512_fmadd_ps(dy0, xh0, _mm512_maskz_loadu_ps(l, dw + i));           \
+            _mm512_mask_storeu_ps(dw + i, l, _mm512_fmadd_ps(dy1, xh1, d));                   \
+        }                                                                                     \
+        __m512 e = _mm512_add_ps(dy0, _mm512_maskz_loadu_ps(l, db + i));                      \
+        _mm512_mask_storeu_ps(db + i, l, _mm512_add_ps(dy1, e));                              \
+        A0 = _mm512_add_ps(A0, gy0); B0 = _mm512_fmadd_ps(gy0, xh0, B0);                      \
+        A1 = _mm512_add_ps(A1, gy1); B1 = _mm512_fmadd_ps(gy1, xh1, B1);                      \
     }                                                                                         \
+    bwd_dx_##SUF(dyr, xr, w, m0, dxr, n, mu0f, rs0f, k, _mm512_reduce_add_ps(A0),             \
+                 _mm512_reduce_add_ps(B0));                                                   \
+    bwd_dx_##SUF(dyr + n, xr + n, w, m1, dxr + n, n, mu1f, rs1f, k,                           \
+                 _mm512_reduce_add_ps(A1), _mm512_reduce_add_ps(B1));                         \
 }
 DEFINE_AVX(float, f32)
 DEFINE_AVX(uint16_t, bf16)
 #endif
+/* the backward of rows by pairs where there is a pair function (PAIRED_x 0: none) */
+#ifdef MCLN_AVX512
+#define PAIRED_f32 1
+#define PAIRED_bf16 1
+#define PAIR_f32 bwd_pair_f32
+#define PAIR_bf16 bwd_pair_bf16
+#else
+#define PAIRED_f32 0
+#define PAIRED_bf16 0
+#define PAIR_f32(...)
+#define PAIR_bf16(...)
+#endif
+#define PAIRED_f64 0
+#define PAIR_f64(...)
 
 #define DEFINE(S, T, SUF)                                                                     \
 INLINE void fwd_rows_##SUF(const S *x, const T *w0, const T *b0, S *y, uint64_t *m0,         \
@@ -444,6 +495,14 @@ INLINE void bwd_rows_##SUF(const S *dy, const S *x, const T *w0, const uint64_t 
                     const T *mean, const T *rstd, S *dx, T *dw0, T *db0, int64_t r0,          \
                     int64_t r1, const int64_t n, int64_t g, int64_t k) {                      \
     const int64_t words = (n + 63) / 64;                                                      \
+    if (PAIRED_##SUF && g == 1) { /* one affine row: rows by pairs */                         \
+        int64_t r = r0;                                                                       \
+        for (; r + 2 <= r1; r += 2)                                                           \
+            PAIR_##SUF(dy + r * n, x + r * n, w0, m0 ? m0 + r * words : 0,                    \
+                       m0 ? m0 + (r + 1) * words : 0, dx + r * n, dw0, db0, n, mean[r],       \
+                       rstd[r], mean[r + 1], rstd[r + 1], k);                                 \
+        r0 = r;                                                                               \
+    }                                                                                         \
     int64_t gi = r0 % g;                                                                      \
     for (int64_t r = r0; r < r1; ++r, gi = (gi + 1 == g) ? 0 : gi + 1) {                     \
         const int64_t off = gi * n;                                                           \

@@ -53,7 +53,17 @@ def stats_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _row_chunks(rows: int, n: int) -> Chunks:
-    return Chunks(rows, -(-_MIN_CHUNK_ELEMENTS // max(n, 1)))
+    # a training step calls with the same few shapes every time: their chunks are kept
+    key = (rows, n, torch.get_num_threads())
+    chunks = _CHUNKS.get(key)
+    if chunks is None:
+        if len(_CHUNKS) >= 64:
+            _CHUNKS.clear()
+        chunks = _CHUNKS[key] = Chunks(rows, -(-_MIN_CHUNK_ELEMENTS // max(n, 1)))
+    return chunks
+
+
+_CHUNKS: dict[tuple[int, int, int], Chunks] = {}
 
 
 def _declare(lib: ctypes.CDLL) -> None:
