@@ -93,6 +93,14 @@ static inline uint64_t extract_bits(const uint64_t *r, int64_t p, int64_t len) {
     if (o) v |= r[(p >> 6) + 1] << (64 - o);
     return v & low_bits(len);
 }
+/* bit e set where byte e of x is below thr (eight unsigned comparisons in one word) */
+static inline uint64_t bytes_below(uint64_t x, uint8_t thr) {
+    const uint64_t hi = 0x8080808080808080ULL, one = 0x0101010101010101ULL;
+    const uint64_t t = one * thr, tl = t & ~hi, xl = x & ~hi;
+    const uint64_t low = ((tl | hi) - (xl + one)) & hi; /* low 7 bits of x below thr's */
+    const uint64_t f = (thr & 0x80) ? (~x & hi) | low : ~x & hi & low;
+    return ((f >> 7) * 0x0102040810204080ULL) >> 56;
+}
 /* Floyd's algorithm in rank space: e distinct ranks of [0, m) set in r (zeroed, e <= m),
    uniform over the e-subsets; draw i is uniform in [0, m - e + i], from stream `seed`. */
 static void floyd_ranks(uint64_t *r, int64_t words, uint64_t seed, int64_t m, int64_t e) {
@@ -189,20 +197,12 @@ static void draw_row(uint64_t *bits, uint64_t *h, int64_t r, int64_t n, int64_t 
         z = _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
         uint64_t v = _mm512_cmplt_epu8_mask(z, _mm512_set1_epi8((char)thr));
 #else
-    /* the same draws as bytes: byte e of draw i is bits 8 e .. 8 e + 7 */
+    /* the same draws; byte e of draw i (bits 8 e .. 8 e + 7) decides feature 8 i + e */
     _Pragma("omp simd")
-    for (int64_t i = 0; i < words * 8; ++i) {
-        const uint64_t z = mix64(seed + (uint64_t)(i + 1) * GAMMA);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-        h[i] = __builtin_bswap64(z);
-#else
-        h[i] = z;
-#endif
-    }
-    const uint8_t *u8 = (const uint8_t *)h;
+    for (int64_t i = 0; i < words * 8; ++i) h[i] = mix64(seed + (uint64_t)(i + 1) * GAMMA);
     for (int64_t w = 0; w < words; ++w) {
         uint64_t v = 0;
-        for (int64_t e = 0; e < 64; ++e) v |= (uint64_t)(u8[w * 64 + e] < thr) << e;
+        for (int64_t j = 0; j < 8; ++j) v |= bytes_below(h[w * 8 + j], thr) << (8 * j);
 #endif
         v &= low_bits(n - w * 64);
         bits[w] = v;
