@@ -10,21 +10,30 @@ more than the reference's own chunk-to-chunk variation allows (NannyML's approac
   feature on its ``max_categories`` most frequent reference values, one bin for the other
   reference values, one for missing values and one for **unseen** values (never in the
   reference), whose fraction is reported as well.
+* **pooled over the categorical features**: the unseen-value rate, the fraction of a chunk's
+  present categorical values (all features together) that never occur in the reference. A
+  per-feature histogram spends one bin of 50+ on unseen values and shares the Bonferroni
+  budget with every other feature; values the reference never saw, spread thinly over many
+  features (a corruption, a new release of ids), move this one number most.
 * **multivariate**: a domain classifier (scikit-learn's ``HistGradientBoostingClassifier``)
-  tells the chunk's rows from as many reference rows, two-fold cross-fitted; the AUC of its
-  out-of-fold scores is the drift score (0.5: indistinguishable). Numeric features enter as
+  tells the chunk's rows from as many reference rows: fitted on a random half of them, its
+  AUC on the other half is the drift score (0.5: indistinguishable). Numeric features enter as
   they are, a categorical one as the reference frequency of its value (unseen: 0). Its
-  out-of-fold scores of the reference rows are the density ratios of importance weighting
-  (:attr:`ChunkDrift.density_ratio`).
+  scores of the reference rows it was not fitted on (every row of the reference's pool but
+  its own training half) are the density ratios of importance weighting
+  (:attr:`ChunkDrift.density_ratio`). One fit on half the rows, not two cross-fitted: half
+  the cost, for an AUC measured on half the rows (its spread, and with it the threshold's
+  margin, about 1.4x wider).
 
 **Thresholds** come from the reference cut into chunks of the same size: each reference
 chunk is scored against the rest of the reference (its histogram removed from the reference's;
-a value found only in that chunk counts as unseen; the domain classifier trained against
-reference rows outside it). Under the null (an analysis chunk drawn like the reference) a
-score is one more draw of those values, so the threshold is the upper bound of a one-sided
-prediction interval, ``mean + t · sd · sqrt(1 + 1/R)`` over the R reference scores, at level
-``1 − alarm_rate / m``: Bonferroni over the ``m`` scores of a chunk (every feature and the
-multivariate score), so that a clean chunk raises any alarm with probability at most about
+a value found only in that chunk counts as unseen, in its feature's histogram and in the
+unseen-value rate; the domain classifier trained against reference rows outside it). Under
+the null (an analysis chunk drawn like the reference) a score is one more draw of those
+values, so the threshold is the upper bound of a one-sided prediction interval,
+``mean + t · sd · sqrt(1 + 1/R)`` over the R reference scores, at level ``1 − alarm_rate / m``:
+Bonferroni over the ``m`` scores of a chunk (every feature, the unseen-value rate and the
+classifier), so that a clean chunk raises any alarm with probability at most about
 ``alarm_rate`` (exactly so where the reference scores are normal; the Jensen–Shannon distance,
 a square root of a nearly chi-square divergence, is close to normal).
 
@@ -60,7 +69,7 @@ __all__ = [
     "trusted",
 ]
 
-MIN_CHUNK_ROWS = 200  # fewer rows: a histogram of 10+ bins and a 2-fold classifier are noise
+MIN_CHUNK_ROWS = 200  # fewer rows: a histogram of 10+ bins and a classifier are noise
 MIN_REFERENCE_CHUNKS = 10  # fewer reference chunks cannot estimate a threshold's spread
 MAX_THRESHOLD_CHUNKS = 20  # reference chunks the domain classifier is refitted on (cost)
 UNIVARIATE, MULTIVARIATE = "jensen_shannon", "domain_classifier"
@@ -145,10 +154,12 @@ class ChunkDrift:
 
     Attributes:
         chunk: its index; ``start``/``stop`` its rows.
-        scores: univariate scores (one per feature) and the multivariate one.
-        reference_rows: [r] indices of the reference rows the domain classifier saw.
+        scores: univariate scores (one per feature), the unseen-value rate (with
+            categorical features) and the domain classifier's AUC.
+        reference_rows: [r] indices of the reference rows the domain classifier scored
+            without having been fitted on them.
         density_ratio: [r] P(chunk | x) / P(reference | x) of those rows from the
-            classifier's out-of-fold scores (class sizes equal), unclipped.
+            classifier's scores (corrected for its training's class sizes), unclipped.
     """
 
     chunk: int
@@ -305,7 +316,7 @@ class DriftMonitor:
         with _one_thread():
             for a, b in pairs:
                 x_a, x_b = matrix[np.searchsorted(rows, a)], matrix[np.searchsorted(rows, b)]
-                aucs.append(self._classify(x_a, x_b, rng)[0])
+                aucs.append(self._classify(x_a, x_b, rng).auc)
         self.reference_scores_[MULTIVARIATE] = np.asarray(aucs)
         self.thresholds_[MULTIVARIATE] = _threshold(np.asarray(aucs), level)
         return self
@@ -328,8 +339,11 @@ class DriftMonitor:
         counts = np.bincount(index[present], minlength=vocab.size)
         top = _top(counts, self.max_categories)
         k = top.size
-        bin_of_value = np.full(vocab.size, k, dtype=np.int64)  # other
-        bin_of_value[top] = np.arange(k)
+        # the bin of index i at i + 2: missing (-2) and unseen (-1) first, then each value's
+        # (its own among the top ones, else other), so that binning is one gather
+        bin_of_value = np.full(vocab.size + 2, k, dtype=np.int64)
+        bin_of_value[:2] = (k + 1, k + 2)
+        bin_of_value[top + 2] = np.arange(k)
         self.bin_of_value_[name] = bin_of_value
         self.n_bins_[name] = k + 3  # + other + missing + unseen
         half = counting & present
@@ -347,9 +361,7 @@ class DriftMonitor:
             codes = np.searchsorted(self.edges_[name], x, side="left")
             codes[~np.isfinite(x)] = k - 1
             return codes
-        codes = np.where(index >= 0, self.bin_of_value_[name][np.maximum(index, 0)], k - 1)
-        codes[index == -2] = k - 2
-        return codes
+        return self.bin_of_value_[name][index + 2]
 
     def _column(self, name: str, v: np.ndarray, index: np.ndarray | None) -> np.ndarray:
         """The domain classifier's input of one feature: a numeric as it is (NaN kept), a
@@ -405,31 +417,29 @@ class DriftMonitor:
             return rows
         return np.sort(rng.choice(rows, size=self.classifier_rows, replace=False))
 
-    def _classify(
-        self, a: np.ndarray, b: np.ndarray, rng: np.random.Generator
-    ) -> tuple[float, np.ndarray]:
-        """(cross-fitted AUC of telling ``a`` from ``b``, out-of-fold P(a | x) of ``b``'s rows)."""
+    def _classify(self, a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> _Split:
+        """A classifier telling ``a`` from ``b``, fitted on a random half of the rows; its
+        AUC on the other half."""
         from sklearn.ensemble import HistGradientBoostingClassifier
 
         from ctrcal.metrics._metrics import auc
 
         x = np.concatenate([a, b])
         y = np.concatenate([np.ones(a.shape[0]), np.zeros(b.shape[0])])
-        fold = rng.permutation(x.shape[0]) % 2
-        score = np.empty(x.shape[0])
-        for k in (0, 1):
-            model = HistGradientBoostingClassifier(
-                max_iter=20,
-                learning_rate=0.2,
-                max_leaf_nodes=8,
-                max_bins=TREE_BINS,
-                min_samples_leaf=40,
-                early_stopping=False,
-                random_state=int(rng.integers(2**31)),
-            )
-            model.fit(x[fold != k], y[fold != k])
-            score[fold == k] = model.predict_proba(x[fold == k])[:, 1]
-        return auc(score, y), score[a.shape[0] :]
+        train = rng.permutation(x.shape[0]) % 2 == 0
+        model = HistGradientBoostingClassifier(
+            max_iter=20,
+            learning_rate=0.2,
+            max_leaf_nodes=8,
+            max_bins=TREE_BINS,
+            min_samples_leaf=40,
+            early_stopping=False,
+            random_state=int(rng.integers(2**31)),
+        )
+        model.fit(x[train], y[train])
+        held = model.predict_proba(x[~train])[:, 1]
+        odds = float(y[train].sum()) / max(float((1.0 - y[train]).sum()), 1.0)
+        return _Split(auc(held, y[~train]), model, train[a.shape[0] :], odds)
 
     # -- transform -------------------------------------------------------------------------
 
@@ -508,17 +518,34 @@ class DriftMonitor:
                 pick = np.sort(
                     rng.choice(self.pool_.size, size=min(a.size, self.pool_.size), replace=False)
                 )
-                b = self.pool_[pick]
-                value, q = self._classify(
+                split = self._classify(
                     matrix[np.searchsorted(rows, a)], self.pool_matrix_[pick], rng
                 )
-                q = np.clip(q, 1e-6, 1.0 - 1e-6)
                 scores[c].append(
-                    DriftScore(c, MULTIVARIATE, None, value, self.thresholds_[MULTIVARIATE])
+                    DriftScore(c, MULTIVARIATE, None, split.auc, self.thresholds_[MULTIVARIATE])
                 )
-                ratio = q / (1.0 - q) * (b.size / a.size)
-                out.append(ChunkDrift(c, int(bounds[c]), int(bounds[c + 1]), scores[c], b, ratio))
+                # density ratios of every pool row the classifier was not fitted on
+                held = np.ones(self.pool_.size, dtype=bool)
+                held[pick[split.trained]] = False
+                q = split.model.predict_proba(self.pool_matrix_[held])[:, 1]
+                q = np.clip(q, 1e-6, 1.0 - 1e-6)
+                ratio = q / (1.0 - q) / split.odds
+                chunk = ChunkDrift(
+                    c, int(bounds[c]), int(bounds[c + 1]), scores[c], self.pool_[held], ratio
+                )
+                out.append(chunk)
         return out
+
+
+@dataclass(frozen=True)
+class _Split:
+    """A domain classifier fitted on half the rows: its AUC on the other half, the model,
+    which of the ``b`` rows it was fitted on, and its training odds (a rows per b row)."""
+
+    auc: float
+    model: Any
+    trained: np.ndarray
+    odds: float
 
 
 def _one_thread() -> Any:
@@ -631,8 +658,9 @@ declare_metric(
 declare_metric(
     MULTIVARIATE,
     label="domain classifier AUC",
-    definition="AUC of a domain classifier (gradient-boosted trees, two-fold cross-fitted) "
-    "telling a chunk's rows from as many reference rows; 0.5: indistinguishable.",
+    definition="AUC of a domain classifier (gradient-boosted trees) telling a chunk's rows "
+    "from as many reference rows, fitted on half of them and measured on the other half; "
+    "0.5: indistinguishable.",
     better="lower",
     computed_by="DriftMonitor",
     kind="drift",
