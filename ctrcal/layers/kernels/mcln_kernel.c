@@ -103,9 +103,48 @@ static inline uint64_t bytes_below(uint64_t x, uint8_t thr) {
 }
 /* Floyd's algorithm in rank space: e distinct ranks of [0, m) set in r (zeroed, e <= m),
    uniform over the e-subsets; draw i is uniform in [0, m - e + i], from stream `seed`. */
+#if defined(MCLN_AVX512) && defined(__AVX512DQ__)
+#define RANK_BATCH 24
+/* draws 0..23 of floyd_ranks in vector lanes, each as bounded() computes it unless its low
+   word falls in the sliver bounded() checks: returns nonzero when one of the first e does */
+static inline int rank_draws(uint32_t *tt, uint64_t seed, int64_t m, int64_t e) {
+    const __m512i m1 = _mm512_set1_epi64((long long)0xBF58476D1CE4E5B9ULL);
+    const __m512i m2 = _mm512_set1_epi64((long long)0x94D049BB133111EBULL);
+    const __m512i low = _mm512_set1_epi64(0xffffffffLL);
+    int bad = 0;
+    for (int v = 0; v < RANK_BATCH / 8; ++v) {
+        const __m512i i1 = _mm512_add_epi64(_mm512_set_epi64(8, 7, 6, 5, 4, 3, 2, 1),
+                                            _mm512_set1_epi64(8 * v)); /* i + 1 */
+        __m512i z = _mm512_add_epi64(_mm512_set1_epi64((long long)seed),
+                                     _mm512_mullo_epi64(i1, _mm512_set1_epi64((long long)GAMMA)));
+        z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), m1);
+        z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), m2);
+        z = _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
+        const __m512i bound = _mm512_add_epi64(i1, _mm512_set1_epi64(m - e)); /* m - e + i + 1 */
+        const __m512i p = _mm512_mul_epu32(_mm512_srli_epi64(z, 32), bound);
+        const int64_t left = e - 8 * v;
+        const __mmask8 lanes = left >= 8 ? 0xff : left <= 0 ? 0 : (__mmask8)((1u << left) - 1);
+        bad |= (int)_mm512_mask_cmplt_epu64_mask(lanes, _mm512_and_si512(p, low), bound);
+        _mm256_storeu_si256((__m256i *)(tt + 8 * v), _mm512_cvtepi64_epi32(_mm512_srli_epi64(p, 32)));
+    }
+    return bad;
+}
+#endif
 static void floyd_ranks(uint64_t *r, int64_t words, uint64_t seed, int64_t m, int64_t e) {
     uint32_t tt[64];
     memset(r, 0, (size_t)words * sizeof(uint64_t));
+#ifdef RANK_BATCH
+    if (e <= RANK_BATCH) { /* most rows: the draws in vector lanes, a loop of e steps */
+        if (rank_draws(tt, seed, m, e))
+            for (int64_t i = 0; i < e; ++i) tt[i] = bounded(seed, i, (uint32_t)(m - e + i) + 1);
+        for (int64_t i = 0; i < e; ++i) {
+            const uint64_t j = (uint64_t)(m - e + i), t = tt[i];
+            const uint64_t p = ((r[t >> 6] >> (t & 63)) & 1) ? j : t;
+            r[p >> 6] |= 1ULL << (p & 63);
+        }
+        return;
+    }
+#endif
     for (int64_t i0 = 0; i0 < e; i0 += 64) {
         const int64_t i1 = e - i0 < 64 ? e : i0 + 64;
         uint32_t suspect = 0;
@@ -214,11 +253,12 @@ static void draw_row(uint64_t *bits, uint64_t *h, int64_t r, int64_t n, int64_t 
     const uint64_t seed2 = mix64(seed ^ 0xD1B54A32D192ED03ULL);
     const int want = c > k;
     const int64_t m = want ? c : n - c, e = want ? c - k : k - c;
+    const uint64_t flip = want ? 0 : ~0ULL; /* the kept, or the others */
     uint64_t *ranks = h + words * 8;
     floyd_ranks(ranks, words + 1, seed2, m, e);
     int64_t p = 0;
     for (int64_t w = 0; w < words; ++w) {
-        const uint64_t v = want ? bits[w] : ~bits[w] & low_bits(n - w * 64);
+        const uint64_t v = (bits[w] ^ flip) & low_bits(n - w * 64);
         const int64_t pc = __builtin_popcountll(v);
         bits[w] ^= pdep64(extract_bits(ranks, p, pc), v);
         p += pc;

@@ -195,6 +195,8 @@ def backward(
         groups,
         k,
     )
+    if chunks.count == 1:  # one partial sum: it is the sum
+        return dx, dw[0] if dw is not None else None, db[0]
     return dx, dw.sum(0) if dw is not None else None, db.sum(0)
 
 
@@ -220,13 +222,17 @@ class KernelMCLayerNorm(torch.autograd.Function):
         dx, dw, db = backward(dy.contiguous(), x, w, mask, mean, rstd, ctx.k, ctx.groups)
         return (
             dx,
-            dw.reshape(w.shape) if w is not None else None,
-            db.reshape(ctx.bias_shape) if ctx.bias_shape is not None else None,
+            _shaped(dw, w.shape) if w is not None else None,
+            _shaped(db, ctx.bias_shape) if ctx.bias_shape is not None else None,
             None,
             None,
             None,
             None,
         )
+
+
+def _shaped(t: Tensor, shape: torch.Size) -> Tensor:
+    return t if t.shape == shape else t.reshape(shape)
 
 
 # torch.library ops: opaque to torch.compile, so a compiled CPU graph keeps the kernel instead
@@ -309,6 +315,14 @@ def _backward(ctx, dy, _dmask, _dmean, _drstd):
 mc_layer_norm_cpu_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _affine(p: Tensor | None, groups: int, n: int) -> Tensor | None:
+    """An affine parameter as the kernel reads it: groups * n contiguous values (the row
+    layer's [N] as it is; no reshape node in the graph where none is needed)."""
+    if p is None or (p.is_contiguous() and (p.dim() == 1 if groups == 1 else p.dim() == 2)):
+        return p
+    return p.reshape(groups, n).contiguous()
+
+
 def kernel_mc_layer_norm(
     x: Tensor,
     weight: Tensor | None,
@@ -333,8 +347,8 @@ def kernel_mc_layer_norm(
         y [R, N].
     """
     n = x.shape[1]
-    w = weight.reshape(groups, n).contiguous() if weight is not None else None
-    b = bias.reshape(groups, n).contiguous() if bias is not None else None
+    w = _affine(weight, groups, n)
+    b = _affine(bias, groups, n)
     x = x.contiguous()
     if torch.compiler.is_compiling():
         y, _mask, _mean, _rstd = mc_layer_norm_cpu_fwd(x, w, b, key, groups, k, eps)

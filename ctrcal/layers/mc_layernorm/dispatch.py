@@ -224,15 +224,15 @@ def normalize_rows(
         elif choice == "c":
             # the full set (LayerNorm) draws nothing: torch's RNG stream stays as it was
             key = _NO_DRAW if k == n else draw_key_tensor(generator, x.device)
-            w = weight.to(compute) if weight is not None else None
-            b = bias.to(compute) if bias is not None else None
+            w = weight if weight is None or weight.dtype == compute else weight.to(compute)
+            b = bias if bias is None or bias.dtype == compute else bias.to(compute)
             # bf16 rows go in and come out as bf16 (the kernel widens them as it reads, no
             # float32 copies either way); the kernel's own op runs no autocast-listed op: no
             # need to switch autocast off around it (which costs as much as the rest of the
             # call at small sizes)
             rows_in = x if x.dtype in mcln_kernel.KERNEL_DTYPES else x.to(compute)
             y = mcln_kernel.kernel_mc_layer_norm(rows_in, w, b, k, eps, key, groups)
-            return y.to(x.dtype)
+            return y if y.dtype == x.dtype else y.to(x.dtype)
     if mask is None:
         mask = torch_subset_mask(rows, n, k, generator, x.device, compute)
         counts: int | Tensor = k
