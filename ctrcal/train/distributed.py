@@ -182,6 +182,17 @@ def all_reduce_sum(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     return t
 
 
+def rank0_flag(flag: bool, ctx: DistContext, device: torch.device) -> bool:
+    """Rank 0's ``flag`` on every rank (``flag`` itself for a single process): a choice each
+    rank made alone, such as ``auto``'s precision probe timing its own process, becomes one
+    choice for all, so that no two ranks compute in different precisions."""
+    if not ctx.is_distributed:
+        return flag
+    t = torch.tensor([int(flag)], dtype=torch.int64, device=device)
+    dist.broadcast(t, src=0)
+    return bool(t.item())
+
+
 def barrier(ctx: DistContext) -> None:
     """Wait for every rank (no-op for a single process)."""
     if ctx.is_distributed:

@@ -350,6 +350,8 @@ def _train_in_context(
     amp = resolve_precision(
         tcfg.precision, device, lambda: _probe_precision(model, train_data, tcfg, device, world)
     )
+    # each rank probed its own process: rank 0's verdict holds for all
+    amp = torch.bfloat16 if dist_util.rank0_flag(amp is not None, dctx, device) else None
     # torch.compile traces the dense lookup, and DDP all-reduces dense gradients only:
     # sparse table gradients are for single-process eager mode
     ctx = make_step_context(

@@ -33,6 +33,8 @@ ARGS = [
     "train.progress=false",
     "train.num_threads=1",
     "train.data_mode=memory",
+    # the MC draws counted below are the training steps' alone (no start-up probe)
+    "train.precision=fp32",
 ]
 
 

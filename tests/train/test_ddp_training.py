@@ -75,3 +75,34 @@ def test_global_batch_must_split_evenly(prepared_dir, tmp_path, capsys):
     assert "train.batch_size: 2047 rows cannot be split evenly over 2 processes" in err
     assert len(err.splitlines()) == 1
     assert not (tmp_path / "odd").exists()
+
+
+def _flag_rank(rank: int, port: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from ctrcal.train.distributed import DistContext, rank0_flag
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        ctx = DistContext(rank=rank, world_size=2, local_rank=rank, backend="gloo")
+        # each rank decided alone, and differently (as two probes timing their own process may)
+        agreed = rank0_flag(rank == 1, ctx, torch.device("cpu"))
+        with open(f"{out}.{rank}", "w") as f:
+            f.write(str(agreed))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ranks_take_rank_0s_precision_verdict(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / "flag")
+    mp.spawn(_flag_rank, args=(port, out), nprocs=2, join=True)
+    assert [(tmp_path / f"flag.{r}").read_text() for r in (0, 1)] == ["False", "False"]
