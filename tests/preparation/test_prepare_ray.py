@@ -73,9 +73,10 @@ def ray_session(tmp_path_factory):
 def days(tmp_path_factory):
     root = tmp_path_factory.mktemp("days")
     files = []
-    for d in range(5):
+    # Criteo 1TB's shape at a tiny size: 24 day files of different lengths
+    for d in range(24):
         files.append(root / f"day_{d}.tsv")
-        generate(files[-1], 2000 + 1500 * d, seed=d)
+        generate(files[-1], 500 + 150 * d, seed=d)
     return files
 
 
@@ -104,7 +105,7 @@ def _assert_same_directory(a: Path, b: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "data", [{}, {"split_order": "time", "split": [3, 1, 1]}], ids=["random", "days"]
+    "data", [{}, {"split_order": "time", "split": [22, 1, 1]}], ids=["random", "days"]
 )
 def test_ray_writes_the_local_engines_bytes(ray_session, days, small_parts, tmp_path, data):
     local = _prepare(days, tmp_path / "local", "local", **data)
