@@ -551,9 +551,12 @@ class _Split:
 def _one_thread() -> Any:
     """One thread for the domain classifier's fits: they are small, and OpenMP's threads
     waiting on a busy machine cost them 10-50x (entered once around all of them: each entry
-    inspects the loaded libraries)."""
+    inspects the loaded libraries, so scikit-learn's OpenMP runtime is loaded first)."""
+    import importlib
+
     from threadpoolctl import threadpool_limits
 
+    importlib.import_module("sklearn.ensemble")
     return threadpool_limits(1)
 
 
