@@ -6,7 +6,8 @@ weights stay float32 (the optimizer's master copy; autocast casts each one once 
 ``auto`` is bf16 on CUDA; on a CPU it is bf16 only where :func:`cpu_bf16_probe` finds the
 run's own model, on its first batch, faster in bf16 and as accurate as the check below
 allows (wide layers on CPUs with AMX or AVX512-BF16 units); elsewhere it is fp32, and a
-small model, whose steps the casts dominate, stays fp32 too.
+small model (:data:`BF16_MIN_DENSE_WEIGHTS`), whose steps the casts dominate, stays fp32
+without a probe. A resumed run keeps the precision its checkpoint records.
 
 The same resolved precision drives the training steps, the validation of every epoch, the
 test split's scores and ``ctrcal evaluate`` (one-shot and MC passes): a run is scored in the
@@ -32,12 +33,15 @@ from torch import nn
 from ctrcal.core.batch import Batch
 
 __all__ = [
+    "BF16_MIN_DENSE_WEIGHTS",
     "BF16_MIN_SPEEDUP",
     "BF16_TOLERANCE",
     "Bf16Probe",
+    "bf16_may_pay",
     "compute_precision",
     "cpu_bf16_probe",
     "cpu_bf16_units",
+    "dense_weights",
     "precision_name",
     "resolve_precision",
 ]
@@ -48,6 +52,15 @@ margin for the casts and element-wise work that a training step has beyond the p
 for the probe's own noise. Models near the margin would otherwise flip between precisions
 with the machine's load: the demo's MaskNet [128, 128] measures 1.3-1.4x on one thread of an
 AMX Xeon (it stays fp32), a BARS-sized MaskNet [400, 400, 400] about 2x (bf16)."""
+
+BF16_MIN_DENSE_WEIGHTS = 500_000
+"""Dense weights (Σ in × out over the linear layers, about the multiply-adds per row) below
+which ``auto`` keeps a CPU run in float32 without timing it. bf16 speeds up the matrix
+products alone; below this, casts, lookups and element-wise work decide, and the probe's
+verdict sits near :data:`BF16_MIN_SPEEDUP` where the machine's load can flip it. Measured on
+an AMX Xeon, one thread: the demo's MaskNet [128, 128] (307k weights) 1.3-1.4x in the probe,
+once over 1.5x on a loaded machine; the benchmark's [400, 400, 400] (889k) about 2x. So a
+small model's runs reproduce whatever the load."""
 
 BF16_TOLERANCE = 0.1
 """Largest relative error (l2 norm of the difference over the float32 result's) of the
@@ -70,6 +83,17 @@ class Bf16Probe:
     @property
     def speedup(self) -> float:
         return self.fp32_s / self.bf16_s if self.bf16_s > 0 else 0.0
+
+
+def dense_weights(model: nn.Module) -> int:
+    """Σ in_features × out_features over ``model``'s linear layers."""
+    return sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, nn.Linear))
+
+
+def bf16_may_pay(model: nn.Module) -> bool:
+    """Whether ``model`` is large enough for ``auto`` to time it in bf16 on a CPU
+    (:data:`BF16_MIN_DENSE_WEIGHTS`)."""
+    return dense_weights(model) >= BF16_MIN_DENSE_WEIGHTS
 
 
 def _forward_backward(

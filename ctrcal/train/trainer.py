@@ -66,6 +66,7 @@ from ctrcal.train.evaluate import (
 from ctrcal.train.noise import TrainShift
 from ctrcal.train.precision import (
     Bf16Probe,
+    bf16_may_pay,
     cpu_bf16_probe,
     precision_name,
     resolve_precision,
@@ -314,8 +315,10 @@ def _train_in_context(
     start_epoch = 0
     sched = _Schedule()
     best_state: dict[str, torch.Tensor] | None = None
+    resumed_precision = None
     if resuming:
         last = load_checkpoint(run_dir / LAST)
+        resumed_precision = last.get("precision")
         model.load_state_dict(last["model"])
         with without_dynamo_import():
             optimizer.load_state_dict(last["optimizer"])
@@ -347,9 +350,12 @@ def _train_in_context(
     if tcfg.compile:
         forward = torch.compile(forward)  # type: ignore[assignment]
     # training and scoring alike; auto on a CPU times this model's own step both ways
-    amp = resolve_precision(
-        tcfg.precision, device, lambda: _probe_precision(model, train_data, tcfg, device, world)
-    )
+    if resumed_precision in ("fp32", "bf16"):  # a resumed run keeps the precision it had
+        amp = torch.bfloat16 if resumed_precision == "bf16" else None
+    else:
+        amp = resolve_precision(
+            tcfg.precision, device, lambda: _probe_precision(model, train_data, tcfg, device, world)
+        )
     # each rank probed its own process: rank 0's verdict holds for all
     amp = torch.bfloat16 if dist_util.rank0_flag(amp is not None, dctx, device) else None
     # torch.compile traces the dense lookup, and DDP all-reduces dense gradients only:
@@ -432,6 +438,7 @@ def _train_in_context(
                 **sched.state(),
                 "history": history,
                 "rng": capture_rng_state(),
+                "precision": precision_name(amp),
             },
         )
         commit_best(run_dir)
@@ -476,7 +483,10 @@ def _probe_precision(
     model: nn.Module, data: Any, tcfg: Any, device: torch.device, world: int
 ) -> Bf16Probe:
     """:func:`~ctrcal.train.precision.cpu_bf16_probe` on the run's model and the first batch
-    of its training split (in file order)."""
+    of its training split (in file order); a model too small for bf16 to pay
+    (:func:`~ctrcal.train.precision.bf16_may_pay`) is not timed."""
+    if not bf16_may_pay(model):
+        return Bf16Probe(0.0, 0.0, float("nan"), False)
     batch = next(iter(data.batches(max(1, tcfg.batch_size // world), shuffle=False)))
     return cpu_bf16_probe(model, batch.to(device))
 

@@ -176,6 +176,7 @@ def test_training_scores_in_its_precision(monkeypatch, prepared_dir, tmp_path):
     monkeypatch.setattr(trainer, "predict_split", predict)
     monkeypatch.setattr(trainer, "score_split", score)
     monkeypatch.setattr(trainer, "cpu_bf16_probe", lambda model, batch: _probe(True))
+    monkeypatch.setattr(trainer, "bf16_may_pay", lambda model: True)  # a tiny model, timed
     monkeypatch.setattr(precision, "cpu_bf16_units", lambda: ["AMX-BF16"])
     cfg = load_config(
         None,
@@ -201,6 +202,7 @@ def test_a_run_is_scored_later_in_the_precision_it_was_trained_in(
     """evaluate and predict read the recorded precision instead of probing again, so a run
     whose auto resolved to bf16 gives the same numbers in train, evaluate and predict."""
     monkeypatch.setattr(trainer, "cpu_bf16_probe", lambda model, batch: _probe(True))
+    monkeypatch.setattr(trainer, "bf16_may_pay", lambda model: True)  # a tiny model, timed
     monkeypatch.setattr(precision, "cpu_bf16_units", lambda: ["AMX-BF16"])
     cfg = load_config(
         None,
@@ -229,3 +231,50 @@ def test_a_run_is_scored_later_in_the_precision_it_was_trained_in(
     del result["precision"]
     (run / "result.json").write_text(json.dumps(result))
     assert run_precision(run, cfg, torch.device("cpu")) is None
+
+
+def _tiny(*overrides: str):
+    return load_config(
+        None,
+        [
+            "model.embedding_dim=4",
+            "model.hidden_units=[16]",
+            "train.progress=false",
+            "train.num_threads=1",
+            "train.device=cpu",
+            *overrides,
+        ],
+    )
+
+
+def test_a_small_model_stays_fp32_without_being_timed(monkeypatch, prepared_dir, tmp_path):
+    """Below BF16_MIN_DENSE_WEIGHTS auto does not time the model: its runs are fp32 whatever
+    the machine's load."""
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: ["AMX-BF16"])
+
+    def never(model, batch):
+        raise AssertionError("a model this small is not timed")
+
+    monkeypatch.setattr(trainer, "cpu_bf16_probe", never)
+    model = _masknet()
+    assert precision.dense_weights(model) < precision.BF16_MIN_DENSE_WEIGHTS
+    assert not precision.bf16_may_pay(model)
+    assert precision.bf16_may_pay(
+        MaskNet([60, 40, 20], 3, 16, hidden_units=[400, 400, 400], reduction_ratio=1.0)
+    )
+    result = trainer.train(_tiny("train.epochs=1"), prepared_dir, tmp_path / "run")
+    assert result.precision == "fp32"
+
+
+def test_a_resumed_run_keeps_the_precision_it_had(monkeypatch, prepared_dir, tmp_path):
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: ["AMX-BF16"])
+    monkeypatch.setattr(trainer, "bf16_may_pay", lambda model: True)
+    monkeypatch.setattr(trainer, "cpu_bf16_probe", lambda model, batch: _probe(True))
+    run = tmp_path / "run"
+    trainer.train(_tiny("train.epochs=1", "train.patience=5"), prepared_dir, run)
+    # the probe would now say fp32: a resumed run must not switch precision halfway
+    monkeypatch.setattr(trainer, "cpu_bf16_probe", lambda model, batch: _probe(False))
+    resumed = trainer.train(
+        _tiny("train.epochs=1", "train.patience=5"), prepared_dir, run, resume=True
+    )
+    assert resumed.epochs_completed == 1 and resumed.precision == "bf16"
