@@ -375,14 +375,17 @@ class Summary:
             columns ``metric, comparisons, smallest, median, largest, beyond``: over the
             metric's comparisons with a finite detectable difference, its smallest, median
             and largest value, and ``beyond`` how many of them exceed the metric's range
-            (:func:`within_range`): those the design cannot detect at all.
+            (:func:`within_range`): those the design cannot detect at all. A comparison
+            whose per-seed differences do not vary (a variant whose AUC is the baseline's
+            by construction, such as Platt scaling with a positive slope) says nothing about
+            the design and is left out: its "detectable difference" would read 0.
         """
         cols = ["metric", "comparisons", "smallest", "median", "largest", "beyond"]
         prim = self.primary
         rows = []
         for metric, grp in prim.groupby("metric", sort=False) if not prim.empty else ():
             d = grp["detectable"].to_numpy(dtype=float)
-            d = d[np.isfinite(d)]
+            d = d[np.isfinite(d) & (grp["se"].to_numpy(dtype=float) > 0)]
             if d.size == 0:
                 continue
             beyond = sum(not within_range(str(metric), x) for x in d)

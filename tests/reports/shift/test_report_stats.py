@@ -513,3 +513,17 @@ def test_the_decisive_protocol_is_the_design_its_page_sizes():
     assert f"**{m} paired tests**" in page and f"| seeds | **{n}**" in page
     assert f"α/m = 0.05 / {m} = {0.05 / m:.3g}" in page
     assert f"{S.detectable_difference(1.0, n, 0.05 / m):.3f} at n = {n}" in page
+
+
+def test_a_comparison_that_cannot_vary_is_not_the_designs_best_point():
+    """A variant whose per-seed differences are all equal (its AUC is the baseline's by
+    construction) has detectable difference 0: it says nothing of the design."""
+    results = _results(n_seeds=6, mc_gain=0.0, noise=0.0005)
+    copy = results[results["variant"] == "layernorm"].assign(variant="layernorm_copy")
+    summary = S.summarize_report(pd.concat([results, copy], ignore_index=True))
+    prim = summary.primary
+    assert (prim.loc[prim["variant"] == "layernorm_copy", "detectable"] == 0).all()
+    by_metric = summary.detectable_by_metric().set_index("metric")
+    assert (by_metric["smallest"] > 0).all()
+    moving = prim[prim["variant"] != "layernorm_copy"]
+    assert by_metric.loc["auc", "comparisons"] == (moving["metric"] == "auc").sum()
