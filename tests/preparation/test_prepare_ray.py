@@ -73,10 +73,15 @@ def ray_session(tmp_path_factory):
 def days(tmp_path_factory):
     root = tmp_path_factory.mktemp("days")
     files = []
-    # Criteo 1TB's shape at a tiny size: 24 day files of different lengths
+    # Criteo 1TB's shape at a tiny size: one generated stream cut into 24 day files of
+    # different lengths (one click model, drawn once)
+    generate(root / "stream.tsv", sum(300 + 60 * d for d in range(24)), seed=0)
+    lines = (root / "stream.tsv").read_bytes().splitlines(keepends=True)
+    start = 0
     for d in range(24):
         files.append(root / f"day_{d}.tsv")
-        generate(files[-1], 500 + 150 * d, seed=d)
+        files[-1].write_bytes(b"".join(lines[start : start + 300 + 60 * d]))
+        start += 300 + 60 * d
     return files
 
 
