@@ -85,6 +85,27 @@ def _probe(pays: bool) -> precision.Bf16Probe:
     return precision.Bf16Probe(1.0, 0.5 if pays else 2.0, 1e-3, pays)
 
 
+def _tiny(*overrides: str):
+    return load_config(
+        None,
+        [
+            "model.embedding_dim=4",
+            "model.hidden_units=[16]",
+            "train.progress=false",
+            "train.num_threads=1",
+            "train.device=cpu",
+            *overrides,
+        ],
+    )
+
+
+def _auto_is_bf16(monkeypatch) -> None:
+    """``auto`` resolves to bf16 on a CPU with bf16 units, the tiny test model timed too."""
+    monkeypatch.setattr(trainer, "cpu_bf16_probe", lambda model, batch: _probe(True))
+    monkeypatch.setattr(trainer, "bf16_may_pay", lambda model: True)
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: ["AMX-BF16"])
+
+
 @pytest.mark.parametrize("pays", [False, True])
 def test_auto_follows_the_probe_on_a_cpu(monkeypatch, pays):
     monkeypatch.setattr(precision, "cpu_bf16_units", lambda: ["AMX-BF16"])
@@ -175,20 +196,8 @@ def test_training_scores_in_its_precision(monkeypatch, prepared_dir, tmp_path):
 
     monkeypatch.setattr(trainer, "predict_split", predict)
     monkeypatch.setattr(trainer, "score_split", score)
-    monkeypatch.setattr(trainer, "cpu_bf16_probe", lambda model, batch: _probe(True))
-    monkeypatch.setattr(trainer, "bf16_may_pay", lambda model: True)  # a tiny model, timed
-    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: ["AMX-BF16"])
-    cfg = load_config(
-        None,
-        [
-            "model.embedding_dim=4",
-            "model.hidden_units=[16]",
-            "train.epochs=1",
-            "train.progress=false",
-            "train.num_threads=1",
-            "train.device=cpu",
-        ],
-    )  # precision auto, which the probe above makes bf16
+    _auto_is_bf16(monkeypatch)
+    cfg = _tiny("train.epochs=1")  # precision auto, which the probe above makes bf16
 
     trainer.train(cfg, prepared_dir, tmp_path / "run")
     assert seen == [("valid", BF16), ("test", BF16)]
@@ -201,20 +210,8 @@ def test_a_run_is_scored_later_in_the_precision_it_was_trained_in(
 ):
     """evaluate and predict read the recorded precision instead of probing again, so a run
     whose auto resolved to bf16 gives the same numbers in train, evaluate and predict."""
-    monkeypatch.setattr(trainer, "cpu_bf16_probe", lambda model, batch: _probe(True))
-    monkeypatch.setattr(trainer, "bf16_may_pay", lambda model: True)  # a tiny model, timed
-    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: ["AMX-BF16"])
-    cfg = load_config(
-        None,
-        [
-            "model.embedding_dim=4",
-            "model.hidden_units=[16]",
-            "train.epochs=1",
-            "train.progress=false",
-            "train.num_threads=1",
-            "train.device=cpu",
-        ],
-    )
+    _auto_is_bf16(monkeypatch)
+    cfg = _tiny("train.epochs=1")
     run = tmp_path / "run"
     trained = trainer.train(cfg, prepared_dir, run)
     # a probe at scoring time would now say fp32: nothing may ask it
@@ -231,20 +228,6 @@ def test_a_run_is_scored_later_in_the_precision_it_was_trained_in(
     del result["precision"]
     (run / "result.json").write_text(json.dumps(result))
     assert run_precision(run, cfg, torch.device("cpu")) is None
-
-
-def _tiny(*overrides: str):
-    return load_config(
-        None,
-        [
-            "model.embedding_dim=4",
-            "model.hidden_units=[16]",
-            "train.progress=false",
-            "train.num_threads=1",
-            "train.device=cpu",
-            *overrides,
-        ],
-    )
 
 
 def test_a_small_model_stays_fp32_without_being_timed(monkeypatch, prepared_dir, tmp_path):
@@ -267,9 +250,7 @@ def test_a_small_model_stays_fp32_without_being_timed(monkeypatch, prepared_dir,
 
 
 def test_a_resumed_run_keeps_the_precision_it_had(monkeypatch, prepared_dir, tmp_path):
-    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: ["AMX-BF16"])
-    monkeypatch.setattr(trainer, "bf16_may_pay", lambda model: True)
-    monkeypatch.setattr(trainer, "cpu_bf16_probe", lambda model, batch: _probe(True))
+    _auto_is_bf16(monkeypatch)
     run = tmp_path / "run"
     trainer.train(_tiny("train.epochs=1", "train.patience=5"), prepared_dir, run)
     # the probe would now say fp32: a resumed run must not switch precision halfway
