@@ -420,11 +420,33 @@ def cmd_calibration_report(args: argparse.Namespace) -> int:
 # Parser
 
 
+_DEBUG_HELP = "show tracebacks on errors"
+
+
 def _add_config(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", type=Path, help="YAML config file")
     p.add_argument(
         "overrides", nargs="*", metavar="key=value", help="overrides, e.g. train.lr=1e-4"
     )
+
+
+def _add_command(
+    sub: argparse._SubParsersAction,
+    name: str,
+    handler: Callable[[argparse.Namespace], int],
+    help_: str,
+    aliases: Sequence[str] = (),
+) -> argparse.ArgumentParser:
+    """A subcommand whose one-line help is also its description, run by ``handler``."""
+    p = sub.add_parser(name, help=help_, description=help_, aliases=aliases)
+    # SUPPRESS: no default of its own, so `ctrcal --debug CMD` keeps the top-level flag
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
+    p.set_defaults(handler=handler)
+    return p
+
+
+def _add_run_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path, help="run directory written by 'ctrcal train'")
 
 
 def _non_negative_int(text: str) -> int:
@@ -460,34 +482,31 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ctrcal.serving.formats import ENGINES
-
+    """The ``ctrcal`` parser: global options, then one ``_add_<command>_parser`` each."""
     parser = argparse.ArgumentParser(
         prog="ctrcal",
         description="Calibrated CTR prediction under data shift: MaskNet with LayerNorm or "
         "MC-LayerNorm on Criteo, and shift-robustness reports.",
     )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # the order here is the order `ctrcal --help` lists the commands in
+    _add_synth_parser(sub)
+    _add_prepare_parser(sub)
+    _add_train_parser(sub)
+    _add_evaluate_parser(sub)
+    _add_predict_parser(sub)
+    _add_export_parser(sub)
+    _add_shift_report_parser(sub)
+    _add_validate_parser(sub)
+    _add_calibration_report_parser(sub)
+    return parser
 
-    def add(
-        name: str,
-        handler: Callable[[argparse.Namespace], int],
-        help_: str,
-        aliases: Sequence[str] = (),
-    ):
-        p = sub.add_parser(name, help=help_, description=help_, aliases=aliases)
-        # SUPPRESS: no default of its own, so `ctrcal --debug CMD` keeps the top-level flag
-        p.add_argument(
-            "--debug",
-            action="store_true",
-            default=argparse.SUPPRESS,
-            help="show tracebacks on errors",
-        )
-        p.set_defaults(handler=handler)
-        return p
 
-    p = add("synth", cmd_synth, "write synthetic Criteo data (dac layout) with true click probs")
+def _add_synth_parser(sub: argparse._SubParsersAction) -> None:
+    p = _add_command(
+        sub, "synth", cmd_synth, "write synthetic Criteo data (dac layout) with true click probs"
+    )
     p.add_argument("out", type=Path, help="output file (dac train.txt layout)")
     p.add_argument("--rows", type=int, default=1_000_000, help="number of rows")
     p.add_argument("--seed", type=int, default=0, help="random seed")
@@ -498,7 +517,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="distributions and click model drift with the row index (0 = none)",
     )
 
-    p = add("prepare", cmd_prepare, "raw Criteo file(s) -> feature_map.json + parquet splits")
+
+def _add_prepare_parser(sub: argparse._SubParsersAction) -> None:
+    p = _add_command(
+        sub, "prepare", cmd_prepare, "raw Criteo file(s) -> feature_map.json + parquet splits"
+    )
     p.add_argument(
         "inputs",
         nargs="*",
@@ -523,7 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="pool files named as splits (train.csv valid.csv ...) and split again",
     )
 
-    p = add("train", cmd_train, "train a model from a config")
+
+def _add_train_parser(sub: argparse._SubParsersAction) -> None:
+    p = _add_command(sub, "train", cmd_train, "train a model from a config")
     _add_config(p)
     p.add_argument("--data", type=Path, default=None, help="prepared data directory")
     p.add_argument("--out", type=Path, default=None, help="run directory")
@@ -536,8 +561,10 @@ def build_parser() -> argparse.ArgumentParser:
         "for DistributedDataParallel; train.batch_size stays the global batch",
     )
 
-    p = add("evaluate", cmd_evaluate, "evaluate a trained run")
-    p.add_argument("run_dir", type=Path, help="run directory written by 'ctrcal train'")
+
+def _add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
+    p = _add_command(sub, "evaluate", cmd_evaluate, "evaluate a trained run")
+    _add_run_dir(p)
     p.add_argument("--split", choices=["train", "valid", "test"], default="test")
     p.add_argument(
         "--mc-samples", type=_non_negative_int, default=0, help="MC-integration passes (0: off)"
@@ -557,8 +584,14 @@ def build_parser() -> argparse.ArgumentParser:
         "encoded with the run's feature map",
     )
 
-    p = add("predict", cmd_predict, "write a run's click probabilities to a parquet file")
-    p.add_argument("run_dir", type=Path, help="run directory written by 'ctrcal train'")
+
+def _add_predict_parser(sub: argparse._SubParsersAction) -> None:
+    from ctrcal.serving.formats import ENGINES
+
+    p = _add_command(
+        sub, "predict", cmd_predict, "write a run's click probabilities to a parquet file"
+    )
+    _add_run_dir(p)
     p.add_argument(
         "raw",
         nargs="*",
@@ -612,10 +645,15 @@ def build_parser() -> argparse.ArgumentParser:
         "was trained in with --engine torch (as evaluate scores it), fp32 otherwise",
     )
 
-    p = add(
-        "export", cmd_export, "export a run's model for serving (ONNX, torch.export, AOTInductor)"
+
+def _add_export_parser(sub: argparse._SubParsersAction) -> None:
+    p = _add_command(
+        sub,
+        "export",
+        cmd_export,
+        "export a run's model for serving (ONNX, torch.export, AOTInductor)",
     )
-    p.add_argument("run_dir", type=Path, help="run directory written by 'ctrcal train'")
+    _add_run_dir(p)
     p.add_argument(
         "--format",
         required=True,
@@ -646,7 +684,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--data", type=Path, default=None, help="the run's prepared data, if it has moved"
     )
 
-    p = add(
+
+def _add_shift_report_parser(sub: argparse._SubParsersAction) -> None:
+    p = _add_command(
+        sub,
         "shift-report",
         cmd_shift_report,
         "prepare the data (unless --data), train every variant's runs (reusing finished ones) "
@@ -659,7 +700,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=None, help="training seeds per variant")
     _add_sweep_options(p)
 
-    p = add("validate", cmd_validate, "check a config without running anything")
+
+def _add_validate_parser(sub: argparse._SubParsersAction) -> None:
+    p = _add_command(sub, "validate", cmd_validate, "check a config without running anything")
     _add_config(p)
     p.add_argument(
         "--data",
@@ -668,7 +711,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="also check the config against this prepared data (do its shifts apply?)",
     )
 
-    p = add(
+
+def _add_calibration_report_parser(sub: argparse._SubParsersAction) -> None:
+    p = _add_command(
+        sub,
         "calibration-report",
         cmd_calibration_report,
         "calibration report of a predictions file (parquet or CSV) from any system",
@@ -725,6 +771,33 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="test windows (10, or as many as the distinct times allow)",
     )
+    _add_monitoring_options(p)
+    p.add_argument(
+        "--compare",
+        default=None,
+        metavar="COL2",
+        help="another model's probabilities: paired bootstrap",
+    )
+    p.add_argument("--std", default=None, metavar="COL", help="predictive std: risk-coverage")
+    p.add_argument(
+        "--calibrator",
+        default="platt",
+        metavar="NAME",
+        help="calibrator fitted once vs refitted per window (platt)",
+    )
+    p.add_argument("--bootstrap", type=int, default=200, metavar="N", help="replicates (200)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and of the floor")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="report directory (default: FILE.calibration beside the file)",
+    )
+
+
+def _add_monitoring_options(p: argparse.ArgumentParser) -> None:
+    """calibration-report --reference: input drift and label-free estimates per chunk."""
     p.add_argument(
         "--reference",
         type=Path,
@@ -754,29 +827,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="COLS",
         help="feature columns to monitor, comma-separated (default: every column without a role)",
     )
-    p.add_argument(
-        "--compare",
-        default=None,
-        metavar="COL2",
-        help="another model's probabilities: paired bootstrap",
-    )
-    p.add_argument("--std", default=None, metavar="COL", help="predictive std: risk-coverage")
-    p.add_argument(
-        "--calibrator",
-        default="platt",
-        metavar="NAME",
-        help="calibrator fitted once vs refitted per window (platt)",
-    )
-    p.add_argument("--bootstrap", type=int, default=200, metavar="N", help="replicates (200)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and of the floor")
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="report directory (default: FILE.calibration beside the file)",
-    )
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
