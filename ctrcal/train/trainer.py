@@ -32,8 +32,9 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -88,6 +89,9 @@ from ctrcal.train.step import (
     train_step,
     without_dynamo_import,
 )
+
+if TYPE_CHECKING:
+    from ctrcal.data.feature_map import FeatureMap
 
 __all__ = [
     "epoch_seed",
@@ -261,6 +265,31 @@ class _Schedule:
         self.stopped = bool(last.get("stopped", False))
 
 
+@dataclass
+class _TrainingData:
+    """The checked, opened data of a run and what it selects epochs by."""
+
+    feature_map: FeatureMap
+    mode: str  # train.data_mode resolved: memory, device or stream
+    train: Any  # the train split (this rank's shard under DDP)
+    valid: Any  # the validation rows this rank scores
+    shift: TrainShift | None  # train.train_shift on the training batches
+    monitor: str  # train.monitor, or logloss where the validation AUC is undefined
+    monitor_note: str | None  # why monitor is not train.monitor
+    score_test: bool  # the test split is labelled
+
+
+@dataclass
+class _Progress:
+    """Where the run stands: epochs finished, their history, the schedule, the best weights."""
+
+    epoch: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    sched: _Schedule = field(default_factory=_Schedule)
+    best_state: dict[str, torch.Tensor] | None = None
+    speeds: list[float] = field(default_factory=list)  # rows/s of the epochs this process ran
+
+
 def _train_in_context(
     cfg: Config,
     data_dir: Path,
@@ -270,15 +299,33 @@ def _train_in_context(
     dctx: dist_util.DistContext,
     loggers: Any = None,
 ) -> TrainResult:
+    """Train on this process's ``device`` (one rank of ``dctx``): the recipe, step by step."""
+    data = _open_training_data(cfg, data_dir, device, dctx)
+    resuming = resume and (run_dir / LAST).exists()
+    model, optimizer = _build_model(cfg, data.feature_map, data_dir, resuming, device)
+    progress, resumed_precision = _start_or_resume(
+        cfg, data_dir, run_dir, resuming, model, optimizer, dctx.is_main
+    )
+    ctx = _set_up_step(model, optimizer, cfg.train, device, dctx, data.train, resumed_precision)
+    _run_epochs(ctx, data, progress, cfg.train, run_dir, device, dctx, loggers)
+    _hand_back_model(model, progress.best_state)
+    return _finish(ctx, data, progress, cfg.train, data_dir, run_dir, device, dctx)
+
+
+def _open_training_data(
+    cfg: Config, data_dir: Path, device: torch.device, dctx: dist_util.DistContext
+) -> _TrainingData:
+    """Check the prepared data against ``cfg`` and open its splits, before anything is built.
+
+    What ``validate --data`` refuses is refused here too, and a train shift that cannot act on
+    the data fails here, so a refused run leaves no run directory behind.
+    """
     from ctrcal.data.feature_map import FeatureMap, check_prepared_layout
     from ctrcal.shifts.data_check import check_training_data
-    from ctrcal.train.finetune import finetune_model
     from ctrcal.train.table_limit import check_table_size
 
     tcfg = cfg.train
-    world, main = dctx.world_size, dctx.is_main
     feature_map = FeatureMap.load(data_dir)
-    # what validate --data refuses is refused here too, before anything is built
     check_training_data(cfg, feature_map, data_dir, report=False)
     check_prepared_layout(cfg, feature_map, data_dir)
     check_table_size(cfg, feature_map)
@@ -288,57 +335,85 @@ def _train_in_context(
             "train.data_mode: 'stream' does not support multi-process training yet; "
             "use 'memory' or 'device' under torchrun"
         )
-    dist_util.check_global_batch(tcfg.batch_size, world)
+    dist_util.check_global_batch(tcfg.batch_size, dctx.world_size)
     score_test = is_labelled(feature_map, "test")
     test_rows = int(((feature_map.splits or {}).get("test") or {}).get("rows", 0) or 0)
-    if main and test_rows and not score_test:
+    if dctx.is_main and test_rows and not score_test:
         _note(f"note: {data_dir}: the test split has no labels; it is not scored")
     train_data, valid_data = _open_training_splits(data_dir, feature_map, mode, device, dctx)
-    # input noise on the training batches only (validation and test are scored clean); built
-    # before the run directory is written, so data it cannot shift fails with nothing started
+    # input noise on the training batches only (validation and test are scored clean)
     shift = TrainShift(tcfg.train_shift, feature_map) if tcfg.train_shift is not None else None
-
     monitor, monitor_note = training_monitor(tcfg.monitor, feature_map, data_dir)
-    if main and monitor_note:
+    if dctx.is_main and monitor_note:
         _note(f"note: {monitor_note}")
+    return _TrainingData(
+        feature_map, mode, train_data, valid_data, shift, monitor, monitor_note, score_test
+    )
 
-    seed_everything(tcfg.seed)
-    resuming = resume and (run_dir / LAST).exists()
-    if tcfg.finetune_from and not resuming:
+
+def _build_model(
+    cfg: Config, feature_map: FeatureMap, data_dir: Path, resuming: bool, device: torch.device
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The model initialised from ``train.seed`` (or fine-tuned from ``train.finetune_from``,
+    unless a resume loads its weights anyway) on ``device``, and its optimizer."""
+    from ctrcal.train.finetune import finetune_model
+
+    seed_everything(cfg.train.seed)
+    if cfg.train.finetune_from and not resuming:
         model = finetune_model(cfg, feature_map, data_dir)
     else:
         model = create_model(cfg.model, feature_map)  # checks the model contract
     model.to(device)
-    optimizer = make_optimizer(model, tcfg)
+    return model, make_optimizer(model, cfg.train)
 
-    history: list[dict[str, Any]] = []
-    start_epoch = 0
-    sched = _Schedule()
-    best_state: dict[str, torch.Tensor] | None = None
-    resumed_precision = None
-    if resuming:
-        last = load_checkpoint(run_dir / LAST)
-        resumed_precision = last.get("precision")
-        model.load_state_dict(last["model"])
-        with without_dynamo_import():
-            optimizer.load_state_dict(last["optimizer"])
-        start_epoch = int(last["epoch"])
-        history = list(last["history"])
-        sched.load(last, run_dir)
-        if sched.best_epoch:
-            best = load_best(run_dir, sched.best_epoch) if main else None
-            best_state = best["model"] if best is not None else None
-        restore_rng_state(last["rng"])
+
+def _start_or_resume(
+    cfg: Config,
+    data_dir: Path,
+    run_dir: Path,
+    resuming: bool,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    main: bool,
+) -> tuple[_Progress, str | None]:
+    """A fresh run's files (rank 0), or ``last.pt`` loaded into ``model``, ``optimizer``, the
+    schedule and the RNGs; returns the progress and the precision the resumed run trained in
+    (``None`` for a fresh run)."""
+    if not resuming:
         if main:
-            # what a kill inside an atomic write left behind, then the history that a kill
-            # may have stopped before its last rewrite
-            for directory in (run_dir, (run_dir / LAST).parent):
-                remove_stale_temporaries(directory)
-            write_history(run_dir, history)
-    elif main:
-        make_dirs(run_dir)
-        write_run_files(run_dir, cfg, data_dir)
+            make_dirs(run_dir)
+            write_run_files(run_dir, cfg, data_dir)
+        return _Progress(), None
+    last = load_checkpoint(run_dir / LAST)
+    model.load_state_dict(last["model"])
+    with without_dynamo_import():
+        optimizer.load_state_dict(last["optimizer"])
+    progress = _Progress(epoch=int(last["epoch"]), history=list(last["history"]))
+    progress.sched.load(last, run_dir)
+    if progress.sched.best_epoch:
+        best = load_best(run_dir, progress.sched.best_epoch) if main else None
+        progress.best_state = best["model"] if best is not None else None
+    restore_rng_state(last["rng"])
+    if main:
+        # what a kill inside an atomic write left behind, then the history that a kill
+        # may have stopped before its last rewrite
+        for directory in (run_dir, (run_dir / LAST).parent):
+            remove_stale_temporaries(directory)
+        write_history(run_dir, progress.history)
+    return progress, last.get("precision")
 
+
+def _set_up_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    tcfg: Any,
+    device: torch.device,
+    dctx: dist_util.DistContext,
+    train_data: Any,
+    resumed_precision: str | None,
+) -> StepContext:
+    """The training step the epochs run: the forward (DDP across ranks, ``torch.compile``),
+    the precision of training and scoring alike (``ctx.amp_dtype``) and the step context."""
     forward: Callable[..., torch.Tensor] = model
     if dctx.is_distributed:
         from torch.nn.parallel import DistributedDataParallel
@@ -349,10 +424,11 @@ def _train_in_context(
         )
     if tcfg.compile:
         forward = torch.compile(forward)  # type: ignore[assignment]
-    # training and scoring alike; auto on a CPU times this model's own step both ways
+    # auto on a CPU times this model's own step both ways
     if resumed_precision in ("fp32", "bf16"):  # a resumed run keeps the precision it had
         amp = torch.bfloat16 if resumed_precision == "bf16" else None
     else:
+        world = dctx.world_size
         amp = resolve_precision(
             tcfg.precision, device, lambda: _probe_precision(model, train_data, tcfg, device, world)
         )
@@ -360,7 +436,7 @@ def _train_in_context(
     amp = torch.bfloat16 if dist_util.rank0_flag(amp is not None, dctx, device) else None
     # torch.compile traces the dense lookup, and DDP all-reduces dense gradients only:
     # sparse table gradients are for single-process eager mode
-    ctx = make_step_context(
+    return make_step_context(
         model,
         optimizer,
         tcfg,
@@ -369,49 +445,46 @@ def _train_in_context(
         forward,
         sparse_tables=not (tcfg.compile or dctx.is_distributed),
     )
-    speeds: list[float] = []
-    epoch = start_epoch
-    while epoch < tcfg.epochs and not sched.stopped:
-        lr = optimizer.param_groups[0]["lr"]
+
+
+def _run_epochs(
+    ctx: StepContext,
+    data: _TrainingData,
+    progress: _Progress,
+    tcfg: Any,
+    run_dir: Path,
+    device: torch.device,
+    dctx: dist_util.DistContext,
+    loggers: Any,
+) -> None:
+    """Epochs until ``train.epochs`` or the schedule stops; each one trains, scores the
+    validation split, steps the schedule and (rank 0) writes ``last.pt``, so an interruption
+    resumes from the last finished epoch."""
+    while progress.epoch < tcfg.epochs and not progress.sched.stopped:
+        epoch = progress.epoch
+        lr = ctx.optimizer.param_groups[0]["lr"]
         if dctx.is_distributed:
             # MC-LayerNorm subsets and dropout masks must differ across ranks, and resuming
             # must redraw the same ones: a per-(epoch, rank) seed gives both
             torch.manual_seed(epoch_seed(tcfg.seed, epoch) * 1_000_003 + dctx.rank)
         train_loss, rows_per_s, seconds = _train_epoch(
-            ctx, train_data, tcfg, epoch, device, tcfg.batch_size // world, dctx, shift, loggers
+            ctx,
+            data.train,
+            tcfg,
+            epoch,
+            device,
+            tcfg.batch_size // dctx.world_size,
+            dctx,
+            data.shift,
+            loggers,
         )
-        speeds.append(rows_per_s)
-        pred = predict_split(
-            [model], valid_data, batch_size=tcfg.eval_batch_size, device=device, precision=amp
-        )
-        logits, labels = torch.from_numpy(pred.logits).float(), torch.from_numpy(pred.labels)
-        logits = dist_util.gather_rows(logits.to(device), dctx).cpu()
-        labels = dist_util.gather_rows(labels.to(device), dctx).cpu()
-        scores = valid_metrics(logits, labels)
-        value = monitor_value(monitor, scores["auc"], scores["logloss"])
-        improved = value > sched.best_value
-        if improved:
-            sched.best_value, sched.best_epoch, sched.bad_epochs = value, epoch + 1, 0
-            sched.best_metrics = {**scores, "monitor": value}
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            if main:
-                save_best(
-                    run_dir,
-                    {
-                        "model": best_state,
-                        "epoch": sched.best_epoch,
-                        "monitor": value,
-                        "metrics": sched.best_metrics,
-                    },
-                )
-        else:
-            sched.bad_epochs += 1
-            for group in optimizer.param_groups:
-                group["lr"] = max(group["lr"] * tcfg.lr_factor, tcfg.min_lr)
-        sched.stopped = sched.bad_epochs >= tcfg.patience
+        progress.speeds.append(rows_per_s)
+        scores = _score_validation(ctx, data.valid, tcfg, device, dctx)
+        value = monitor_value(data.monitor, scores["auc"], scores["logloss"])
+        improved = _step_schedule(progress, value, scores, ctx, tcfg, run_dir, dctx.is_main)
         if loggers:
             loggers.epoch(epoch + 1, train_loss, scores)
-        history.append(
+        progress.history.append(
             {
                 "epoch": epoch + 1,
                 "train_loss": train_loss,
@@ -419,32 +492,95 @@ def _train_in_context(
                 "monitor": value if math.isfinite(value) else None,
                 "lr": lr,
                 "improved": improved,
-                "best_epoch": sched.best_epoch,
+                "best_epoch": progress.sched.best_epoch,
                 "rows_per_s": rows_per_s,
                 "seconds": seconds,
             }
         )
-        epoch += 1
-        if not main:
-            continue
-        with without_dynamo_import():
-            optimizer_state = optimizer.state_dict()
-        save_checkpoint(
-            run_dir / LAST,
-            {
-                "model": model.state_dict(),
-                "optimizer": optimizer_state,
-                "epoch": epoch,
-                **sched.state(),
-                "history": history,
-                "rng": capture_rng_state(),
-                "precision": precision_name(amp),
-            },
-        )
-        commit_best(run_dir)
-        write_history(run_dir, history)
+        progress.epoch += 1
+        if dctx.is_main:
+            _save_last(run_dir, ctx, progress)
 
-    for module in model.modules():  # hand back a plain model: dense lookups, no grads held
+
+def _score_validation(
+    ctx: StepContext, valid: Any, tcfg: Any, device: torch.device, dctx: dist_util.DistContext
+) -> dict[str, float]:
+    """The epoch's validation metrics, in the run's precision; under DDP each rank scores its
+    block and the predictions are gathered, so the metrics are exact, not averaged."""
+    pred = predict_split(
+        [ctx.model], valid, batch_size=tcfg.eval_batch_size, device=device, precision=ctx.amp_dtype
+    )
+    logits, labels = torch.from_numpy(pred.logits).float(), torch.from_numpy(pred.labels)
+    logits = dist_util.gather_rows(logits.to(device), dctx).cpu()
+    labels = dist_util.gather_rows(labels.to(device), dctx).cpu()
+    return valid_metrics(logits, labels)
+
+
+def _step_schedule(
+    progress: _Progress,
+    value: float,
+    scores: dict[str, float],
+    ctx: StepContext,
+    tcfg: Any,
+    run_dir: Path,
+    main: bool,
+) -> bool:
+    """The plateau schedule after the epoch ``progress.epoch`` scored ``value``; True when it
+    is the best yet.
+
+    A strict improvement keeps the model's weights (and rank 0 writes ``best.pt``); anything
+    else multiplies the LR by ``lr_factor`` (never below ``min_lr``) and counts a bad epoch;
+    ``patience`` bad epochs in a row stop training.
+    """
+    sched = progress.sched
+    improved = value > sched.best_value
+    if improved:
+        sched.best_value, sched.best_epoch, sched.bad_epochs = value, progress.epoch + 1, 0
+        sched.best_metrics = {**scores, "monitor": value}
+        progress.best_state = {k: v.detach().clone() for k, v in ctx.model.state_dict().items()}
+        if main:
+            save_best(
+                run_dir,
+                {
+                    "model": progress.best_state,
+                    "epoch": sched.best_epoch,
+                    "monitor": value,
+                    "metrics": sched.best_metrics,
+                },
+            )
+    else:
+        sched.bad_epochs += 1
+        for group in ctx.optimizer.param_groups:
+            group["lr"] = max(group["lr"] * tcfg.lr_factor, tcfg.min_lr)
+    sched.stopped = sched.bad_epochs >= tcfg.patience
+    return improved
+
+
+def _save_last(run_dir: Path, ctx: StepContext, progress: _Progress) -> None:
+    """Write ``last.pt`` (model, optimizer, schedule, history, RNGs, precision) for the epochs
+    finished so far, then commit ``best.pt`` and the history beside it."""
+    with without_dynamo_import():
+        optimizer_state = ctx.optimizer.state_dict()
+    save_checkpoint(
+        run_dir / LAST,
+        {
+            "model": ctx.model.state_dict(),
+            "optimizer": optimizer_state,
+            "epoch": progress.epoch,
+            **progress.sched.state(),
+            "history": progress.history,
+            "rng": capture_rng_state(),
+            "precision": precision_name(ctx.amp_dtype),
+        },
+    )
+    commit_best(run_dir)
+    write_history(run_dir, progress.history)
+
+
+def _hand_back_model(model: nn.Module, best_state: dict[str, torch.Tensor] | None) -> None:
+    """Make ``model`` a plain one (dense lookups, no gradients held) with the best epoch's
+    weights, as a caller expects to use it."""
+    for module in model.modules():
         if isinstance(module, nn.Embedding):
             module.sparse = False
         if isinstance(module, FeatureEmbedding):
@@ -452,27 +588,42 @@ def _train_in_context(
     model.zero_grad(set_to_none=True)
     if best_state is not None:
         model.load_state_dict(best_state)
+
+
+def _finish(
+    ctx: StepContext,
+    data: _TrainingData,
+    progress: _Progress,
+    tcfg: Any,
+    data_dir: Path,
+    run_dir: Path,
+    device: torch.device,
+    dctx: dist_util.DistContext,
+) -> TrainResult:
+    """The run's outcome; rank 0 alone scores the test split and writes ``result.json``."""
     common = dict(
         run_dir=run_dir,
-        best_epoch=sched.best_epoch,
-        epochs_completed=epoch,
-        stopped_early=sched.stopped and epoch < tcfg.epochs,
-        valid=sched.best_metrics,
-        train_rows_per_s=float(np.mean(speeds)) if speeds else 0.0,
-        history=history,
-        model=model,
-        monitor=monitor,
-        monitor_note=monitor_note,
-        precision=precision_name(amp),
+        best_epoch=progress.sched.best_epoch,
+        epochs_completed=progress.epoch,
+        stopped_early=progress.sched.stopped and progress.epoch < tcfg.epochs,
+        valid=progress.sched.best_metrics,
+        train_rows_per_s=float(np.mean(progress.speeds)) if progress.speeds else 0.0,
+        history=progress.history,
+        model=ctx.model,
+        monitor=data.monitor,
+        monitor_note=data.monitor_note,
+        precision=precision_name(ctx.amp_dtype),
     )
-    if not main:  # rank 0 alone scores the test split and writes the result
+    if not dctx.is_main:
         dist_util.barrier(dctx)
         return TrainResult(test=None, oracle=None, **common)
     test = None
-    if score_test:
-        test_data = open_split(data_dir, "test", mode, device)
-        test = score_split(model, test_data, tcfg.eval_batch_size, device, precision=amp)
-    oracle = (getattr(feature_map, "extra", None) or {}).get("oracle", {}).get("test")
+    if data.score_test:
+        test_data = open_split(data_dir, "test", data.mode, device)
+        test = score_split(
+            ctx.model, test_data, tcfg.eval_batch_size, device, precision=ctx.amp_dtype
+        )
+    oracle = (getattr(data.feature_map, "extra", None) or {}).get("oracle", {}).get("test")
     result = TrainResult(test=test, oracle=oracle, **common)
     write_result(run_dir, result)
     dist_util.barrier(dctx)
