@@ -264,7 +264,10 @@ class TrainConfig:
     (FuxiCTR's ``embedding_regularizer``). After each epoch the validation ``monitor``
     (``auc``, ``logloss`` or ``auc_logloss`` = AUC - logloss) decides: no improvement
     multiplies the LR by ``lr_factor`` (not below ``min_lr``), ``patience`` such epochs in a
-    row stop training; the best epoch's weights are restored. ``precision: auto`` is bf16
+    row stop training; the best epoch's weights are restored. ``lr_schedule`` (``constant``,
+    ``linear``, ``cosine``) also decays the LR every step, to 0 at the last planned step
+    (:data:`ctrcal.train.step.LR_SCHEDULES`); the plateau rule lowers what it decays.
+    ``precision: auto`` is bf16
     autocast on CUDA, on a CPU bf16 where a start-up probe finds it faster and accurate
     (:mod:`ctrcal.train.precision`), fp32 elsewhere; scoring uses the training precision.
     ``finetune_from`` names a finished run directory whose best weights start this run, with
@@ -288,6 +291,7 @@ class TrainConfig:
     eval_batch_size: int = 16384
     optimizer: Literal["adam", "adamw"] = "adam"
     lr: float = 1e-3
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     weight_decay: float = 0.0
     emb_l2: float = 0.0
     grad_clip: float = 10.0
@@ -433,6 +437,10 @@ class ReportConfig:
     field_metrics: bool = True
     field_min_count: int = 100
     field_numeric_buckets: int = 10
+    # score the drift monitor and the label-free estimators at every point against the clean
+    # validation split (ctrcal.reports.shift.monitoring); off where a protocol asks only
+    # which method is better
+    monitor: bool = True
     # parallel sweeps (ctrcal.sweep.sweep): training runs at once, each in its own process;
     # 0 = one per device in `devices` (1 without them)
     workers: int = 0

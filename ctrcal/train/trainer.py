@@ -86,6 +86,7 @@ from ctrcal.train.step import (
     StepContext,
     make_optimizer,
     make_step_context,
+    set_scheduled_lr,
     train_step,
     without_dynamo_import,
 )
@@ -388,6 +389,8 @@ def _start_or_resume(
     model.load_state_dict(last["model"])
     with without_dynamo_import():
         optimizer.load_state_dict(last["optimizer"])
+    for group in optimizer.param_groups:  # a last.pt written before groups kept a base LR
+        group.setdefault("base_lr", group["lr"])
     progress = _Progress(epoch=int(last["epoch"]), history=list(last["history"]))
     progress.sched.load(last, run_dir)
     if progress.sched.best_epoch:
@@ -462,6 +465,9 @@ def _run_epochs(
     resumes from the last finished epoch."""
     while progress.epoch < tcfg.epochs and not progress.sched.stopped:
         epoch = progress.epoch
+        if tcfg.lr_schedule != "constant":
+            steps = -(-len(data.train) // (tcfg.batch_size // dctx.world_size))
+            set_scheduled_lr(ctx.optimizer, tcfg.lr_schedule, epoch * steps, tcfg.epochs * steps)
         lr = ctx.optimizer.param_groups[0]["lr"]
         if dctx.is_distributed:
             # MC-LayerNorm subsets and dropout masks must differ across ranks, and resuming
@@ -551,7 +557,8 @@ def _step_schedule(
     else:
         sched.bad_epochs += 1
         for group in ctx.optimizer.param_groups:
-            group["lr"] = max(group["lr"] * tcfg.lr_factor, tcfg.min_lr)
+            group["base_lr"] = max(group["base_lr"] * tcfg.lr_factor, tcfg.min_lr)
+            group["lr"] = group["base_lr"]  # a decaying schedule rescales it at the next step
     sched.stopped = sched.bad_epochs >= tcfg.patience
     return improved
 
@@ -683,7 +690,9 @@ def _train_epoch(
     loss_sum = torch.zeros((), dtype=acc_dtype, device=device)
     rows = steps = 0
     # a global step count for the loggers: every epoch has the same number of batches
-    first_step = epoch * -(-len(data) // batch_size)
+    steps_per_epoch = -(-len(data) // batch_size)
+    first_step = epoch * steps_per_epoch
+    decay = tcfg.lr_schedule != "constant"
     if shift is not None:
         shift.start_epoch()
     start = time.perf_counter()
@@ -692,6 +701,13 @@ def _train_epoch(
             batch = batch.to(device, non_blocking=True)
             if shift is not None:
                 batch = shift(batch)
+            if decay:
+                set_scheduled_lr(
+                    ctx.optimizer,
+                    tcfg.lr_schedule,
+                    first_step + steps,
+                    tcfg.epochs * steps_per_epoch,
+                )
             loss = train_step(ctx, batch)
             n = len(batch)
             loss_sum += loss.to(acc_dtype) * n

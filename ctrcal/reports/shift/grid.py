@@ -363,12 +363,18 @@ class EvalGrid:
         self, models: list, plan: VariantPlan, k: int, calibrator: Any
     ) -> tuple[np.ndarray, np.ndarray] | None:
         """The variant's clean validation probabilities and the clicks, the monitor's
-        reference (:mod:`ctrcal.reports.shift.monitoring`); None without a monitor."""
+        reference (:mod:`ctrcal.reports.shift.monitoring`); None without a monitor (no
+        validation split, splits too small, or ``report.monitor: false``)."""
         from ctrcal.calibration.base import logit
         from ctrcal.core.devices import seed_everything
         from ctrcal.reports.shift.monitoring import ShiftMonitor
 
-        if self.valid is None or self.natural is not None or self.monitor is False:
+        if (
+            self.valid is None
+            or self.natural is not None
+            or self.monitor is False
+            or not self.cfg.report.monitor
+        ):
             return None
         point = ("valid", CLEAN, 0, 0.0)
         if self.monitor is None:

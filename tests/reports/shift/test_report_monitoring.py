@@ -109,3 +109,29 @@ def test_misses_and_false_alarms_of_the_grid():
     # at 0.5 every estimator is off by the same 0.05 (+0.001 per seed): CBPE is closest
     text = "\n".join(monitor_lines(table, ["ln"], [{"label": "noise"}], results))
     assert "Closest estimator at noise @ 0.5" in text and "**cbpe** is closest" in text
+
+
+def test_report_monitor_false_scores_no_monitor():
+    from ctrcal.reports.shift.grid import EvalGrid
+
+    def grid(monitor_on: bool):
+        return SimpleNamespace(
+            valid=SimpleNamespace(labels=np.zeros(50_000)),
+            test=SimpleNamespace(labels=np.zeros(50_000)),
+            natural=None,
+            monitor=None,
+            cfg=SimpleNamespace(report=SimpleNamespace(monitor=monitor_on)),
+            feature_map=SimpleNamespace(numeric_fields=["I1"], categorical_fields=["C1"]),
+            batches=lambda point: (_ for _ in ()).throw(AssertionError("fitted a monitor")),
+        )
+
+    off = grid(False)
+    assert EvalGrid.monitor_reference(off, [], None, 0, None) is None
+    assert off.monitor is None  # nothing fitted, nothing read
+    on = grid(True)
+    try:
+        EvalGrid.monitor_reference(on, [], None, 0, None)
+    except AssertionError as reached:  # on: it goes on to fit the monitor on validation
+        assert "fitted a monitor" in str(reached)
+    else:
+        raise AssertionError("report.monitor: true skipped the monitor")
