@@ -160,3 +160,26 @@ def test_the_unseen_rate_pools_every_categorical_feature(monitor):
         assert s.alarm and not c.trusted
     clean = monitor.transform(_features(np.random.default_rng(1), 20_000))
     assert sum(next(s for s in c.scores if s.method == "unseen_rate").alarm for c in clean) <= 1
+
+
+def test_reference_bins_missing_values_and_values_of_one_chunk_by_hand():
+    # x: 0..9 in turn, 197 of each, and 30 non-finite rows in chunk 0 (NaN, +inf, -inf):
+    # its deciles are 0.9, 1.8, ..., 8.1, so each value has a bin and the 30 the missing one.
+    # s (text, None missing) and i (ids) hold a value found in one reference chunk only:
+    # against the rest of the reference it is unseen, 10 rows in chunk 3 and 20 in chunk 8
+    n = 2000
+    x = np.tile(np.arange(10.0), n // 10)
+    x[:30] = np.repeat([np.nan, np.inf, -np.inf], 10)
+    s = np.array(["a", "b"] * (n // 2), dtype=object)
+    s[600:610] = "z"
+    s[1000:1020] = None
+    i = np.tile(np.arange(5), n // 5)
+    i[1600:1620] = 7
+    mon = DriftMonitor(200, classifier_rows=200).fit({"x": x, "s": s, "i": i})
+    np.testing.assert_allclose(mon.edges_["x"], 0.9 * np.arange(1, 10))
+    assert mon.reference_counts_["x"].tolist() == [197] * 10 + [30]
+    # s: a, b, z (other), missing, unseen
+    assert mon.reference_counts_["s"].tolist() == [985, 985, 10, 0, 20, 0]
+    unseen = np.zeros(10)
+    unseen[3], unseen[8] = 10 / 400, 20 / 400
+    np.testing.assert_allclose(mon.reference_scores_["unseen_rate"], unseen)
