@@ -115,6 +115,8 @@ def monitor(
         DataError: a reference without labels, different feature columns, a feature with no
             value in one file, or chunks too small (or too large) for their thresholds.
     """
+    from threadpoolctl import threadpool_limits
+
     from ctrcal.metrics import (
         ESTIMATED_METRICS,
         LABEL_FREE_ESTIMATORS,
@@ -162,29 +164,32 @@ def monitor(
     estimators: dict[str, dict[str, Any]] = {
         e: {"assumption": a, "chunks": []} for e, a in LABEL_FREE_ESTIMATORS.items()
     }
-    gap = doc_gap(ref_p, ref_y)
-    for c in chunks:
-        p = analysis.prob[c.start : c.stop]
-        cbpe = label_free_estimates(p)
-        found = {
-            "cbpe": cbpe,
-            "iw_cbpe": importance_weighted_estimates(
-                ref_p[c.reference_rows], ref_y[c.reference_rows], c.density_ratio, p
-            ),
-            "doc": doc_estimates(ref_p, ref_y, p, gap, cbpe),
-        }
-        measured = {}
-        if analysis.label is not None:
-            y = analysis.label[c.start : c.stop]
-            measured = {"auc": auc(p, y), "logloss": logloss(p, y)}
-        for e, est in found.items():
-            entry: dict[str, Any] = {"chunk": c.chunk, "trusted": c.trusted}
-            for m in ESTIMATED_METRICS:
-                entry[m] = est[m]
-                if measured:
-                    entry[f"{m}_measured"] = measured[m]
-                    entry[f"{m}_error"] = est[m] - measured[m]
-            estimators[e]["chunks"].append(entry)
+    # one BLAS thread: the estimates' sums are dot products of a chunk's rows, too short for
+    # a second thread, which waiting on a busy machine cost 3-4x their CPU time
+    with threadpool_limits(1, user_api="blas"):
+        gap = doc_gap(ref_p, ref_y)
+        for c in chunks:
+            p = analysis.prob[c.start : c.stop]
+            cbpe = label_free_estimates(p)
+            found = {
+                "cbpe": cbpe,
+                "iw_cbpe": importance_weighted_estimates(
+                    ref_p[c.reference_rows], ref_y[c.reference_rows], c.density_ratio, p
+                ),
+                "doc": doc_estimates(ref_p, ref_y, p, gap, cbpe),
+            }
+            measured = {}
+            if analysis.label is not None:
+                y = analysis.label[c.start : c.stop]
+                measured = {"auc": auc(p, y), "logloss": logloss(p, y)}
+            for e, est in found.items():
+                entry: dict[str, Any] = {"chunk": c.chunk, "trusted": c.trusted}
+                for m in ESTIMATED_METRICS:
+                    entry[m] = est[m]
+                    if measured:
+                        entry[f"{m}_measured"] = measured[m]
+                        entry[f"{m}_error"] = est[m] - measured[m]
+                estimators[e]["chunks"].append(entry)
     for e in estimators.values():
         e["trusted"] = all(x["trusted"] for x in e["chunks"])
     label_free = {"trust_rule": TRUST_RULE, "estimators": estimators}
