@@ -50,7 +50,9 @@ def _setup_worker() -> None:
     ray_engine.read_source = read_source
 
 
-@pytest.fixture(scope="module")
+# one Ray for the worker's whole session: under xdist the group's tests can be interleaved
+# with other modules', and a module-scoped Ray would be started again after each switch
+@pytest.fixture(scope="session")
 def ray_session(tmp_path_factory):
     ray = pytest.importorskip("ray", reason="the ray engine's tests need ray (ctrcal[ray])")
     marker = tmp_path_factory.mktemp("kill") / "marker"
