@@ -10,7 +10,9 @@ have their own module: one optimizer step (:mod:`ctrcal.train.step`), where a sp
 Schedule (FuxiCTR's, which the MC-LayerNorm paper used on Criteo): after every epoch the
 validation ``train.monitor`` is computed; no strict improvement multiplies the LR by
 ``lr_factor`` (never below ``min_lr``) and counts a bad epoch; ``patience`` bad epochs in a row
-stop training; the best epoch's weights are restored at the end.
+stop training; the best epoch's weights are restored at the end. ``train.lr_schedule`` adds a
+decay within training (:data:`~ctrcal.train.step.LR_SCHEDULES`): every step's LR is the plateau
+rule's LR times the schedule's multiplier at that step's share of all planned steps.
 
 Reproducibility: the model is initialised from ``train.seed``; epoch ``e`` visits the rows in a
 permutation seeded by ``(seed, e)``; ``last.pt`` holds the optimizer, the schedule state (best
