@@ -25,6 +25,8 @@ per bandwidth.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -56,31 +58,85 @@ class _Sorted:
     then differences of running sums at the cell edges (a search of g edges, no pass over
     the rows), for as many bandwidths as the search tries."""
 
-    def __init__(self, p: np.ndarray, r: np.ndarray, weight: np.ndarray | None = None) -> None:
-        """``weight``: [n] row counts (a bootstrap replicate's) of rows already sorted by p."""
-        if weight is None:
-            order = np.argsort(p)  # sums over runs of equal p do not depend on their order
-            self.p, rs, w = p[order], r[order], np.ones_like(p)
-        else:
-            self.p, rs, w = p, r, weight
-        cols = np.stack([w, w * self.p, w * rs, w * rs * self.p])
+    def __init__(self, p: np.ndarray, r: np.ndarray) -> None:
+        order = np.argsort(p)  # sums over runs of equal p do not depend on their order
+        self.p, rs = p[order], r[order]
+        cols = np.stack([np.ones_like(self.p), self.p, rs, rs * self.p])
         self.sums = np.concatenate([np.zeros((4, 1)), np.cumsum(cols, axis=1)], axis=1)
 
-    def on_grid(self, g: int) -> np.ndarray:
-        """[2, g]: the residuals r and ones, each split linearly onto the two grid points
-        around its p (point j at j / (g − 1); p = 1 falls in the last cell)."""
-        n = self.p.shape[0]
-        edges = np.searchsorted(self.p, np.arange(g - 1) / (g - 1), side="left")
-        edges = np.append(edges, n)  # cell j: rows in [edges[j], edges[j + 1])
-        cell = self.sums[:, edges[1:]] - self.sums[:, edges[:-1]]  # [4, g - 1]
-        j = np.arange(g - 1)
-        out = np.zeros((2, g))
-        for k, (w, wp) in enumerate(((2, 3), (0, 1))):  # r: (Σr, Σr·p); ones: (Σ1, Σp)
-            # Σ w·frac over a cell, frac = p·(g − 1) − j
-            frac = (g - 1) * cell[wp] - j * cell[w]
-            out[k, :-1] += cell[w] - frac
-            out[k, 1:] += frac
-        return out
+    def cells(self, g: int) -> np.ndarray:
+        """[4, 1, g − 1] the sums Σ1, Σp, Σr, Σr·p of the rows in each cell of the g-point
+        grid (:func:`cell_edges`)."""
+        edges = np.append(cell_edges(self.p, g), self.p.shape[0])
+        return (self.sums[:, edges[1:]] - self.sums[:, edges[:-1]])[:, None, :]
+
+
+def grid_points(sigma: float) -> int:
+    """The grid of bandwidth σ: ``max(2000, round(20/σ)) // 2 + 1`` points (relplot's)."""
+    return max(2000, round(20.0 / sigma)) // 2 + 1
+
+
+def bisection_grids() -> list[int]:
+    """Every grid the bisection of :func:`smooth_ece` can evaluate (its bandwidths are 1 and
+    the dyadic fractions j / 2^10 from ``_MIN_SIGMA`` on)."""
+    steps = 1 << _BISECTIONS
+    sigmas = [j / steps for j in range(1, steps + 1) if j / steps >= _MIN_SIGMA]
+    return sorted({grid_points(s) for s in sigmas})
+
+
+def cell_edges(p: np.ndarray, g: int) -> np.ndarray:
+    """[g - 1] the first of the sorted rows ``p`` in each cell of the g-point grid (cell j
+    holds the rows with j / (g − 1) <= p < (j + 1) / (g − 1); p = 1 falls in the last)."""
+    return np.searchsorted(p, np.arange(g - 1) / (g - 1), side="left")
+
+
+def _split_onto_grid(w: np.ndarray, wp: np.ndarray, g: int) -> np.ndarray:
+    """[m, g]: a value w of every row split linearly onto the two grid points around its p
+    (point j at j / (g − 1)), from its per-cell sums Σw and Σw·p [m, g − 1]."""
+    j = np.arange(g - 1)
+    out = np.zeros((w.shape[0], g))
+    # Σ w·frac over a cell, frac = p·(g − 1) − j
+    frac = (g - 1) * wp - j * w
+    out[:, :-1] += w - frac
+    out[:, 1:] += frac
+    return out
+
+
+def _kernel(g: int, sigma: float) -> np.ndarray:
+    t = np.linspace(0.0, 1.0, g)
+    return np.exp(-((t - 0.5) ** 2) / (2.0 * sigma**2)) / (np.sqrt(2.0 * np.pi) * sigma)
+
+
+def _mesh(sigma: float) -> np.ndarray:
+    """The points the integral is read on."""
+    return np.linspace(0.0, 1.0, max(round(10.0 / sigma), _MESH))
+
+
+@functools.lru_cache(maxsize=64)
+def _density_weights(g: int, sigma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(α, β) [g − 1] with Σ_t δ̂_σ(t) = Σ_cells α·Σ1 + β·Σp over the mesh, and w [g] with
+    Σ_t δ̂_σ(t) = w·(the ones split onto the grid): the smoothed density enters smooth ECE
+    only through its sum, a linear function of the grid, so its weights are the transposed
+    chain (reflect, convolve, interpolate) applied to ones once per bandwidth, instead of a
+    smoothing per weighting."""
+    t = _mesh(sigma)
+    idx = np.clip((t * (g - 1)).astype(np.intp), 0, g - 2)
+    frac = (t - idx / (g - 1)) * (g - 1)
+    read = np.bincount(idx, 1.0 - frac, minlength=g) + np.bincount(idx + 1, frac, minlength=g)
+    # the smoothing keeps the full convolution's values from `start`; its transpose
+    # correlates them with the kernel
+    start = g - 1 + g // 2
+    full = np.zeros(4 * g - 3)
+    full[start : start + g] = read
+    n = _fast_length(full.shape[0] + g - 1)
+    corr = np.fft.irfft(np.fft.rfft(full, n) * np.conj(np.fft.rfft(_kernel(g, sigma), n)), n)
+    ext = corr[: 3 * g - 2]  # the reflected rows: v[g-1..1], v[0..g-1], v[g-2..0]
+    w = ext[g - 1 : 2 * g - 1].copy()
+    w[1:] += ext[g - 2 :: -1][: g - 1]
+    w[:-1] += ext[2 * g - 1 :][::-1]
+    j = np.arange(g - 1)
+    step = w[1:] - w[:-1]
+    return w[:-1] - j * step, (g - 1) * step, w
 
 
 def _smooth(values: np.ndarray, sigma: float) -> np.ndarray:
@@ -90,8 +146,7 @@ def _smooth(values: np.ndarray, sigma: float) -> np.ndarray:
     kept are those of the full convolution from ``g - 1 + g // 2`` on (numpy's FFT: scipy's
     ``fftconvolve`` gave the same to 1e-15 and cost a 0.8-1.1 s import)."""
     g = values.shape[1]
-    t = np.linspace(0.0, 1.0, g)
-    kernel = np.exp(-((t - 0.5) ** 2) / (2.0 * sigma**2)) / (np.sqrt(2.0 * np.pi) * sigma)
+    kernel = _kernel(g, sigma)
     flipped = values[:, ::-1]
     ext = np.concatenate([flipped[:, :-1], values, flipped[:, 1:]], axis=1)
     n = _fast_length(ext.shape[1] + g - 1)
@@ -123,16 +178,30 @@ def _interpolate(t: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return grid[:, idx] * (1.0 - frac) + grid[:, idx + 1] * frac
 
 
-def _smooth_ece(rows: _Sorted, sigma: float, cache: dict) -> float:
-    g = max(2000, round(20.0 / sigma)) // 2 + 1
-    if g not in cache:  # the grid depends on σ only through g: shared by most σ
-        cache[g] = rows.on_grid(g)
-    smoothed = _smooth(cache[g], sigma)
-    t = np.linspace(0.0, 1.0, max(round(10.0 / sigma), _MESH))
-    rs, dens = _interpolate(t, smoothed)
-    dens = dens + _DENSITY_EPS
+def _smooth_ece(cells: np.ndarray, sigma: float, wide: bool = False) -> np.ndarray:
+    """[m] smooth ECE at bandwidth σ of m weightings of the rows, from their cell sums
+    (Σ1, Σp, Σr, Σr·p), each [m, g − 1] on the grid of σ.
+
+    ``wide``: NaN, without smoothing, where σ is surely not too narrow: the smoothing,
+    reflection and interpolation are sums with weights >= 0, so Σ_t |r̂(t)| is at most the
+    same chain applied to |r|, whose sum is w·|r| (:func:`_density_weights`); σ above that
+    bound over Σ δ̂ (by more than rounding) is above the error itself.
+    """
+    g = cells[0].shape[1] + 1
+    resid = _split_onto_grid(cells[2], cells[3], g)
+    alpha, beta, w = _density_weights(g, sigma)
+    t = _mesh(sigma)
+    dens = cells[0] @ alpha + cells[1] @ beta + t.shape[0] * _DENSITY_EPS
+    out = np.full(resid.shape[0], np.nan)
+    todo = slice(None)
+    if wide:
+        todo = np.flatnonzero(sigma < (np.abs(resid) @ w) / dens * (1.0 + 1e-9))
+        if todo.size == 0:
+            return out
+    rs = _interpolate(t, _smooth(resid[todo], sigma))
     # Σ |r̂|·δ̂ / Σ δ̂ with r̂ = rs / δ̂
-    return float(np.abs(rs).sum() / dens.sum())
+    out[todo] = np.abs(rs).sum(axis=1) / dens[todo]
+    return out
 
 
 def _prepare(probs: Any, labels: Any) -> _Sorted:
@@ -151,7 +220,8 @@ def smooth_ece_at(probs: Any, labels: Any, sigma: float) -> float:
     """
     if not (isinstance(sigma, (int, float)) and 0.0 < float(sigma)):
         raise ValueError(f"sigma: expected a bandwidth > 0, got {sigma!r}")
-    return _smooth_ece(_prepare(probs, labels), float(sigma), {})
+    sigma = float(sigma)
+    return float(_smooth_ece(_prepare(probs, labels).cells(grid_points(sigma)), sigma)[0])
 
 
 def smooth_ece(probs: Any, labels: Any) -> SmoothECE:
@@ -166,27 +236,57 @@ def smooth_ece(probs: Any, labels: Any) -> SmoothECE:
     Returns:
         A :class:`SmoothECE` (a float; ``.sigma`` is the bandwidth σ*).
     """
-    return _fixed_point(_prepare(probs, labels))
+    rows = _prepare(probs, labels)
+    value, sigma = fixed_points(lambda g, which: rows.cells(g), 1)
+    return SmoothECE(float(value[0]), float(sigma[0]))
 
 
-def _fixed_point(rows: _Sorted) -> SmoothECE:
-    """smooth ECE of sorted rows at σ* (the bisection of :func:`smooth_ece`); the rows' sums
-    may be of weighted rows (a bootstrap replicate's row counts)."""
-    cache: dict = {}
+def fixed_points(
+    cells: Callable[[int, np.ndarray], np.ndarray], count: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """smooth ECE at σ* of ``count`` weightings of the same rows (bootstrap replicates' row
+    counts), their bisections run together: the weightings at one σ share a grid and one
+    FFT.
 
-    def too_narrow(sigma: float) -> bool:  # the error exceeds the bandwidth: widen
-        return sigma < _MIN_SIGMA or sigma < _smooth_ece(rows, sigma, cache)
+    Args:
+        cells: ``cells(g, which) -> (Σw, Σw·p, Σw·r, Σw·r·p)``, each [len(which), g − 1]:
+            the weightings' sums over the rows of each cell of the g-point grid
+            (:func:`cell_edges`).
+        count: the number of weightings.
 
-    hi = 1.0
-    if not too_narrow(hi):
-        lo = 0.0
-        for _ in range(_BISECTIONS):
-            mid = (hi + lo) / 2.0
-            if too_narrow(mid):
-                lo = mid
-            else:
-                hi = mid
-    return SmoothECE(_smooth_ece(rows, hi, cache), hi)
+    Returns:
+        ``(smooth ECE [count], σ* [count])``.
+    """
+
+    def errors(sigma: np.ndarray, which: np.ndarray, wide: bool) -> np.ndarray:
+        out = np.empty(which.shape[0])
+        for s in np.unique(sigma):  # dyadic fractions: equal bandwidths compare equal
+            at = np.flatnonzero(sigma == s)
+            out[at] = _smooth_ece(cells(grid_points(float(s)), which[at]), float(s), wide)
+        return out
+
+    # NaN: the error at hi is below hi by its bound, not yet computed
+    every = np.arange(count)
+    hi = np.ones(count)
+    value = errors(hi, every, True)
+    # too narrow (the error exceeds the bandwidth) at σ = 1: kept there
+    search = ~((hi < _MIN_SIGMA) | (hi < value))
+    lo = np.zeros(count)
+    for _ in range(_BISECTIONS):
+        which = np.flatnonzero(search)
+        mid = (hi[which] + lo[which]) / 2.0
+        narrow = mid < _MIN_SIGMA
+        err = np.full(which.shape[0], np.nan)
+        if (~narrow).any():
+            err[~narrow] = errors(mid[~narrow], which[~narrow], True)
+        narrow |= mid < err
+        lo[which[narrow]] = mid[narrow]
+        wide = which[~narrow]
+        hi[wide], value[wide] = mid[~narrow], err[~narrow]
+    pending = np.flatnonzero(np.isnan(value))
+    if pending.size:
+        value[pending] = errors(hi[pending], pending, False)
+    return value, hi
 
 
 # ---- declarations (ctrcal.metrics.METRICS) ---------------------------------------------------

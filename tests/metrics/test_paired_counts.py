@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ctrcal.metrics import multicalibration_error, paired_bootstrap, smooth_ece
-from ctrcal.metrics._bootstrap import ReplicateRows
+from ctrcal.metrics import _paired_counts, multicalibration_error, paired_bootstrap
+from ctrcal.metrics._paired_counts import ReplicateCounts, replicate_counts
 from ctrcal.reports.calibration.report import model_metrics
 
 # metric: [a.low, a.high, b.low, b.high, diff.low, diff.high, p-value] of 12 replicates of
@@ -154,13 +154,16 @@ def _data():
     return pa, pb, y, segs
 
 
-def test_intervals_are_those_of_the_replicates_rows():
+@pytest.mark.parametrize("block", [None, 1000])  # 1000: blocks of 256 rows, running sums carried
+def test_intervals_are_those_of_the_replicates_rows(block, monkeypatch):
+    if block is not None:
+        monkeypatch.setattr(_paired_counts, "_BLOCK_ELEMENTS", block)
     pa, pb, y, segs = _data()
 
     def fn(p, labels, rows):
         return model_metrics(p, labels, segs, rows, n_bins=15, min_count=50)
 
-    weighted = {"segments": segs, "n_bins": 15, "min_count": 50}
+    weighted = {"segments": segs, "n_bins": 15, "min_count": 50, "also": ["cal_slope", "mce"]}
     got = paired_bootstrap(fn, pa, pb, y, n_boot=12, seed=3, weighted=weighted)
     for key, want in EXPECTED.items():
         c = got[key]
@@ -184,16 +187,45 @@ def test_a_replicates_metrics_are_those_of_its_rows(dtype, decimals, segments):
     segs["constant"] = np.full(n, 4)  # left out, by the report as here
     order = np.argsort(p, kind="stable")
     p, y, segs = p[order], y[order], {k: v[order] for k, v in segs.items()}
-    counts = np.stack([np.bincount(rng.integers(0, n, n), minlength=n) for _ in range(4)])
-    values, exact = ReplicateRows(p, y, segs, n_bins=15, min_count=100).evaluate(counts)
+    counts = replicate_counts(rng, n, 4)  # [n, 4]
+    ev = ReplicateCounts(p, y, segs, n_bins=15, min_count=100, slope=True, mce=True)
+    values, exact = ev.evaluate(counts)
     for r in np.flatnonzero(exact):
-        rows = np.repeat(np.arange(n), counts[r])
+        rows = np.repeat(np.arange(n), counts[:, r])
         want = model_metrics(p[rows], y[rows], segs, rows, n_bins=15, min_count=100)
         for key, value in want.items():
             if key in values:  # the rest: declared weighted metrics, by their own function
                 assert values[key][r] == pytest.approx(value, rel=1e-8, abs=1e-12), key
         assert not set(values) - set(want), set(values) - set(want)
     assert exact.sum() >= 2
+
+
+def test_the_costly_metrics_are_paired_when_asked():
+    pa, pb, y, segs = _data()
+
+    def fn(p, labels, rows):
+        return model_metrics(p, labels, segs, rows, n_bins=15, min_count=50)
+
+    weighted = {"segments": segs, "n_bins": 15, "min_count": 50}
+    plain = paired_bootstrap(fn, pa, pb, y, n_boot=4, seed=3, weighted=weighted)
+    costly = {"cal_slope", "cal_intercept", "mce", "mce_sigmas", "mce_pvalue"}
+    assert not costly & set(plain)
+    assert {"auc", "prauc", "smooth_ece", "ne_calfree", "field_rce_max"} <= set(plain)
+    asked = paired_bootstrap(
+        fn, pa, pb, y, n_boot=4, seed=3, weighted={**weighted, "also": ["mce"]}
+    )
+    assert "mce" in asked and "cal_slope" not in asked
+    # the same replicates: the other metrics' intervals do not move
+    assert asked["auc"].diff.low == plain["auc"].diff.low
+
+
+def test_counts_are_the_draws_of_each_replicate_in_order():
+    n = 1000
+    counts = replicate_counts(np.random.default_rng(4), n, 70, ones=True)
+    rng = np.random.default_rng(4)
+    assert (counts[:, 0] == 1).all() and counts.shape == (n, 71)
+    for r in range(70):
+        assert (counts[:, 1 + r] == np.bincount(rng.integers(0, n, n), minlength=n)).all()
 
 
 def test_weighted_rows_equal_the_rows_repeated():
@@ -212,14 +244,6 @@ def test_weighted_rows_equal_the_rows_repeated():
     assert got.worst_segment == want.worst_segment
     with pytest.raises(ValueError, match="sample_weight: weighted rows are not subsampled"):
         multicalibration_error(p, y, fields, sample_weight=counts)
-    # smooth ECE of the weighted sums equals that of the repeated rows
-    from ctrcal.metrics._smooth_ece import _fixed_point, _Sorted
-
-    order = np.argsort(p, kind="stable")
-    ps = p[order].astype(np.float64)
-    s = _fixed_point(_Sorted(ps, ps - y[order], counts[order].astype(np.float64)))
-    ref = smooth_ece(p[rows], y[rows])
-    assert float(s) == pytest.approx(float(ref), rel=1e-10) and s.sigma == ref.sigma
 
 
 def test_prepared_segments_equal_multicalibration_error_of_the_weights():

@@ -241,7 +241,8 @@ def calibration_report(
             n_boot=bootstrap,
             seed=seed,
             level=GATE_LEVEL,
-            weighted={"segments": segs, **opts},
+            # the gate's metrics are paired whatever they cost (paired_bootstrap's `also`)
+            weighted={"segments": segs, **opts, "also": [r.metric for r in rules or ()]},
         )
         result["compare"] = {
             k: {
@@ -578,6 +579,14 @@ def render_markdown(r: dict[str, Any]) -> str:
         header = ["metric", f"`{cols['prob']}`", f"`{cols['compare']}`"]
         header += ["difference [95% CI]", "p"]
         lines += [markdown_table(header, rows), ""]
+        unpaired = [k for k in table if k in r["model"] and k not in r["compare"]]
+        if unpaired:
+            lines += [
+                "Not paired: " + ", ".join(f"`{k}`" for k in unpaired) + " (a fit or a "
+                "segment search of their own per replicate costs more than every other "
+                "metric together; a `--gate` rule that names one pairs it).",
+                "",
+            ]
     if "risk_coverage" in r:
         rc = r["risk_coverage"]
         lines += [
