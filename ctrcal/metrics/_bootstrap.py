@@ -298,6 +298,7 @@ def paired_bootstrap(
     from ctrcal.metrics._paired_counts import (
         MCE_KEYS,
         SLOPE_KEYS,
+        SMOOTH_KEYS,
         ReplicateCounts,
         replicate_counts,
     )
@@ -328,20 +329,24 @@ def paired_bootstrap(
         segments = {k: np.asarray(v)[by_a] for k, v in weighted.get("segments", {}).items()}
         options = {k: weighted[k] for k in ("n_bins", "min_count") if k in weighted}
         also = set(weighted.get("also", ()))
-        options.update(slope=bool(also & set(SLOPE_KEYS)), mce=bool(also & set(MCE_KEYS)))
+        # the metrics with a fit or search of their own per replicate: paired when asked
+        left_out = {*SMOOTH_KEYS, *SLOPE_KEYS, *MCE_KEYS} - also
+        options.update(
+            smooth=bool(also & set(SMOOTH_KEYS)),
+            slope=bool(also & set(SLOPE_KEYS)),
+            mce=bool(also & set(MCE_KEYS)),
+        )
         ys = y[by_a]
         chunk = max(1, min(n_boot, _COUNT_BYTES // max(n, 1)))
         est: list[dict[str, float]] = [{}, {}]
         names: list[str] = []
         reps = np.empty((0,))
         with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(2) as pool:
-            # the two models prepared while the replicates are drawn; a's pass sums both
-            # models' Field-RCE/ECE (the counts and clicks per value are the same rows)
+            # the two models prepared while the replicates are drawn; the rows and clicks
+            # per segment value are the same for both (a's pass sums them)
             made = [
-                pool.submit(
-                    ReplicateCounts, pa[by_a], ys, segments, others=pb[by_a][None], **options
-                ),
-                pool.submit(ReplicateCounts, pb[by_a], ys, segments, fields=False, **options),
+                pool.submit(ReplicateCounts, pa[by_a], ys, segments, **options),
+                pool.submit(ReplicateCounts, pb[by_a], ys, segments, field_counts=False, **options),
             ]
             for start in range(0, n_boot, chunk):
                 stop = min(start + chunk, n_boot)
@@ -350,12 +355,12 @@ def paired_bootstrap(
                 evaluators = [m.result() for m in made]
                 # the two models' passes side by side (numpy releases the GIL in them)
                 done = list(pool.map(lambda ev, c=counts: ev.evaluate(c), evaluators))
-                if evaluators[0].fields:
-                    fields, ok = evaluators[0].field_values(1)
+                if evaluators[1].fields:
+                    fields, ok = evaluators[1].fields_with(evaluators[0])
                     done[1][0].update(fields)
                     done[1][1][:] &= ok
                 for side, (p, (values, exact)) in enumerate(zip(models, done, strict=True)):
-                    _declared_rest(values, p[by_a], ys, counts)
+                    _declared_rest(values, p[by_a], ys, counts, left_out)
                     drawn = counts
                     if start == 0:
                         if not exact[0]:  # (never seen: the series are at their centre)
@@ -402,17 +407,21 @@ _COUNT_BYTES = 1 << 28  # replicates counted together: at most this many one-byt
 
 
 def _declared_rest(
-    values: dict[str, np.ndarray], p: np.ndarray, y: np.ndarray, counts: np.ndarray
+    values: dict[str, np.ndarray],
+    p: np.ndarray,
+    y: np.ndarray,
+    counts: np.ndarray,
+    left_out: set[str],
 ) -> None:
     """Every metric of the report's table (a labelled metric declared for the
-    ``calibration`` table with its own ``compute``) that ``values`` lacks, by that function on
-    each replicate of ``counts`` [n, R]: on its row counts where the declaration takes them
-    (``weighted``), else on its rows."""
+    ``calibration`` table with its own ``compute``) that ``values`` lacks and that is not
+    ``left_out``, by that function on each replicate of ``counts`` [n, R]: on its row
+    counts where the declaration takes them (``weighted``), else on its rows."""
     from ctrcal.metrics._registry import metrics_in
 
     desc = None
     for m in metrics_in("calibration", kind="labelled"):
-        if m.name in values or m.compute is None or m.segments:
+        if m.name in values or m.name in left_out or m.compute is None or m.segments:
             continue
         if m.weighted:
             if desc is None:  # rows already in descending order make a ranking's sort cheap

@@ -55,14 +55,18 @@ import numpy as np
 
 from ctrcal.metrics._metrics import _uniform_edges
 
-__all__ = ["MCE_KEYS", "SLOPE_KEYS", "ReplicateCounts", "replicate_counts"]
+__all__ = ["MCE_KEYS", "SLOPE_KEYS", "SMOOTH_KEYS", "ReplicateCounts", "replicate_counts"]
 
 # calibration_summary's keys of the multicalibration error, in WeightedMCE's order
 MCE_KEYS = ("mce", "mce_sigmas", "mce_relative", "mce_pvalue", "mce_pvalue_unadjusted")
 MCE_KEYS += ("mce_segments",)
 SLOPE_KEYS = ("cal_slope", "cal_intercept")
+SMOOTH_KEYS = ("smooth_ece", "smooth_ece_sigma")
 _GROUP_ROWS = 64  # a fine group holds at most this many rows: an equal-mass cut's search
 _BLOCK_ELEMENTS = 1 << 19  # counts of one block (rows × replicates), 4 MiB as float64
+_FIELD_BLOCKS = 8  # blocks whose field sums are one product
+_SHIFT = 3  # the first of the logit shift's columns (after logloss, p², y·p)
+_JOINT_VALUES = 4096  # segment columns are summed jointly up to this many value combinations
 _TAYLOR_TERMS = 12  # terms of the logit-shift expansion
 _TAYLOR_MAX_STEP = 0.25  # beyond this shift from the full rows' root, solve exactly instead
 _EXTREME_LOGIT = 14.0  # rows whose shifted logit may reach the logloss clip: summed exactly
@@ -97,27 +101,33 @@ def replicate_counts(
             out[s : s + (1 << 13), at : at + stage.shape[0]] = stage[:, s : s + (1 << 13)].T
 
     group = 32  # replicates staged together before one transposing copy
+    # two stages, alternately: one is copied out while the other fills (fresh memory is
+    # slow to touch, so neither is allocated again)
+    stages = [np.empty((min(group, replicates), n), dtype=np.uint8) for _ in range(2)]
     with ThreadPoolExecutor(2) as pool:
+        placed = [None, None]
         counted: list = []
-        placed: list = []
-        for g0 in range(0, replicates, group):
-            stage = np.empty((min(group, replicates - g0), n), dtype=np.uint8)
+        for k, g0 in enumerate(range(0, replicates, group)):
+            if placed[k % 2] is not None:
+                placed[k % 2].result()  # its stage is free again
+            stage = stages[k % 2][: min(group, replicates - g0)]
             tasks = []
             for i in range(stage.shape[0]):
                 tasks.append(pool.submit(count, rng.integers(0, n, n), stage, i, g0 + i))
                 while sum(not t.done() for t in tasks) > 4:  # bound the draws held
                     next(t for t in tasks if not t.done()).result()
-            for stage_before, at, before in counted:
+            for stage_before, at, before, j in counted:
                 for t in before:
                     t.result()
-                placed.append(pool.submit(place, stage_before, at))
-            counted = [(stage, first + g0, tasks)]
-        for stage_before, at, before in counted:
+                placed[j] = pool.submit(place, stage_before, at)
+            counted = [(stage, first + g0, tasks, k % 2)]
+        for stage_before, at, before, j in counted:
             for t in before:
                 t.result()
-            placed.append(pool.submit(place, stage_before, at))
+            placed[j] = pool.submit(place, stage_before, at)
         for t in placed:
-            t.result()
+            if t is not None:
+                t.result()
     if wide:
         out = out.astype(np.uint16)
         for r, counts in wide.items():
@@ -154,6 +164,33 @@ def _sigmoid_derivatives(s: np.ndarray, k: int, out: np.ndarray | None = None) -
     return out
 
 
+def _columns_matrix(every: list, click: list, clicks: np.ndarray, size: int) -> Any:
+    """A sparse [size, m] matrix (CSC) whose column i has one entry (row, value) from each
+    pair of ``every`` ([m] rows, [m] values), and, where ``clicks[i]``, from each of
+    ``click``: the sums of a block's rows that a product with their counts makes."""
+    import scipy.sparse as sp
+
+    m = clicks.shape[0]
+    per = len(every) + clicks * len(click)  # entries of each column
+    indptr = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(per, out=indptr[1:])
+    index = np.empty(indptr[-1], dtype=np.int64)
+    data = np.empty(indptr[-1])
+    at = indptr[:-1]
+    for j, (r, x) in enumerate(every):
+        index[at + j] = r
+        data[at + j] = x
+    at = at[clicks] + len(every)
+    for j, (r, x) in enumerate(click):
+        index[at + j] = r[clicks]
+        data[at + j] = x[clicks]
+    return sp.csc_matrix((data, index, indptr), shape=(size, m))
+
+
+def _joint_size(names: list[str], values: Mapping[str, int]) -> int:
+    return int(np.prod([values[k] for k in names]))
+
+
 class ReplicateCounts:
     """One model's rows, prepared once, to evaluate the report's metrics on bootstrap
     replicates given as row counts (module docstring).
@@ -165,13 +202,12 @@ class ReplicateCounts:
         segments: name -> [n] integer codes (the report's segment columns).
         n_bins: ECE's bins.
         min_count: Field-RCE/ECE pool values with fewer rows.
+        smooth: also smooth ECE (module docstring).
         slope: also the calibration slope and intercept (module docstring).
         mce: also the multicalibration error (per replicate; module docstring).
-        fields: Field-RCE / Field-ECE of the segment columns; False where another model's
-            pass sums them (``others``).
-        others: [k, n] other models' probabilities (in the counts' row order) whose
-            Field-RCE / Field-ECE this pass sums too (the counts and clicks per value are
-            theirs as well): :meth:`field_values`.
+        field_counts: with segment columns, this pass sums every value's Σc·p and, with
+            this, its rows and clicks Σc, Σc·y; without, those are another pass's (the same
+            for every model of the same rows): :meth:`fields_with`.
     """
 
     def __init__(
@@ -182,10 +218,10 @@ class ReplicateCounts:
         *,
         n_bins: int = 15,
         min_count: int = 100,
+        smooth: bool = False,
         slope: bool = False,
         mce: bool = False,
-        fields: bool = True,
-        others: np.ndarray | None = None,
+        field_counts: bool = True,
     ) -> None:
         from ctrcal.metrics._inputs import dense_codes
         from ctrcal.metrics._metrics import DEFAULT_EPS, _logit_shift, calibration_summary
@@ -226,7 +262,10 @@ class ReplicateCounts:
         # cells: ECE's equal-width bins (metrics.ece's edges) and smooth ECE's grid cells
         bins = np.searchsorted(_uniform_edges(self.n_bins, p.dtype), raw, side="right") - 1
         bin_starts = np.flatnonzero(np.append(True, bins[1:] != bins[:-1]))
-        grid_edges = {g: cell_edges(ps, g) for g in bisection_grids()}
+        self.with_smooth = bool(smooth)
+        self.group_kinds = 5 if self.with_smooth else 3
+        grids = bisection_grids() if self.with_smooth else []
+        grid_edges = {g: cell_edges(ps, g) for g in grids}
         cells = np.unique(np.concatenate([[0], bin_starts, *grid_edges.values()]))
         cells = cells[cells < n]
         # a click run of one row needs no group end after it: its group's other rows are
@@ -275,14 +314,28 @@ class ReplicateCounts:
         self.slope_grid: list[tuple[int, int]] = []
         if self.with_slope:
             self._slope_setup(single)
-        self.fields: dict[str, tuple[np.ndarray, int]] = {}
-        for name, col in (self.segments if fields else {}).items():
-            codes, values = dense_codes(col[order])
-            self.fields[name] = (codes, values.shape[0])
-        self.field_offsets = np.cumsum([0, *(v for _, v in self.fields.values())])
-        # probabilities summed per value: this model's, then the others'
-        others = np.zeros((0, n)) if others is None else np.atleast_2d(others)
-        self.field_probs = np.concatenate([ps[None], others[:, order]]) if self.fields else None
+        self.fields: dict[str, int] = {}  # name -> its number of values
+        codes = {}
+        for name, col in self.segments.items():
+            codes[name], values = dense_codes(col[order])
+            self.fields[name] = values.shape[0]
+        self.field_offsets = np.cumsum([0, *self.fields.values()])
+        # columns of few values summed as one: every combination of their values (a
+        # product's rows cost per value summed, its entries per row and column)
+        self.joints: list[tuple[np.ndarray, list[str]]] = []
+        for name in sorted(self.fields, key=self.fields.get):
+            last = self.joints[-1] if self.joints else None
+            if last is not None and _joint_size(last[1], self.fields) * self.fields[name] <= (
+                _JOINT_VALUES
+            ):
+                joint = last[0] * self.fields[name] + codes[name]
+                self.joints[-1] = (joint, [*last[1], name])
+            else:
+                self.joints.append((codes[name].astype(np.int64), [name]))
+        sizes = [_joint_size(names, self.fields) for _, names in self.joints]
+        self.joint_offsets = np.cumsum([0, *sizes])
+        # the sums per value: Σc·p, then (with field_counts) Σc and Σc·y
+        self.field_kinds = (3 if field_counts else 1) if self.fields else 0
         self.last_fields: np.ndarray | None = None
 
     def _slope_setup(self, single: bool) -> None:
@@ -306,25 +359,27 @@ class ReplicateCounts:
 
     def _columns(self, s: int, e: int, out: np.ndarray) -> np.ndarray:
         """[k, e − s] the per-row columns of rows s..e (sorted) whose count-weighted sums the
-        metrics read, written into ``out``: logloss; σ^(j)(z + b0), j = 0..K, and the loss at
-        b0 (the logit shift's series); σ^(j)(x)·z^e of the slope's grid, then y and y·z
-        (the slope's gradient), with ``slope``. Rows beyond the series' reach are zero here
-        (summed exactly)."""
+        metrics read, written into ``out``: logloss, p², y·p (Brier's sums); σ^(j)(z + b0),
+        j = 0..K, and the loss at b0 (the logit shift's series); with ``slope``, σ^(j)(x)·z^e
+        of the slope's grid, then y and y·z (its gradient). Rows beyond the series' reach
+        are zero here (summed exactly)."""
         m = e - s
         out = out[:, :m]
         z, y = self.z[s:e], self.ys[s:e]
         pc = np.clip(self.ps[s:e], self.eps, 1.0 - self.eps)
         out[0] = -(y * np.log(pc) + (1.0 - y) * np.log1p(-pc))
+        np.multiply(self.ps[s:e], self.ps[s:e], out=out[1])
+        np.multiply(self.ps[s:e], y, out=out[2])
         x = z + self.b0
         k = _TAYLOR_TERMS
-        shift = out[1 : k + 2]
+        shift = out[_SHIFT : _SHIFT + k + 1]
         _sigmoid_derivatives(_sigmoid(x), k, shift)
-        out[k + 2] = np.logaddexp(0.0, x) - y * x
+        out[_SHIFT + k + 1] = np.logaddexp(0.0, x) - y * x
         far = np.flatnonzero(np.abs(x) > _EXTREME_LOGIT)
         if far.size:
-            out[1 : k + 3, far] = 0.0
+            out[_SHIFT : _SHIFT + k + 2, far] = 0.0
         if self.with_slope:
-            self._slope_columns(z, y, out[k + 3 :])
+            self._slope_columns(z, y, out[_SHIFT + k + 2 :])
         return out
 
     def _slope_columns(self, z: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
@@ -348,46 +403,54 @@ class ReplicateCounts:
             out[row, far] = 0.0
         np.multiply(out[row], z, out=out[row + 1])
 
-    def _block_matrix(self, s: int, e: int, g0: int, g1: int, c0: int, c1: int) -> Any:
-        """The sparse [sums, e − s] matrix of one block's group, cell and field sums
-        (module docstring). Its rows: per fine group Σc, then Σc·y, then Σc·p; per cell
-        Σc·p², then Σc·y·p; per value of every field Σc, then Σc·y, then Σc·p of this model
-        and of every other (``others``)."""
-        import scipy.sparse as sp
-
-        m = e - s
+    def _group_matrix(self, s: int, e: int, g0: int, g1: int) -> Any:
+        """The sparse [kinds · groups, e − s] matrix of one block's group sums (module
+        docstring): per fine group Σc, then Σc·y, Σc·p and, for smooth ECE's cells, Σc·p²,
+        Σc·y·p."""
         p, clicks = self.ps[s:e], self.ys[s:e] > 0
-        g, c = g1 - g0, c1 - c0
-        at_g = self.group_of[s:e] - g0
-        at_c = 3 * g + self.cell_of[s:e] - c0
-        v, f0 = int(self.field_offsets[-1]), 3 * g + 2 * c
-        ones = np.ones(m)
-        rows, vals = [at_g, at_g + 2 * g, at_c], [ones, p, p * p]  # every row
-        click_rows, click_vals = [at_g + g, at_c + c], [ones, p]  # click rows only
-        for (codes, _), off in zip(self.fields.values(), self.field_offsets, strict=False):
-            at_v = f0 + off + codes[s:e]
-            rows.append(at_v)
-            vals.append(ones)
-            click_rows.append(at_v + v)
-            click_vals.append(ones)
-            for j, q in enumerate(self.field_probs):
-                rows.append(at_v + (2 + j) * v)
-                vals.append(q[s:e])
-        per = len(rows) + clicks * len(click_rows)  # entries of each row
-        indptr = np.zeros(m + 1, dtype=np.int64)
-        np.cumsum(per, out=indptr[1:])
-        index = np.empty(indptr[-1], dtype=np.int64)
-        data = np.empty(indptr[-1])
-        at = indptr[:-1]
-        for j, (r, x) in enumerate(zip(rows, vals, strict=True)):
-            index[at + j] = r
-            data[at + j] = x
-        at = at[clicks] + len(rows)
-        for j, (r, x) in enumerate(zip(click_rows, click_vals, strict=True)):
-            index[at + j] = r[clicks]
-            data[at + j] = x[clicks]
-        size = f0 + (2 + (0 if self.field_probs is None else len(self.field_probs))) * v
-        return sp.csc_matrix((data, index, indptr), shape=(size, m))
+        g = g1 - g0
+        at = self.group_of[s:e] - g0
+        ones = np.ones(e - s)
+        every = [(at, ones), (at + 2 * g, p)]
+        click = [(at + g, ones)]
+        if self.with_smooth:
+            every.append((at + 3 * g, p * p))
+            click.append((at + 4 * g, p))
+        return _columns_matrix(every, click, clicks, self.group_kinds * g)
+
+    def _field_matrix(self, s: int, e: int) -> Any:
+        """The sparse [kinds · combinations, e − s] matrix of rows s..e's sums per value
+        combination of every joint of segment columns: Σc·p, then (``field_counts``) Σc and
+        Σc·y."""
+        p, clicks = self.ps[s:e], self.ys[s:e] > 0
+        v = int(self.joint_offsets[-1])
+        ones = np.ones(e - s)
+        every, click = [], []
+        for (joint, _), off in zip(self.joints, self.joint_offsets, strict=False):
+            at = off + joint[s:e]
+            every.append((at, p))
+            if self.field_kinds == 3:
+                every.append((at + v, ones))
+                click.append((at + 2 * v, ones))
+        return _columns_matrix(every, click, clicks, self.field_kinds * v)
+
+    def _per_value(self, sums: np.ndarray) -> np.ndarray:
+        """[kinds · values, R]: the sums per value of every segment column (offsets
+        ``field_offsets``) from those per combination of its joint [kinds · combinations,
+        R]."""
+        r_count, width, v = sums.shape[1], int(self.joint_offsets[-1]), int(self.field_offsets[-1])
+        out = np.empty((self.field_kinds * v, r_count))
+        at = dict(zip(self.fields, self.field_offsets, strict=False))
+        for kind in range(self.field_kinds):
+            for (_, names), off in zip(self.joints, self.joint_offsets, strict=False):
+                shape = [self.fields[k] for k in names]
+                part = sums[kind * width + off : kind * width + off + int(np.prod(shape))]
+                part = part.reshape(*shape, r_count)
+                for i, name in enumerate(names):
+                    other = tuple(j for j in range(len(names)) if j != i)
+                    row = kind * v + at[name]
+                    out[row : row + shape[i]] = part.sum(axis=other) if other else part
+        return out
 
     def _blocks(self, replicates: int) -> list[tuple[int, int, int, int, int, int]]:
         """(rows s..e, groups g0..g1, cells c0..c1) of every block: about
@@ -407,12 +470,15 @@ class ReplicateCounts:
         """One pass over the rows, every replicate of ``counts`` [n, R] at once: the sums the
         metrics read (module docstring)."""
         n, r_count = counts.shape
-        k = 1 + _TAYLOR_TERMS + 2 + (len(self.slope_grid) + 2 if self.with_slope else 0)
+        k = _SHIFT + _TAYLOR_TERMS + 2 + (len(self.slope_grid) + 2 if self.with_slope else 0)
         mom = np.zeros((k, r_count))
-        cell_sums = np.zeros((5, r_count, self.n_cells))  # Σc, Σcy, Σcp, Σcp², Σcyp
-        kinds = 0 if self.field_probs is None else 2 + len(self.field_probs)
-        fields = np.zeros((kinds * int(self.field_offsets[-1]), r_count))
+        # [cells + 1, kinds, R]: Σc, Σcy, Σcp (and Σcp², Σcyp) of the rows before every
+        # cell, then of all (every cell starts a group: the groups' running sums there)
+        kinds = self.group_kinds
+        cells = np.empty((self.n_cells + 1, kinds, r_count))
+        fields = np.zeros((self.field_kinds * int(self.joint_offsets[-1]), r_count))
         carry = np.zeros((3, r_count))  # Σc, Σcy, Σcp of the rows before the block
+        carry_w = np.zeros((2, r_count))  # Σcp², Σcyp (smooth ECE's cells)
         hi, lo = np.zeros(r_count), np.zeros(r_count)  # the path's extremes (it starts at 0)
         u, ap = np.zeros(r_count), np.zeros(r_count)
         # equal-mass bins: cut k at ceil(k·n/B) of every replicate's n rows
@@ -422,14 +488,23 @@ class ReplicateCounts:
         clicks = self._clicks(counts)
         blocks = self._blocks(r_count)
         cols = np.empty((k, max(e - s for s, e, *_ in blocks)))
-        for s, e, g0, g1, c0, c1 in blocks:
-            rows = counts[s:e] if self.order is None else counts[self.order[s:e]]
-            cb = rows.astype(np.float64)
+        # the field sums' product runs once per span of blocks (its output, every value of
+        # every field, would otherwise cost about what a block's rows do): the span's
+        # counts are kept, each block's a slice of them
+        per = _FIELD_BLOCKS if self.fields else 1
+        spans = [blocks[i : i + per] for i in range(0, len(blocks), per)]
+        held = np.empty((max(b[-1][1] - b[0][0] for b in spans), r_count))
+        span: list = []
+        for i, (s, e, g0, g1, c0, c1) in enumerate(blocks):
+            first = span[0][0] if span else s
+            cb = held[s - first : e - first]
+            cb[...] = counts[s:e] if self.order is None else counts[self.order[s:e]]
+            span.append((s, e))
             mom += self._columns(s, e, cols) @ cb
-            out = self._block_matrix(s, e, g0, g1, c0, c1) @ cb
-            g, c = g1 - g0, c1 - c0
-            # per group Σc, Σcy, Σcp, after the carry: their running sums are the sums
-            # before every group of the block, then after it
+            out = self._group_matrix(s, e, g0, g1) @ cb
+            g = g1 - g0
+            # per group Σc, Σcy, Σcp after the carry: their running sums are the sums before
+            # every group of the block, then after it
             grp = np.empty((3, r_count, g + 1))
             grp[:, :, 0] = carry
             grp[:, :, 1:] = out[: 3 * g].reshape(3, g, r_count).transpose(0, 2, 1)
@@ -446,22 +521,34 @@ class ReplicateCounts:
             np.maximum(hi, np.maximum(cand.max(axis=1), path[:, -1]), out=hi)
             np.minimum(lo, np.minimum(ends.min(axis=1), path[:, -1]), out=lo)
             self._mass_cuts(cb, s, g0, n_before, path, cuts, mass)
-            # cells start at group starts (a cell begun in the block before continues)
-            first = self.cell_group[c0:c1] - g0
-            first[0] = 0
-            edges = np.append(first, g)
-            cell_sums[:3, :, c0:c1] += before[:, :, edges[1:]] - before[:, :, edges[:-1]]
-            cell_sums[3:, :, c0:c1] += (
-                out[3 * g : 3 * g + 2 * c].reshape(2, c, r_count).transpose(0, 2, 1)
-            )
-            fields += out[3 * g + 2 * c :]
+            # the cells that start in this block (the first may have begun before): the
+            # running sums there; Σcp² and Σcyp are read only there (sums between them)
+            c_first = c0 if self.cell_group[c0] >= g0 else c0 + 1
+            at = self.cell_group[c_first:c1] - g0
+            cells[c_first:c1, :3] = before[:, :, at].transpose(2, 0, 1)
             carry = before[:, :, -1]
+            if kinds == 5:  # Σcp², Σcyp are read only at cells: sums between them
+                bounds = np.concatenate([[0], at, [g]])
+                cw = out[3 * g : 5 * g].reshape(2, g, r_count)
+                part = np.add.reduceat(cw, bounds[:-1], axis=1)
+                part[:, bounds[:-1] == bounds[1:]] = 0.0  # empty stretches (a cell at the start)
+                zero = np.zeros((2, 1, r_count))
+                more = carry_w[:, None] + np.concatenate([zero, part.cumsum(axis=1)], axis=1)
+                cells[c_first:c1, 3:] = more[:, 1:-1].transpose(1, 0, 2)
+                carry_w = more[:, -1]
+            if len(span) == per or i == len(blocks) - 1:
+                if self.fields:
+                    first, last = span[0][0], span[-1][1]
+                    fields += self._field_matrix(first, last) @ held[: last - first]
+                span = []
+        cells[-1, :3] = carry
+        if kinds == 5:
+            cells[-1, 3:] = carry_w
         return {
             "mom": mom,
-            "cells": cell_sums,
+            "cells": cells,
             "fields": fields,
             "clicks": clicks,
-            "sum_p": carry[2],
             "ecce_range": hi - lo,
             "auc_u": u,
             "ap": ap,
@@ -550,9 +637,8 @@ class ReplicateCounts:
         total = np.full(r_count, float(self.n))
         out: dict[str, np.ndarray] = {}
         exact = np.ones(r_count, dtype=bool)
-        clicks, sum_p = sums["clicks"], sums["sum_p"]
-        cells = sums["cells"]
-        sum_p2, sum_yp = cells[3].sum(axis=1), cells[4].sum(axis=1)
+        clicks, cells = sums["clicks"], sums["cells"]
+        sum_p, (sum_p2, sum_yp) = cells[-1, 2], sums["mom"][1:3]
         with np.errstate(invalid="ignore", divide="ignore"):
             q = clicks / total
             h = -(q * np.log(q) + (1.0 - q) * np.log1p(-q))
@@ -572,23 +658,31 @@ class ReplicateCounts:
         mom = sums["mom"].T
         ext = counts[self.extreme if self.order is None else self.order[self.extreme]]
         self._shift(
-            mom[:, 1 : _TAYLOR_TERMS + 3], ext.T.astype(np.float64), total, clicks, out, exact
+            mom[:, _SHIFT : _SHIFT + _TAYLOR_TERMS + 2],
+            ext.T.astype(np.float64),
+            total,
+            clicks,
+            out,
+            exact,
         )
         if self.with_slope:
             ext = self.slope_extreme if self.order is None else self.order[self.slope_extreme]
             ce = counts[ext].T.astype(np.float64)
-            self._slope(mom[:, _TAYLOR_TERMS + 3 :], ce, clicks, total, out, exact)
-        self._smooth(cells, out)
-        if self.fields:
-            self.last_fields = sums["fields"]
-            exact &= self._fields(sums["fields"], 0, out)
+            self._slope(mom[:, _SHIFT + _TAYLOR_TERMS + 2 :], ce, clicks, total, out, exact)
+        if self.with_smooth:
+            self._smooth(cells, out)
+        self.last_fields = self._per_value(sums["fields"]) if self.fields else None
+        if self.field_kinds == 3:
+            exact &= self._fields(self.last_fields, self.last_fields, out)
         if self.with_mce:
             self._mce(counts, out)
         return out, exact
 
     def _bins(self, cells: np.ndarray, total, clicks, out) -> None:
-        """ECE over the equal-width bins and Murphy's Brier terms (the same bins)."""
-        nb, sy, sp = (np.add.reduceat(cells[j], self.bin_cells, axis=1) for j in range(3))
+        """ECE over the equal-width bins and Murphy's Brier terms (the same bins), from the
+        running sums at every cell [cells + 1, 5, R]."""
+        edges = cells[np.append(self.bin_cells, self.n_cells)]
+        nb, sy, sp = (edges[1:] - edges[:-1])[:, :3].transpose(1, 2, 0)  # [R, bins] each
         out["ece"] = np.abs(sy - sp).sum(axis=1) / total
         base = clicks / total
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -614,14 +708,14 @@ class ReplicateCounts:
         out["ecce_pvalue"] = np.asarray(ecce_pvalue_from_sigmas(z), dtype=np.float64)
 
     def _smooth(self, cells: np.ndarray, out) -> None:
-        """smooth ECE: every grid's cell sums are sums over cells; one bisection for all."""
+        """smooth ECE: every grid's cell sums from the running sums at every cell
+        [cells + 1, 5, R]; one bisection for all replicates."""
         from ctrcal.metrics._smooth_ece import fixed_points
 
-        # the sums before every cell, then of all: a grid's cells are differences of them
-        # at its edges (rows of [cells + 1, 5, R], gathered whole); Σc·r = Σcp − Σcy and
-        # Σc·r·p = Σcp² − Σcyp (r = p − y)
-        running = np.zeros((cells.shape[2] + 1,) + cells.shape[:2])
-        running[1:] = np.cumsum(cells, axis=2).transpose(2, 0, 1)
+        # a grid's cells are differences of the running sums at its edges (rows of
+        # [cells + 1, 5, R], gathered whole); Σc·r = Σcp − Σcy and Σc·r·p = Σcp² − Σcyp
+        # (r = p − y)
+        running = cells
 
         def grid_cells(g: int, which: np.ndarray) -> np.ndarray:
             at = running[self.grid_cells[g]]  # [g, 5, R]
@@ -630,7 +724,7 @@ class ReplicateCounts:
             w, wy, wp, wp2, wyp = (at[1:] - at[:-1]).transpose(1, 2, 0)
             return [w, wp, wp - wy, wp2 - wyp]
 
-        out["smooth_ece"], out["smooth_ece_sigma"] = fixed_points(grid_cells, cells.shape[1])
+        out["smooth_ece"], out["smooth_ece_sigma"] = fixed_points(grid_cells, cells.shape[2])
 
     def _shift(self, mom, ce, total, clicks, out, exact) -> None:
         """The logit shift b with Σ sigmoid(z + b) = Σ y of every replicate, and the NE after
@@ -747,29 +841,27 @@ class ReplicateCounts:
         out["cal_slope"] = np.where(single, np.nan, self.slope0[0] + db)
         out["cal_intercept"] = np.where(single, np.nan, self.slope0[1] + da)
 
-    def field_values(self, model: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Field-RCE / Field-ECE of the last :meth:`evaluate`'s replicates for model
-        ``model`` of the probabilities summed per value (0: this one; 1, 2, ...: ``others``),
-        and where they are exact (as :meth:`evaluate`'s)."""
+    def fields_with(self, counted: ReplicateCounts) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Field-RCE / Field-ECE of the last :meth:`evaluate`'s replicates, with the rows and
+        clicks per value of ``counted``'s last pass over the same counts (this one summed
+        Σc·p alone), and where they are exact (as :meth:`evaluate`'s)."""
         out: dict[str, np.ndarray] = {}
-        ok = self._fields(self.last_fields, model, out)
+        ok = self._fields(self.last_fields, counted.last_fields, out)
         return out, ok
 
-    def _fields(self, sums: np.ndarray, model: int, out) -> np.ndarray:
+    def _fields(self, own: np.ndarray, counted: np.ndarray, out) -> np.ndarray:
         """Field-RCE / Field-ECE of every segment column (``field_calibration``'s rule: values
-        below min_count rows pooled into one) from the sums per value [kinds · V, R]; False
-        where a column has one value left (the report then leaves it out, which the caller's
-        own evaluation does)."""
-        r_count = sums.shape[1]
+        below min_count rows pooled into one) from the sums per value (``own``: Σc·p first;
+        ``counted``: then Σc and Σc·y) [kinds · V, R]; False where a column has one value
+        left (the report then leaves it out, which the caller's own evaluation does)."""
+        r_count = own.shape[1]
         total = float(self.n)
         ok = np.ones(r_count, dtype=bool)
         rces, eces = [], []
         width = int(self.field_offsets[-1])
-        for (name, (_, n_values)), off in zip(
-            self.fields.items(), self.field_offsets, strict=False
-        ):
-            at = [j * width + off for j in (0, 1, 2 + model)]
-            cnt, cl, sp = (sums[a : a + n_values].T for a in at)
+        for (name, n_values), off in zip(self.fields.items(), self.field_offsets, strict=False):
+            sp = own[off : off + n_values].T
+            cnt, cl = (counted[j * width + off : j * width + off + n_values].T for j in (1, 2))
             seen = cnt > 0
             d = np.where(seen, cl - sp, 0.0)
             ok &= seen.sum(axis=1) >= 2

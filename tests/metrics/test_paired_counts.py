@@ -163,7 +163,8 @@ def test_intervals_are_those_of_the_replicates_rows(block, monkeypatch):
     def fn(p, labels, rows):
         return model_metrics(p, labels, segs, rows, n_bins=15, min_count=50)
 
-    weighted = {"segments": segs, "n_bins": 15, "min_count": 50, "also": ["cal_slope", "mce"]}
+    also = ["cal_slope", "mce", "smooth_ece"]
+    weighted = {"segments": segs, "n_bins": 15, "min_count": 50, "also": also}
     got = paired_bootstrap(fn, pa, pb, y, n_boot=12, seed=3, weighted=weighted)
     for key, want in EXPECTED.items():
         c = got[key]
@@ -188,7 +189,7 @@ def test_a_replicates_metrics_are_those_of_its_rows(dtype, decimals, segments):
     order = np.argsort(p, kind="stable")
     p, y, segs = p[order], y[order], {k: v[order] for k, v in segs.items()}
     counts = replicate_counts(rng, n, 4)  # [n, 4]
-    ev = ReplicateCounts(p, y, segs, n_bins=15, min_count=100, slope=True, mce=True)
+    ev = ReplicateCounts(p, y, segs, n_bins=15, min_count=100, smooth=True, slope=True, mce=True)
     values, exact = ev.evaluate(counts)
     for r in np.flatnonzero(exact):
         rows = np.repeat(np.arange(n), counts[:, r])
@@ -208,9 +209,9 @@ def test_the_costly_metrics_are_paired_when_asked():
 
     weighted = {"segments": segs, "n_bins": 15, "min_count": 50}
     plain = paired_bootstrap(fn, pa, pb, y, n_boot=4, seed=3, weighted=weighted)
-    costly = {"cal_slope", "cal_intercept", "mce", "mce_sigmas", "mce_pvalue"}
+    costly = {"cal_slope", "cal_intercept", "mce", "mce_sigmas", "mce_pvalue", "smooth_ece"}
     assert not costly & set(plain)
-    assert {"auc", "prauc", "smooth_ece", "ne_calfree", "field_rce_max"} <= set(plain)
+    assert {"auc", "prauc", "ece_mass", "ne_calfree", "ecce_sigmas", "field_rce_max"} <= set(plain)
     asked = paired_bootstrap(
         fn, pa, pb, y, n_boot=4, seed=3, weighted={**weighted, "also": ["mce"]}
     )
