@@ -37,10 +37,10 @@ per model, in blocks, all replicates at once (one matrix product and one sparse 
 block), then running sums over groups of rows; every value equals the metric of the
 replicate's rows up to the order of floating-point sums (and the fits' tolerance, 1e-10), and
 a replicate outside the series' reach, or with a segment column left at one value, is
-evaluated on its rows as before. The calibration slope and intercept and the multicalibration
-error run a fit or a search of their own per replicate, which costs more than every other
-metric together: they are paired when asked (``also``: a gate's rules), else left out of the
-comparison.
+evaluated on its rows as before. Smooth ECE, the calibration slope and intercept and the
+multicalibration error run a search or a fit of their own per replicate, each about the cost
+of every other metric together: they are paired when asked (``also``: a gate's rules), else
+left out of the comparison.
 
 Intervals are percentile intervals of the replicates; ``se`` is their standard deviation.
 """
@@ -282,11 +282,12 @@ def paired_bootstrap(
             ``n_bins`` and ``min_count``, and ``also``: metric names to pair beyond the
             default set (a gate's rules). The estimates and replicates are then evaluated
             from row counts (:class:`~ctrcal.metrics._paired_counts.ReplicateCounts`): every
-            metric of the report's table but the calibration slope and intercept and the
-            multicalibration error, which cost more than all the others together (a fit of
-            their own per replicate) and are paired when ``also`` names them. ``metric_fn``
-            then only evaluates the rows of a replicate the counts cannot evaluate exactly.
-            None: ``metric_fn`` evaluates the estimates and every replicate.
+            metric of the report's table but smooth ECE, the calibration slope and intercept
+            and the multicalibration error, each about the cost of all the others together
+            (a search or a fit of their own per replicate), which are paired when ``also``
+            names them. ``metric_fn`` then only evaluates the rows of a replicate the counts
+            cannot evaluate exactly. None: ``metric_fn`` evaluates the estimates and every
+            replicate.
 
     Returns:
         ``{metric: PairedCI}`` for every metric of the point evaluation.

@@ -2,46 +2,53 @@
 
 A replicate of the paired bootstrap (:func:`~ctrcal.metrics.paired_bootstrap`) draws n row
 positions with replacement; its rows are the count of each position drawn. R replicates are
-the counts [n, R] (one byte each), and every metric of the report is computed from sums over
-the rows sorted by p, weighted by the counts: one pass over the rows in blocks of consecutive
-sorted rows, every replicate of a block at once (no per-row Python, no per-replicate pass):
+the counts [n, R] (one byte each), and every metric is computed from sums over the rows
+sorted by p, weighted by the counts: one pass over the rows in blocks of consecutive sorted
+rows, every replicate of a block at once (no per-row Python, no per-replicate pass):
 
-* **products with per-row columns** (one matrix product a block): logloss, and the Taylor
-  series of the logit shift and of the calibration slope around their fits on all rows;
+* **products with per-row columns** (one matrix product a block): logloss, Σc·p², Σc·y·p,
+  and the Taylor series of the logit shift (and of the calibration slope) around the fits
+  on all rows;
 * **sums over groups of consecutive rows** (one sparse product a block): per *fine group* Σc,
-  Σc·p and Σc·y; fine groups start and end at every run of equal p that holds a click, at
-  every cell edge below, and hold at most ``_GROUP_ROWS`` rows. Per *cell* Σc·p² and Σc·y·p;
-  cells are cut at every edge of ECE's equal-width bins and of every grid smooth ECE's
-  bisection can reach. Per value of every segment column Σc, Σc·p and Σc·y.
+  Σc·y and Σc·p. Fine groups start at every run of equal p that holds a click (and end after
+  it where it holds more than one row), at every *cell* edge, and hold at most
+  ``_GROUP_ROWS`` rows; cells are ECE's equal-width bins (and, for smooth ECE, cut at every
+  edge of every grid its bisection can reach, with Σc·p² and Σc·y·p per group too);
+* **sums per value of every segment column** (one sparse product per few blocks, columns of
+  few values summed jointly): Σc·p, and, in one model's pass (the same rows for both), Σc
+  and Σc·y.
 
 From these sums, running over the groups:
 
 * **AUC** and **average precision**: a run holding clicks scores its clicks against the
   non-clicks below it (and half its own); between such runs there are only non-clicks;
 * **ECCE**: the path Σc(y − p) read at run ends; it only falls between runs holding
-  clicks, so its extremes are at group ends;
+  clicks, so its extremes are at group starts and right after click runs;
 * **equal-mass ECE**: a cut (position k·n/B of the replicate's n rows; a replicate always has
   n) falls in one fine group, found from the groups' running counts, and is placed among its
   rows from their counts;
-* **ECE and Murphy's Brier terms**: sums over cells;
-* **smooth ECE**: its grids' cell sums are sums over cells, and the bisection of σ runs for
-  all replicates together (the replicates at one σ share one FFT);
+* **ECE and Murphy's Brier terms**: the running sums at the bins' edges;
 * **Field-RCE / Field-ECE**: the sums per value;
-* **the logit shift** (calibration-free NE, calibration-in-the-large) and **the calibration
-  slope**: Newton's method on the Taylor series (radius π in the logit; the series' sums are
-  the matrix product above), checked per replicate.
+* **the logit shift** (calibration-free NE, calibration-in-the-large): Newton's method on
+  its Taylor series (radius π in the logit; the series' sums are the matrix product above),
+  checked per replicate.
 
 Every value equals the metric of the replicate's rows up to the order of floating-point sums
 (and the fits' tolerance, 1e-10). A replicate the series cannot reach, or with a segment
 column left at one value, is reported as not exact and the caller evaluates its rows.
 
-The **multicalibration error** is the exception: its segment search (seven field
-combinations, each a running sum in its own row order, on a subsample that differs per
-replicate above 250k rows) costs several evaluations of every other metric per replicate. It
-is evaluated replicate by replicate, and only when asked (``mce=True``: a gate rule names it).
+Three families run a fit or a search of their own per replicate and are computed only when
+asked (a gate rule names them): **smooth ECE** (``smooth``: its bisection of σ, run for all
+replicates together, the replicates at one σ sharing one FFT; at 100k rows as much as every
+other metric together), **the calibration slope and intercept** (``slope``: Newton's method
+on a two-parameter series of 67 more columns, with its own fit on all rows) and **the
+multicalibration error** (``mce``: seven field combinations, each a running sum in its own
+row order, on a subsample that differs per replicate above 250k rows; replicate by replicate,
+several evaluations of every other metric each).
 
-Memory: the counts (n·R bytes), a block of them as float64 (about ``_BLOCK_ELEMENTS`` values;
-more where one run of equal p is longer than a block) and [cells, R] sums.
+Memory: the counts (n·R bytes), a few blocks of them as float64 (about ``_BLOCK_ELEMENTS``
+values a block; more where one run of equal p is longer) and, for smooth ECE, [cells, 5, R]
+running sums.
 """
 
 from __future__ import annotations

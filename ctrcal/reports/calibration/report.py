@@ -13,7 +13,9 @@ directory:
 * ``reliability.png``: reliability diagrams (equal-width and equal-mass bins) of the model,
   the compared model and the floor;
 * with ``compare``: every metric of both models with a paired row bootstrap (both on the same
-  resampled rows) and the interval and p-value of the difference;
+  resampled rows) and the interval and p-value of the difference; smooth ECE, the calibration
+  slope and intercept and the multicalibration error only where the gate names them (a
+  search or fit per replicate, each about the cost of all the others);
 * with ``std``: risk–coverage (AUC and logloss on the 50/80/100 % most confident rows);
 * with ``time``: calibration over consecutive time windows (:mod:`ctrcal.reports.shift.windows`),
   ``windows.csv``, ``windows.png`` and the decay sentence;
@@ -583,8 +585,8 @@ def render_markdown(r: dict[str, Any]) -> str:
         if unpaired:
             lines += [
                 "Not paired: " + ", ".join(f"`{k}`" for k in unpaired) + " (a fit or a "
-                "segment search of their own per replicate costs more than every other "
-                "metric together; a `--gate` rule that names one pairs it).",
+                "search of their own per replicate: a `--gate` rule that names one pairs "
+                "it, at about the cost of every other metric together).",
                 "",
             ]
     if "risk_coverage" in r:

@@ -61,6 +61,18 @@ def test_gate_passes_a_candidate_that_is_no_worse(pair_file, tmp_path, capsys):
     assert "## Deploy gate: PASS" in (out / "report.md").read_text()
 
 
+def test_a_gate_rule_pairs_the_metrics_left_out_of_the_comparison(pair_file, tmp_path):
+    path, _ = pair_file
+    out = tmp_path / "rep"
+    assert _report(path, out, "--compare", "same") == 0
+    compare = json.loads((out / "metrics.json").read_text())["compare"]
+    assert "ece_mass" in compare and not {"smooth_ece", "cal_slope"} & set(compare)
+    assert "Not paired: `cal_slope`, `cal_intercept`" in (out / "report.md").read_text()
+    assert _report(path, out, "--compare", "same", "--gate", "smooth_ece:+0.01") == 0
+    compare = json.loads((out / "metrics.json").read_text())["compare"]
+    assert "smooth_ece" in compare and "cal_slope" not in compare
+
+
 def test_gate_fails_on_the_bound_not_the_point_estimate(pair_file, tmp_path, capsys):
     path, _ = pair_file
     out = tmp_path / "rep"
