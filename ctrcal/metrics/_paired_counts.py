@@ -69,13 +69,14 @@ MCE_KEYS = ("mce", "mce_sigmas", "mce_relative", "mce_pvalue", "mce_pvalue_unadj
 MCE_KEYS += ("mce_segments",)
 SLOPE_KEYS = ("cal_slope", "cal_intercept")
 SMOOTH_KEYS = ("smooth_ece", "smooth_ece_sigma")
-_GROUP_ROWS = 64  # a fine group holds at most this many rows: an equal-mass cut's search
+_GROUP_ROWS = 128  # a fine group holds at most this many rows: an equal-mass cut's search
 _BLOCK_ELEMENTS = 1 << 19  # counts of one block (rows × replicates), 4 MiB as float64
 _FIELD_BLOCKS = 8  # blocks whose field sums are one product
 _SHIFT = 3  # the first of the logit shift's columns (after logloss, p², y·p)
 _JOINT_VALUES = 4096  # segment columns are summed jointly up to this many value combinations
-_TAYLOR_TERMS = 12  # terms of the logit-shift expansion
-_TAYLOR_MAX_STEP = 0.25  # beyond this shift from the full rows' root, solve exactly instead
+_TAYLOR_TERMS = 12  # terms of the logit-shift expansion, at most
+_TAYLOR_MAX_STEP = 0.25  # beyond this shift from the full rows' root (with all terms), solve
+# exactly instead; with fewer terms K the step that keeps the same bound, (step/π)^(K+1)
 _EXTREME_LOGIT = 14.0  # rows whose shifted logit may reach the logloss clip: summed exactly
 _SLOPE_TERMS = 8  # terms of the calibration slope's expansion
 
@@ -192,6 +193,22 @@ def _columns_matrix(every: list, click: list, clicks: np.ndarray, size: int) -> 
         index[at + j] = r[clicks]
         data[at + j] = x[clicks]
     return sp.csc_matrix((data, index, indptr), shape=(size, m))
+
+
+def _shift_terms(x: np.ndarray, extreme: np.ndarray) -> tuple[int, float]:
+    """The logit shift's terms K and the step it trusts them to: the fewest terms whose
+    step, at the same error bound as all terms at ``_TAYLOR_MAX_STEP``, spans 8 standard
+    errors of the shift (1 / sqrt(Σ σ'(x)) over the rows ``x`` the series covers); a
+    replicate beyond it is solved exactly instead, which 8 standard errors make rare."""
+    s = _sigmoid(np.delete(x, extreme))
+    info = float(np.dot(s, 1.0 - s))
+    reach = 8.0 / np.sqrt(info) if info > 0 else np.inf
+    full = _TAYLOR_TERMS + 1
+    for k in range(4, _TAYLOR_TERMS + 1):
+        step = np.pi * (_TAYLOR_MAX_STEP / np.pi) ** (full / (k + 1))
+        if reach <= step:
+            return k, float(step)
+    return _TAYLOR_TERMS, _TAYLOR_MAX_STEP
 
 
 def _joint_size(names: list[str], values: Mapping[str, int]) -> int:
@@ -317,6 +334,7 @@ class ReplicateCounts:
         single = clicks in (0.0, float(n))
         self.b0 = 0.0 if single else _logit_shift(self.z, clicks, 0.0, 100, 1e-10)
         self.extreme = np.flatnonzero(np.abs(self.z + self.b0) > _EXTREME_LOGIT)
+        self.shift_terms, self.shift_step = _shift_terms(self.z + self.b0, self.extreme)
         self.with_slope = bool(slope)
         self.slope_grid: list[tuple[int, int]] = []
         if self.with_slope:
@@ -378,7 +396,7 @@ class ReplicateCounts:
         np.multiply(self.ps[s:e], self.ps[s:e], out=out[1])
         np.multiply(self.ps[s:e], y, out=out[2])
         x = z + self.b0
-        k = _TAYLOR_TERMS
+        k = self.shift_terms
         shift = out[_SHIFT : _SHIFT + k + 1]
         _sigmoid_derivatives(_sigmoid(x), k, shift)
         out[_SHIFT + k + 1] = np.logaddexp(0.0, x) - y * x
@@ -477,7 +495,7 @@ class ReplicateCounts:
         """One pass over the rows, every replicate of ``counts`` [n, R] at once: the sums the
         metrics read (module docstring)."""
         n, r_count = counts.shape
-        k = _SHIFT + _TAYLOR_TERMS + 2 + (len(self.slope_grid) + 2 if self.with_slope else 0)
+        k = _SHIFT + self.shift_terms + 2 + (len(self.slope_grid) + 2 if self.with_slope else 0)
         mom = np.zeros((k, r_count))
         # [cells + 1, kinds, R]: Σc, Σcy, Σcp (and Σcp², Σcyp) of the rows before every
         # cell, then of all (every cell starts a group: the groups' running sums there)
@@ -665,7 +683,7 @@ class ReplicateCounts:
         mom = sums["mom"].T
         ext = counts[self.extreme if self.order is None else self.order[self.extreme]]
         self._shift(
-            mom[:, _SHIFT : _SHIFT + _TAYLOR_TERMS + 2],
+            mom[:, _SHIFT : _SHIFT + self.shift_terms + 2],
             ext.T.astype(np.float64),
             total,
             clicks,
@@ -675,7 +693,7 @@ class ReplicateCounts:
         if self.with_slope:
             ext = self.slope_extreme if self.order is None else self.order[self.slope_extreme]
             ce = counts[ext].T.astype(np.float64)
-            self._slope(mom[:, _SHIFT + _TAYLOR_TERMS + 2 :], ce, clicks, total, out, exact)
+            self._slope(mom[:, _SHIFT + self.shift_terms + 2 :], ce, clicks, total, out, exact)
         if self.with_smooth:
             self._smooth(cells, out)
         self.last_fields = self._per_value(sums["fields"]) if self.fields else None
@@ -741,7 +759,7 @@ class ReplicateCounts:
             mom: [R, K + 2] Σ c·σ^(j)(z + b0), j = 0..K, and Σ c·loss(b0).
             ce: [R, extreme rows] their counts.
         """
-        k = _TAYLOR_TERMS
+        k = self.shift_terms
         fact = np.cumprod(np.append(1.0, np.arange(1, k + 2)))  # 0! .. (K+1)!
         ext = self.extreme
         ze, ye = self.z[ext], self.ys[ext]
@@ -760,7 +778,7 @@ class ReplicateCounts:
             if np.all(np.abs(step) <= 1e-14 * (1.0 + np.abs(delta))):
                 break
         single = (clicks == 0) | (clicks == total)
-        exact &= single | (np.abs(delta) <= _TAYLOR_MAX_STEP)
+        exact &= single | (np.abs(delta) <= self.shift_step)
         b = self.b0 + delta
         # Σ c·loss(b0 + δ): loss(b0) + (σ − y)·δ + Σ_{j≥2} σ^(j−1) δ^j / j!
         powers = delta[:, None] ** np.arange(k + 2)
