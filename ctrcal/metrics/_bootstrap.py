@@ -302,6 +302,7 @@ def paired_bootstrap(
         SMOOTH_KEYS,
         ReplicateCounts,
         replicate_counts,
+        workers,
     )
 
     _check_args(n_boot, level)
@@ -342,7 +343,7 @@ def paired_bootstrap(
         est: list[dict[str, float]] = [{}, {}]
         names: list[str] = []
         reps = np.empty((0,))
-        with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(2) as pool:
+        with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(workers()) as pool:
             # the two models prepared while the replicates are drawn; the rows and clicks
             # per segment value are the same for both (a's pass sums them)
             made = [
@@ -354,7 +355,8 @@ def paired_bootstrap(
                 # the estimates are the first chunk's column of ones (every row once)
                 counts = replicate_counts(rng, n, stop - start, ones=start == 0)
                 evaluators = [m.result() for m in made]
-                # the two models' passes side by side (numpy releases the GIL in them)
+                # the two models' passes side by side where a core is free (numpy releases
+                # the GIL in them)
                 done = list(pool.map(lambda ev, c=counts: ev.evaluate(c), evaluators))
                 if evaluators[1].fields:
                     fields, ok = evaluators[1].fields_with(evaluators[0])
