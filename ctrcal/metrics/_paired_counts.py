@@ -14,9 +14,9 @@ rows, every replicate of a block at once (no per-row Python, no per-replicate pa
   it where it holds more than one row), at every *cell* edge, and hold at most
   ``_GROUP_ROWS`` rows; cells are ECE's equal-width bins (and, for smooth ECE, cut at every
   edge of every grid its bisection can reach, with Σc·p² and Σc·y·p per group too);
-* **sums per value of every segment column** (one sparse product per few blocks, columns of
-  few values summed jointly): Σc·p, and, in one model's pass (the same rows for both), Σc
-  and Σc·y.
+* **sums per value of every segment column** (one sparse product a block; columns of few
+  values summed jointly): Σc·p, and, in one model's pass (the same rows for both), Σc and
+  Σc·y.
 
 From these sums, running over the groups:
 
@@ -46,9 +46,8 @@ multicalibration error** (``mce``: seven field combinations, each a running sum 
 row order, on a subsample that differs per replicate above 250k rows; replicate by replicate,
 several evaluations of every other metric each).
 
-Memory: the counts (n·R bytes), a few blocks of them as float64 (about ``_BLOCK_ELEMENTS``
-values a block; more where one run of equal p is longer) and, for smooth ECE, [cells, 5, R]
-running sums.
+Memory: the counts (n·R bytes), a block of them as float64 (about ``_BLOCK_ELEMENTS`` values;
+more where one run of equal p is longer) and, for smooth ECE, [cells, 5, R] running sums.
 """
 
 from __future__ import annotations
@@ -79,7 +78,6 @@ SLOPE_KEYS = ("cal_slope", "cal_intercept")
 SMOOTH_KEYS = ("smooth_ece", "smooth_ece_sigma")
 _GROUP_ROWS = 128  # a fine group holds at most this many rows: an equal-mass cut's search
 _BLOCK_ELEMENTS = 1 << 19  # counts of one block (rows × replicates), 4 MiB as float64
-_FIELD_BLOCKS = 8  # blocks whose field sums are one product
 _SHIFT = 3  # the first of the logit shift's columns (after logloss, p², y·p)
 _JOINT_VALUES = 4096  # segment columns are summed jointly up to this many value combinations
 _TAYLOR_TERMS = 12  # terms of the logit-shift expansion, at most
@@ -90,16 +88,16 @@ _SLOPE_TERMS = 8  # terms of the calibration slope's expansion
 
 
 def workers() -> int:
-    """Threads for the replicates' counting and the two models' passes: two where a core is
-    free for the second, else one. On a busy machine a second thread only contends (10-15 %
-    more CPU in the same time); on a free one it nearly halves the time. The report itself
-    keeps one core busy: a free core is the cores less the load average."""
+    """Threads for the replicates' counting and the two models' passes: two where the load
+    average (this process's own busy core included) leaves a quarter of a core free, else
+    one. On a busy machine a second thread only contends (10-15 % more CPU in the same
+    time); on a free one it nearly halves the time."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     try:
         load = os.getloadavg()[0]
     except OSError:  # no load average on this platform
         load = 0.0
-    return 2 if (cores or 1) - load >= 1.0 else 1
+    return 2 if (cores or 1) - load >= 0.25 else 1
 
 
 def replicate_counts(
@@ -534,18 +532,11 @@ class ReplicateCounts:
         clicks = self._clicks(counts)
         blocks = self._blocks(r_count)
         cols = np.empty((k, max(e - s for s, e, *_ in blocks)))
-        # the field sums' product runs once per span of blocks (its output, every value of
-        # every field, would otherwise cost about what a block's rows do): the span's
-        # counts are kept, each block's a slice of them
-        per = _FIELD_BLOCKS if self.fields else 1
-        spans = [blocks[i : i + per] for i in range(0, len(blocks), per)]
-        held = np.empty((max(b[-1][1] - b[0][0] for b in spans), r_count))
-        span: list = []
-        for i, (s, e, g0, g1, c0, c1) in enumerate(blocks):
-            first = span[0][0] if span else s
-            cb = held[s - first : e - first]
+        # one buffer for every block's counts as float64 (fresh memory is slow to touch)
+        held = np.empty((max(e - s for s, e, *_ in blocks), r_count))
+        for s, e, g0, g1, c0, c1 in blocks:
+            cb = held[: e - s]
             cb[...] = counts[s:e] if self.order is None else counts[self.order[s:e]]
-            span.append((s, e))
             mom += self._columns(s, e, cols) @ cb
             out = self._group_matrix(s, e, g0, g1) @ cb
             g = g1 - g0
@@ -582,11 +573,8 @@ class ReplicateCounts:
                 more = carry_w[:, None] + np.concatenate([zero, part.cumsum(axis=1)], axis=1)
                 cells[c_first:c1, 3:] = more[:, 1:-1].transpose(1, 0, 2)
                 carry_w = more[:, -1]
-            if len(span) == per or i == len(blocks) - 1:
-                if self.fields:
-                    first, last = span[0][0], span[-1][1]
-                    fields += self._field_matrix(first, last) @ held[: last - first]
-                span = []
+            if self.fields:
+                fields += self._field_matrix(s, e) @ cb
         cells[-1, :3] = carry
         if kinds == 5:
             cells[-1, 3:] = carry_w
