@@ -27,11 +27,6 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 FEATURE_MAP_FILE = "feature_map.json"
-# the id layout of every categorical field (ctrcal.preparation.features writes it)
-PAD_ID = 0
-MISSING_ID = 1
-OOV_ID = 2
-NUM_RESERVED = 3
 
 
 @dataclass

@@ -37,13 +37,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ctrcal.core.errors import ConfigError
+from ctrcal.core.ids import NUM_RESERVED, OOV_ID
 
 __all__ = ["ContextNorm", "bind_contexts"]
-
-# The feature pipeline's id layout (ctrcal.preparation.features): 0 missing, 1 padding, 2 OOV,
-# kept values from 3 on by train frequency. Stated here so layers import nothing from data/.
-OOV_ID = 2
-NUM_RESERVED = 3
 
 
 class ContextNorm(nn.Module):

@@ -36,7 +36,7 @@ import numpy as np
 import polars as pl
 
 from ctrcal.core.errors import DataError
-from ctrcal.data.feature_map import MISSING_ID
+from ctrcal.core.ids import MISSING_ID
 from ctrcal.preparation import parse, stages, write
 from ctrcal.preparation.coder import Answers, ColumnCoder
 from ctrcal.preparation.features import FeaturePipeline

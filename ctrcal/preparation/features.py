@@ -53,17 +53,10 @@ import polars as pl
 from ctrcal.core.constraints import Constraint, check_parameters
 from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from ctrcal.core.errors import DataError
+from ctrcal.core.ids import MISSING_ID, NUM_RESERVED, OOV_ID, PAD_ID
 from ctrcal.core.utils import atomic_path, write_json_atomic
 from ctrcal.data.feature_bounds import FEATURE_PARAMETER_CONSTRAINTS
-from ctrcal.data.feature_map import (
-    FEATURE_MAP_FILE,
-    MISSING_ID,
-    NUM_RESERVED,
-    OOV_ID,
-    PAD_ID,
-    SCHEMA_VERSION,
-    FeatureMap,
-)
+from ctrcal.data.feature_map import FEATURE_MAP_FILE, SCHEMA_VERSION, FeatureMap
 from ctrcal.preparation.coder import check_string_hash
 from ctrcal.preparation.fit_stats import FitStats, weighted_moments, weighted_quantiles
 from ctrcal.preparation.lookup import ValueIndex

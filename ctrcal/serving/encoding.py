@@ -56,7 +56,7 @@ def encode_columns(
         ids (reserved ids for missing and unseen values) and model-space numerics (NaN =
         missing), as the prepared parquet holds them.
     """
-    from ctrcal.data.feature_map import MISSING_ID
+    from ctrcal.core.ids import MISSING_ID
 
     n = numeric.shape[1] if numeric.ndim == 2 and numeric.shape[0] else categorical.shape[1]
     num = np.empty((n, len(pipe.numeric_fields)), dtype=np.float32)

@@ -370,7 +370,7 @@ class CategoricalCorruption:
     def from_feature_map(
         cls, feature_map: Any, intensity: float, seed: int | None = 0, mix_fraction: float = 1.0
     ) -> CategoricalCorruption:
-        from ctrcal.data.feature_map import NUM_RESERVED
+        from ctrcal.core.ids import NUM_RESERVED
 
         return cls(feature_map.vocab_sizes, intensity, seed, mix_fraction, NUM_RESERVED)
 

@@ -168,7 +168,7 @@ def test_prepare_again_replaces_a_directory_keyed_by_another_string_hash(
 
 
 def test_raw_rows_of_a_string_schema_encode_as_prepare_encoded_them(avazu, tmp_path):
-    from ctrcal.data.feature_map import MISSING_ID
+    from ctrcal.core.ids import MISSING_ID
     from ctrcal.serving.encoding import RawRowEncoder
 
     frame, csv, _, _ = avazu

@@ -19,7 +19,6 @@ from ctrcal.core.criteo_schema import (
 )
 from ctrcal.core.errors import ConfigError
 from ctrcal.core.norm_spec import NormSpec
-from ctrcal.layers import context
 from ctrcal.layers.context import ContextNorm, bind_contexts
 from ctrcal.layers.norms import FeatureGroupNorm
 from ctrcal.layers.registry import create_norm, replace_norms
@@ -49,12 +48,6 @@ def test_groupnorm_with_one_group_is_layernorm():
 def test_groupnorm_groups_must_divide_the_width():
     with pytest.raises(ConfigError, match=r"num_groups must divide the width 10.*1, 2, 5, 10"):
         create_norm("groupnorm", 10, num_groups=4)
-
-
-def test_context_id_layout_matches_the_feature_pipeline():
-    from ctrcal.preparation import features
-
-    assert context.OOV_ID == features.OOV_ID and context.NUM_RESERVED == features.NUM_RESERVED
 
 
 def test_context_norm_starts_as_the_identity_and_learns_per_context_statistics():

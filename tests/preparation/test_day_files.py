@@ -11,7 +11,8 @@ from parsed_rows import read_rows
 from ctrcal.api import prepare
 from ctrcal.config import Config
 from ctrcal.core.criteo_schema import CATEGORICAL_COLUMNS
-from ctrcal.data.feature_map import NUM_RESERVED, OOV_ID, FeatureMap
+from ctrcal.core.ids import NUM_RESERVED, OOV_ID
+from ctrcal.data.feature_map import FeatureMap
 from ctrcal.preparation.features import VOCAB_FILE, FeaturePipeline, hash_bucket
 from ctrcal.preparation.fit_stats import FitStats
 from ctrcal.preparation.synthetic import generate_frame, write_criteo

@@ -12,7 +12,8 @@ import pytest
 from ctrcal.api import prepare
 from ctrcal.config import Config
 from ctrcal.core.errors import DataError
-from ctrcal.data.feature_map import MISSING_ID, NUM_RESERVED, OOV_ID, PAD_ID, FeatureMap
+from ctrcal.core.ids import MISSING_ID, NUM_RESERVED, OOV_ID, PAD_ID
+from ctrcal.data.feature_map import FeatureMap
 from ctrcal.preparation.features import FeaturePipeline, resolve_numeric_transform
 from ctrcal.preparation.fit_stats import FitStats
 

@@ -10,7 +10,8 @@ from ctrcal.api import prepare
 from ctrcal.cli import main
 from ctrcal.config import Config
 from ctrcal.core.errors import DataError
-from ctrcal.data.feature_map import MISSING_ID, OOV_ID, FeatureMap
+from ctrcal.core.ids import MISSING_ID, OOV_ID
+from ctrcal.data.feature_map import FeatureMap
 from ctrcal.preparation.prepare import split_role
 from ctrcal.preparation.synthetic import generate_frame, write_criteo
 

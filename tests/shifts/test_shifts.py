@@ -10,7 +10,7 @@ import torch
 
 from ctrcal.core.batch import Batch
 from ctrcal.core.errors import ConfigError, DataError
-from ctrcal.data.feature_map import NUM_RESERVED
+from ctrcal.core.ids import NUM_RESERVED
 from ctrcal.shifts.builtin import CategoricalCorruption, GaussianNumericShift, TemporalShift
 from ctrcal.shifts.registry import (
     available_shifts,
