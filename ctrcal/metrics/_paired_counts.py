@@ -88,16 +88,11 @@ _SLOPE_TERMS = 8  # terms of the calibration slope's expansion
 
 
 def workers() -> int:
-    """Threads for the replicates' counting and the two models' passes: two where the load
-    average (this process's own busy core included) leaves a quarter of a core free, else
-    one. On a busy machine a second thread only contends (10-15 % more CPU in the same
-    time); on a free one it nearly halves the time."""
+    """Threads for the replicates' counting and the two models' passes: two where there are
+    two cores (numpy releases the GIL in them; on a free machine that nearly halves the
+    time, on a busy one it takes the same time at 10-15 % more CPU)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    try:
-        load = os.getloadavg()[0]
-    except OSError:  # no load average on this platform
-        load = 0.0
-    return 2 if (cores or 1) - load >= 0.25 else 1
+    return min(2, cores or 1)
 
 
 def replicate_counts(
