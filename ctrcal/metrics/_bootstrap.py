@@ -38,9 +38,9 @@ block), then running sums over groups of rows; every value equals the metric of 
 replicate's rows up to the order of floating-point sums (and the fits' tolerance, 1e-10), and
 a replicate outside the series' reach, or with a segment column left at one value, is
 evaluated on its rows as before. Smooth ECE, the calibration slope and intercept and the
-multicalibration error run a search or a fit of their own per replicate, each about the cost
-of every other metric together: they are paired when asked (``also``: a gate's rules), else
-left out of the comparison.
+multicalibration error run a search or a fit of their own per replicate, from half the cost of
+every other metric together to several times it: they are paired when asked (``also``: a
+gate's rules), else left out of the comparison.
 
 Intervals are percentile intervals of the replicates; ``se`` is their standard deviation.
 """
@@ -283,11 +283,11 @@ def paired_bootstrap(
             default set (a gate's rules). The estimates and replicates are then evaluated
             from row counts (:class:`~ctrcal.metrics._paired_counts.ReplicateCounts`): every
             metric of the report's table but smooth ECE, the calibration slope and intercept
-            and the multicalibration error, each about the cost of all the others together
-            (a search or a fit of their own per replicate), which are paired when ``also``
-            names them. ``metric_fn`` then only evaluates the rows of a replicate the counts
-            cannot evaluate exactly. None: ``metric_fn`` evaluates the estimates and every
-            replicate.
+            and the multicalibration error (a search or a fit of their own per replicate, from
+            half the cost of all the others together to several times it), which are paired
+            when ``also`` names them. ``metric_fn`` then only evaluates the rows of a
+            replicate the counts cannot evaluate exactly. None: ``metric_fn`` evaluates the
+            estimates and every replicate.
 
     Returns:
         ``{metric: PairedCI}`` for every metric of the point evaluation.

@@ -15,7 +15,8 @@ directory:
 * with ``compare``: every metric of both models with a paired row bootstrap (both on the same
   resampled rows) and the interval and p-value of the difference; smooth ECE, the calibration
   slope and intercept and the multicalibration error only where the gate names them (a
-  search or fit per replicate, each about the cost of all the others);
+  search or fit of their own per replicate, from half the cost of all the others to several
+  times it);
 * with ``std``: risk–coverage (AUC and logloss on the 50/80/100 % most confident rows);
 * with ``time``: calibration over consecutive time windows (:mod:`ctrcal.reports.shift.windows`),
   ``windows.csv``, ``windows.png`` and the decay sentence;
@@ -585,8 +586,7 @@ def render_markdown(r: dict[str, Any]) -> str:
         if unpaired:
             lines += [
                 "Not paired: " + ", ".join(f"`{k}`" for k in unpaired) + " (a fit or a "
-                "search of their own per replicate: a `--gate` rule that names one pairs "
-                "it, at about the cost of every other metric together).",
+                "search of their own per replicate; a `--gate` rule that names one pairs it).",
                 "",
             ]
     if "risk_coverage" in r:
