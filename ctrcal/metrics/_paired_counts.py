@@ -102,8 +102,9 @@ def replicate_counts(
     paired bootstrap's draws, replicate after replicate) and counts every position.
 
     One byte a count (a count above 255 has probability below 1e-500; one that comes widens
-    the array). The draws are taken in order here while two threads count them (numpy's
-    counting releases the GIL) and copy every group of replicates into the [n, R] layout.
+    the array). The draws are taken in order here while :func:`workers` threads count them
+    (numpy's counting releases the GIL) and copy every group of replicates into the [n, R]
+    layout.
     ``ones``: a first column of ones before them (every row once: the estimates)."""
     from concurrent.futures import ThreadPoolExecutor
 
