@@ -85,10 +85,19 @@ def criteo_samples() -> Path:
 
 def pytest_collection_modifyitems(config, items):
     """Mark every test of the session's shift report ``slow`` (the first one waits for it), so
-    that ``make test-fast`` (``-m "not slow"``) never waits for it."""
+    that ``make test-fast`` (``-m "not slow"``) never waits for it.
+
+    Then the other slow tests (compiles, exports, child processes) move to the front, in their
+    order: pytest-xdist hands tests out in collection order, and long tests handed out last
+    leave one worker running them alone at the end. The shift report's tests stay where they
+    are, since it is still training when the session starts."""
+    waiting = {id(item) for item in items if "shift_report" in getattr(item, "fixturenames", ())}
     for item in items:
-        if "shift_report" in getattr(item, "fixturenames", ()):
+        if id(item) in waiting:
             item.add_marker(pytest.mark.slow)
+    first = [i for i in items if i.get_closest_marker("slow") and id(i) not in waiting]
+    chosen = {id(i) for i in first}
+    items[:] = first + [i for i in items if id(i) not in chosen]
 
 
 def pytest_collection_finish(session):

@@ -1,7 +1,7 @@
 """Owned temporaries and publishing: how a prepared directory appears, whole or not at all.
 
-Everything is written into a temporary sibling directory (``.DIR.XXXX.tmp``, recording its
-owner's host, pid and process start time in ``_owner.json``) that is renamed onto ``DIR`` only
+Everything is written into a temporary sibling directory (``.DIR.<owner>.XXXX.tmp``, recording
+its owner's host, pid and process start time in its name and in ``_owner.json``) that is renamed onto ``DIR`` only
 when complete, so an interrupted run leaves nothing a later run trusts; the next run deletes
 such leftovers once their owner is gone (:func:`clean_stale_temporaries`). A run holds an
 exclusive lock on ``.DIR.lock`` (``flock``: released by the kernel when the process dies, even
@@ -16,10 +16,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 from ctrcal.core.errors import DataError
@@ -67,9 +69,21 @@ def publish_lock(out_dir: Path) -> contextlib.AbstractContextManager[None]:
     return directory_lock(out_dir, "'ctrcal prepare'", wait=True)
 
 
+def _owner_tag() -> str:
+    """``h<host crc>.p<pid>.s<start>.``: this process, in the name of what it creates, so that
+    a kill before its owner record is written still leaves the owner to ask."""
+    start = _process_start(os.getpid())
+    host = zlib.crc32(socket.gethostname().encode())
+    return f"h{host:08x}.p{os.getpid()}.s{'x' if start is None else start}."
+
+
+_OWNER_TAG = re.compile(r"\.h([0-9a-f]{8})\.p(\d+)\.s(\d+|x)\.")
+
+
 def owned_temp_dir(out_dir: Path, kind: str = "") -> Path:
-    """A fresh ``.<name>.[kind-]XXXX.tmp`` sibling of ``out_dir`` recording who owns it."""
-    prefix = f".{out_dir.name}.{kind + '-' if kind else ''}"
+    """A fresh ``.<name>.[kind-]<owner>.XXXX.tmp`` sibling of ``out_dir`` recording who owns
+    it, in its name (from the instant it exists) and in ``_owner.json``."""
+    prefix = f".{out_dir.name}.{kind + '-' if kind else ''}{_owner_tag()}"
     tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=out_dir.parent))
     umask = os.umask(0)
     os.umask(umask)
@@ -136,6 +150,10 @@ def _is_stale(path: Path, now: float) -> bool:
             return not _owner_alive(int(owner["pid"]), owner.get("start"))
         except (KeyError, TypeError, ValueError):
             pass
+    # killed before (or while) writing its record: the name says who made it
+    tag = _OWNER_TAG.search(name)
+    if tag and int(tag[1], 16) == zlib.crc32(socket.gethostname().encode()):
+        return not _owner_alive(int(tag[2]), None if tag[3] == "x" else int(tag[3]))
     # no owner on this host to ask (another machine sharing the folder, or no record):
     # only long inactivity tells
     return now - _last_activity(path) > STALE_SECONDS

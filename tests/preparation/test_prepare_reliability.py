@@ -85,3 +85,22 @@ def test_two_prepares_at_once_end_cleanly_with_one_valid_output(raw, tmp_path):
     assert is_prepared(out)
     assert snapshot(out) == snapshot(reference)
     assert _leftovers(out) == []
+
+
+def test_a_temporary_killed_before_its_owner_record_is_cleaned_by_its_name(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from ctrcal.preparation import publish
+
+    out = tmp_path / "out"
+    mine = publish.owned_temp_dir(out)
+    (mine / publish.OWNER_FILE).unlink()  # as a kill between mkdtemp and the record
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    monkeypatch.setattr(publish.os, "getpid", lambda: dead.pid)
+    orphan = publish.owned_temp_dir(out)
+    (orphan / publish.OWNER_FILE).unlink()
+    monkeypatch.undo()
+    removed = publish.clean_stale_temporaries(out)
+    assert removed == [orphan] and mine.exists()  # a live owner's is left alone
