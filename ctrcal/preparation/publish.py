@@ -1,14 +1,14 @@
 """Owned temporaries and publishing: how a prepared directory appears, whole or not at all.
 
 Everything is written into a temporary sibling directory (``.DIR.<owner>.XXXX.tmp``, recording
-its owner's host, pid and process start time in its name and in ``_owner.json``) that is renamed onto ``DIR`` only
-when complete, so an interrupted run leaves nothing a later run trusts; the next run deletes
-such leftovers once their owner is gone (:func:`clean_stale_temporaries`). A run holds an
-exclusive lock on ``.DIR.lock`` (``flock``: released by the kernel when the process dies, even
-by ``kill -9``; deleted by a holder that ends normally) from its up-to-date check to its
-publication, so two runs into one directory take turns: the second finds the first's output
-and reuses it (same inputs and config) or replaces it by renames (different ones). Readers see
-either the old directory or the new one.
+its owner's host, pid and process start time in its name and in ``_owner.json``) that is
+renamed onto ``DIR`` only when complete, so an interrupted run leaves nothing a later run
+trusts; the next run deletes such leftovers once their owner is gone
+(:func:`clean_stale_temporaries`). A run holds an exclusive lock on ``.DIR.lock`` (``flock``:
+released by the kernel when the process dies, even by ``kill -9``; deleted by a holder that
+ends normally) from its up-to-date check to its publication, so two runs into one directory
+take turns: the second finds the first's output and reuses it (same inputs and config) or
+replaces it by renames (different ones). Readers see either the old directory or the new one.
 """
 
 from __future__ import annotations
