@@ -40,17 +40,15 @@ def _run(module, model: MaskNet, seed: int = 5):
     return out.detach(), grads
 
 
+# One graph is dynamo's verdict, whatever the backend; aot_eager also runs the traced forward
+# and backward through AOT autograd. Inductor's generated code is checked where it is used:
+# tests/train/test_trainer.py trains a MaskNet with train.compile and compares it with eager.
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_compiled_masknet_is_one_graph_equal_to_eager(backend):
+def test_compiled_masknet_is_one_graph_equal_to_eager():
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from ctrcal.layers.kernels.cpu_kernels import cpu_kernels
-
-    if backend == "inductor" and cpu_kernels() is None:
-        pytest.skip("no C compiler: inductor cannot build CPU code here")
     model = _model("serial", dropout=0.0)
-    counter = CompileCounterWithBackend(backend)
+    counter = CompileCounterWithBackend("aot_eager")
     out_c, grads_c = _run(torch.compile(model, backend=counter, fullgraph=True), model)
     out_e, grads_e = _run(model, model)
     assert counter.frame_count == 1
