@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from interrupt import assert_same_training, tiny_config
+from interrupt import assert_same_training, interrupt_training_at_step, tiny_config
 
 import ctrcal.train.trainer as trainer
 from ctrcal.core.errors import ConfigError
@@ -80,18 +80,8 @@ def test_the_constant_schedule_is_the_plateau_rule_alone(prepared_dir, tmp_path,
 def test_an_interrupted_decaying_run_resumes_bit_for_bit(prepared_dir, tmp_path, monkeypatch):
     cfg = tiny_config("train.epochs=3", "train.patience=5", "train.lr_schedule=cosine")
     train(cfg, prepared_dir, tmp_path / "full")
-    real_save, calls = trainer.save_checkpoint, []
-
-    def dies_at_the_second_checkpoint(path, payload):
-        calls.append(path)
-        if len(calls) == 3:  # epoch 1 wrote best.pt and last.pt; epoch 2 dies here
-            raise KeyboardInterrupt
-        real_save(path, payload)
-
-    monkeypatch.setattr(trainer, "save_checkpoint", dies_at_the_second_checkpoint)
-    with pytest.raises(KeyboardInterrupt):
-        train(cfg, prepared_dir, tmp_path / "cut")
-    monkeypatch.setattr(trainer, "save_checkpoint", real_save)
+    # Ctrl-C in the middle of the second epoch: the resume replays it from last.pt's LR state
+    interrupt_training_at_step(monkeypatch, 12, lambda: train(cfg, prepared_dir, tmp_path / "cut"))
     train(cfg, prepared_dir, tmp_path / "cut", resume=True)
     assert_same_training(tmp_path / "full", tmp_path / "cut")
 
