@@ -89,22 +89,13 @@ def setup(args: argparse.Namespace, tmp: Path) -> tuple[torch.nn.Module, Any, An
 
     run_dir = args.run
     if run_dir is None:
+        from bench_train import trained_run_overrides  # a sibling script: the same run
+
         from ctrcal.api import prepare
         from ctrcal.train.trainer import train
         from ctrcal.validate import load_config
 
-        base = [
-            f"data.synthetic.rows={args.rows}",
-            "data.synthetic.seed=0",
-            "features.min_count=5",
-            "model.hidden_units=[400,400,400]",
-            "model.embedding_dim=16",
-            "model.reduction_ratio=0.2",
-            "train.batch_size=4096",
-            "train.epochs=1",
-            "train.progress=false",
-            f"train.num_threads={torch.get_num_threads()}",
-        ]
+        base = trained_run_overrides(args.rows)
         cfg = load_config(None, base)
         data = prepare(None, tmp / "data", cfg).out_dir
         train(cfg, data, tmp / "run")

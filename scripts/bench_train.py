@@ -74,6 +74,21 @@ MODEL = {"hidden_units": [400, 400, 400], "embedding_dim": 16, "reduction_ratio"
 NORMS = {"layernorm": "layernorm", "mclayernorm": {"name": "mclayernorm", "fraction": 0.8}}
 
 
+def trained_run_overrides(rows: int) -> list[str]:
+    """The config of the benchmarks' trained run (``MODEL`` on ``rows`` synthetic rows, one
+    epoch), as ``key=value`` overrides; ``scripts/bench_serve.py`` scores the same run."""
+    return [
+        f"data.synthetic.rows={rows}",
+        "data.synthetic.seed=0",
+        "features.min_count=5",
+        *(f"model.{k}={json.dumps(v, separators=(',', ':'))}" for k, v in MODEL.items()),
+        "train.batch_size=4096",
+        "train.epochs=1",
+        "train.progress=false",
+        f"train.num_threads={torch.get_num_threads()}",
+    ]
+
+
 def _load() -> str:
     try:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -191,19 +206,7 @@ def bench_auc(args: argparse.Namespace) -> dict[str, Any]:
     each, and the load average beside each run."""
     from ctrcal.api import prepare
 
-    base = [
-        f"data.synthetic.rows={args.auc_rows}",
-        "data.synthetic.seed=0",
-        "features.min_count=5",
-        "model.hidden_units=[400,400,400]",
-        "model.embedding_dim=16",
-        "model.reduction_ratio=0.2",
-        "train.batch_size=4096",
-        "train.epochs=1",
-        "train.progress=false",
-        f"train.cpu_matmul={args.cpu_matmul}",
-        f"train.num_threads={torch.get_num_threads()}",
-    ]
+    base = [*trained_run_overrides(args.auc_rows), f"train.cpu_matmul={args.cpu_matmul}"]
     result: dict[str, Any] = {
         p: {"auc": [], "logloss": [], "rows_per_s": [], "load": []} for p in args.precisions
     }
