@@ -23,6 +23,17 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "ctrcal"
 
 
+def parse(path: Path) -> ast.Module:
+    """The syntax tree of the file ``path``. Read only: a tree is parsed once per text, and the
+    checks below read ctrcal's files many times over (about a second per reading)."""
+    return _parse_text(path.read_text(), str(path))
+
+
+@functools.cache
+def _parse_text(text: str, filename: str) -> ast.Module:
+    return ast.parse(text, filename)
+
+
 def _module_name(path: Path, root: Path) -> str:
     parts = list(path.relative_to(root.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -87,7 +98,7 @@ def _read_import_graph(root: Path, external: bool, top_only: frozenset[str]) -> 
     files = {_module_name(p, root): p for p in root.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parse(path)
         found = _imports(tree, name, path.name == "__init__.py", name not in top_only)
         edges = {m for m in found if m in files}
         if external:
@@ -123,7 +134,7 @@ def function_imports(
     function in ``runs`` also reaches the functions it names there, which it calls by other
     means than their names). Returns the modules imported and, per module, the names imported
     from it (the functions a next module's path starts at)."""
-    tree = ast.parse(path.read_text())
+    tree = parse(path)
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     found: set[str] = set()
     names: dict[str, set[str]] = {}
@@ -147,7 +158,7 @@ def function_imports(
 def command_imports(command: str, root: Path = PACKAGE, skip: tuple[str, ...] = ()) -> set[str]:
     """What the CLI's handler ``cmd_<command>`` imports in its body and in the CLI's helpers it
     calls (but ``skip``), and the CLI's own top."""
-    tree = ast.parse((root / "cli.py").read_text())
+    tree = parse(root / "cli.py")
     imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     top = ast.Module(body=imports, type_ignores=[])
     found, _ = function_imports(root / "cli.py", "ctrcal.cli", {f"cmd_{command}"}, skip)
@@ -329,7 +340,7 @@ def _module_constant(tree: ast.Module, name: str) -> object:
 def data_only_checks(root: Path = PACKAGE) -> set[str]:
     """The rule book's checks that run on data only: the built-in checks (registered in one
     loop over the functions ``check_<section>``) but those of ``MODEL_SECTIONS``."""
-    tree = ast.parse((root / "validate.py").read_text())
+    tree = parse(root / "validate.py")
     skipped = set(_module_constant(tree, "MODEL_SECTIONS"))
     for node in tree.body:
         if isinstance(node, ast.For) and isinstance(node.iter, ast.Tuple):
@@ -546,7 +557,7 @@ class Modules:
         self.packages: set[str] = set()
         for path in root.rglob("*.py"):
             name = _module_name(path, root)
-            tree = ast.parse(path.read_text(), str(path))
+            tree = parse(path)
             package = name if path.name == "__init__.py" else name.rpartition(".")[0]
             if path.name == "__init__.py":
                 self.packages.add(name)
@@ -615,7 +626,7 @@ def imports_off_home(modules: Modules, files: list[Path]) -> list[str]:
     only imports it."""
     found = []
     for path in files:
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse(path)):
             if isinstance(node, ast.ImportFrom) and not node.level and node.module in modules.trees:
                 for alias in node.names:
                     if not modules.is_home(node.module, alias.name):
@@ -632,7 +643,7 @@ def attributes_off_home(modules: Modules, files: list[Path]) -> list[str]:
     import and ``name`` is one it only imports: a second import path in attribute form."""
     found = []
     for path in files:
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parse(path)
         bound: dict[str, str] = {}
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and not node.level and node.module:
