@@ -103,6 +103,26 @@ def pytest_collection_modifyitems(config, items):
     first = [i for i in items if i.get_closest_marker("slow") and id(i) not in waiting]
     chosen = {id(i) for i in first}
     items[:] = first + [i for i in items if id(i) not in chosen]
+    if config.getvalue("loadgroup"):
+        _keep_xdist_groups_together(items)
+
+
+def _keep_xdist_groups_together(items) -> None:
+    """Give each test of an ``xdist_group`` the id suffix ``@<group>`` by which ``--dist
+    loadgroup`` sends a group to one worker (the Ray tests share one Ray per worker).
+
+    pytest-xdist writes that suffix into ``item._nodeid``, which pytest 9.2 no longer reads (a
+    node's id now lives in ``item._id``): without this the group's tests are spread over the
+    workers like any others, and each worker starts its own Ray."""
+    for item in items:
+        names = {
+            str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+            for mark in item.iter_markers("xdist_group")
+        }
+        if names and "@" not in item.nodeid:  # an xdist that sets the id itself needs nothing
+            from _pytest.nodeid import NodeId
+
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(sorted(names))}")
 
 
 def pytest_collection_finish(session):
