@@ -3,9 +3,6 @@ thread-pool fallback, which must give the same numbers."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -42,41 +39,10 @@ def test_chunks_cover_the_range_once_in_order(n, count, threads):
     assert chunks.partials(5).shape == (chunks.count, 5)
 
 
-_LOAD_KERNELS = """
-from pathlib import Path
-import torch
-from ctrcal.layers.kernels import chunks, cpu_kernels, mcln_kernel
-
-def runtimes():
-    maps = Path("/proc/self/maps").read_text().splitlines()
-    return sorted({line.split()[-1] for line in maps if "gomp" in line})
-
-before = runtimes()
-libs = [cpu_kernels.cpu_kernels(), mcln_kernel.get_kernel()]
-print(chunks.torch_uses_loaded_openmp(), [chunks.runs_chunks_itself(lib) for lib in libs])
-print(before == runtimes(), before, runtimes())
-"""
-
-
-@pytest.mark.slow
-def test_kernels_run_on_torchs_openmp_runtime_not_a_second_one(kernels):
-    """Built with -fopenmp, the kernel libraries bind to the libgomp torch loaded: a fresh
-    process maps no further OpenMP runtime when it loads them."""
-    if not sys.platform.startswith("linux"):
-        pytest.skip("Linux only (/proc/self/maps)")
-    if not mcln_kernel.kernel_available():
-        pytest.skip(f"no MC-LayerNorm kernel here: {mcln_kernel.kernel_error()}")
-    out = subprocess.run(
-        [sys.executable, "-c", _LOAD_KERNELS],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    ).stdout.splitlines()
-    if not out[0].startswith("True"):
-        pytest.skip("torch does not run on a loaded GNU OpenMP here")
-    assert out[0] == "True [True, True]", out
-    assert out[1].startswith("True"), out  # the same OpenMP runtimes before and after
+# That the kernel libraries bind to the OpenMP runtime torch loaded (a fresh process maps no
+# second one when it loads them) is checked in the fresh process that also trains a CPU step
+# with them: test_cpu_training_does_not_import_triton_and_kernels_use_torchs_openmp, in
+# tests/layers/test_mc_layernorm.py.
 
 
 def _masknet_step(norm: str, seed: int = 0):

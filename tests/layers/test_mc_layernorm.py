@@ -87,7 +87,12 @@ def test_subset_size_too_small_names_n_and_f():
 @pytest.mark.parametrize(("n", "k"), [(5, 2), (10, 3), (400, 320), (400, 200), (624, 499), (9, 9)])
 def test_sampler_exact_k_per_row(n, k, backend):
     torch.manual_seed(0)
-    rows = 600 if backend == "triton" else 3000  # the interpreter is slow
+    # The interpreter is slow, and pays per tile of rows (64 rows of N = 624, 128 of N = 400):
+    # 200 rows are up to 4 tiles, the last one partial. Exactness is per row, so what the rows are
+    # for is the search's paths: the fallback to bisection after the interpolated probes is
+    # taken by 8-17 % of rows at these widths (simulated), so 200 rows all stop short of it
+    # with probability < 0.92^200 = 6e-8. The tie branches are forced in test_mcln_triton.py.
+    rows = 200 if backend == "triton" else 3000
     mask = sample_subset_mask(rows, n, k, backend=backend)
     assert mask.shape == (rows, n)
     assert set(mask.unique().tolist()) <= {0.0, 1.0}
@@ -102,7 +107,14 @@ def _chi2_threshold(df: int, z: float = 5.0) -> float:
 @pytest.mark.parametrize(("n", "k"), [(6, 3), (6, 4)])
 def test_sampler_uniform_over_all_subsets(n, k, backend):
     torch.manual_seed(1)
-    rows = 40_000
+    # The chi-square bound at z = 5 fails a uniform sampler with probability 2e-7 at any size.
+    # C and torch draw 40,000 rows (cheap): power 0.999 from w^2 = sum (p - p0)^2 / p0 of
+    # 0.0027. The Triton draws are the k smallest of Philox keys of (seed, row * N + col), so
+    # a bug skews them structurally: two columns sharing a key (a wrong offset) gives w^2 =
+    # 0.65 for (6, 4) and 0.73 for (6, 3) (simulated), which 155 rows detect with power
+    # 0.999. 16,384 rows, two of the interpreter's tiles, detect w^2 >= 0.0065 with power
+    # 0.999 (one column in the subset 54 % of the time instead of 50 %, at (6, 3)).
+    rows = 16_384 if backend == "triton" else 40_000
     mask = sample_subset_mask(rows, n, k, backend=backend)
     code = (mask * (2 ** torch.arange(n))).sum(1).long()
     counts = torch.bincount(code, minlength=2**n).double()
@@ -117,7 +129,16 @@ def test_sampler_uniform_over_all_subsets(n, k, backend):
 def test_sampler_rows_independent(backend):
     # joint distribution of the subsets of two rows of the same draw: uniform on all pairs
     torch.manual_seed(2)
-    n, k, rows = 5, 2, 60_000
+    # The chi-square bound at z = 5 fails independent rows with probability 2.6e-7 at any
+    # size. C and torch draw 60,000 rows (cheap): power 0.999 from w^2 = sum (p - p0)^2 / p0
+    # of 0.0057 (a copied subset in 2.5 % of the pairs: w^2 = 9 * rate^2). The Triton draws
+    # are Philox keys of (seed, row * N + col), so dependence between rows is a structural
+    # bug: rows sharing keys (a row stride off by one shares 1 of the 5: w^2 = 0.27,
+    # simulated) or copying subsets. 16,384 rows (8,192 pairs, two of the interpreter's tiles)
+    # detect w^2 >= 0.021 with power 0.999 (copies from a rate of 4.8 %; the shared key gives
+    # a noncentrality of 2,200 against a bound at 186).
+    n, k = 5, 2
+    rows = 16_384 if backend == "triton" else 60_000
     mask = sample_subset_mask(rows, n, k, backend=backend)
     code = (mask * (2 ** torch.arange(n))).sum(1).long()
     ids = torch.unique(code, return_inverse=True)[1]
@@ -127,10 +148,15 @@ def test_sampler_rows_independent(backend):
     expected = (rows // 2) / (c * c)
     chi2 = ((counts - expected) ** 2 / expected).sum().item()
     assert chi2 < _chi2_threshold(c * c - 1)
-    # wide rows: overlap of neighbouring rows is hypergeometric (mean k^2/n), no duplicates
-    n, k, rows = 400, 320, 4000
+    # wide rows: overlap of neighbouring rows is hypergeometric (mean k^2/n), no duplicates.
+    # Every row is compared with the next: for independent rows the overlaps of (r, r + 1)
+    # are i.i.d. (|S_r & S_r+1| is hypergeometric whatever S_r is, so independent of rows
+    # 0..r), so 2,001 rows give the 2,000 overlaps that 4,000 rows in disjoint pairs gave:
+    # the same bounds, false alarms and power, and neighbours across every boundary (of the
+    # pairs, tiles and threads' chunks) compared too.
+    n, k, rows = 400, 320, 2001
     mask = sample_subset_mask(rows, n, k, dtype=torch.float64, backend=backend)
-    overlap = (mask[0::2] * mask[1::2]).sum(1)
+    overlap = (mask[:-1] * mask[1:]).sum(1)
     mean = k * k / n
     var = k * (k / n) * ((n - k) / n) * ((n - k) / (n - 1))
     se = math.sqrt(var / overlap.numel())
@@ -183,7 +209,15 @@ def test_layer_uses_exactly_k_per_row(backend):
 def test_subset_mean_variance_matches_theory(backend):
     # Var(subset mean) = sigma^2 (N-k) / (k (N-1)) for a uniform k-subset without replacement.
     torch.manual_seed(4)
-    n, f, rows = 40, 0.25, 20_000
+    # Every bound is 5 standard errors (false alarm ~6e-7 each, at any size). C and torch
+    # draw 20,000 rows (cheap). The Triton kernel's arithmetic given its subsets, and its
+    # subsets against the sampler's, are checked exactly in test_mcln_triton.py; here, under
+    # the slow interpreter, 8,192 rows (eight tiles) keep these defects' failure probability
+    # above 0.9999 (simulated): subsets of k - 1 or k + 1 elements (Var(subset mean) +15 % /
+    # -12 %, relative s.e. 1.5 %), drawn with replacement (+30 %), or a subset variance
+    # divided by k - 1 (E[v] +11 %, relative s.e. 0.34 %).
+    n, f = 40, 0.25
+    rows = 8192 if backend == "triton" else 20_000
     base = torch.randn(n, dtype=torch.float64) * 2 + 1
     layer = MCLayerNorm(n, eps=0.0, elementwise_affine=False, fraction=f, backend=backend)
     layer = layer.double().train()
@@ -653,27 +687,63 @@ def test_mc_predict_on_a_batch_equals_the_tensors_and_hides_the_label():
         mc_predict(model, Batch(cat, num[:3], None))
 
 
+# One fresh process serves two checks of a CPU run: it loads the C kernel libraries (the
+# OpenMP check of tests/layers/test_chunks.py's subject), then trains a step with them.
+_CPU_PROCESS = """
+import json, sys
+from pathlib import Path
+import torch
+from ctrcal.layers.kernels import chunks, cpu_kernels, mcln_kernel
+
+def runtimes():
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    return sorted({line.split()[-1] for line in maps if "gomp" in line})
+
+openmp = None
+if sys.platform.startswith("linux"):
+    before = runtimes()  # before anything loads a kernel library
+    libs = [cpu_kernels.cpu_kernels()]
+    if mcln_kernel.kernel_available():
+        libs.append(mcln_kernel.get_kernel())
+    if None not in libs and len(libs) == 2:
+        openmp = {
+            "torch_on_loaded_gomp": chunks.torch_uses_loaded_openmp(),
+            "libs_run_chunks": [chunks.runs_chunks_itself(lib) for lib in libs],
+            "before": before,
+            "after": runtimes(),
+        }
+
+from ctrcal.models.build import create_model
+from ctrcal.config import ModelConfig
+class FM:
+    vocab_sizes = [7, 9]; numeric_fields = ['I1']; bucket_boundaries = None
+m = create_model(ModelConfig('masknet', embedding_dim=4, hidden_units=[8],
+    emb_norm='mclayernorm', net_norm='mclayernorm'), FM())
+from ctrcal.core.batch import Batch
+out = m(Batch(torch.randint(0, 7, (32, 2)), torch.randn(32, 1), None))
+out.sum().backward()
+assert 'triton' not in sys.modules, 'triton was imported'
+print(json.dumps(openmp))
+"""
+
+
 @pytest.mark.slow
-def test_cpu_training_does_not_import_triton():
-    """triton is imported only for a CUDA tensor or the interpreter: a CPU process never pays
-    its import."""
+def test_cpu_training_does_not_import_triton_and_kernels_use_torchs_openmp():
+    """In a fresh CPU process: triton is imported only for a CUDA tensor or the interpreter,
+    so a CPU training step never pays its import; and the kernel libraries, built with
+    -fopenmp, bind to the libgomp torch loaded: loading them maps no further OpenMP runtime
+    (Linux, with the C kernels, where torch runs on a loaded GNU OpenMP)."""
+    import json
     import os
     import subprocess
     import sys
 
-    code = (
-        "import sys, torch\n"
-        "from ctrcal.models.build import create_model\n"
-        "from ctrcal.config import ModelConfig\n"
-        "class FM:\n"
-        "    vocab_sizes = [7, 9]; numeric_fields = ['I1']; bucket_boundaries = None\n"
-        "m = create_model(ModelConfig('masknet', embedding_dim=4, hidden_units=[8],\n"
-        "    emb_norm='mclayernorm', net_norm='mclayernorm'), FM())\n"
-        "from ctrcal.core.batch import Batch\n"
-        "out = m(Batch(torch.randint(0, 7, (32, 2)), torch.randn(32, 1), None))\n"
-        "out.sum().backward()\n"
-        "assert 'triton' not in sys.modules, 'triton was imported'\n"
-    )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CPU_PROCESS], capture_output=True, text=True, env=env, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
+    openmp = json.loads(proc.stdout.splitlines()[-1])
+    if openmp is not None and openmp["torch_on_loaded_gomp"]:
+        assert openmp["libs_run_chunks"] == [True, True], openmp
+        assert openmp["before"] == openmp["after"], openmp  # the same OpenMP runtimes

@@ -129,17 +129,25 @@ def test_triton_tie_breaking_keeps_k_exact_and_uniform(monkeypatch):
     # coarse, subsets stay uniform.
     torch.manual_seed(2)
     monkeypatch.setattr(mcln_triton, "_HI_SHIFT", 30)
-    mask = sample_subset_mask(30_000, 6, 3, backend="triton")
+    # Rows: the chi-square bound (z = 5) fails uniform subsets with probability 2e-7 at any
+    # size. The defect it is for, ties settled by column order instead of the low word, has
+    # w^2 = sum (p - p0)^2 / p0 = 0.16 here (simulated): 660 rows detect it with power 0.999.
+    # 8,192 rows, one of the interpreter's tiles (it pays per tile), give it a noncentrality
+    # of 1,300 against a bound at 68, and detect any w^2 >= 0.013 with power 0.999.
+    rows = 8192
+    mask = sample_subset_mask(rows, 6, 3, backend="triton")
     assert (mask.sum(1) == 3).all()
     code = (mask * (2 ** torch.arange(6))).sum(1).long()
     counts = torch.bincount(code, minlength=64).double()
     counts = counts[counts > 0]
     assert counts.numel() == math.comb(6, 3)
-    expected = 30_000 / 20
+    expected = rows / 20
     chi2 = ((counts - expected) ** 2 / expected).sum().item()
     assert chi2 < 19 * (1 - 2 / 171 + 5 * math.sqrt(2 / 171)) ** 3  # z = 5 quantile, 19 df
     monkeypatch.setattr(mcln_triton, "_LO_SHIFT", 31)
-    mask = sample_subset_mask(2_000, 37, 29, backend="triton")
+    # exactness is per row, and with 2-bit high and 1-bit low words 4 rows in 5 settle their
+    # ties by column index (simulated): one tile of 1,024 rows holds some 800 such rows
+    mask = sample_subset_mask(1024, 37, 29, backend="triton")
     assert (mask.sum(1) == 29).all()
 
 
