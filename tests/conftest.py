@@ -4,8 +4,9 @@ the session's tiny shift report.
 * ``criteo_frame``: 1,000 synthetic rows (dac columns as strings/ints) and their true probs.
 * ``criteo_files``: that frame written once per layout (``dac``, ``dac_gz``, ``dac_test``,
   ``kaggle_csv``, ``x4``, ``x1``, ``torchrec``) -> ``{name: Path}``.
-* ``prepared_dir``: a ~20k-row synthetic dataset prepared once per session -> its directory
-  (``feature_map.json``, ``train/``, ``valid/``, ``test/``). Treat it as read-only.
+* ``prepared_dir``: a ~20k-row synthetic dataset prepared once per test run (the workers
+  share it) -> its directory (``feature_map.json``, ``train/``, ``valid/``, ``test/``).
+  Treat it as read-only.
 * ``criteo_samples``: the shared directory of real Criteo sample rows (skips if absent).
 * ``shift_report``: the tiny shift report of ``tests/shift_report.py`` (every variant kind),
   run once per test run, in a background process started when collection shows a test needs
@@ -68,16 +69,27 @@ def criteo_files(criteo_frame, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def prepared_dir(tmp_path_factory) -> Path:
-    """A prepared synthetic dataset (~20k rows, seed 0, min_count 5), made once per session."""
+def prepared_dir(request) -> Path:
+    """A prepared synthetic dataset (~20k rows, seed 0, min_count 5), made once per test run:
+    the first pytest-xdist worker that needs it prepares it, the others wait for it and read
+    the same directory. Treat it as read-only."""
+    import fcntl
+
     from ctrcal.api import prepare
     from ctrcal.config import Config
 
-    cfg = Config()
-    cfg.data.synthetic.rows = PREPARED_ROWS
-    cfg.data.synthetic.seed = 0
-    cfg.features.min_count = 5
-    return prepare(None, tmp_path_factory.mktemp("prepared") / "data", cfg).out_dir
+    root = _shared_dir(request.config) / "prepared"
+    root.mkdir(exist_ok=True)
+    out = root / "data"
+    with open(root / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "feature_map.json").exists():
+            cfg = Config()
+            cfg.data.synthetic.rows = PREPARED_ROWS
+            cfg.data.synthetic.seed = 0
+            cfg.features.min_count = 5
+            prepare(None, out, cfg)
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,9 @@ pytest.importorskip("ctrcal.train.trainer")
 
 from ctrcal.cli import main  # noqa: E402
 
+# one worker runs the module (--dist loadgroup), so the two reports are trained once
+pytestmark = pytest.mark.xdist_group("noise_report")
+
 HEAD = """
 data:
   synthetic: {rows: 3000, seed: 0}
