@@ -115,7 +115,7 @@ def pytest_collection_modifyitems(config, items):
     first = [i for i in items if i.get_closest_marker("slow") and id(i) not in waiting]
     chosen = {id(i) for i in first}
     items[:] = first + [i for i in items if id(i) not in chosen]
-    if config.getvalue("loadgroup"):
+    if getattr(config.option, "loadgroup", False):  # set by --dist loadgroup
         _keep_xdist_groups_together(items)
 
 
