@@ -2,12 +2,15 @@
 ones, and a run killed with -9 and resumed equals the uninterrupted one.
 
 The ranks are started here with the environment torchrun gives them (``ctrcal train --nproc``
-through torchrun itself is covered by test_ddp_training.py), forked from the server that has
-imported ctrcal already (see forked_cli.py), which keeps the three runs fast.
+through torchrun itself is covered by test_ddp_training.py), forked from one launcher process
+that has imported ctrcal (it is forked from the preloaded server, see forked_cli.py) and what
+DDP's constructor imports, which keeps the three runs fast.
 """
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
 import signal
 import socket
@@ -60,31 +63,78 @@ def _rank(rank: int, port: int, data: str, run_dir: str, probe: str, resume: boo
     train(load_config(None, ARGS), data, run_dir, resume=resume)
 
 
-def _start(data: Path, run_dir: Path, probe: Path, resume: bool = False) -> list:
-    probe.mkdir()
-    ctx = preloaded_context()
-    port = _free_port()
-    procs = [
-        ctx.Process(target=_rank, args=(r, port, str(data), str(run_dir), str(probe), resume))
-        for r in (0, 1)
-    ]
-    for p in procs:
-        p.start()
-    return procs
+def _launcher(conn) -> None:
+    """Fork the two ranks of each run asked for over ``conn`` (the arguments of :func:`_rank`
+    after the rank; ``None``: stop), send their pids, then their exit statuses once both ended.
+
+    Forked from the preloaded server, this process imports what DDP's constructor imports
+    (``torch._dynamo``, about 1 s of CPU) once for its six ranks instead of once in each. It
+    has started no thread (neither has the server), so forking it is safe.
+    """
+    import torch._dynamo  # noqa: F401
+
+    fork = multiprocessing.get_context("fork")
+    for args in iter(conn.recv, None):
+        ranks = [fork.Process(target=_rank, args=(r, *args)) for r in (0, 1)]
+        for p in ranks:
+            p.start()
+        conn.send([p.pid for p in ranks])
+        for p in ranks:
+            p.join()
+        conn.send([p.exitcode for p in ranks])
 
 
-def _join(procs: list) -> None:
-    for p in procs:
-        p.join(timeout=300)
-    assert [p.exitcode for p in procs] == [0, 0]
+class _Ranks:
+    """The two ranks of one run, started by the launcher: their ``pids``, and ``poll`` (None
+    while either runs, then both exit statuses) for :func:`interrupt.wait_for`."""
+
+    def __init__(self, conn) -> None:
+        self._conn = conn
+        self.pids: list[int] = conn.recv()
+        self._codes: list[int] | None = None
+
+    def poll(self) -> list[int] | None:
+        if self._codes is None and self._conn.poll():
+            self._codes = self._conn.recv()
+        return self._codes
+
+    def join(self, timeout: float = 300) -> list[int]:
+        if self._codes is None:
+            assert self._conn.poll(timeout), f"the ranks still run after {timeout} s"
+            self._codes = self._conn.recv()
+        return self._codes
+
+
+@pytest.fixture
+def start_ranks():
+    """``start(data, run_dir, probe, resume=False)`` -> the :class:`_Ranks` of a run, each
+    rank recording its MC draws under ``probe``."""
+    conn, theirs = multiprocessing.Pipe()
+    launcher = preloaded_context().Process(target=_launcher, args=(theirs,))
+    launcher.start()
+    started: list[_Ranks] = []
+
+    def start(data: Path, run_dir: Path, probe: Path, resume: bool = False) -> _Ranks:
+        probe.mkdir()
+        conn.send((_free_port(), str(data), str(run_dir), str(probe), resume))
+        started.append(_Ranks(conn))
+        return started[-1]
+
+    yield start
+    if started and started[-1].poll() is None:  # a failed test left its ranks running
+        for pid in started[-1].pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    conn.send(None)
+    launcher.join(timeout=60)
 
 
 @pytest.mark.slow
-def test_ddp_mc_layernorm_streams_and_kill_9_resume(prepared_dir, tmp_path):
+def test_ddp_mc_layernorm_streams_and_kill_9_resume(prepared_dir, tmp_path, start_ranks):
     from ctrcal.train.results import load_run
 
     full, cut = tmp_path / "full", tmp_path / "cut"
-    _join(_start(prepared_dir, full, tmp_path / "probe_full"))
+    assert start_ranks(prepared_dir, full, tmp_path / "probe_full").join() == [0, 0]
     model = load_run(full)[0]
     assert sum(isinstance(m, MCLayerNorm) for m in model.modules()) == 1
     records = read_records(tmp_path / "probe_full")
@@ -97,19 +147,17 @@ def test_ddp_mc_layernorm_streams_and_kill_9_resume(prepared_dir, tmp_path):
     assert len(set(steps[0])) == len(steps[0])  # and the stream moves on at every step
 
     # both ranks killed with -9 once the first epoch is checkpointed, then resumed
-    procs = _start(prepared_dir, cut, tmp_path / "probe_killed")
-    wait_for(cut / "checkpoints" / "last.pt", procs[0])
+    ranks = start_ranks(prepared_dir, cut, tmp_path / "probe_killed")
+    wait_for(cut / "checkpoints" / "last.pt", ranks)
     # both frozen first: a rank killed alone makes its peer fail on the closed connection
     for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for p in procs:
-            if p.is_alive():
-                os.kill(p.pid, sig)
-    for p in procs:
-        p.join()
-    assert [p.exitcode for p in procs] == [-signal.SIGKILL] * 2, "finished before the kill"
+        for pid in ranks.pids:
+            with contextlib.suppress(ProcessLookupError):  # ended already: the assert says so
+                os.kill(pid, sig)
+    assert ranks.join() == [-signal.SIGKILL] * 2, "finished before the kill"
     done = load_checkpoint(cut / "checkpoints" / "last.pt")["epoch"]
     assert 1 <= done < EPOCHS
-    _join(_start(prepared_dir, cut, tmp_path / "probe_resumed", resume=True))
+    assert start_ranks(prepared_dir, cut, tmp_path / "probe_resumed", resume=True).join() == [0, 0]
     assert_same_training(full, cut)
     # a rerun draws the same subsets on each rank, step for step, before the kill and after
     # the resume
