@@ -45,11 +45,15 @@ def _files(directory: Path) -> dict[str, bytes]:
     }
 
 
-@pytest.fixture(scope="module")
+# session-scoped: under pytest-xdist a module-scoped fixture is made again each time a worker
+# comes back to this module (its slow tests run first, the others later)
+@pytest.fixture(scope="session")
 def generated(tmp_path_factory):
-    """Three generated dac files (with true probabilities) of 3,000 rows each."""
+    """Three generated dac files (with true probabilities) of 3,000 rows each. Read-only."""
     root = tmp_path_factory.mktemp("chunked_src")
-    whole = generate(root / "whole.txt", 9_000, seed=10)  # one generator start-up, cut in 3
+    # one generator start-up, cut in 3; seed 0: the click model of conftest's criteo_frame,
+    # likely calibrated in this process already (calibrating another seed costs about 0.5 s)
+    whole = generate(root / "whole.txt", 9_000, seed=0)
     lines = whole.path.read_bytes().splitlines(keepends=True)
     probs = pl.read_parquet(whole.prob_path)
     paths = []
@@ -61,7 +65,10 @@ def generated(tmp_path_factory):
     return paths
 
 
-CHUNK_SIZES = (1 << 12, 1 << 16, 1 << 30)  # hundreds of chunks, tens, one per file
+# hundreds of chunks, tens, one per file: the inputs here are under 1 MB a file, so the
+# smallest chunk size prepare chooses itself is one chunk a file (a larger one only makes a
+# larger read buffer to zero: 1 GiB took about 0.5 s a file)
+CHUNK_SIZES = (1 << 12, 1 << 16, MIN_CHUNK_BYTES)
 # every chunk size and every thread count once: one thread (no stage runs ahead), two, and
 # more threads than cores; the first run (most chunks) is the one the others must equal
 RUNS = ((CHUNK_SIZES[0], 2), (CHUNK_SIZES[1], 1), (CHUNK_SIZES[1], 5), (CHUNK_SIZES[2], 2))

@@ -71,7 +71,8 @@ def ray_session(tmp_path_factory):
     ray.shutdown()
 
 
-@pytest.fixture(scope="module")
+# session-scoped like ray_session, for the same reason
+@pytest.fixture(scope="session")
 def days(tmp_path_factory):
     root = tmp_path_factory.mktemp("days")
     files = []
@@ -91,6 +92,27 @@ def days(tmp_path_factory):
 def small_parts(monkeypatch):
     monkeypatch.setattr(write, "PART_ROWS", PART)
     monkeypatch.setattr(write, "ROW_GROUP_ROWS", PART // 2)
+
+
+@pytest.fixture(scope="session")
+def local_output(days, tmp_path_factory):
+    """``local_output(**data)`` -> what the local engine prepares from the day files in small
+    parts with ``DataConfig(**data)`` (its ``out_dir`` read-only), prepared once per session
+    for each ``data``: the ray engine's tests of its bytes and of a retried worker compare with
+    the same one."""
+    done = {}
+
+    def local_output(**data):
+        key = json.dumps(data, sort_keys=True)
+        if key not in done:
+            out = tmp_path_factory.mktemp("local") / "local"
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(write, "PART_ROWS", PART)
+                patch.setattr(write, "ROW_GROUP_ROWS", PART // 2)
+                done[key] = _prepare(days, out, "local", **data)
+        return done[key]
+
+    return local_output
 
 
 def _prepare(files, out, engine, **data):
@@ -114,23 +136,24 @@ def _assert_same_directory(a: Path, b: Path) -> None:
 @pytest.mark.parametrize(
     "data", [{}, {"split_order": "time", "split": [22, 1, 1]}], ids=["random", "days"]
 )
-def test_ray_writes_the_local_engines_bytes(ray_session, days, small_parts, tmp_path, data):
-    local = _prepare(days, tmp_path / "local", "local", **data)
+def test_ray_writes_the_local_engines_bytes(
+    ray_session, days, small_parts, local_output, tmp_path, data
+):
+    local = local_output(**data)
     ray = _prepare(days, tmp_path / "ray", "ray", **data)
     assert ray.rows == local.rows and len(list((tmp_path / "ray/train").iterdir())) > 3
-    _assert_same_directory(tmp_path / "local", tmp_path / "ray")
+    _assert_same_directory(local.out_dir, tmp_path / "ray")
 
 
 @pytest.mark.slow
 def test_a_killed_worker_is_retried_or_fails_in_one_line(
-    ray_session, days, small_parts, tmp_path, monkeypatch
+    ray_session, days, small_parts, local_output, tmp_path, monkeypatch
 ):
     marker = ray_session
-    _prepare(days, tmp_path / "local", "local")
     marker.write_text("die once")
     _prepare(days, tmp_path / "ray", "ray")
     assert not marker.exists()  # a worker died, and its task ran again
-    _assert_same_directory(tmp_path / "local", tmp_path / "ray")
+    _assert_same_directory(local_output().out_dir, tmp_path / "ray")
 
     monkeypatch.setattr(ray_engine, "TASK_RETRIES", 0)
     marker.write_text("die once")

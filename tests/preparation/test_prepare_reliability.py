@@ -42,23 +42,36 @@ def _leftovers(out: Path) -> list[str]:
     return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}."))
 
 
-@pytest.fixture(scope="module")
+# session-scoped: under pytest-xdist a module-scoped fixture is made again each time a worker
+# comes back to this module
+@pytest.fixture(scope="session")
 def raw(tmp_path_factory):
-    frame, _ = generate_frame(6_000, seed=9)
+    # seed 0: the click model of conftest's criteo_frame, likely calibrated in this process
+    # already (calibrating another seed costs about 0.5 s)
+    frame, _ = generate_frame(6_000, seed=0)
     return write_criteo(frame, tmp_path_factory.mktemp("kill") / "train.txt")
 
 
-@pytest.mark.slow
-def test_kill_9_at_any_moment_then_again_gives_the_uninterrupted_output(raw, tmp_path):
-    flag = tmp_path / "flag"
-    reference = tmp_path / "reference"
-    proc = _start(raw, reference, flag)
+@pytest.fixture(scope="session")
+def uninterrupted(raw, tmp_path_factory):
+    """What an uninterrupted prepare of ``raw`` writes, the reference of both tests ->
+    ``(snapshot, seconds from the end of the imports to the end)``."""
+    root = tmp_path_factory.mktemp("reference")
+    out, flag = root / "out", root / "flag"
+    proc = _start(raw, out, flag)
     while not flag.exists() and proc.poll() is None:
         time.sleep(0.002)
     start = time.perf_counter()
-    assert proc.wait(timeout=120) == 0
-    work = time.perf_counter() - start  # from the end of the imports to the end
-    expected = snapshot(reference)
+    assert proc.wait(timeout=120) == 0, proc.output()[1]
+    return snapshot(out), time.perf_counter() - start
+
+
+@pytest.mark.slow
+def test_kill_9_at_any_moment_then_again_gives_the_uninterrupted_output(
+    raw, uninterrupted, tmp_path
+):
+    expected, work = uninterrupted
+    flag = tmp_path / "flag"
     out = tmp_path / "out"
     # kills spread over the work, each leaving its state to the next run
     for fraction in (0.02, 0.3, 0.6, 0.85, 0.98):
@@ -75,15 +88,13 @@ def test_kill_9_at_any_moment_then_again_gives_the_uninterrupted_output(raw, tmp
 
 
 @pytest.mark.slow
-def test_two_prepares_at_once_end_cleanly_with_one_valid_output(raw, tmp_path):
-    reference = tmp_path / "reference"
-    _run(raw, reference, tmp_path / "f0")
+def test_two_prepares_at_once_end_cleanly_with_one_valid_output(raw, uninterrupted, tmp_path):
     out = tmp_path / "out"
     procs = [_start(raw, out, tmp_path / f"f{i}") for i in (1, 2)]
     codes = [p.wait(timeout=120) for p in procs]
     assert codes == [0, 0], [p.output()[1] for p in procs]
     assert is_prepared(out)
-    assert snapshot(out) == snapshot(reference)
+    assert snapshot(out) == uninterrupted[0]
     assert _leftovers(out) == []
 
 
