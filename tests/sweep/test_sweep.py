@@ -144,28 +144,44 @@ def test_failures_name_the_run_and_stop_new_runs(tmp_path):
 # The shift report: parallel == sequential
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sweeps(shift_report, tmp_path_factory):
     """The same tiny report trained sequentially (the session report's runs, trained in this
-    process) and by 2 worker processes (1 thread each)."""
+    process) and by 2 worker processes (1 thread each) -> ``(root, data, seq_log, par_log)``.
+
+    Made once per test run: its four tests may run on different pytest-xdist workers, so the
+    first worker that needs it makes it in the directory the workers share (as conftest's
+    shift report does) while the others wait, then read it. Read-only: a test that reruns or
+    edits runs works on a copy.
+    """
+    import fcntl
+
     from ctrcal.reports.shift.report import run_shift_report
 
     _, shared = shift_report
-    root = tmp_path_factory.mktemp("sweep")
-    (root / "tiny.yaml").write_text(TINY)
-    cfg = load_config(root / "tiny.yaml")
     data = shared / "data"
-    for variant in ("layernorm", "mclayernorm"):
-        for k in (0, 1):
-            run = Path("runs") / variant / f"seed{k}"
-            shutil.copytree(shared / run, root / "seq" / run)
-    seq_log: list[str] = []
-    run_shift_report(cfg, root / "seq", data, progress=False, log=seq_log.append)
-    assert json.loads((root / "seq" / "summary.json").read_text())["training"]["runs"] == {
-        "reused": 4
-    }
-    par_log: list[str] = []
-    run_shift_report(cfg, root / "par", data, workers=2, progress=False, log=par_log.append)
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "sweep"
+    root.mkdir(exist_ok=True)
+    with open(root / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "logs.json").exists():
+            for half in ("seq", "par"):  # left by a worker that failed making them
+                shutil.rmtree(root / half, ignore_errors=True)
+            (root / "tiny.yaml").write_text(TINY)
+            cfg = load_config(root / "tiny.yaml")
+            for variant in ("layernorm", "mclayernorm"):
+                for k in (0, 1):
+                    run = Path("runs") / variant / f"seed{k}"
+                    shutil.copytree(shared / run, root / "seq" / run)
+            seq_log: list[str] = []
+            run_shift_report(cfg, root / "seq", data, progress=False, log=seq_log.append)
+            summary = json.loads((root / "seq" / "summary.json").read_text())
+            assert summary["training"]["runs"] == {"reused": 4}
+            par_log: list[str] = []
+            run_shift_report(cfg, root / "par", data, workers=2, progress=False, log=par_log.append)
+            (root / "logs.json").write_text(json.dumps([seq_log, par_log]))
+    seq_log, par_log = json.loads((root / "logs.json").read_text())
     return root, data, seq_log, par_log
 
 
