@@ -7,7 +7,14 @@ import pytest
 
 from ctrcal.metrics import smooth_ece, smooth_ece_at
 
-relplot = pytest.importorskip("relplot")
+# relplot loads pyplot and seaborn (0.7 s): imported by the tests that compare with it, all on
+# one worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("relplot")
+
+
+@pytest.fixture(scope="module")
+def relplot():
+    return pytest.importorskip("relplot")
 
 
 @pytest.mark.parametrize(
@@ -20,7 +27,7 @@ relplot = pytest.importorskip("relplot")
         (50_000, 0.5, 40, 1.0, 4),
     ],
 )
-def test_equals_relplot_on_random_data(n, a, b, scale, seed):
+def test_equals_relplot_on_random_data(relplot, n, a, b, scale, seed):
     rng = np.random.default_rng(seed)
     p = rng.beta(a, b, n)
     y = (rng.random(n) < np.clip(scale * p, 0, 1)).astype(np.float64)
@@ -41,7 +48,7 @@ def test_calibrated_predictions_score_lower_than_distorted_ones():
     assert distorted.sigma <= 1.0 and calibrated.sigma > 0
 
 
-def test_accepts_float32_and_rejects_bad_input():
+def test_accepts_float32_and_rejects_bad_input(relplot):
     p = np.array([0.1, 0.4, 0.8, 0.3], dtype=np.float32)
     y = np.array([0, 1, 1, 0])
     assert abs(float(smooth_ece(p, y)) - relplot.smECE(p.astype(np.float64), y)) < 1e-6
