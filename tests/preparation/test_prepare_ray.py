@@ -50,9 +50,9 @@ def _setup_worker() -> None:
     ray_engine.read_source = read_source
 
 
-# one Ray for the worker's whole session: under xdist the group's tests can be interleaved
-# with other modules', and a module-scoped Ray would be started again after each switch
-@pytest.fixture(scope="session")
+# one Ray for the module, shut down after it: the group's tests run one after another on one
+# worker, and an idle Ray's nine processes take about 7 % of a core for as long as they live
+@pytest.fixture(scope="module")
 def ray_session(tmp_path_factory):
     ray = pytest.importorskip("ray", reason="the ray engine's tests need ray (ctrcal[ray])")
     marker = tmp_path_factory.mktemp("kill") / "marker"
@@ -71,7 +71,8 @@ def ray_session(tmp_path_factory):
     ray.shutdown()
 
 
-# session-scoped like ray_session, for the same reason
+# files only, kept for the session: made once even where the module's tests are not run
+# together (a run without xdist takes the slow tests first)
 @pytest.fixture(scope="session")
 def days(tmp_path_factory):
     root = tmp_path_factory.mktemp("days")
