@@ -5,8 +5,10 @@ Every variant kind is in it: plain runs (layernorm, MC-LayerNorm on the blocks a
 fields), MC passes, an ensemble, MC-Dropout, calibrators (temperature, Platt, isotonic,
 field-aware), the Gaussian and categorical shifts, the temporal shift (the same inputs
 prepared again in time order, every run trained again), field metrics, row-bootstrap
-intervals and risk-coverage. Tests that change a knob of the report itself (``mix_fraction``,
-time windows) run ``ctrcal shift-report`` again on copies of its runs, which it reuses.
+intervals and risk-coverage. It draws no figures (a third of its time): the rerun of
+``test_report_run`` draws them on the session's runs and checks them. Tests that change a
+knob of the report itself (``mix_fraction``, time windows) run ``ctrcal shift-report`` again
+on copies of its runs, which it reuses.
 
 Imported by tests as ``from shift_report import ...`` (``tests/`` is on ``sys.path`` through
 its ``conftest.py``).
@@ -32,6 +34,7 @@ train:
 report:
   seeds: 2
   bootstrap: 20
+  figures: false
   field_min_count: 20
   field_numeric_buckets: 4
   shifts:

@@ -15,7 +15,7 @@ from ctrcal.cli import main  # noqa: E402
 KEY = ["variant", "shift", "seed", "noise_seed", "intensity"]
 
 
-def test_report_has_field_metrics_calibrators_figure_and_oracle(shift_report):
+def test_report_has_field_metrics_calibrators_and_oracle(shift_report):
     _, out = shift_report
     res = pd.read_csv(out / "results.csv")
     metrics = set(res["metric"])
@@ -46,8 +46,6 @@ def test_report_has_field_metrics_calibrators_figure_and_oracle(shift_report):
     assert "## Label-free estimates under shift" in text and "| isotonic | 50 % |" in text
     assert "### Brier reliability" in text and "## Worst segments" in text
     assert "calibration floor" in text  # the oracle's Field-RCE / ECCE on synthetic data
-    assert (out / "fig_gaussian_numeric_field_rce.png").read_bytes()[:4] == b"\x89PNG"
-    assert (out / "fig_gaussian_numeric_field_calibration.png").exists()
     summary = json.loads((out / "summary.json").read_text())
     described = " ".join(summary["variant_descriptions"])
     assert "isotonic regression on clean validation" in described

@@ -49,7 +49,8 @@ report:
 WINDOWS = (
     without_temporal(CONFIG)
     .replace("split: [0.6, 0.1, 0.3]\n", "split: [0.6, 0.1, 0.3]\n  split_order: time\n")
-    .replace("  seeds: 2\n", "  seeds: 1\n  windows: 3\n  figures: true\n")
+    .replace("  seeds: 2\n", "  seeds: 1\n  windows: 3\n")
+    .replace("  figures: false\n", "  figures: true\n")
     .split("  shifts:\n")[0]
     + """  shifts:
     - {name: gaussian_numeric, intensities: [0.5]}
