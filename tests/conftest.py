@@ -69,20 +69,17 @@ def criteo_files(criteo_frame, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def prepared_dir(request) -> Path:
+def prepared_dir(tmp_path_factory) -> Path:
     """A prepared synthetic dataset (~20k rows, seed 0, min_count 5), made once per test run:
     the first pytest-xdist worker that needs it prepares it, the others wait for it and read
     the same directory. Treat it as read-only."""
-    import fcntl
+    from run_shared import run_shared_dir
 
     from ctrcal.api import prepare
     from ctrcal.config import Config
 
-    root = _shared_dir(request.config) / "prepared"
-    root.mkdir(exist_ok=True)
-    out = root / "data"
-    with open(root / ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with run_shared_dir(tmp_path_factory, "prepared") as root:
+        out = root / "data"
         if not (out / "feature_map.json").exists():
             cfg = Config()
             cfg.data.synthetic.rows = PREPARED_ROWS
@@ -144,28 +141,18 @@ def pytest_collection_finish(session):
         _start_shift_report(session.config)
 
 
-def _shared_dir(config) -> Path:
-    """This test run's directory that every pytest-xdist worker shares (the workers' base
-    temporary directories sit side by side in it)."""
-    base = config._tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
 def _start_shift_report(config) -> Path:
     """Start ``ctrcal run`` of ``tests/shift_report.py`` once per test run, whichever worker
     asks first -> its directory (``tiny.yaml``, ``out/``; ``rc`` holds the exit status once
     it has ended, ``log`` what it printed)."""
-    import fcntl
     import subprocess
     import sys
 
     from interrupt import child_env
+    from run_shared import run_shared_dir
     from shift_report import CONFIG
 
-    root = _shared_dir(config) / "shift_report"
-    root.mkdir(exist_ok=True)
-    with open(root / ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with run_shared_dir(config._tmp_path_factory, "shift_report") as root:
         if not (root / "tiny.yaml").exists():
             (root / "tiny.yaml").write_text(CONFIG)
             command = (

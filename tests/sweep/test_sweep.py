@@ -154,17 +154,13 @@ def sweeps(shift_report, tmp_path_factory):
     shift report does) while the others wait, then read it. Read-only: a test that reruns or
     edits runs works on a copy.
     """
-    import fcntl
+    from run_shared import run_shared_dir
 
     from ctrcal.reports.shift.report import run_shift_report
 
     _, shared = shift_report
     data = shared / "data"
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "sweep"
-    root.mkdir(exist_ok=True)
-    with open(root / ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with run_shared_dir(tmp_path_factory, "sweep") as root:
         if not (root / "logs.json").exists():
             for half in ("seq", "par"):  # left by a worker that failed making them
                 shutil.rmtree(root / half, ignore_errors=True)
