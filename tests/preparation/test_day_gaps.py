@@ -14,6 +14,8 @@ from ctrcal.core.errors import DataError
 from ctrcal.preparation.synthetic import generate_frame, write_criteo
 
 ROWS = 120
+# the day files are written once: the module runs on one worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("day_gaps")
 
 
 @pytest.fixture(scope="module")

@@ -42,8 +42,11 @@ def _leftovers(out: Path) -> list[str]:
     return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}."))
 
 
-# session-scoped: under pytest-xdist a module-scoped fixture is made again each time a worker
-# comes back to this module
+# both tests compare with one uninterrupted prepare, made once: the module runs on one worker
+# (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("prepare_reliability")
+
+
 @pytest.fixture(scope="session")
 def raw(tmp_path_factory):
     # seed 0: the click model of conftest's criteo_frame, likely calibrated in this process

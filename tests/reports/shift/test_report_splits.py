@@ -19,7 +19,8 @@ from ctrcal.preparation.synthetic import generate_frame, write_criteo
 from ctrcal.train.predict import predict_logits
 from ctrcal.validate import load_config
 
-pytestmark = pytest.mark.slow  # a shift report on its own splits
+# a shift report on its own splits, made once: the module runs on one worker (--dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("report_splits")]
 
 INTENSITY = 0.5
 TEST_SCALE = 1000  # half of the test rows have their numerics multiplied by this
