@@ -644,11 +644,13 @@ def test_mc_predict_argument_checks_and_plain_models():
     model = _TwoInput()
     cat = torch.randint(0, 10, (9, 4))
     num = torch.randn(9, 3)
-    # one-shot model (no MC layers): warns, std is zero
+    # one-shot model (no MC layers): warns, runs one pass, std is exactly zero
     plain = nn.Sequential(nn.Linear(3, 1))
+    rows = []
+    plain.register_forward_hook(lambda m, args, out: rows.append(len(args[0])))
     with pytest.warns(UserWarning, match="no MC layers"):
         mean, std = mc_predict(plain, num, n_samples=3)
-    assert torch.equal(std, torch.zeros(9))
+    assert rows == [9] and torch.equal(std, torch.zeros(9))
     with torch.no_grad():
         torch.testing.assert_close(mean, torch.sigmoid(plain(num)).squeeze(1))
     with pytest.raises(ValueError):

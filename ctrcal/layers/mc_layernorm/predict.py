@@ -201,7 +201,8 @@ def mc_predict(
             ``"probs"`` (averaged as they are; a value outside [0, 1] raises).
 
     Returns:
-        (mean_prob [B], std_prob [B]) in float32; std is the population std over samples.
+        (mean_prob [B], std_prob [B]) in float32; std is the population std over samples
+        (a model without MC layers warns, runs one pass and gets a std of exactly zero).
     """
     if not inputs:
         raise ValueError("mc_predict needs an input: a Batch or batch-first tensors")
@@ -226,6 +227,9 @@ def mc_predict(
                     "mc_predict: the model has no MC layers; all samples are identical",
                     stacklevel=3,
                 )
+                # one pass, so the std is exactly zero: n copies of a row in one batch can
+                # differ in the last bit (a matrix product's tail rows take another path)
+                n_samples = 1
             p = sample_probabilities(model, inputs, int(n_samples), max_rows, outputs)
     finally:
         model.train(was_training)
