@@ -51,6 +51,17 @@ LAYOUT_FILES = {
 PREPARED_ROWS = 20_000
 
 
+@pytest.fixture(autouse=True)
+def _torch_seeded():
+    """Every test starts from torch's seed 0 (where torch is loaded), so its unseeded draws do
+    not depend on which tests ran before it on its worker."""
+    import sys
+
+    torch = sys.modules.get("torch")  # never imported here: some tests check it stays out
+    if torch is not None:
+        torch.manual_seed(0)
+
+
 @pytest.fixture(scope="session")
 def criteo_frame():
     """(frame, true_prob): 1,000 synthetic rows with dac columns, seed 0."""
