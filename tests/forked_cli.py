@@ -49,6 +49,16 @@ def preloaded_context() -> multiprocessing.context.ForkServerContext:
     return _server[0]
 
 
+def free_port() -> int:
+    """A local TCP port that is free now (bound, then released): the rendezvous of the ranks
+    such tests start, or an address where nobody listens."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _command(
     main: Callable[[list[str]], int] | None,
     args: list[str],

@@ -13,11 +13,10 @@ import contextlib
 import multiprocessing
 import os
 import signal
-import socket
 from pathlib import Path
 
 import pytest
-from forked_cli import preloaded_context
+from forked_cli import free_port, preloaded_context
 from interrupt import assert_same_training, wait_for
 from rng_probe_model import RECORD_DIR, read_records
 
@@ -39,12 +38,6 @@ ARGS = [
     # the MC draws counted below are the training steps' alone (no start-up probe)
     "train.precision=fp32",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, port: int, data: str, run_dir: str, probe: str, resume: bool) -> None:
@@ -116,7 +109,7 @@ def start_ranks():
 
     def start(data: Path, run_dir: Path, probe: Path, resume: bool = False) -> _Ranks:
         probe.mkdir()
-        conn.send((_free_port(), str(data), str(run_dir), str(probe), resume))
+        conn.send((free_port(), str(data), str(run_dir), str(probe), resume))
         started.append(_Ranks(conn))
         return started[-1]
 

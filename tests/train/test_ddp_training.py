@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from forked_cli import preloaded_context
+from forked_cli import free_port, preloaded_context
 
 from ctrcal.cli import main
 from ctrcal.train.trainer import train
@@ -97,12 +97,7 @@ def _flag_rank(rank: int, port: int, out: str) -> None:
 
 @pytest.mark.slow
 def test_ranks_take_rank_0s_precision_verdict(tmp_path):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = str(tmp_path / "flag")
+    port, out = free_port(), str(tmp_path / "flag")
     # the ranks fork from the server that imported torch and ctrcal once (what they run needs
     # nothing else), not from two new interpreters importing them again (about 2 s of CPU each)
     context = preloaded_context()

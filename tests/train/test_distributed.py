@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-from forked_cli import preloaded_context
+from forked_cli import free_port, preloaded_context
 
 from ctrcal.train.distributed import (
     DistContext,
@@ -54,12 +53,6 @@ def test_torchrun_command_reinvokes_ctrcal():
     assert "--nproc_per_node=2" in cmd and cmd[-3:] == ["ctrcal", "train", "configs/demo.yaml"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world: int, port: int, out) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -80,7 +73,7 @@ def _worker(rank: int, world: int, port: int, out) -> None:
 @pytest.mark.slow
 def test_gather_rows_with_two_gloo_processes():
     context = preloaded_context()  # the ranks fork from a server that imported torch once
-    out, port = context.Queue(), _free_port()
+    out, port = context.Queue(), free_port()
     ranks = [context.Process(target=_worker, args=(r, 2, port, out)) for r in (0, 1)]
     for p in ranks:
         p.start()

@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+from forked_cli import free_port
 from interrupt import tiny_config
 
 from ctrcal.train.runs import BEST
@@ -80,22 +81,13 @@ def test_validate_names_a_missing_extra(monkeypatch):
         tiny_config("train.loggers=[mlflow]")
 
 
-def _closed_port() -> int:
-    """A local port nobody listens on (bound, then released)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_an_unreachable_tracking_server_is_refused_in_seconds():
     import time
 
     from ctrcal.core.errors import OutputError
     from ctrcal.train.loggers import check_tracking_server
 
-    uri = f"http://127.0.0.1:{_closed_port()}"
+    uri = f"http://127.0.0.1:{free_port()}"
     start = time.perf_counter()
     with pytest.raises(OutputError) as info:
         check_tracking_server(uri)
@@ -133,7 +125,7 @@ def test_mlflow_with_an_unreachable_uri_fails_before_training(prepared_dir, tmp_
     pytest.importorskip("mlflow")
     from ctrcal.core.errors import OutputError
 
-    uri = f"http://127.0.0.1:{_closed_port()}"
+    uri = f"http://127.0.0.1:{free_port()}"
     cfg = tiny_config("train.loggers=[mlflow]", f"train.tracking_uri={uri}")
     with pytest.raises(OutputError, match=f"tracking server {uri} did not answer"):
         train(cfg, prepared_dir, tmp_path / "run")
